@@ -1,0 +1,43 @@
+# dsa-bench developer commands. `make run` and `make test` install what they need first.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# torch wheel to install when none is present. On CPU-only machines elsewhere, pass
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu to avoid a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+WORKLOAD ?= indexer_h64
+ARGS ?=
+
+.PHONY: install run test test-gpu lint clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@if $(PY) -c "import torch" 2>/dev/null; then \
+		echo "torch already installed: $$($(PY) -c 'import torch; print(torch.__version__)')"; \
+	elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(PY) -m pip install torch; \
+	else \
+		$(PY) -m pip install "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); \
+	fi
+	$(PY) -m pip install -e ".[dev]"
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		$(PY) -m pip install -e ".[gpu]"; fi
+	touch $@
+
+run: install
+	$(VENV)/bin/dsa-bench run --workload $(WORKLOAD) $(ARGS)
+
+test: install
+	$(PY) -m pytest -q $(ARGS)
+
+test-gpu: install
+	$(PY) -m pytest -q -m gpu $(ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check dsa_bench tests tools solutions
+
+clean:
+	rm -rf $(VENV) .cache build *.egg-info

@@ -1,0 +1,249 @@
+"""The ``dsa-bench`` command line: thin commands over the library."""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dsa_bench.errors import DsaBenchError
+
+app = typer.Typer(
+    help="dsa-bench: run, check and time DeepSeek Sparse Attention kernels on trace-defined workloads.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+EXIT_FAILED_CASES = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+def _err(message: str) -> None:
+    typer.secho(message, fg=typer.colors.RED, err=True)
+
+
+def _warn(message: str) -> None:
+    typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
+
+
+def _pick_device(name: str):
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise DsaBenchError(f"--device {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise DsaBenchError(f"--device {name} asked for CUDA but no CUDA device is available")
+    if device.type not in ("cpu", "cuda"):
+        raise DsaBenchError(f"--device {name}: only cpu and cuda devices are supported")
+    return device
+
+
+def _select_cases(workload, patterns: list[str]):
+    if not patterns:
+        return list(workload.cases)
+    chosen = [c for c in workload.cases if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
+    if not chosen:
+        raise DsaBenchError(f"no case of workload {workload.name!r} matches {', '.join(patterns)}")
+    return chosen
+
+
+@app.command()
+def run(
+    workload: str = typer.Option(..., "--workload", "-w", help="Workload name (workloads/<name>.yaml) or path to a workload YAML."),
+    solution: list[str] = typer.Option([], "--solution", "-s", help="Solution name or folder; repeat for several. Default: every solution with an entry for the workload's definition."),
+    case: list[str] = typer.Option([], "--case", "-c", help="Case id or glob pattern; repeat for several. Default: all cases."),
+    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N. Without CUDA the run checks correctness only."),
+    timer: str = typer.Option("auto", help="auto (CUPTI, else CUDA events with a warning), cupti or events."),
+    seed: Optional[int] = typer.Option(None, help="Base seed (default: the workload's)."),
+    input_sets: Optional[int] = typer.Option(None, help="Random input sets per case (and rotating sets per timing trial)."),
+    warmup: Optional[int] = typer.Option(None, help="Warm-up calls per trial."),
+    iterations: Optional[int] = typer.Option(None, help="Timed calls per trial."),
+    trials: Optional[int] = typer.Option(None, help="Timing trials, each with fresh inputs."),
+    case_timeout: float = typer.Option(600.0, help="Seconds a solution may take on one case before it is TIMEOUT."),
+    compile_timeout: float = typer.Option(900.0, help="Seconds a solution may take to import/build."),
+    save: Optional[Path] = typer.Option(None, help="Results JSON path (default: results/<workload>-<time>.json)."),
+    no_save: bool = typer.Option(False, "--no-save", help="Do not write a results file."),
+) -> None:
+    """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from dsa_bench.project import find_root, resolve_solution, resolve_workload
+    from dsa_bench.results import ResultsFile, environment, failures, now_iso, records_table, summary_table
+    from dsa_bench.runner import REFERENCE_SOLUTION, RunOptions, order_solutions, run_workload
+    from dsa_bench.solutions import content_hash, discover
+    from dsa_bench.timing import choose_timer
+
+    root = find_root()
+    wl = resolve_workload(workload, root)
+    cases = _select_cases(wl, case)
+    dev = _pick_device(device)
+    timer_name, warning = choose_timer(timer, dev)
+    if warning:
+        _warn(warning)
+    settings = wl.settings.replace(seed=seed, input_sets=input_sets, warmup=warmup, iterations=iterations, trials=trials)
+    if timer_name is not None and settings.input_sets < 2:
+        raise DsaBenchError("timing needs --input-sets >= 2 so consecutive calls never see the same tensors")
+    definition = wl.definition.name
+    if solution:
+        chosen = [resolve_solution(s, root) for s in solution]
+        for s in chosen:
+            s.entry_for(definition)
+    else:
+        chosen = [s for s in discover(root / "solutions") if definition in s.entries]
+    reference = next((s for s in discover(root / "solutions") if s.name == REFERENCE_SOLUTION), None)
+    if timer_name is not None and reference is None:
+        raise DsaBenchError(f"timing needs the reference solution at {root / 'solutions' / REFERENCE_SOLUTION}")
+    chosen = order_solutions(chosen, timer_name is not None, reference)
+    if not chosen:
+        raise DsaBenchError(f"no solution implements {definition}")
+
+    save_path = None if no_save else (save or root / "results" / f"{wl.name}-{now_iso().replace(':', '')}.json")
+    options = RunOptions(
+        device=dev,
+        settings=settings,
+        timer=timer_name,
+        compile_timeout_s=compile_timeout,
+        case_timeout_s=case_timeout,
+        log_dir=root / ".cache" / "dsa-bench" / "logs",
+        extensions_dir=root / ".cache" / "dsa-bench" / "torch_extensions",
+    )
+    from dataclasses import asdict
+
+    results = ResultsFile(
+        save_path,
+        {
+            "workload": {"name": wl.name, "path": str(wl.path), "trace": str(wl.trace_path), "definition": definition},
+            "settings": {**{k: v for k, v in asdict(settings).items() if k != "tolerance"}, "tolerance": asdict(settings.tolerance)},
+            "timer": timer_name,
+            "environment": environment(dev),
+            "solutions": {s.name: {"path": str(s.path), "content_hash": content_hash(s.path)} for s in chosen},
+        },
+    )
+    mode = f"timing with {timer_name}" if timer_name else "correctness only (no CUDA device: nothing is timed)"
+    typer.echo(f"{wl.name}: {len(cases)} cases x {len(chosen)} solutions ({', '.join(s.name for s in chosen)}) on {dev}, {mode}")
+    records = []
+    interrupted = False
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True) as progress:
+        task = progress.add_task(wl.name, total=len(cases) * len(chosen))
+
+        def on_record(record) -> None:
+            progress.update(task, advance=1, description=f"{record.case} [{record.solution}] {record.status.value}")
+
+        try:
+            records = run_workload(wl, cases, chosen, options, results, on_record)
+        except KeyboardInterrupt:
+            interrupted = True
+            records = _records_from(results)
+    results.update(complete=not interrupted, finished=now_iso())
+    if records:
+        typer.echo(records_table(records, wl.definition.key_axes))
+        typer.echo("")
+        typer.echo(summary_table(records))
+    notes = results.document.get("solution_notes") or {}
+    for name, note in notes.items():
+        typer.echo(f"note [{name}]: {note}")
+    for line in failures(records):
+        _err(line)
+    if save_path is not None:
+        typer.echo(f"results: {save_path}")
+    if interrupted:
+        _err(f"interrupted: {len(records)} finished records kept")
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if any(not r.passed for r in records):
+        raise typer.Exit(EXIT_FAILED_CASES)
+
+
+def _records_from(results):
+    from dsa_bench.results import CaseRecord
+
+    return [CaseRecord.from_json(r) for r in results.document["records"]]
+
+
+@app.command("list")
+def list_(what: str = typer.Argument("all", help="definitions, workloads, solutions or all")) -> None:
+    """List the definitions, workloads and solutions dsa-bench can see."""
+    from tabulate import tabulate
+
+    from dsa_bench.definitions import all_definitions
+    from dsa_bench.project import find_root, resolve_workload, workload_names
+    from dsa_bench.solutions import discover
+
+    if what not in ("all", "definitions", "workloads", "solutions"):
+        raise DsaBenchError(f"cannot list {what!r}; choose definitions, workloads, solutions or all")
+    root = find_root()
+    if what in ("all", "definitions"):
+        rows = [[d.name, ", ".join(d.var_axes), d.description] for d in all_definitions().values()]
+        typer.echo(tabulate(rows, headers=["definition", "variable axes", "description"]) + "\n")
+    if what in ("all", "workloads"):
+        rows = []
+        for name in workload_names(root):
+            try:
+                wl = resolve_workload(name, root)
+                rows.append([name, wl.definition.name, len(wl.cases), wl.description])
+            except DsaBenchError as exc:
+                rows.append([name, "INVALID", "-", str(exc)])
+        typer.echo(tabulate(rows, headers=["workload", "definition", "cases", "description"]) + "\n")
+    if what in ("all", "solutions"):
+        rows = [[s.name, ", ".join(f"{d} ({e.language})" for d, e in s.entries.items()), s.author] for s in discover(root / "solutions")]
+        typer.echo(tabulate(rows, headers=["solution", "entries", "author"]))
+
+
+@app.command()
+def validate(paths: list[Path] = typer.Argument(..., help="Workload YAML, trace JSONL (with --definition) or solution folders.")) -> None:
+    """Validate workload, trace and solution files without running anything."""
+    from dsa_bench.solutions import MANIFEST, load_solution
+    from dsa_bench.workloads import load_workload
+
+    bad = 0
+    for path in paths:
+        try:
+            if path.is_dir() or path.name == MANIFEST:
+                folder = path if path.is_dir() else path.parent
+                sol = load_solution(folder)
+                typer.echo(f"ok  {path}: solution {sol.name!r} with {len(sol.entries)} entr{'y' if len(sol.entries) == 1 else 'ies'}")
+            elif path.suffix in (".yaml", ".yml"):
+                wl = load_workload(path)
+                typer.echo(f"ok  {path}: workload {wl.name!r}, {len(wl.cases)} cases of {wl.definition.name}")
+            elif path.suffix == ".jsonl":
+                n = _validate_trace(path)
+                typer.echo(f"ok  {path}: {n} cases")
+            else:
+                raise DsaBenchError("not a workload (.yaml), trace (.jsonl) or solution folder", str(path))
+        except DsaBenchError as exc:
+            bad += 1
+            _err(f"bad {exc}")
+    if bad:
+        raise typer.Exit(EXIT_BAD_INPUT)
+
+
+def _validate_trace(path: Path) -> int:
+    """A trace is validated through every workload that uses it."""
+    from dsa_bench.project import find_root, resolve_workload, workload_names
+
+    root = find_root()
+    users = []
+    for name in workload_names(root):
+        wl = resolve_workload(name, root)
+        if wl.trace_path == path.resolve():
+            users.append(wl)
+    if not users:
+        raise DsaBenchError("no workload under workloads/ uses this trace; validate the workload YAML that names it", str(path))
+    return len(users[0].cases)
+
+
+def main() -> None:
+    """Console entry point: user errors print one clear message and exit 2, never a traceback."""
+    try:
+        app()
+    except DsaBenchError as exc:
+        _err(f"error: {exc}")
+        sys.exit(EXIT_BAD_INPUT)

@@ -1,0 +1,106 @@
+"""CUPTI activity timing (cupti-python), the timer dsa-bench results are meant to quote.
+
+Each iteration runs between two CUPTI timestamps taken with the device idle. Kernel, memcpy and
+memset activity is recorded on every stream, together with runtime and driver API activity; a
+GPU activity belongs to the iteration whose window holds the API call that launched it (matched
+by correlation id), and the iteration's latency is its first activity start to its last activity
+end. So host work before the first launch, and the launch latency of the first kernel, do not
+count, and work a solution hides on a side stream does.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+import torch
+
+from dsa_bench.errors import DsaBenchError
+from dsa_bench.timing import Step, Timer
+
+_registered: "CuptiTimer | None" = None
+
+
+def cupti_problem() -> str | None:
+    """Why CUPTI timing cannot be used here, or None when it can."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    try:
+        from cupti import cupti  # noqa: F401
+    except Exception as exc:  # ImportError, or a library load failure inside the module
+        return f"the cupti-python module does not load ({type(exc).__name__}: {exc}); install dsa-bench[gpu]"
+    return None
+
+
+class CuptiTimer(Timer):
+    name = "cupti"
+
+    def __init__(self) -> None:
+        global _registered
+        from cupti import cupti
+
+        self._cupti = cupti
+        self._gpu_kinds = (cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET)
+        self._api_kinds = (cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER)
+        self._gpu: list[tuple[int, int, int]] = []  # (start ns, end ns, correlation id)
+        self._api_start: dict[int, int] = {}  # correlation id -> API call start ns
+        if _registered is None:  # CUPTI accepts one pair of buffer callbacks per process
+            cupti.activity_register_callbacks(self._buffer_requested, _dispatch_completed)
+        _registered = self
+
+    @staticmethod
+    def _buffer_requested() -> tuple[int, int]:
+        return 8 * 1024 * 1024, 0
+
+    def _completed(self, activities: list[Any]) -> None:
+        for activity in activities:
+            if activity.kind in self._gpu_kinds:
+                self._gpu.append((activity.start, activity.end, activity.correlation_id))
+            elif activity.kind in self._api_kinds:
+                self._api_start[activity.correlation_id] = activity.start
+
+    def time_iterations(self, call: Step, count: int, prepare: Step, after: Step) -> list[float]:
+        cupti = self._cupti
+        torch.cuda.synchronize()
+        cupti.activity_flush_all(1)
+        self._gpu.clear()
+        self._api_start.clear()
+        for kind in (*self._gpu_kinds, *self._api_kinds):
+            cupti.activity_enable(kind)
+        windows: list[tuple[int, int]] = []
+        try:
+            for i in range(count):
+                prepare(i)
+                torch.cuda.synchronize()
+                begin = cupti.get_timestamp()
+                call(i)
+                torch.cuda.synchronize()
+                windows.append((begin, cupti.get_timestamp()))
+                after(i)
+        finally:
+            torch.cuda.synchronize()
+            cupti.activity_flush_all(1)
+            for kind in (*self._gpu_kinds, *self._api_kinds):
+                cupti.activity_disable(kind)
+        return self._latencies(windows)
+
+    def _latencies(self, windows: list[tuple[int, int]]) -> list[float]:
+        begins = [w[0] for w in windows]
+        first = [None] * len(windows)
+        last = [None] * len(windows)
+        for start, end, correlation in self._gpu:
+            at = self._api_start.get(correlation, start)
+            i = bisect.bisect_right(begins, at) - 1
+            if i < 0 or at > windows[i][1]:
+                continue  # launched outside any timed call (flush, poison, sampling copy)
+            first[i] = start if first[i] is None else min(first[i], start)
+            last[i] = end if last[i] is None else max(last[i], end)
+        empty = [i for i, f in enumerate(first) if f is None]
+        if empty:
+            raise DsaBenchError(f"CUPTI saw no GPU activity in timed call {empty[0]}: the solution launched no GPU work")
+        return [(e - s) / 1e6 for s, e in zip(first, last)]
+
+
+def _dispatch_completed(activities: list[Any]) -> None:
+    if _registered is not None:
+        _registered._completed(activities)

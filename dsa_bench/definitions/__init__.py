@@ -1,0 +1,37 @@
+"""Registry of the kernel definitions dsa-bench knows.
+
+Each definition lives in its own module and exposes ``DEFINITION``; adding one means adding its
+module name here. Definitions read from a flashinfer-bench dataset are registered at run time.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from dsa_bench.definitions.base import Definition
+from dsa_bench.errors import DsaBenchError
+
+_BUILTIN_MODULES = ("indexer", "sparse_attention")
+_extra: dict[str, Definition] = {}
+
+
+def all_definitions() -> dict[str, Definition]:
+    found: dict[str, Definition] = {}
+    for module in _BUILTIN_MODULES:
+        definition = importlib.import_module(f"dsa_bench.definitions.{module}").DEFINITION
+        found[definition.name] = definition
+    found.update(_extra)
+    return found
+
+
+def get_definition(name: str) -> Definition:
+    definitions = all_definitions()
+    if name not in definitions:
+        known = ", ".join(sorted(definitions))
+        raise DsaBenchError(f"unknown definition {name!r}; known definitions: {known}")
+    return definitions[name]
+
+
+def register(definition: Definition) -> None:
+    """Make a definition known for this process (used for definitions read from datasets)."""
+    _extra[definition.name] = definition

@@ -1,0 +1,177 @@
+"""The shape of a kernel definition: axes, typed inputs and outputs, and its small functions.
+
+A definition is data plus four functions (reference, input generator, trace validator,
+checker). The runner only ever talks to this interface, so a new definition slots in by
+registering one more :class:`Definition` in :mod:`dsa_bench.definitions`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+
+#: dtype names used in specs and trace files, mapped to torch dtypes.
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+}
+DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+
+#: Poison used to pre-fill integer outputs: no valid index or padding value can equal it.
+INT_POISON = -(2**31)
+
+Value = Any  # a torch.Tensor, or a Python float for scalar inputs
+
+
+class Status(str, enum.Enum):
+    """Outcome of one solution on one case."""
+
+    PASSED = "PASSED"
+    INCORRECT_SHAPE = "INCORRECT_SHAPE"
+    INCORRECT_DTYPE = "INCORRECT_DTYPE"
+    INCORRECT_NUMERICAL = "INCORRECT_NUMERICAL"
+    INCORRECT_INDICES = "INCORRECT_INDICES"
+    RUNTIME_ERROR = "RUNTIME_ERROR"
+    COMPILE_ERROR = "COMPILE_ERROR"
+    TIMEOUT = "TIMEOUT"
+
+
+@dataclass
+class CheckResult:
+    """What a checker concluded about one set of outputs."""
+
+    status: Status
+    message: str = ""
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.status is Status.PASSED
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Numerical tolerances. An element fails only when |diff| > atol AND |diff| > rtol·|ref|.
+
+    ``score_rtol`` is the top-k tie tolerance of index outputs, relative to the row's largest
+    absolute score: a selected token may score that much below the k-th best.
+    """
+
+    atol: float = 1e-2
+    rtol: float = 1e-2
+    score_rtol: float = 1e-4
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output: axis names for its shape (empty for a scalar) and a dtype."""
+
+    name: str
+    shape: tuple[str, ...]
+    dtype: torch.dtype
+    description: str = ""
+
+    @property
+    def is_scalar(self) -> bool:
+        return not self.shape
+
+    def concrete_shape(self, axes: Mapping[str, int]) -> tuple[int, ...]:
+        return tuple(int(axes[a]) for a in self.shape)
+
+
+class InputRng:
+    """Seeded randomness for one input set.
+
+    ``structure`` (NumPy, host) draws small structural choices such as seq_lens and page
+    allocation; ``values`` (a torch generator on the target device) draws the bulk tensors so
+    generation stays fast on a GPU. Two processes with the same seed and device get the same
+    inputs, which lets the harness and the isolated solution worker build identical sets.
+    """
+
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self.seed = seed
+        self.device = device
+        self.structure = np.random.default_rng(seed)
+        self.values = torch.Generator(device=device)
+        self.values.manual_seed(seed)
+
+    def randn(self, *shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.randn(shape, generator=self.values, device=self.device, dtype=dtype)
+
+
+# Signatures of a definition's functions.
+ReferenceFn = Callable[..., dict[str, torch.Tensor]]
+GenerateFn = Callable[
+    [Mapping[str, int], Mapping[str, Value], Mapping[str, dict], InputRng], dict[str, Value]
+]
+ValidateFn = Callable[[Mapping[str, int], Mapping[str, Value], Mapping[str, dict]], list[str]]
+ExpectFn = Callable[[Mapping[str, Value]], Any]
+CheckFn = Callable[[Mapping[str, Value], Mapping[str, torch.Tensor], Any, Tolerance], CheckResult]
+
+
+@dataclass(frozen=True)
+class Definition:
+    """A kernel contract.
+
+    ``reference(**inputs)`` returns the expected outputs; ``generate(axes, given, params, rng)``
+    fills in every input the trace did not give explicitly; ``validate(axes, given, params)``
+    lists problems of a trace case; ``expect(inputs)`` computes, once per input set, whatever
+    the checker compares against (reference outputs, or reference scores); and
+    ``check(inputs, outputs, expected, tol)`` judges outputs whose shapes and dtypes already
+    match the specs. Solutions are called in destination-passing style:
+    ``kernel(*inputs, *outputs)`` in spec order.
+    """
+
+    name: str
+    description: str
+    const_axes: Mapping[str, int]
+    var_axes: tuple[str, ...]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    reference: ReferenceFn
+    generate: GenerateFn
+    validate: ValidateFn
+    expect: ExpectFn
+    check: CheckFn
+    #: axes shown in result tables, most telling first
+    key_axes: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def axes(self, var_values: Mapping[str, int]) -> dict[str, int]:
+        return {**self.const_axes, **var_values}
+
+    def input_spec(self, name: str) -> TensorSpec:
+        for spec in self.inputs:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    def allocate_outputs(self, axes: Mapping[str, int], device: torch.device) -> dict[str, torch.Tensor]:
+        """Outputs pre-filled with poison (NaN, or INT32_MIN for integers) so unwritten elements fail."""
+        outputs = {}
+        for spec in self.outputs:
+            out = torch.empty(spec.concrete_shape(axes), dtype=spec.dtype, device=device)
+            poison_(out)
+            outputs[spec.name] = out
+        return outputs
+
+    def input_args(self, inputs: Mapping[str, Value]) -> list[Value]:
+        return [inputs[spec.name] for spec in self.inputs]
+
+
+def poison_(out: torch.Tensor) -> None:
+    """Fill an output buffer with a value no correct kernel writes there."""
+    out.fill_(math.nan if out.dtype.is_floating_point else INT_POISON)
+

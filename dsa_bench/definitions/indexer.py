@@ -1,0 +1,299 @@
+"""``dsa_topk_indexer_fp8_h64_d128_topk2048_ps64``: the lightning indexer with its top-k.
+
+Per row b with L = seq_lens[b], token j < L lives on page ``block_table[b, j // 64]`` at slot
+``j % 64``. Its score is ``Σ_h weights[b,h] · relu(q[b,h] · K[j])`` with K[j] the dequantised
+FP8 key (value × per-token scale; the scale is applied after the head sum, which is exact
+because scales are non-negative). The output row holds the physical ids
+(``page * 64 + slot``) of the ``min(2048, L)`` best tokens in any order, then -1 padding.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from dsa_bench.definitions.base import (
+    CheckResult,
+    Definition,
+    InputRng,
+    Status,
+    TensorSpec,
+    Tolerance,
+    Value,
+)
+from dsa_bench.kv_formats import INDEXER_KEY_PAGE, quantize_fp8_per_token
+
+NAME = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
+NUM_HEADS = 64
+HEAD_DIM = 128
+TOPK = 2048
+PAGE_SIZE = 64
+assert INDEXER_KEY_PAGE.page_size == PAGE_SIZE and INDEXER_KEY_PAGE.head_dim == HEAD_DIM
+
+
+def _pages_of(seq_len: int) -> int:
+    return (seq_len + PAGE_SIZE - 1) // PAGE_SIZE
+
+
+def token_ids(block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """Physical ids of positions ``0..seq_len-1`` of one row, as int64."""
+    pos = torch.arange(seq_len, device=block_table_row.device)
+    pages = block_table_row[: _pages_of(seq_len)].long()
+    return pages[pos // PAGE_SIZE] * PAGE_SIZE + pos % PAGE_SIZE
+
+
+def row_scores(
+    q_row: torch.Tensor,
+    k_index_cache_fp8: torch.Tensor,
+    weights_row: torch.Tensor,
+    block_table_row: torch.Tensor,
+    seq_len: int,
+) -> torch.Tensor:
+    """``[seq_len]`` float32 scores of one row's tokens, in position order."""
+    pages = block_table_row[: _pages_of(seq_len)].long()
+    raw = INDEXER_KEY_PAGE.raw_pages(k_index_cache_fp8)[pages]  # gather bytes: fp8 has no index kernel
+    keys = raw[:, : INDEXER_KEY_PAGE.values_bytes].view(torch.float8_e4m3fn)
+    keys = keys.reshape(-1, HEAD_DIM)[:seq_len].float()
+    scales = raw[:, INDEXER_KEY_PAGE.values_bytes :].contiguous().view(torch.float32).reshape(-1)[:seq_len]
+    logits = q_row.float() @ keys.T  # [heads, seq_len]
+    return (logits.relu() * weights_row.float()[:, None]).sum(dim=0) * scales
+
+
+def reference(
+    q_index_fp8: torch.Tensor,
+    k_index_cache_fp8: torch.Tensor,
+    weights: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    batch = q_index_fp8.shape[0]
+    out = torch.full((batch, TOPK), -1, dtype=torch.int32, device=q_index_fp8.device)
+    for b, seq_len in enumerate(seq_lens.tolist()):
+        if seq_len == 0:
+            continue
+        ids = token_ids(block_table[b], seq_len)
+        if seq_len > TOPK:
+            scores = row_scores(q_index_fp8[b], k_index_cache_fp8, weights[b], block_table[b], seq_len)
+            ids = ids[torch.topk(scores, TOPK).indices]
+        out[b, : ids.numel()] = ids.to(torch.int32)
+    return {"topk_indices": out}
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def allocate_block_table(seq_lens: np.ndarray, max_num_pages: int, num_pages: int, rng: np.random.Generator) -> np.ndarray:
+    """Block table from a page allocator that never gives one page to two rows.
+
+    Entries past a row's last page hold pages no row owns (their bytes are NaN), so a kernel
+    that reads past seq_len gets NaN instead of another row's data.
+    """
+    needed = [_pages_of(int(n)) for n in seq_lens]
+    pool = rng.permutation(num_pages)
+    table = np.empty((len(seq_lens), max_num_pages), dtype=np.int64)
+    used = sum(needed)
+    free = pool[used:]
+    start = 0
+    for b, n in enumerate(needed):
+        table[b, :n] = pool[start : start + n]
+        start += n
+        pad = max_num_pages - n
+        table[b, n:] = rng.choice(free, pad) if len(free) else 0
+    return table
+
+
+def _fill_keys(cache: torch.Tensor, seq_lens: list[int], block_table: torch.Tensor, rng: InputRng, distinct_keys: int | None) -> None:
+    """Give random FP8 keys to exactly the tokens some row can read; all else stays NaN."""
+    ids = [token_ids(block_table[b], n) for b, n in enumerate(seq_lens) if n > 0]
+    if not ids:
+        return
+    ids_all = torch.cat(ids).to(rng.device)
+    if distinct_keys is None:
+        keys = rng.randn(ids_all.numel(), HEAD_DIM)
+    else:  # a small pool of keys makes exact score ties
+        pool = rng.randn(distinct_keys, HEAD_DIM)
+        pick = torch.randint(0, distinct_keys, (ids_all.numel(),), generator=rng.values, device=rng.device)
+        keys = pool[pick]
+    values, scales = quantize_fp8_per_token(keys)
+    page, slot = ids_all // PAGE_SIZE, ids_all % PAGE_SIZE
+    INDEXER_KEY_PAGE.values(cache).view(torch.uint8)[page, slot] = values.view(torch.uint8)
+    INDEXER_KEY_PAGE.scales(cache)[page, slot] = scales
+
+
+def generate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mapping[str, dict], rng: InputRng) -> dict[str, Value]:
+    batch, max_pages, num_pages = axes["batch_size"], axes["max_num_pages"], axes["num_pages"]
+    device = rng.device
+    if "seq_lens" in given:
+        seq_lens = given["seq_lens"].to(device)
+    else:
+        p = params.get("seq_lens", {})
+        lo, hi = int(p.get("min", 1)), int(p.get("max", max_pages * PAGE_SIZE))
+        seq_lens = torch.from_numpy(rng.structure.integers(lo, hi + 1, batch)).to(torch.int32).to(device)
+    lens = seq_lens.tolist()
+    if "block_table" in given:
+        block_table = given["block_table"].to(device)
+    else:
+        table = allocate_block_table(np.asarray(lens), max_pages, num_pages, rng.structure)
+        block_table = torch.from_numpy(table).to(torch.int32).to(device)
+    if "q_index_fp8" in given:
+        q = given["q_index_fp8"].to(device)
+    else:
+        q = rng.randn(batch, NUM_HEADS, HEAD_DIM).to(torch.float8_e4m3fn)
+    if "weights" in given:
+        weights = given["weights"].to(device)
+    else:
+        weights = rng.randn(batch, NUM_HEADS) * NUM_HEADS**-0.5
+    if "k_index_cache_fp8" in given:
+        cache = given["k_index_cache_fp8"].to(device)
+    else:
+        cache = INDEXER_KEY_PAGE.empty_cache(num_pages, device)
+        distinct = params.get("k_index_cache_fp8", {}).get("distinct_keys")
+        _fill_keys(cache, lens, block_table, rng, None if distinct is None else int(distinct))
+    return {
+        "q_index_fp8": q,
+        "k_index_cache_fp8": cache,
+        "weights": weights,
+        "seq_lens": seq_lens,
+        "block_table": block_table,
+    }
+
+
+def validate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mapping[str, dict]) -> list[str]:
+    problems: list[str] = []
+    max_pages, num_pages = axes["max_num_pages"], axes["num_pages"]
+    capacity = max_pages * PAGE_SIZE
+    p = params.get("seq_lens", {})
+    if "max" in p and int(p["max"]) > capacity:
+        problems.append(f"seq_lens.params.max = {p['max']} exceeds max_num_pages*{PAGE_SIZE} = {capacity}")
+    if "min" in p and int(p["min"]) < 0:
+        problems.append(f"seq_lens.params.min = {p['min']} is negative")
+    distinct = params.get("k_index_cache_fp8", {}).get("distinct_keys")
+    if distinct is not None and int(distinct) < 1:
+        problems.append(f"k_index_cache_fp8.params.distinct_keys = {distinct} must be >= 1")
+    lens = given["seq_lens"].tolist() if "seq_lens" in given else None
+    if lens is not None:
+        for b, n in enumerate(lens):
+            if n < 0 or n > capacity:
+                problems.append(f"seq_lens[{b}] = {n} is outside [0, max_num_pages*{PAGE_SIZE} = {capacity}]")
+    if lens is not None and "block_table" in given:
+        table = given["block_table"].tolist()
+        for b, n in enumerate(lens):
+            reach = table[b][: _pages_of(max(0, min(n, capacity)))]
+            for j, page in enumerate(reach):
+                if not 0 <= page < num_pages:
+                    problems.append(f"block_table[{b}][{j}] = {page} is not a page id in [0, num_pages = {num_pages})")
+                    break
+            if len(set(reach)) != len(reach):
+                problems.append(f"block_table[{b}] lists a page twice among its first {len(reach)} entries")
+    elif lens is not None and "block_table" not in given:
+        needed = sum(_pages_of(max(0, n)) for n in lens)
+        if needed > num_pages:
+            problems.append(f"the rows need {needed} pages but num_pages = {num_pages}")
+    return problems
+
+
+# --------------------------------------------------------------------------- checking
+
+
+def expect(inputs: Mapping[str, Value]) -> list[torch.Tensor | None]:
+    """Reference scores of each row that must be ranked (None where every token is selected)."""
+    scores: list[torch.Tensor | None] = []
+    for b, seq_len in enumerate(inputs["seq_lens"].tolist()):
+        if seq_len <= TOPK:
+            scores.append(None)
+        else:
+            scores.append(
+                row_scores(inputs["q_index_fp8"][b], inputs["k_index_cache_fp8"], inputs["weights"][b], inputs["block_table"][b], seq_len)
+            )
+    return scores
+
+
+def _check_row(b: int, row: torch.Tensor, seq_len: int, table_row: torch.Tensor, num_pages: int, scores: torch.Tensor | None, tol: Tolerance) -> tuple[str | None, float]:
+    """Problem with one output row (None if fine) and its top-k score gap."""
+    want = min(TOPK, seq_len)
+    strange = row < -1
+    if bool(strange.any()):
+        j = int(torch.nonzero(strange)[0])
+        return f"row {b}: entry {j} holds {int(row[j])}, neither -1 nor a token id (unwritten output?)", 0.0
+    valid = row >= 0
+    count = int(valid.sum())
+    if count != want:
+        return f"row {b}: {count} valid ids, expected min({TOPK}, seq_len = {seq_len}) = {want}", 0.0
+    if count == 0:
+        return None, 0.0
+    ids = row[valid].long()
+    uniq, counts = torch.unique(ids, return_counts=True)
+    if uniq.numel() != ids.numel():
+        return f"row {b}: id {int(uniq[counts > 1][0])} appears more than once", 0.0
+    n_pages = _pages_of(seq_len)
+    position_of_page = torch.full((num_pages,), -1, dtype=torch.long, device=row.device)
+    position_of_page[table_row[:n_pages].long()] = torch.arange(n_pages, device=row.device)
+    page = ids // PAGE_SIZE
+    off_cache = page >= num_pages
+    if bool(off_cache.any()):
+        bad = int(ids[off_cache][0])
+        return f"row {b}: id {bad} is on page {bad // PAGE_SIZE}, beyond num_pages = {num_pages}", 0.0
+    page_pos = position_of_page[page]
+    unreachable = page_pos < 0
+    if bool(unreachable.any()):
+        bad = int(ids[unreachable][0])
+        return f"row {b}: id {bad} is on page {bad // PAGE_SIZE}, not among the row's first {n_pages} block-table entries", 0.0
+    pos = page_pos * PAGE_SIZE + ids % PAGE_SIZE
+    beyond = pos >= seq_len
+    if bool(beyond.any()):
+        k = int(torch.nonzero(beyond)[0])
+        return f"row {b}: id {int(ids[k])} is token position {int(pos[k])}, not below seq_len = {seq_len}", 0.0
+    if scores is None:
+        return None, 0.0
+    best = torch.topk(scores, want).values  # sorted, descending
+    chosen = torch.sort(scores[pos], descending=True).values
+    gaps = best - chosen
+    gap = float(gaps.max())
+    allowed = tol.score_rtol * float(scores.abs().max()) + 1e-30
+    if gap > allowed:
+        i = int(torch.argmax(gaps))
+        return (
+            f"row {b}: not a top-{want} set: its {i + 1}-th best score {float(chosen[i]):.6g} is below the "
+            f"reference's {float(best[i]):.6g} by {gap:.3g} (tie tolerance {allowed:.3g})"
+        ), gap
+    return None, gap
+
+
+def check(inputs: Mapping[str, Value], outputs: Mapping[str, torch.Tensor], expected: Any, tol: Tolerance) -> CheckResult:
+    out = outputs["topk_indices"]
+    num_pages = inputs["k_index_cache_fp8"].shape[0]
+    worst_gap = 0.0
+    for b, seq_len in enumerate(inputs["seq_lens"].tolist()):
+        problem, gap = _check_row(b, out[b], seq_len, inputs["block_table"][b], num_pages, expected[b], tol)
+        worst_gap = max(worst_gap, gap)
+        if problem is not None:
+            return CheckResult(Status.INCORRECT_INDICES, problem, max_abs_error=worst_gap)
+    return CheckResult(Status.PASSED, max_abs_error=worst_gap)
+
+
+DEFINITION = Definition(
+    name=NAME,
+    description="Lightning indexer: FP8 scores of every cached token, then the 2048 best as physical ids.",
+    const_axes={"num_index_heads": NUM_HEADS, "index_head_dim": HEAD_DIM, "page_size": PAGE_SIZE, "topk": TOPK, "kv_cache_num_heads": 1, "head_dim_with_scale": INDEXER_KEY_PAGE.bytes_per_token},
+    var_axes=("batch_size", "max_num_pages", "num_pages"),
+    inputs=(
+        TensorSpec("q_index_fp8", ("batch_size", "num_index_heads", "index_head_dim"), torch.float8_e4m3fn, "index queries"),
+        TensorSpec("k_index_cache_fp8", ("num_pages", "page_size", "kv_cache_num_heads", "head_dim_with_scale"), torch.int8, "FP8 keys in the DeepGEMM paged layout (read as bytes)"),
+        TensorSpec("weights", ("batch_size", "num_index_heads"), torch.float32, "per-head weights"),
+        TensorSpec("seq_lens", ("batch_size",), torch.int32, "tokens per row"),
+        TensorSpec("block_table", ("batch_size", "max_num_pages"), torch.int32, "page ids per row"),
+    ),
+    outputs=(TensorSpec("topk_indices", ("batch_size", "topk"), torch.int32, "physical ids of the best tokens, -1 padded"),),
+    reference=reference,
+    generate=generate,
+    validate=validate,
+    expect=expect,
+    check=check,
+    key_axes=("batch_size", "max_num_pages"),
+    notes=(
+        "Order inside a row is free; the checker compares the selected set's sorted scores with the reference's (ties allowed).",
+        "Rows with seq_len <= 2048 select every token (passthrough).",
+    ),
+)

@@ -1,0 +1,202 @@
+"""``dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64``: sparse MLA attention over top-k slots.
+
+Per token t over its valid indices (physical ids ``page * 64 + slot``, -1 = padding):
+``logit = (q_nope·ckv + q_pe·kpe) · sm_scale`` in fp32, ``lse = log2(Σ exp(logit))`` (base 2),
+``output = softmax(logit) @ ckv``. A token with no valid index has output 0 and lse -inf.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+
+from dsa_bench.checking import compare_close, worst
+from dsa_bench.definitions.base import (
+    CheckResult,
+    Definition,
+    InputRng,
+    TensorSpec,
+    Tolerance,
+    Value,
+)
+
+NAME = "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"
+NUM_HEADS = 16
+CKV_DIM = 512
+KPE_DIM = 64
+TOPK = 2048
+PAGE_SIZE = 64
+#: The contest's value: 192**-0.5 with a YaRN factor.
+CONTEST_SM_SCALE = 0.1352337788608801
+LN2 = math.log(2.0)
+
+
+def reference(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ckv_cache: torch.Tensor,
+    kpe_cache: torch.Tensor,
+    sparse_indices: torch.Tensor,
+    sm_scale: float,
+) -> dict[str, torch.Tensor]:
+    idx = sparse_indices.long()
+    valid = idx >= 0
+    safe = idx.clamp_min(0)
+    # Padding slots gather token 0, which may hold NaN; zero them so 0·NaN never appears.
+    ckv = torch.where(valid[..., None], ckv_cache.reshape(-1, CKV_DIM)[safe].float(), 0.0)  # [T, K, 512]
+    kpe = torch.where(valid[..., None], kpe_cache.reshape(-1, KPE_DIM)[safe].float(), 0.0)  # [T, K, 64]
+    logits = torch.einsum("thd,tkd->thk", q_nope.float(), ckv) + torch.einsum("thd,tkd->thk", q_pe.float(), kpe)
+    logits = (logits * float(sm_scale)).masked_fill(~valid[:, None, :], float("-inf"))
+    lse_natural = torch.logsumexp(logits, dim=-1)  # -inf for rows without a valid slot
+    probs = torch.where(valid[:, None, :], torch.exp(logits - lse_natural[..., None]), 0.0)
+    output = torch.einsum("thk,tkd->thd", probs, ckv)
+    return {"output": output.to(torch.bfloat16), "lse": lse_natural / LN2}
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _row_indices(valid: int, context: int, pages: np.ndarray, padding: str, rng: np.random.Generator) -> np.ndarray:
+    """One row of -1 padded physical ids: ``valid`` distinct tokens out of a ``context``-token sequence."""
+    positions = rng.choice(context, valid, replace=False) if valid else np.empty(0, dtype=np.int64)
+    ids = pages[positions // PAGE_SIZE] * PAGE_SIZE + positions % PAGE_SIZE
+    row = np.full(TOPK, -1, dtype=np.int64)
+    if padding == "scattered":
+        slots = np.sort(rng.choice(TOPK, valid, replace=False))
+        row[slots] = ids
+    else:
+        row[:valid] = ids
+    return row
+
+
+def _context_tokens(valid: int, p: Mapping[str, Any], b: int, rng: np.random.Generator) -> int:
+    if "context_tokens" in p:
+        return int(p["context_tokens"][b])
+    # A row with fewer than 2048 valid slots is a sequence shorter than 2048 (top-k took all of it).
+    return valid if valid < TOPK else int(rng.integers(TOPK, 3 * TOPK + 1))
+
+
+def generate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mapping[str, dict], rng: InputRng) -> dict[str, Value]:
+    tokens, num_pages = axes["num_tokens"], axes["num_pages"]
+    device = rng.device
+    if "sparse_indices" in given:
+        indices = given["sparse_indices"].to(device)
+    else:
+        p = params.get("sparse_indices", {})
+        counts = [int(c) for c in p["valid_counts"]] if "valid_counts" in p else rng.structure.integers(1, TOPK + 1, tokens).tolist()
+        contexts = [_context_tokens(c, p, b, rng.structure) for b, c in enumerate(counts)]
+        pool = rng.structure.permutation(num_pages)
+        rows, start = [], 0
+        for c, ctx in zip(counts, contexts):
+            n_pages = -(-ctx // PAGE_SIZE)
+            rows.append(_row_indices(c, ctx, pool[start : start + n_pages], p.get("padding", "tail"), rng.structure))
+            start += n_pages
+        indices = torch.from_numpy(np.stack(rows)).to(torch.int32).to(device)
+    q_nope = given["q_nope"].to(device) if "q_nope" in given else rng.randn(tokens, NUM_HEADS, CKV_DIM).to(torch.bfloat16)
+    q_pe = given["q_pe"].to(device) if "q_pe" in given else rng.randn(tokens, NUM_HEADS, KPE_DIM).to(torch.bfloat16)
+    read = torch.unique(indices[indices >= 0].long())
+    if "ckv_cache" in given:
+        ckv = given["ckv_cache"].to(device)
+    else:  # random values only where some index points; NaN everywhere else
+        ckv = torch.full((num_pages, PAGE_SIZE, CKV_DIM), float("nan"), dtype=torch.bfloat16, device=device)
+        ckv.view(-1, CKV_DIM)[read] = rng.randn(read.numel(), CKV_DIM).to(torch.bfloat16)
+    if "kpe_cache" in given:
+        kpe = given["kpe_cache"].to(device)
+    else:
+        kpe = torch.full((num_pages, PAGE_SIZE, KPE_DIM), float("nan"), dtype=torch.bfloat16, device=device)
+        kpe.view(-1, KPE_DIM)[read] = rng.randn(read.numel(), KPE_DIM).to(torch.bfloat16)
+    sm_scale = float(given.get("sm_scale", CONTEST_SM_SCALE))
+    return {"q_nope": q_nope, "q_pe": q_pe, "ckv_cache": ckv, "kpe_cache": kpe, "sparse_indices": indices, "sm_scale": sm_scale}
+
+
+def validate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mapping[str, dict]) -> list[str]:
+    problems: list[str] = []
+    tokens, num_pages = axes["num_tokens"], axes["num_pages"]
+    p = params.get("sparse_indices", {})
+    if "valid_counts" in p:
+        counts = p["valid_counts"]
+        if not isinstance(counts, list) or len(counts) != tokens:
+            got = len(counts) if isinstance(counts, list) else type(counts).__name__
+            problems.append(f"sparse_indices.params.valid_counts has {got} entries, expected num_tokens = {tokens}")
+            return problems
+        for b, c in enumerate(counts):
+            if not isinstance(c, int) or not 0 <= c <= TOPK:
+                problems.append(f"sparse_indices.params.valid_counts[{b}] = {c!r} is not an integer in [0, {TOPK}]")
+        contexts = p.get("context_tokens")
+        if contexts is not None:
+            if not isinstance(contexts, list) or len(contexts) != tokens:
+                problems.append(f"sparse_indices.params.context_tokens must list num_tokens = {tokens} integers")
+            else:
+                for b, (c, ctx) in enumerate(zip(counts, contexts)):
+                    if not isinstance(ctx, int) or ctx < c:
+                        problems.append(f"sparse_indices.params.context_tokens[{b}] = {ctx!r} is below valid_counts[{b}] = {c}")
+        if not problems and contexts is not None:
+            needed = sum(-(-int(ctx) // PAGE_SIZE) for ctx in contexts)
+            if needed > num_pages:
+                problems.append(f"the rows' contexts need {needed} pages but num_pages = {num_pages}")
+    if p.get("padding", "tail") not in ("tail", "scattered"):
+        problems.append(f"sparse_indices.params.padding = {p.get('padding')!r}, expected 'tail' or 'scattered'")
+    if "sparse_indices" in given:
+        idx = given["sparse_indices"].long()
+        limit = num_pages * PAGE_SIZE
+        for t in range(idx.shape[0]):
+            row = idx[t]
+            bad = (row < -1) | (row >= limit)
+            if bool(bad.any()):
+                j = int(torch.nonzero(bad)[0])
+                problems.append(f"sparse_indices[{t}][{j}] = {int(row[j])} is neither -1 nor a token id below num_pages*{PAGE_SIZE} = {limit}")
+                continue
+            valid = row[row >= 0]
+            if torch.unique(valid).numel() != valid.numel():
+                problems.append(f"sparse_indices[{t}] lists a token id twice")
+    scale = given.get("sm_scale")
+    if scale is not None and not (math.isfinite(float(scale)) and float(scale) > 0):
+        problems.append(f"sm_scale = {scale!r} must be a positive finite number")
+    return problems
+
+
+# --------------------------------------------------------------------------- checking
+
+
+def expect(inputs: Mapping[str, Value]) -> dict[str, torch.Tensor]:
+    return reference(**inputs)
+
+
+def check(inputs: Mapping[str, Value], outputs: Mapping[str, torch.Tensor], expected: Any, tol: Tolerance) -> CheckResult:
+    empty_rows = torch.isneginf(expected["lse"])
+    return worst(
+        [
+            compare_close("output", outputs["output"], expected["output"], tol),
+            compare_close("lse", outputs["lse"], expected["lse"], tol, allow_neg_inf=empty_rows),
+        ]
+    )
+
+
+DEFINITION = Definition(
+    name=NAME,
+    description="Sparse MLA attention of 16 heads over up to 2048 selected cache slots (base-2 lse).",
+    const_axes={"num_qo_heads": NUM_HEADS, "head_dim_ckv": CKV_DIM, "head_dim_kpe": KPE_DIM, "page_size": PAGE_SIZE, "topk": TOPK},
+    var_axes=("num_tokens", "num_pages"),
+    inputs=(
+        TensorSpec("q_nope", ("num_tokens", "num_qo_heads", "head_dim_ckv"), torch.bfloat16),
+        TensorSpec("q_pe", ("num_tokens", "num_qo_heads", "head_dim_kpe"), torch.bfloat16),
+        TensorSpec("ckv_cache", ("num_pages", "page_size", "head_dim_ckv"), torch.bfloat16, "compressed KV; also the value"),
+        TensorSpec("kpe_cache", ("num_pages", "page_size", "head_dim_kpe"), torch.bfloat16, "RoPE part of the key"),
+        TensorSpec("sparse_indices", ("num_tokens", "topk"), torch.int32, "physical ids, -1 padded"),
+        TensorSpec("sm_scale", (), torch.float32, "softmax scale"),
+    ),
+    outputs=(
+        TensorSpec("output", ("num_tokens", "num_qo_heads", "head_dim_ckv"), torch.bfloat16),
+        TensorSpec("lse", ("num_tokens", "num_qo_heads"), torch.float32, "log2 of the softmax denominator"),
+    ),
+    reference=reference,
+    generate=generate,
+    validate=validate,
+    expect=expect,
+    check=check,
+    key_axes=("num_tokens",),
+    notes=("lse is base 2; a token with no valid index has output 0 and lse exactly -inf.",),
+)

@@ -1,0 +1,211 @@
+"""Solution folders: their manifest, their content hash, and importing or building an entry point.
+
+A solution is a folder with ``solution.yaml``::
+
+    name: triton
+    author: dsa-bench
+    description: Fast Triton/CUDA kernels.
+    target_hardware: [NVIDIA_H200]
+    dependencies: [torch, triton]
+    entries:
+      dsa_topk_indexer_fp8_h64_d128_topk2048_ps64:
+        entry_point: indexer.py::kernel       # file.py::function, or file.cu::function
+        language: triton                      # python | triton | cuda
+        destination_passing_style: true       # kernel(*inputs, *outputs); false: returns outputs
+        sources: [topk.cu]                    # extra files the entry needs beyond its imports
+
+A Python entry module may define ``solution_notes() -> str``; the run records what it returns
+(for example which top-k path a machine without CUDA used).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import re
+import sys
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from dsa_bench.errors import DsaBenchError
+
+MANIFEST = "solution.yaml"
+LANGUAGES = ("python", "triton", "cuda")
+
+
+@dataclass(frozen=True)
+class SolutionEntry:
+    """How one solution implements one definition."""
+
+    definition: str
+    file: str  # path relative to the solution folder
+    function: str
+    language: str
+    destination_passing_style: bool = True
+    sources: tuple[str, ...] = ()
+
+    @property
+    def entry_point(self) -> str:
+        return f"{self.file}::{self.function}"
+
+
+@dataclass(frozen=True)
+class Solution:
+    name: str
+    path: Path  # the folder
+    author: str = ""
+    description: str = ""
+    target_hardware: tuple[str, ...] = ()
+    dependencies: tuple[str, ...] = ()
+    entries: dict[str, SolutionEntry] = field(default_factory=dict)
+
+    def entry_for(self, definition: str) -> SolutionEntry:
+        if definition not in self.entries:
+            raise DsaBenchError(f"solution {self.name!r} has no entry for definition {definition!r}", str(self.path / MANIFEST))
+        return self.entries[definition]
+
+
+def load_solution(folder: Path) -> Solution:
+    """Read and validate a solution folder's manifest."""
+    manifest = folder / MANIFEST
+    where = str(manifest)
+    if not folder.is_dir():
+        raise DsaBenchError("solution folder does not exist", str(folder))
+    if not manifest.is_file():
+        raise DsaBenchError(f"no {MANIFEST} in this solution folder", str(folder))
+    try:
+        data = yaml.safe_load(manifest.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        raise DsaBenchError(f"malformed YAML: {getattr(exc, 'problem', exc)}", f"{manifest}{line}") from None
+    if not isinstance(data, dict):
+        raise DsaBenchError("expected a mapping with name, author, description and entries", where)
+    entries_raw = data.get("entries")
+    if not isinstance(entries_raw, dict) or not entries_raw:
+        raise DsaBenchError("field 'entries' must map at least one definition name to its entry", where)
+    entries = {name: _parse_entry(name, raw, folder, where) for name, raw in entries_raw.items()}
+    return Solution(
+        name=str(data.get("name") or folder.name),
+        path=folder.resolve(),
+        author=str(data.get("author", "")),
+        description=str(data.get("description", "")),
+        target_hardware=tuple(str(x) for x in data.get("target_hardware", []) or []),
+        dependencies=tuple(str(x) for x in data.get("dependencies", []) or []),
+        entries=entries,
+    )
+
+
+def _parse_entry(definition: str, raw: Any, folder: Path, where: str) -> SolutionEntry:
+    label = f"entries.{definition}"
+    if not isinstance(raw, dict):
+        raise DsaBenchError(f"{label} must be a mapping with entry_point and language", where)
+    entry_point = raw.get("entry_point")
+    if not isinstance(entry_point, str) or entry_point.count("::") != 1:
+        raise DsaBenchError(f"{label}.entry_point must look like 'file.py::function', got {entry_point!r}", where)
+    file, function = entry_point.split("::")
+    if not function.isidentifier():
+        raise DsaBenchError(f"{label}.entry_point: {function!r} is not a function name", where)
+    language = raw.get("language")
+    if language not in LANGUAGES:
+        raise DsaBenchError(f"{label}.language must be one of {', '.join(LANGUAGES)}, got {language!r}", where)
+    wanted_suffix = (".cu", ".cpp") if language == "cuda" else (".py",)
+    if not file.endswith(wanted_suffix):
+        raise DsaBenchError(f"{label}.entry_point: a {language} entry must be a {' or '.join(wanted_suffix)} file, got {file!r}", where)
+    dps = raw.get("destination_passing_style", True)
+    if not isinstance(dps, bool):
+        raise DsaBenchError(f"{label}.destination_passing_style must be true or false", where)
+    sources = raw.get("sources", []) or []
+    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+        raise DsaBenchError(f"{label}.sources must be a list of file paths", where)
+    for rel in [file, *sources]:
+        target = (folder / rel).resolve()
+        if not target.is_relative_to(folder.resolve()):
+            raise DsaBenchError(f"{label}: {rel!r} lies outside the solution folder", where)
+        if not target.is_file():
+            raise DsaBenchError(f"{label}: file {rel!r} does not exist in {folder}", where)
+    return SolutionEntry(definition, file, function, language, dps, tuple(sources))
+
+
+def solution_files(folder: Path) -> list[Path]:
+    """Every file of a solution folder that matters for its behaviour, sorted."""
+    skip_dirs = {"__pycache__", ".git", "build"}
+    files = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and not skip_dirs.intersection(path.relative_to(folder).parts[:-1]) and path.suffix != ".pyc":
+            files.append(path)
+    return files
+
+
+def content_hash(folder: Path) -> str:
+    """sha256 over the folder's files (paths and bytes): identifies exactly what was run."""
+    digest = hashlib.sha256()
+    for path in solution_files(folder):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+# --------------------------------------------------------------------------- importing
+
+
+def _package_name(solution: Solution) -> str:
+    slug = re.sub(r"\W", "_", solution.name)
+    return f"dsa_solution_{slug}_{hashlib.sha1(str(solution.path).encode()).hexdigest()[:8]}"
+
+
+def import_entry(solution: Solution, definition: str) -> tuple[Callable[..., Any], types.ModuleType | None]:
+    """The entry function (and its module, for Python entries), imported or built.
+
+    Python and Triton entries are imported as a module of a package rooted at the solution
+    folder, so relative imports between the solution's files work; the folder is also put on
+    ``sys.path`` for absolute sibling imports. CUDA entries are compiled with
+    ``torch.utils.cpp_extension.load`` into torch's extension cache (``TORCH_EXTENSIONS_DIR``).
+    Any exception propagates: the caller reports it as a compile error.
+    """
+    entry = solution.entry_for(definition)
+    if entry.language == "cuda":
+        return _build_cuda_entry(solution, entry), None
+    package = _package_name(solution)
+    if package not in sys.modules:
+        module = types.ModuleType(package)
+        module.__path__ = [str(solution.path)]  # type: ignore[attr-defined]
+        sys.modules[package] = module
+    if str(solution.path) not in sys.path:
+        sys.path.insert(0, str(solution.path))
+    dotted = ".".join(Path(entry.file).with_suffix("").parts)
+    module = importlib.import_module(f"{package}.{dotted}")
+    function = getattr(module, entry.function, None)
+    if not callable(function):
+        raise AttributeError(f"{entry.file} defines no function {entry.function!r}")
+    return function, module
+
+
+def _build_cuda_entry(solution: Solution, entry: SolutionEntry) -> Callable[..., Any]:
+    from torch.utils.cpp_extension import load
+
+    sources = [str(solution.path / entry.file)] + [
+        str(solution.path / s) for s in entry.sources if s.endswith((".cu", ".cpp"))
+    ]
+    definition_slug = re.sub(r"\W", "_", entry.definition)
+    name = f"{_package_name(solution)}_{definition_slug}"[:100]
+    module = load(name=name, sources=sources, extra_cuda_cflags=["-O3"], verbose=bool(os.environ.get("DSA_BENCH_VERBOSE_BUILD")))
+    function = getattr(module, entry.function, None)
+    if not callable(function):
+        raise AttributeError(f"{entry.file} exports no function {entry.function!r}")
+    return function
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def discover(solutions_dir: Path) -> list[Solution]:
+    """All solution folders directly under ``solutions_dir``; a broken manifest raises."""
+    if not solutions_dir.is_dir():
+        return []
+    return [load_solution(p) for p in sorted(solutions_dir.iterdir()) if (p / MANIFEST).is_file()]

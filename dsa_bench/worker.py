@@ -1,0 +1,207 @@
+"""The isolated solution process.
+
+Each solution runs in its own spawned process. The worker builds its inputs itself from the
+case and seeds (the same generator the harness uses, so both sides hold identical inputs), calls
+the solution, times it, and sends back only outputs and timings. It never receives reference
+outputs, and a crash, hang or CUDA fault in it cannot take the harness down: the parent
+(:mod:`dsa_bench.runner`) sees a dead pipe or a missed deadline, records the case, and starts a
+fresh worker.
+
+Protocol (tuples over a ``multiprocessing`` pipe)::
+
+    worker -> parent   ("ready", notes) | ("compile_error", text)
+    parent -> worker   ("outputs", CorrectnessJob) | ("time", TimingJob) | ("stop",)
+    worker -> parent   ("outputs", [outputs per seed]) | ("timing", TimingResult) | ("error", text)
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from dsa_bench.workloads import Case
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    solution_path: str
+    definition: str
+    device: str  # "cpu" or "cuda:N"
+    timer: str | None  # "cupti" | "events" | None (no timing on this device)
+    log_path: str
+    extensions_dir: str
+
+
+@dataclass(frozen=True)
+class CorrectnessJob:
+    case: Case
+    seeds: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TimingJob:
+    case: Case
+    trial_seeds: tuple[tuple[int, ...], ...]  # per trial, the seeds of its rotating input sets
+    warmup: int
+    iterations: int
+    sample_seed: int  # picks which timed call of each trial is checked
+
+
+@dataclass
+class CheckedCall:
+    trial: int
+    iteration: int
+    seed: int
+    outputs: dict[str, Any]
+
+
+@dataclass
+class TimingResult:
+    timer: str
+    samples_ms: list[list[float]] = field(default_factory=list)
+    checked: list[CheckedCall] = field(default_factory=list)
+
+
+def call_solution(fn: Callable[..., Any], dps: bool, args: list[Any], outputs: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
+    """Call in destination-passing style, or collect returned outputs by spec order."""
+    if dps:
+        fn(*args, *outputs.values())
+        return dict(outputs)
+    result = fn(*args)
+    if isinstance(result, dict):
+        return dict(result)
+    if not isinstance(result, (tuple, list)):
+        result = (result,)
+    return dict(zip(names, result))
+
+
+def _redirect_output(log_path: str) -> None:
+    """Send the solution's prints (and native library output) to a log, not the harness terminal."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def main(conn: Any, config: WorkerConfig) -> None:
+    """Worker entry point (runs in the spawned process)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _redirect_output(config.log_path)
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", config.extensions_dir)
+    if config.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"  # must precede the solution's first triton import
+    import torch
+
+    from dsa_bench.definitions import get_definition
+    from dsa_bench.solutions import import_entry, load_solution
+
+    device = torch.device(config.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    definition = get_definition(config.definition)
+    timer = flusher = None
+    try:
+        solution = load_solution(Path(config.solution_path))
+        entry = solution.entry_for(config.definition)
+        fn, module = import_entry(solution, config.definition)
+        notes_fn = getattr(module, "solution_notes", None)
+        notes = str(notes_fn()) if callable(notes_fn) else ""
+        if config.timer is not None:
+            from dsa_bench.timing import L2Flusher, make_timer
+
+            timer = make_timer(config.timer)
+            flusher = L2Flusher(device)
+    except BaseException:
+        conn.send(("compile_error", traceback.format_exc()))
+        return
+    conn.send(("ready", notes))
+    runner = _CaseRunner(definition, device, fn, entry.destination_passing_style)
+    while True:
+        message = conn.recv()
+        if message[0] == "stop":
+            return
+        try:
+            if message[0] == "outputs":
+                reply: tuple = ("outputs", runner.outputs(message[1]))
+            else:
+                reply = ("timing", runner.time(message[1], timer, flusher))
+        except BaseException:
+            reply = ("error", traceback.format_exc())
+        conn.send(reply)
+
+
+class _CaseRunner:
+    def __init__(self, definition: Any, device: Any, fn: Callable[..., Any], dps: bool) -> None:
+        self.definition = definition
+        self.device = device
+        self.fn = fn
+        self.dps = dps
+        self.names = [spec.name for spec in definition.outputs]
+
+    def _sync(self) -> None:
+        import torch
+
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _inputs(self, case: Case, seed: int) -> Any:
+        from dsa_bench.workloads import build_inputs
+
+        return build_inputs(self.definition, case, seed, self.device)
+
+    def _to_host(self, outputs: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: (v.detach().cpu() if hasattr(v, "detach") else v) for k, v in outputs.items()}
+
+    def outputs(self, job: CorrectnessJob) -> list[dict[str, Any]]:
+        axes = self.definition.axes(job.case.axes)
+        results = []
+        for seed in job.seeds:
+            inputs = self._inputs(job.case, seed)
+            outs = self.definition.allocate_outputs(axes, self.device)
+            got = call_solution(self.fn, self.dps, self.definition.input_args(inputs), outs, self.names)
+            self._sync()
+            results.append(self._to_host(got))
+            del inputs, outs, got
+        return results
+
+    def time(self, job: TimingJob, timer: Any, flusher: Any) -> TimingResult:
+        from dsa_bench.definitions.base import poison_
+
+        axes = self.definition.axes(job.case.axes)
+        result = TimingResult(timer=timer.name)
+        for trial, seeds in enumerate(job.trial_seeds):
+            n = len(seeds)
+            sets = [self.definition.input_args(self._inputs(job.case, s)) for s in seeds]
+            outs = [self.definition.allocate_outputs(axes, self.device) for _ in seeds]
+            latest: dict[int, dict[str, Any]] = {}
+            sampled = random.Random(job.sample_seed * 1000 + trial).randrange(job.iterations)
+            captured: dict[str, Any] = {}
+
+            def prepare(i: int) -> None:
+                flusher.flush()
+                for out in outs[i % n].values():
+                    poison_(out)
+
+            def call(i: int) -> None:
+                latest[i % n] = call_solution(self.fn, self.dps, sets[i % n], outs[i % n], self.names)
+
+            def after(i: int) -> None:
+                if i == sampled:
+                    captured.update({k: v.detach().clone() for k, v in latest[i % n].items()})
+
+            for i in range(job.warmup):
+                prepare(i)
+                call(i)
+            self._sync()
+            result.samples_ms.append(timer.time_iterations(call, job.iterations, prepare, after))
+            result.checked.append(CheckedCall(trial, sampled, seeds[sampled % n], self._to_host(captured)))
+            del sets, outs, latest, captured
+        return result
