@@ -72,11 +72,16 @@ def _row_indices(valid: int, context: int, pages: np.ndarray, padding: str, rng:
     return row
 
 
-def _context_tokens(valid: int, p: Mapping[str, Any], b: int, rng: np.random.Generator) -> int:
+def _context_tokens(counts: list[int], p: Mapping[str, Any], num_pages: int, rng: np.random.Generator) -> list[int]:
+    """Sequence length behind each row. A row with fewer than 2048 valid slots is a sequence
+    shorter than 2048 (top-k kept all of it); a full row comes from a longer sequence, shortened
+    to 2048 when the cache has too few pages for the drawn lengths."""
     if "context_tokens" in p:
-        return int(p["context_tokens"][b])
-    # A row with fewer than 2048 valid slots is a sequence shorter than 2048 (top-k took all of it).
-    return valid if valid < TOPK else int(rng.integers(TOPK, 3 * TOPK + 1))
+        return [int(c) for c in p["context_tokens"]]
+    contexts = [c if c < TOPK else int(rng.integers(TOPK, 3 * TOPK + 1)) for c in counts]
+    if sum(-(-c // PAGE_SIZE) for c in contexts) > num_pages:
+        contexts = list(counts)
+    return contexts
 
 
 def generate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mapping[str, dict], rng: InputRng) -> dict[str, Value]:
@@ -87,7 +92,7 @@ def generate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mappin
     else:
         p = params.get("sparse_indices", {})
         counts = [int(c) for c in p["valid_counts"]] if "valid_counts" in p else rng.structure.integers(1, TOPK + 1, tokens).tolist()
-        contexts = [_context_tokens(c, p, b, rng.structure) for b, c in enumerate(counts)]
+        contexts = _context_tokens(counts, p, num_pages, rng.structure)
         pool = rng.structure.permutation(num_pages)
         rows, start = [], 0
         for c, ctx in zip(counts, contexts):
@@ -133,10 +138,10 @@ def validate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mappin
                 for b, (c, ctx) in enumerate(zip(counts, contexts)):
                     if not isinstance(ctx, int) or ctx < c:
                         problems.append(f"sparse_indices.params.context_tokens[{b}] = {ctx!r} is below valid_counts[{b}] = {c}")
-        if not problems and contexts is not None:
-            needed = sum(-(-int(ctx) // PAGE_SIZE) for ctx in contexts)
+        if not problems:
+            needed = sum(-(-int(ctx) // PAGE_SIZE) for ctx in (contexts or counts))
             if needed > num_pages:
-                problems.append(f"the rows' contexts need {needed} pages but num_pages = {num_pages}")
+                problems.append(f"the rows need {needed} pages of {PAGE_SIZE} tokens but num_pages = {num_pages}")
     if p.get("padding", "tail") not in ("tail", "scattered"):
         problems.append(f"sparse_indices.params.padding = {p.get('padding')!r}, expected 'tail' or 'scattered'")
     if "sparse_indices" in given:

@@ -1,0 +1,41 @@
+"""Shared test helpers. Triton kernels in tests run under the interpreter on CPU tensors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+if not torch.cuda.is_available():
+    # Must be set before any Triton kernel is defined (i.e. before solution modules import).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+
+
+def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Run ``python -m dsa_bench ARGS`` as a user would, capturing its output."""
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)  # the harness decides this for its workers
+    return subprocess.run(
+        [sys.executable, "-m", "dsa_bench", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture
+def cpu() -> torch.device:
+    return torch.device("cpu")
