@@ -77,7 +77,7 @@ def run(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dsa_bench.project import find_root, resolve_solution, resolve_workload
-    from dsa_bench.results import ResultsFile, environment, failures, now_iso, records_table, summary_table
+    from dsa_bench.results import ResultsFile, environment, failures, now_iso, records_table, sagged, summary_table
     from dsa_bench.runner import REFERENCE_SOLUTION, RunOptions, order_solutions, run_workload
     from dsa_bench.solutions import content_hash, discover
     from dsa_bench.timing import choose_timer
@@ -143,7 +143,8 @@ def run(
         except KeyboardInterrupt:
             interrupted = True
             records = _records_from(results)
-    results.update(complete=not interrupted, finished=now_iso())
+    sag = sagged(records, results.document["environment"].get("max_sm_mhz"))
+    results.update(complete=not interrupted, finished=now_iso(), clock_sagged=sag)
     if records:
         typer.echo(records_table(records, wl.definition.key_axes))
         typer.echo("")
@@ -151,6 +152,8 @@ def run(
     notes = results.document.get("solution_notes") or {}
     for name, note in notes.items():
         typer.echo(f"note [{name}]: {note}")
+    for line in sag:
+        _warn(f"clock sagged during timing: {line}")
     for line in failures(records):
         _err(line)
     if save_path is not None:

@@ -32,6 +32,8 @@ class Timing:
 
     timer: str
     samples_ms: list[list[float]]
+    #: per trial, SM/memory clocks read after warm-up and after the timed calls
+    clocks: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def trial_medians_ms(self) -> list[float]:
@@ -64,11 +66,16 @@ class Timing:
             "spread": self.spread,
             "trial_medians_ms": self.trial_medians_ms,
             "samples_ms": self.samples_ms,
+            "clocks": self.clocks,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Timing":
-        return cls(timer=data["timer"], samples_ms=data["samples_ms"])
+        return cls(timer=data["timer"], samples_ms=data["samples_ms"], clocks=data.get("clocks", []))
+
+    def min_sm_clock_mhz(self) -> int | None:
+        readings = [c[k]["sm_mhz"] for c in self.clocks for k in ("after_warmup", "after_timing") if c.get(k)]
+        return min(readings) if readings else None
 
 
 @dataclass
@@ -133,10 +140,12 @@ def summarize(records: list[CaseRecord], solution: str) -> SolutionSummary:
     )
 
 
-def _version(module: str) -> str | None:
+def _version(distribution: str) -> str | None:
+    from importlib import metadata
+
     try:
-        return __import__(module).__version__
-    except Exception:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
         return None
 
 
@@ -148,6 +157,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "platform": platform.platform(),
         "torch": torch.__version__,
         "triton": _version("triton"),
+        "cupti_python": _version("cupti-python"),
         "device": str(device),
         "hostname": platform.node(),
     }
@@ -160,6 +170,9 @@ def environment(device: torch.device) -> dict[str, Any]:
             cuda=torch.version.cuda,
             capability=f"{props.major}.{props.minor}",
         )
+        from dsa_bench.timing import driver_info
+
+        env.update(driver_info(device.index if device.index is not None else torch.cuda.current_device()))
     else:
         env["gpu"] = None
     return env
@@ -220,7 +233,7 @@ def records_table(records: list[CaseRecord], key_axes: tuple[str, ...]) -> str:
     timed = any(r.timing is not None for r in records)
     headers = ["case", *key_axes, "solution", "status", "max abs err", "max rel err"]
     if timed:
-        headers += ["timer", "mean µs", "min µs", "trial spread", "speedup"]
+        headers += ["timer", "mean µs", "median µs", "min µs", "trial spread", "speedup"]
     rows = []
     for r in records:
         row = [r.case, *[r.axes.get(a, "") for a in key_axes], r.solution, r.status.value, _fmt_err(r.max_abs_error), _fmt_err(r.max_rel_error)]
@@ -229,6 +242,7 @@ def records_table(records: list[CaseRecord], key_axes: tuple[str, ...]) -> str:
             row += [
                 t.timer if t else "-",
                 _fmt_us(t.mean_ms if t else None),
+                _fmt_us(t.median_ms if t else None),
                 _fmt_us(t.min_ms if t else None),
                 "-" if t is None else f"{100 * t.spread:.1f}%",
                 "-" if r.speedup is None else f"{r.speedup:.2f}x",
@@ -254,6 +268,18 @@ def summary_table(records: list[CaseRecord]) -> str:
             ]
         )
     return tabulate(rows, headers=["solution", "passed", "mean speedup", "geomean speedup", "mean µs"], disable_numparse=True)
+
+
+def sagged(records: list[CaseRecord], max_sm_mhz: float | None, fraction: float = 0.9) -> list[str]:
+    """Records timed while the SM clock was below ``fraction`` of the device maximum."""
+    if not max_sm_mhz:
+        return []
+    flagged = []
+    for r in records:
+        low = r.timing.min_sm_clock_mhz() if r.timing else None
+        if low is not None and low < fraction * float(max_sm_mhz):
+            flagged.append(f"{r.case} [{r.solution}]: SM clock {low} MHz < {fraction:.0%} of max {max_sm_mhz} MHz")
+    return flagged
 
 
 def failures(records: list[CaseRecord]) -> list[str]:

@@ -155,9 +155,14 @@ class _CaseContext:
             self._cache[seed] = (inputs, self.workload.definition.expect(inputs))
         return self._cache[seed]
 
-    def check(self, seed: int, outputs: dict[str, Any]) -> CheckResult:
+    def check(self, seed: int, outputs: dict[str, Any], redrawn: dict[str, Any] | None = None) -> CheckResult:
+        """Judge outputs made from input set ``seed``, with ``redrawn`` query values when a timed
+        call replaced them (then the expectation is computed afresh)."""
         inputs, expected = self.get(seed)
         definition = self.workload.definition
+        if redrawn:
+            inputs = {**inputs, **{k: v.to(self.device) for k, v in redrawn.items()}}
+            expected = definition.expect(inputs)
         axes = definition.axes(self.case.axes)
         return judge(definition, axes, inputs, outputs, expected, self.workload.settings.tolerance, self.device)
 
@@ -192,12 +197,12 @@ def run_one(handle: WorkerHandle, ctx: _CaseContext, options: RunOptions) -> Cas
             record.seeds["trials"] = [list(s) for s in job.trial_seeds]
             record.seeds["checked_calls"] = [{"trial": c.trial, "iteration": c.iteration, "seed": c.seed} for c in timing.checked]
             for call in timing.checked:  # outputs of timed calls are checked too, not only the first call
-                checked = ctx.check(call.seed, call.outputs)
+                checked = ctx.check(call.seed, call.outputs, call.redrawn_inputs)
                 if not checked.passed:
                     message = f"timed call {call.iteration} of trial {call.trial} returned wrong outputs: {checked.message}"
                     result = CheckResult(checked.status, message, checked.max_abs_error, checked.max_rel_error)
                     break
-            record.timing = Timing(timer=timing.timer, samples_ms=timing.samples_ms)
+            record.timing = Timing(timer=timing.timer, samples_ms=timing.samples_ms, clocks=timing.clocks)
         record.status, record.message = result.status, result.message
         record.max_abs_error, record.max_rel_error = result.max_abs_error, result.max_rel_error
     except WorkerFailure as failure:

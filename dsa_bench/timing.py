@@ -57,8 +57,10 @@ class EventTimer(Timer):
             starts[i].record()
             call(i)
             ends[i].record()
+            # Idle the device between calls, as the CUPTI timer does, so the next call's
+            # preparation never overlaps work a solution left running on another stream.
+            torch.cuda.synchronize()
             after(i)
-        torch.cuda.synchronize()
         return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
@@ -94,3 +96,57 @@ def choose_timer(requested: str, device: torch.device) -> tuple[str | None, str 
             "launch gaps and see only the current stream; every result is labelled 'cuda_events'."
         )
     return ("events" if requested == "events" else "cupti"), None
+
+
+class ClockReader:
+    """SM and memory clocks of one GPU, read through NVML (nvidia-ml-py) or nvidia-smi.
+
+    Clocks are read around every timed trial so a run whose SM clock sagged (thermal or power
+    throttling) is flagged instead of silently reported.
+    """
+
+    def __init__(self, device_index: int) -> None:
+        self.device_index = device_index
+        self._nvml: object | None = None
+        self._handle: object | None = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+        except Exception:  # no NVML bindings: fall back to nvidia-smi
+            self._nvml = None
+
+    def read(self) -> dict[str, int] | None:
+        """Current clocks in MHz, or None when neither NVML nor nvidia-smi answers."""
+        if self._nvml is not None:
+            nvml = self._nvml
+            return {
+                "sm_mhz": int(nvml.nvmlDeviceGetClockInfo(self._handle, nvml.NVML_CLOCK_SM)),
+                "mem_mhz": int(nvml.nvmlDeviceGetClockInfo(self._handle, nvml.NVML_CLOCK_MEM)),
+            }
+        values = _nvidia_smi(self.device_index, "clocks.sm,clocks.mem")
+        return None if values is None else {"sm_mhz": int(values[0]), "mem_mhz": int(values[1])}
+
+
+def _nvidia_smi(device_index: int, fields: str) -> list[str] | None:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--id={device_index}", f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout
+        return [v.strip() for v in out.strip().split(",")]
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+
+
+def driver_info(device_index: int) -> dict[str, object]:
+    """Driver version and maximum clocks of a GPU, for the environment record."""
+    values = _nvidia_smi(device_index, "driver_version,clocks.max.sm,clocks.max.mem,power.limit")
+    if values is None:
+        return {}
+    keys = ("driver", "max_sm_mhz", "max_mem_mhz", "power_limit_w")
+    return dict(zip(keys, values))

@@ -55,9 +55,13 @@ class TimingJob:
 
 @dataclass
 class CheckedCall:
+    """One timed call sent back for checking: its input set, the query values redrawn just
+    before it, and what it returned."""
+
     trial: int
     iteration: int
     seed: int
+    redrawn_inputs: dict[str, Any]
     outputs: dict[str, Any]
 
 
@@ -66,6 +70,7 @@ class TimingResult:
     timer: str
     samples_ms: list[list[float]] = field(default_factory=list)
     checked: list[CheckedCall] = field(default_factory=list)
+    clocks: list[dict[str, Any]] = field(default_factory=list)  # per trial: clocks after warm-up and after timing
 
 
 def call_solution(fn: Callable[..., Any], dps: bool, args: list[Any], outputs: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
@@ -107,7 +112,7 @@ def main(conn: Any, config: WorkerConfig) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     definition = get_definition(config.definition)
-    timer = flusher = None
+    timer = flusher = clocks = None
     try:
         solution = load_solution(Path(config.solution_path))
         entry = solution.entry_for(config.definition)
@@ -115,10 +120,11 @@ def main(conn: Any, config: WorkerConfig) -> None:
         notes_fn = getattr(module, "solution_notes", None)
         notes = str(notes_fn()) if callable(notes_fn) else ""
         if config.timer is not None:
-            from dsa_bench.timing import L2Flusher, make_timer
+            from dsa_bench.timing import ClockReader, L2Flusher, make_timer
 
             timer = make_timer(config.timer)
             flusher = L2Flusher(device)
+            clocks = ClockReader(device.index if device.index is not None else torch.cuda.current_device())
     except BaseException:
         conn.send(("compile_error", traceback.format_exc()))
         return
@@ -132,7 +138,7 @@ def main(conn: Any, config: WorkerConfig) -> None:
             if message[0] == "outputs":
                 reply: tuple = ("outputs", runner.outputs(message[1]))
             else:
-                reply = ("timing", runner.time(message[1], timer, flusher))
+                reply = ("timing", runner.time(message[1], timer, flusher, clocks))
         except BaseException:
             reply = ("error", traceback.format_exc())
         conn.send(reply)
@@ -172,26 +178,38 @@ class _CaseRunner:
             del inputs, outs, got
         return results
 
-    def time(self, job: TimingJob, timer: Any, flusher: Any) -> TimingResult:
-        from dsa_bench.definitions.base import poison_
+    def time(self, job: TimingJob, timer: Any, flusher: Any, clocks: Any) -> TimingResult:
+        """Time the solution: per trial, fresh input sets rotating call by call, queries redrawn,
+        outputs re-poisoned and L2 flushed before every call (all untimed)."""
+        from dsa_bench.definitions.base import InputRng, poison_
+        from dsa_bench.workloads import derive_seed
 
         axes = self.definition.axes(job.case.axes)
         result = TimingResult(timer=timer.name)
         for trial, seeds in enumerate(job.trial_seeds):
             n = len(seeds)
-            sets = [self.definition.input_args(self._inputs(job.case, s)) for s in seeds]
+            sets = [self._inputs(job.case, s) for s in seeds]
+            args = [self.definition.input_args(x) for x in sets]
             outs = [self.definition.allocate_outputs(axes, self.device) for _ in seeds]
+            redraw_rng = InputRng(derive_seed(job.sample_seed, "redraw", trial), self.device)
+            sampled = random.Random(derive_seed(job.sample_seed, "pick", trial)).randrange(job.iterations)
             latest: dict[int, dict[str, Any]] = {}
-            sampled = random.Random(job.sample_seed * 1000 + trial).randrange(job.iterations)
+            redrawn: dict[str, Any] = {}
             captured: dict[str, Any] = {}
+            timed = False
 
             def prepare(i: int) -> None:
-                flusher.flush()
+                fresh = self.definition.redraw(axes, redraw_rng)
+                for name, value in fresh.items():
+                    sets[i % n][name].copy_(value)  # in place: the solution keeps the same tensors
+                if timed and i == sampled:
+                    redrawn.update({k: v.detach().clone() for k, v in fresh.items()})
                 for out in outs[i % n].values():
                     poison_(out)
+                flusher.flush()
 
             def call(i: int) -> None:
-                latest[i % n] = call_solution(self.fn, self.dps, sets[i % n], outs[i % n], self.names)
+                latest[i % n] = call_solution(self.fn, self.dps, args[i % n], outs[i % n], self.names)
 
             def after(i: int) -> None:
                 if i == sampled:
@@ -201,7 +219,10 @@ class _CaseRunner:
                 prepare(i)
                 call(i)
             self._sync()
+            before = clocks.read() if clocks else None
+            timed = True
             result.samples_ms.append(timer.time_iterations(call, job.iterations, prepare, after))
-            result.checked.append(CheckedCall(trial, sampled, seeds[sampled % n], self._to_host(captured)))
-            del sets, outs, latest, captured
+            result.clocks.append({"after_warmup": before, "after_timing": clocks.read() if clocks else None})
+            result.checked.append(CheckedCall(trial, sampled, seeds[sampled % n], self._to_host(redrawn), self._to_host(captured)))
+            del sets, args, outs, latest, captured, redrawn
         return result

@@ -116,6 +116,7 @@ ReferenceFn = Callable[..., dict[str, torch.Tensor]]
 GenerateFn = Callable[
     [Mapping[str, int], Mapping[str, Value], Mapping[str, dict], InputRng], dict[str, Value]
 ]
+RedrawFn = Callable[[Mapping[str, int], InputRng], dict[str, torch.Tensor]]
 ValidateFn = Callable[[Mapping[str, int], Mapping[str, Value], Mapping[str, dict]], list[str]]
 ExpectFn = Callable[[Mapping[str, Value]], Any]
 CheckFn = Callable[[Mapping[str, Value], Mapping[str, torch.Tensor], Any, Tolerance], CheckResult]
@@ -127,7 +128,9 @@ class Definition:
 
     ``reference(**inputs)`` returns the expected outputs; ``generate(axes, given, params, rng)``
     fills in every input the trace did not give explicitly; ``validate(axes, given, params)``
-    lists problems of a trace case; ``expect(inputs)`` computes, once per input set, whatever
+    lists problems of a trace case; ``redraw(axes, rng)`` draws fresh values for the inputs
+    that are cheap to replace (the queries), which timing does before every timed call so a
+    solution can never return a cached result; ``expect(inputs)`` computes, once per input set, whatever
     the checker compares against (reference outputs, or reference scores); and
     ``check(inputs, outputs, expected, tol)`` judges outputs whose shapes and dtypes already
     match the specs. Solutions are called in destination-passing style:
@@ -143,6 +146,7 @@ class Definition:
     reference: ReferenceFn
     generate: GenerateFn
     validate: ValidateFn
+    redraw: RedrawFn
     expect: ExpectFn
     check: CheckFn
     #: axes shown in result tables, most telling first

@@ -122,6 +122,15 @@ def _fill_keys(cache: torch.Tensor, seq_lens: list[int], block_table: torch.Tens
     INDEXER_KEY_PAGE.scales(cache)[page, slot] = scales
 
 
+def draw_queries(axes: Mapping[str, int], rng: InputRng) -> dict[str, torch.Tensor]:
+    """The cheap per-call inputs (queries and head weights); timing redraws them before every call."""
+    batch = axes["batch_size"]
+    return {
+        "q_index_fp8": rng.randn(batch, NUM_HEADS, HEAD_DIM).to(torch.float8_e4m3fn),
+        "weights": rng.randn(batch, NUM_HEADS) * NUM_HEADS**-0.5,
+    }
+
+
 def generate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mapping[str, dict], rng: InputRng) -> dict[str, Value]:
     batch, max_pages, num_pages = axes["batch_size"], axes["max_num_pages"], axes["num_pages"]
     device = rng.device
@@ -137,14 +146,9 @@ def generate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mappin
     else:
         table = allocate_block_table(np.asarray(lens), max_pages, num_pages, rng.structure)
         block_table = torch.from_numpy(table).to(torch.int32).to(device)
-    if "q_index_fp8" in given:
-        q = given["q_index_fp8"].to(device)
-    else:
-        q = rng.randn(batch, NUM_HEADS, HEAD_DIM).to(torch.float8_e4m3fn)
-    if "weights" in given:
-        weights = given["weights"].to(device)
-    else:
-        weights = rng.randn(batch, NUM_HEADS) * NUM_HEADS**-0.5
+    queries = draw_queries(axes, rng)
+    q = given["q_index_fp8"].to(device) if "q_index_fp8" in given else queries["q_index_fp8"]
+    weights = given["weights"].to(device) if "weights" in given else queries["weights"]
     if "k_index_cache_fp8" in given:
         cache = given["k_index_cache_fp8"].to(device)
     else:
@@ -289,6 +293,7 @@ DEFINITION = Definition(
     reference=reference,
     generate=generate,
     validate=validate,
+    redraw=draw_queries,
     expect=expect,
     check=check,
     key_axes=("batch_size", "max_num_pages"),

@@ -1,0 +1,122 @@
+"""Measure the harness itself on a GPU.
+
+1. ``timers``: the same kernels timed by CUPTI and by CUDA events under the harness protocol
+   (L2 flushed before every call, device idle between calls): how much launch overhead events add.
+2. ``spread``: run-to-run agreement of two results files of the same workload: per case and
+   solution, the relative difference of the mean-of-trial-median latencies.
+3. ``walltime``: the harness's own wall time, read from results files (created → finished).
+
+Usage:
+    python tools/measure_harness.py timers [--out timers.json]
+    python tools/measure_harness.py spread RUN1.json RUN2.json [--tolerance 0.03]
+    python tools/measure_harness.py walltime RUN.json [...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from tabulate import tabulate
+
+
+def timers(out: Path | None, iterations: int) -> None:
+    import torch
+
+    from dsa_bench.timing import L2Flusher, make_timer
+
+    device = torch.device("cuda")
+    flusher = L2Flusher(device)
+    small = torch.zeros(256, device=device)
+    a = torch.randn(1 << 20, device=device)  # 4 MB
+    b = torch.randn(1 << 20, device=device)
+    c = torch.empty_like(a)
+    big_a = torch.randn(1 << 26, device=device)  # 256 MB
+    big_c = torch.empty_like(big_a)
+    kernels = {
+        "tiny fill (1 KB)": lambda: small.fill_(1.0),
+        "elementwise add (4 MB)": lambda: torch.add(a, b, out=c),
+        "copy (256 MB)": lambda: big_c.copy_(big_a),
+        "3 launches: add, mul, add (4 MB)": lambda: (torch.add(a, b, out=c), c.mul_(2.0), c.add_(a)),
+    }
+    rows, data = [], {}
+    for name, fn in kernels.items():
+        medians = {}
+        for timer_name in ("cupti", "events"):
+            timer = make_timer(timer_name)
+            for _ in range(10):
+                fn()
+            samples = timer.time_iterations(lambda i: fn(), iterations, lambda i: flusher.flush(), lambda i: None)
+            medians[timer_name] = statistics.median(samples) * 1000
+        extra = medians["events"] - medians["cupti"]
+        rows.append([name, f"{medians['cupti']:.2f}", f"{medians['events']:.2f}", f"{extra:+.2f}", f"{medians['events'] / medians['cupti']:.2f}x"])
+        data[name] = medians
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, {iterations} calls per timer, L2 flushed before each")
+    print(tabulate(rows, headers=["kernel", "CUPTI median µs", "events median µs", "events - CUPTI µs", "events / CUPTI"], disable_numparse=True))
+    if out:
+        out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "iterations": iterations, "medians_us": data}, indent=1))
+
+
+def _latencies(path: Path) -> dict[tuple[str, str], float]:
+    doc = json.loads(path.read_text())
+    return {(r["case"], r["solution"]): r["timing"]["mean_ms"] for r in doc["records"] if r.get("timing")}
+
+
+def spread(first: Path, second: Path, tolerance: float) -> int:
+    a, b = _latencies(first), _latencies(second)
+    common = sorted(set(a) & set(b))
+    if not common:
+        print("no timed (case, solution) pairs in common")
+        return 2
+    by_solution: dict[str, list[float]] = {}
+    for key in common:
+        by_solution.setdefault(key[1], []).append(abs(b[key] - a[key]) / a[key])
+    rows = []
+    for solution, diffs in by_solution.items():
+        within = sum(d <= tolerance for d in diffs)
+        rows.append([solution, len(diffs), f"{within}/{len(diffs)}", f"{100 * statistics.median(diffs):.2f}%", f"{100 * max(diffs):.2f}%"])
+    print(f"run-to-run: {first.name} vs {second.name}, tolerance {tolerance:.0%}")
+    print(tabulate(rows, headers=["solution", "cases", f"within {tolerance:.0%}", "median |diff|", "max |diff|"], disable_numparse=True))
+    return 0
+
+
+def walltime(paths: list[Path]) -> None:
+    rows = []
+    for path in paths:
+        doc = json.loads(path.read_text())
+        start = dt.datetime.fromisoformat(doc["created"])
+        end = dt.datetime.fromisoformat(doc["finished"])
+        solutions = sorted({r["solution"] for r in doc["records"]})
+        cases = len({r["case"] for r in doc["records"]})
+        rows.append([path.name, doc["workload"]["name"], cases, ", ".join(solutions), f"{(end - start).total_seconds():.0f} s"])
+    print(tabulate(rows, headers=["results", "workload", "cases", "solutions", "harness wall time"], disable_numparse=True))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("timers")
+    p.add_argument("--out", type=Path)
+    p.add_argument("--iterations", type=int, default=200)
+    p = sub.add_parser("spread")
+    p.add_argument("first", type=Path)
+    p.add_argument("second", type=Path)
+    p.add_argument("--tolerance", type=float, default=0.03)
+    p = sub.add_parser("walltime")
+    p.add_argument("paths", type=Path, nargs="+")
+    args = parser.parse_args()
+    if args.command == "timers":
+        timers(args.out, args.iterations)
+        return 0
+    if args.command == "spread":
+        return spread(args.first, args.second, args.tolerance)
+    walltime(args.paths)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
