@@ -35,13 +35,17 @@ def _pick_device(name: str):
     import torch
 
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(name)
     except RuntimeError:
         raise DsaBenchError(f"--device {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise DsaBenchError(f"--device {name} asked for CUDA but no CUDA device is available")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cuda" and device.index >= torch.cuda.device_count():
+        raise DsaBenchError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     if device.type not in ("cpu", "cuda"):
         raise DsaBenchError(f"--device {name}: only cpu and cuda devices are supported")
     return device
@@ -72,6 +76,7 @@ def run(
     compile_timeout: float = typer.Option(900.0, help="Seconds a solution may take to import/build."),
     save: Optional[Path] = typer.Option(None, help="Results JSON path (default: results/<workload>-<time>.json)."),
     no_save: bool = typer.Option(False, "--no-save", help="Do not write a results file."),
+    dataset: Optional[Path] = typer.Option(None, "--dataset", help="A flashinfer-bench dataset folder; --workload then names one of its definitions or a workloads .jsonl file."),
 ) -> None:
     """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -83,7 +88,12 @@ def run(
     from dsa_bench.timing import choose_timer
 
     root = find_root()
-    wl = resolve_workload(workload, root)
+    if dataset is None:
+        wl = resolve_workload(workload, root)
+    else:
+        from dsa_bench.dataset import load_dataset_workload
+
+        wl = load_dataset_workload(dataset, workload)
     cases = _select_cases(wl, case)
     dev = _pick_device(device)
     timer_name, warning = choose_timer(timer, dev)
@@ -93,13 +103,19 @@ def run(
     if timer_name is not None and settings.input_sets < 2:
         raise DsaBenchError("timing needs --input-sets >= 2 so consecutive calls never see the same tensors")
     definition = wl.definition.name
+    reference = next((s for s in discover(root / "solutions") if s.name == REFERENCE_SOLUTION), None)
+    if dataset is not None and (reference is None or definition not in reference.entries):
+        from dsa_bench.dataset import reference_solution_folder
+        from dsa_bench.solutions import load_solution
+
+        # a dataset definition dsa-bench has no reference solution of: run the JSON's own reference
+        reference = load_solution(reference_solution_folder(wl.definition, root / ".cache" / "dsa-bench"))
     if solution:
-        chosen = [resolve_solution(s, root) for s in solution]
+        chosen = [reference if dataset is not None and s == REFERENCE_SOLUTION else resolve_solution(s, root) for s in solution]
         for s in chosen:
             s.entry_for(definition)
     else:
         chosen = [s for s in discover(root / "solutions") if definition in s.entries]
-    reference = next((s for s in discover(root / "solutions") if s.name == REFERENCE_SOLUTION), None)
     if timer_name is not None and reference is None:
         raise DsaBenchError(f"timing needs the reference solution at {root / 'solutions' / REFERENCE_SOLUTION}")
     chosen = order_solutions(chosen, timer_name is not None, reference)
@@ -115,13 +131,15 @@ def run(
         case_timeout_s=case_timeout,
         log_dir=root / ".cache" / "dsa-bench" / "logs",
         extensions_dir=root / ".cache" / "dsa-bench" / "torch_extensions",
+        dataset_root=dataset,
     )
     from dataclasses import asdict
 
     results = ResultsFile(
         save_path,
         {
-            "workload": {"name": wl.name, "path": str(wl.path), "trace": str(wl.trace_path), "definition": definition},
+            "workload": {"name": wl.name, "path": str(wl.path), "trace": str(wl.trace_path), "definition": definition}
+            | ({"dataset": str(dataset.resolve())} if dataset is not None else {}),
             "settings": {**{k: v for k, v in asdict(settings).items() if k != "tolerance"}, "tolerance": asdict(settings.tolerance)},
             "timer": timer_name,
             "environment": environment(dev),
@@ -241,6 +259,120 @@ def _validate_trace(path: Path) -> int:
     if not users:
         raise DsaBenchError("no workload under workloads/ uses this trace; validate the workload YAML that names it", str(path))
     return len(users[0].cases)
+
+
+@app.command()
+def pack(
+    folder: Path = typer.Argument(..., help="Solution folder (with solution.yaml)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default: packed/<solution name>/)."),
+    definition: list[str] = typer.Option([], "--definition", "-d", help="Pack only this definition's entry; repeat for several. Default: every entry."),
+    verify: bool = typer.Option(False, "--verify", help="Unpack each JSON into a temporary folder and run it on its definition's smoke workload(s)."),
+    device: str = typer.Option("auto", help="Device for --verify runs (auto, cpu, cuda, cuda:N)."),
+) -> None:
+    """Package a solution folder as flashinfer-bench Solution JSON, one file per definition."""
+    from tabulate import tabulate
+
+    from dsa_bench.packing import pack_solution, verify_packed
+    from dsa_bench.project import find_root
+    from dsa_bench.solutions import load_solution
+
+    solution = load_solution(folder)
+    out_dir = out if out is not None else Path("packed") / solution.name
+    packed = pack_solution(folder, out_dir, definition or None)
+    for item in packed:
+        sources = item.document["sources"]
+        typer.echo(f"{item.path}: {item.definition} -> {item.document['spec']['entry_point']} ({item.document['spec']['language']}), "
+                   f"{len(sources)} files, {sum(len(s['content'].encode()) for s in sources)} bytes")  # fmt: skip
+        rows = [[s["path"], len(s["content"].encode()), item.reasons[s["path"]]] for s in sources]
+        typer.echo(tabulate(rows, headers=["file", "bytes", "why"], disable_numparse=True))
+        if item.external_modules:
+            typer.echo(f"  imports from outside the folder (the runner must provide them): {', '.join(item.external_modules)}")
+        if item.empty_files:
+            typer.echo(f"  empty files packed as one newline (the format needs non-empty content): {', '.join(item.empty_files)}")
+        if item.left_out:
+            typer.echo(f"  left out (not needed by this entry): {', '.join(item.left_out)}")
+        typer.echo("")
+    if not verify:
+        return
+    failed = 0
+    for result in verify_packed([item.path for item in packed], find_root(), device=device):
+        if result.passed:
+            typer.echo(f"verified {result.packed.name} on {result.workload}: every case passed")
+        else:
+            failed += 1
+            _err(f"verification FAILED for {result.packed.name} on {result.workload}:\n{result.output}")
+    if failed:
+        raise typer.Exit(EXIT_FAILED_CASES)
+
+
+@app.command()
+def unpack(
+    paths: list[Path] = typer.Argument(..., help="Packed Solution JSON file(s), then the destination folder.", metavar="FILE.json... DIR"),
+    force: bool = typer.Option(False, "--force", help="Write into a non-empty destination folder."),
+) -> None:
+    """Restore a solution folder (sources and solution.yaml) from packed Solution JSON files."""
+    from dsa_bench.packing import unpack_solutions
+
+    if len(paths) < 2:
+        raise DsaBenchError("give the packed JSON file(s) and then the destination folder")
+    *files, dest = paths
+    folder = unpack_solutions(files, dest, force=force)
+    typer.echo(f"unpacked {len(files)} packed solution(s) into {folder}")
+
+
+@app.command()
+def compare(
+    results: list[Path] = typer.Argument(..., help="Results JSON file(s) of `dsa-bench run --save`."),
+    baseline: Path = typer.Option(..., "--baseline", "-b", help="Baseline JSON, e.g. baselines/h200.json."),
+    threshold: float = typer.Option(0.05, help="Smallest slowdown (fraction of speedup) that counts as a regression; the recorded noise can widen it."),
+    output_format: str = typer.Option("table", "--format", help="table, or markdown (for CI summaries)."),
+    all_cases: bool = typer.Option(False, "--all", help="List every case, not only those that changed."),
+) -> None:
+    """Compare per-case speedups with a baseline; exit 1 on a regression or a newly failing case."""
+    from dsa_bench.baselines import compare_results, load_baseline, load_results, render_comparison
+
+    if output_format not in ("table", "markdown"):
+        raise DsaBenchError(f"--format {output_format!r}: choose table or markdown")
+    comparison = compare_results([load_results(p) for p in results], load_baseline(baseline), threshold)
+    typer.echo(render_comparison(comparison, output_format, all_cases))
+    if not comparison.ok:
+        raise typer.Exit(EXIT_FAILED_CASES)
+
+
+baseline_app = typer.Typer(help="Manage stored speedup baselines.", no_args_is_help=True)
+app.add_typer(baseline_app, name="baseline")
+
+
+@baseline_app.command("update")
+def baseline_update(
+    results: list[Path] = typer.Argument(..., help="Results JSON file(s), one per workload."),
+    baseline: Path = typer.Option(..., "--baseline", "-b", help="Baseline JSON to write, e.g. baselines/h200.json."),
+    replace: bool = typer.Option(False, "--replace", help="Drop workloads not in these results (default: keep them)."),
+) -> None:
+    """Write or update a baseline from results files: each workload's entry is replaced."""
+    from dsa_bench.baselines import load_results, update_baseline
+
+    document = update_baseline(baseline, results, replace=replace)
+    for path in results:
+        loaded = load_results(path)
+        block = document["workloads"][loaded.workload]
+        timed = sum(1 for c in block["cases"] if c["speedup"] is not None)
+        typer.echo(f"{loaded.workload}: {len(block['cases'])} (case, solution) entries, {timed} with a speedup, from {path}")
+        if not timed:
+            _warn(f"{path} holds no timing: this baseline can only catch status changes")
+    typer.echo(f"baseline: {baseline} ({len(document['workloads'])} workloads)")
+
+
+@app.command()
+def report(
+    results: list[Path] = typer.Argument(..., help="Results JSON file(s) of `dsa-bench run --save`."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="HTML file to write (default: the first results file with .html); PNG plots go next to it."),
+) -> None:
+    """Write a self-contained HTML report (plots embedded) and the plots as PNG files."""
+    from dsa_bench.report import write_report
+
+    page, pngs = write_report(results, output if output is not None else results[0].with_suffix(".html"))
+    typer.echo(f"report: {page}" + (f" ({len(pngs)} plots: {', '.join(p.name for p in pngs)})" if pngs else " (nothing was timed: no plots)"))
 
 
 def main() -> None:

@@ -33,15 +33,27 @@ def cupti_problem() -> str | None:
 
 
 class CuptiTimer(Timer):
+    """CUPTI activity timer.
+
+    With ``correlate_api`` it also records runtime and driver API activity and assigns each GPU
+    activity to the call whose window holds the API call that launched it; without it (the
+    default) a GPU activity belongs to the window its own start falls in. Both attribute the
+    same work, because the device is idle at every window's start and synchronised at its end;
+    API tracing, however, slows every launch on the host, which widens the gaps between the
+    kernels of a multi-kernel solution (measured in benchmarks/harness_h200.md).
+    """
+
     name = "cupti"
 
-    def __init__(self) -> None:
+    def __init__(self, correlate_api: bool = False) -> None:
         global _registered
         from cupti import cupti
 
         self._cupti = cupti
         self._gpu_kinds = (cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET)
-        self._api_kinds = (cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER)
+        self._api_kinds = (cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER) if correlate_api else ()
+        if correlate_api:
+            self.name = "cupti_api"
         self._gpu: list[tuple[int, int, int]] = []  # (start ns, end ns, correlation id)
         self._api_start: dict[int, int] = {}  # correlation id -> API call start ns
         if _registered is None:  # CUPTI accepts one pair of buffer callbacks per process

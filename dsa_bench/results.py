@@ -93,6 +93,8 @@ class CaseRecord:
     timing: Timing | None = None
     speedup: float | None = None
     wall_s: float = 0.0
+    #: where the harness spent the wall time of this record (worker and checker phases)
+    phases_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:

@@ -35,6 +35,7 @@ class RunOptions:
     case_timeout_s: float = 600.0
     log_dir: Path = Path(".cache/dsa-bench/logs")
     extensions_dir: Path = Path(".cache/dsa-bench/torch_extensions")
+    dataset_root: Path | None = None  # set when the workload comes from a flashinfer-bench dataset
 
 
 class WorkerFailure(Exception):
@@ -58,6 +59,7 @@ class WorkerHandle:
             timer=options.timer,
             log_path=str((options.log_dir / f"{solution.name}.log").resolve()),
             extensions_dir=str(options.extensions_dir.resolve()),
+            dataset_root=str(options.dataset_root.resolve()) if options.dataset_root else None,
         )
         self.process: Any = None
         self.conn: Any = None
@@ -190,7 +192,10 @@ def run_one(handle: WorkerHandle, ctx: _CaseContext, options: RunOptions) -> Cas
     started = time.perf_counter()
     try:
         outputs = handle.request(("outputs", worker_mod.CorrectnessJob(case, seeds)), f"running case {case.id}")
+        checks_start = time.perf_counter()
+        record.phases_s["correctness_calls"] = checks_start - started
         result = worst([ctx.check(seed, out) for seed, out in zip(seeds, outputs)])
+        record.phases_s["checks"] = time.perf_counter() - checks_start
         if result.passed and options.timer is not None:
             job = worker_mod.TimingJob(case, trial_seeds(settings, case), settings.warmup, settings.iterations, derive_seed(settings.seed, case.id, "sample"))
             timing = handle.request(("time", job), f"timing case {case.id}")
@@ -203,6 +208,7 @@ def run_one(handle: WorkerHandle, ctx: _CaseContext, options: RunOptions) -> Cas
                     result = CheckResult(checked.status, message, checked.max_abs_error, checked.max_rel_error)
                     break
             record.timing = Timing(timer=timing.timer, samples_ms=timing.samples_ms, clocks=timing.clocks)
+            record.phases_s.update({f"timing_{k}": v for k, v in timing.phase_s.items()})
         record.status, record.message = result.status, result.message
         record.max_abs_error, record.max_rel_error = result.max_abs_error, result.max_rel_error
     except WorkerFailure as failure:

@@ -20,6 +20,7 @@ import os
 import random
 import signal
 import sys
+import time
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ class WorkerConfig:
     timer: str | None  # "cupti" | "events" | None (no timing on this device)
     log_path: str
     extensions_dir: str
+    dataset_root: str | None = None  # a flashinfer-bench dataset whose definition this run uses
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class TimingResult:
     samples_ms: list[list[float]] = field(default_factory=list)
     checked: list[CheckedCall] = field(default_factory=list)
     clocks: list[dict[str, Any]] = field(default_factory=list)  # per trial: clocks after warm-up and after timing
+    phase_s: dict[str, float] = field(default_factory=dict)  # worker wall time per phase, summed over trials
 
 
 def call_solution(fn: Callable[..., Any], dps: bool, args: list[Any], outputs: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
@@ -111,6 +114,10 @@ def main(conn: Any, config: WorkerConfig) -> None:
     device = torch.device(config.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
+    if config.dataset_root is not None:  # dataset definitions are registered per process
+        from dsa_bench.dataset import register_dataset_definition
+
+        register_dataset_definition(Path(config.dataset_root), config.definition)
     definition = get_definition(config.definition)
     timer = flusher = clocks = None
     try:
@@ -186,8 +193,11 @@ class _CaseRunner:
 
         axes = self.definition.axes(job.case.axes)
         result = TimingResult(timer=timer.name)
+        phases = {"build_inputs": 0.0, "warmup": 0.0, "timed_calls": 0.0}
+        result.phase_s = phases
         for trial, seeds in enumerate(job.trial_seeds):
             n = len(seeds)
+            started = time.perf_counter()
             sets = [self._inputs(job.case, s) for s in seeds]
             args = [self.definition.input_args(x) for x in sets]
             outs = [self.definition.allocate_outputs(axes, self.device) for _ in seeds]
@@ -215,13 +225,19 @@ class _CaseRunner:
                 if i == sampled:
                     captured.update({k: v.detach().clone() for k, v in latest[i % n].items()})
 
+            self._sync()
+            warmup_start = time.perf_counter()
+            phases["build_inputs"] += warmup_start - started
             for i in range(job.warmup):
                 prepare(i)
                 call(i)
             self._sync()
+            timed_start = time.perf_counter()
+            phases["warmup"] += timed_start - warmup_start
             before = clocks.read() if clocks else None
             timed = True
             result.samples_ms.append(timer.time_iterations(call, job.iterations, prepare, after))
+            phases["timed_calls"] += time.perf_counter() - timed_start
             result.clocks.append({"after_warmup": before, "after_timing": clocks.read() if clocks else None})
             result.checked.append(CheckedCall(trial, sampled, seeds[sampled % n], self._to_host(redrawn), self._to_host(captured)))
             del sets, args, outs, latest, captured, redrawn

@@ -65,16 +65,17 @@ def test_natural_log_lse_fails(tmp_path):
 
 @pytest.mark.gpu
 def test_side_stream_work_is_timed_by_cupti(tmp_path):
+    """The fixture hides a ~4 ms spin kernel on a side stream and returns early."""
     code, doc, output = run_with(tmp_path, "indexer_smoke", ["smoke_scored"], ["side_stream"], "--timer", "cupti")
     assert code == 0, output
     record = next(r for r in doc["records"] if r["solution"] == "side_stream")
     assert record["status"] == "PASSED" and record["timing"]["timer"] == "cupti"
-    # The hidden work is the reference itself, so CUPTI must see about the reference's time.
-    assert 0.5 < record["speedup"] < 2.0, record["speedup"]
-    # CUDA events on the current stream miss it entirely: the reason CUPTI is the default.
+    assert record["timing"]["min_ms"] > 3.0, "CUPTI sees the hidden kernel"
+    # CUDA events on the current stream miss it: the reason CUPTI is the default timer.
     code, events_doc, output = run_with(tmp_path, "indexer_smoke", ["smoke_scored"], ["side_stream"], "--timer", "events")
     events_record = next(r for r in events_doc["records"] if r["solution"] == "side_stream")
-    assert events_record["speedup"] > 3.0, events_record["speedup"]
+    assert events_record["timing"]["timer"] == "cuda_events"
+    assert events_record["timing"]["median_ms"] < 0.5 * record["timing"]["median_ms"], (events_record["timing"], record["timing"])
 
 
 @pytest.mark.gpu

@@ -43,20 +43,24 @@ def timers(out: Path | None, iterations: int) -> None:
         "copy (256 MB)": lambda: big_c.copy_(big_a),
         "3 launches: add, mul, add (4 MB)": lambda: (torch.add(a, b, out=c), c.mul_(2.0), c.add_(a)),
     }
+    from dsa_bench.cupti_timer import CuptiTimer
+
+    timer_kinds = {"cupti": lambda: make_timer("cupti"), "cupti_api": lambda: CuptiTimer(correlate_api=True), "events": lambda: make_timer("events")}
     rows, data = [], {}
     for name, fn in kernels.items():
         medians = {}
-        for timer_name in ("cupti", "events"):
-            timer = make_timer(timer_name)
+        for timer_name, make in timer_kinds.items():
+            timer = make()
             for _ in range(10):
                 fn()
             samples = timer.time_iterations(lambda i: fn(), iterations, lambda i: flusher.flush(), lambda i: None)
             medians[timer_name] = statistics.median(samples) * 1000
         extra = medians["events"] - medians["cupti"]
-        rows.append([name, f"{medians['cupti']:.2f}", f"{medians['events']:.2f}", f"{extra:+.2f}", f"{medians['events'] / medians['cupti']:.2f}x"])
+        rows.append([name, *(f"{medians[k]:.2f}" for k in timer_kinds), f"{extra:+.2f}"])
         data[name] = medians
     print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, {iterations} calls per timer, L2 flushed before each")
-    print(tabulate(rows, headers=["kernel", "CUPTI median µs", "events median µs", "events - CUPTI µs", "events / CUPTI"], disable_numparse=True))
+    headers = ["kernel", "CUPTI median µs", "CUPTI + API tracing µs", "events median µs", "events - CUPTI µs"]
+    print(tabulate(rows, headers=headers, disable_numparse=True))
     if out:
         out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "iterations": iterations, "medians_us": data}, indent=1))
 

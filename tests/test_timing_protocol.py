@@ -1,0 +1,94 @@
+"""The timing protocol's logic, exercised on the CPU with a host-clock timer standing in for the GPU one.
+
+Rotation, redrawn queries, re-poisoned outputs and the check of a sampled timed call are all
+harness code; only the clock differs on a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from dsa_bench.definitions import indexer
+from dsa_bench.runner import _CaseContext, trial_seeds
+from dsa_bench.timing import Timer
+from dsa_bench.worker import TimingJob, _CaseRunner
+from dsa_bench.workloads import load_workload
+
+from conftest import ROOT
+
+CPU = torch.device("cpu")
+
+
+class HostClockTimer(Timer):
+    name = "host_clock"
+
+    def time_iterations(self, call, count, prepare, after):
+        samples = []
+        for i in range(count):
+            prepare(i)
+            start = time.perf_counter()
+            call(i)
+            samples.append((time.perf_counter() - start) * 1000)
+            after(i)
+        return samples
+
+
+class NoFlush:
+    calls = 0
+
+    def flush(self) -> None:
+        NoFlush.calls += 1
+
+
+def reference_kernel(q, k, w, s, bt, out):
+    out.copy_(indexer.reference(q, k, w, s, bt)["topk_indices"])
+
+
+def time_with(fn, trials: int = 2, iterations: int = 6):
+    workload = load_workload(ROOT / "workloads" / "indexer_smoke.yaml")
+    case = next(c for c in workload.cases if c.id == "smoke_scored")
+    settings = workload.settings.replace(trials=trials, iterations=iterations, input_sets=2)
+    job = TimingJob(case, trial_seeds(settings, case), warmup=2, iterations=iterations, sample_seed=11)
+    runner = _CaseRunner(indexer.DEFINITION, CPU, fn, dps=True)
+    result = runner.time(job, HostClockTimer(), NoFlush(), None)
+    ctx = _CaseContext(workload, case, CPU)
+    checks = [ctx.check(c.seed, c.outputs, c.redrawn_inputs) for c in result.checked]
+    return result, checks
+
+
+def test_protocol_shapes_and_sampled_calls_pass_for_an_honest_solution():
+    before = NoFlush.calls
+    result, checks = time_with(reference_kernel)
+    assert result.timer == "host_clock"
+    assert [len(s) for s in result.samples_ms] == [6, 6]
+    assert all(x > 0 for s in result.samples_ms for x in s)
+    assert NoFlush.calls - before == 2 * (2 + 6), "the L2 is flushed before every warm-up and timed call"
+    assert len(result.checked) == 2 and all(c.passed for c in checks)
+    assert set(result.checked[0].redrawn_inputs) == {"q_index_fp8", "weights"}
+
+
+def test_redrawn_queries_expose_a_solution_that_replays_answers_per_buffer():
+    memo = {}
+
+    def replay(q, k, w, s, bt, out):
+        key = q.data_ptr()
+        if key not in memo:
+            memo[key] = indexer.reference(q, k, w, s, bt)["topk_indices"].clone()
+        out.copy_(memo[key])
+
+    _, checks = time_with(replay)
+    assert not any(c.passed for c in checks), "every timed call after the first replays a stale answer"
+
+
+def test_outputs_are_repoisoned_before_every_timed_call():
+    calls = []
+
+    def writes_once(q, k, w, s, bt, out):
+        if not calls:  # only the very first call writes anything
+            out.copy_(indexer.reference(q, k, w, s, bt)["topk_indices"])
+        calls.append(1)
+
+    _, checks = time_with(writes_once, trials=1)
+    assert not checks[0].passed and "neither -1 nor a token id" in checks[0].message
