@@ -1,0 +1,533 @@
+"""Baselines of per-case speedups, and comparing a run's results against them.
+
+What is compared is each case's *speedup over the reference measured in the same run*, not its
+latency: a ratio of two latencies taken on the same machine minutes apart, which survives clock,
+driver and machine-to-machine differences far better than absolute times.
+
+Classification of one (workload, case, solution), with ``threshold`` (default 5 %):
+
+- **failed**: the new status is not PASSED (*newly failing* when the baseline had it PASSED);
+- **fixed**: the baseline had it failing and it now passes;
+- **untimed**: either side has no speedup (a CPU run, or the reference failed);
+- otherwise ``ratio = new speedup / baseline speedup`` and the noise band
+  ``band = max(threshold, ½·(s_sol,new + s_ref,new + s_sol,base + s_ref,base))``, where each ``s``
+  is a recorded trial spread ((max - min) / mean of the trial medians) of the solution or the
+  reference on that case. Half a spread bounds how far a latency's mean may sit from its
+  trials' centre, and the four relative errors add up in a ratio of ratios, so the band is a
+  worst-case bound on the noise; it never drops below the threshold.
+  **slower** when ``ratio < 1 - band``, **faster** when ``ratio > 1 + band``, else **same**.
+
+Per (workload, solution), the geometric mean of the ratios over the cases timed on both sides is
+judged the same way against ``max(threshold, sqrt(Σ noise_i²) / N)``, with ``noise_i`` the
+case's ½-sum of spreads: independent per-case noise averages out over N cases, so a solution-wide
+slowdown is caught even where a noisy reference makes every single case's band wide.
+
+A comparison fails (non-zero exit) on any slower case, any solution slower overall, or any newly
+failing case. Cases only in the baseline (not run) or only in the results (no baseline yet) are
+listed but never fail it.
+
+Baseline file (``baselines/<gpu>.json``)::
+
+    {"format": "dsa-bench-baseline", "version": 1, "updated": "...",
+     "workloads": {"indexer_h64": {"definition": ..., "results_created": ..., "results_file": ...,
+                                   "timer": ..., "settings": {...}, "environment": {...},
+                                   "solutions": {"triton": {"content_hash": ...}, ...},
+                                   "cases": [{"case", "solution", "status", "speedup",
+                                              "latency_ms", "spread", "reference_latency_ms",
+                                              "reference_spread"}, ...]}}}
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import os
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dsa_bench.definitions.base import Status
+from dsa_bench.errors import DsaBenchError
+from dsa_bench.results import RESULTS_FORMAT, CaseRecord, now_iso
+
+BASELINE_FORMAT = "dsa-bench-baseline"
+BASELINE_VERSION = 1
+DEFAULT_THRESHOLD = 0.05
+REFERENCE_SOLUTION = "reference"
+
+
+# --------------------------------------------------------------------------- results files
+
+
+@dataclass
+class LoadedResults:
+    """A results file as written by ``dsa-bench run --save``."""
+
+    path: Path
+    document: dict[str, Any]
+    records: list[CaseRecord]
+
+    @property
+    def workload(self) -> str:
+        return self.document["workload"]["name"]
+
+    @property
+    def definition(self) -> str:
+        return self.document["workload"].get("definition", "")
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        return self.document.get("environment") or {}
+
+    @property
+    def timer(self) -> str | None:
+        return self.document.get("timer")
+
+    @property
+    def timed(self) -> bool:
+        return any(r.timing is not None for r in self.records)
+
+
+def load_results(path: Path) -> LoadedResults:
+    """Read and check a results file; every problem names the file and the record."""
+    where = str(path)
+    try:
+        document = json.loads(path.read_text())
+    except OSError as exc:
+        raise DsaBenchError(f"cannot read results file: {exc.strerror}", where) from None
+    except json.JSONDecodeError as exc:
+        raise DsaBenchError(f"invalid JSON: {exc.msg} at line {exc.lineno}", where) from None
+    if not isinstance(document, dict) or document.get("format") != RESULTS_FORMAT:
+        raise DsaBenchError(f'not a dsa-bench results file (expected "format": "{RESULTS_FORMAT}")', where)
+    if document.get("version") != 1:
+        raise DsaBenchError(f"results format version {document.get('version')!r} is not supported (expected 1)", where)
+    workload = document.get("workload")
+    if not isinstance(workload, dict) or not isinstance(workload.get("name"), str):
+        raise DsaBenchError("field 'workload.name' is missing", where)
+    raw = document.get("records")
+    if not isinstance(raw, list):
+        raise DsaBenchError("field 'records' must be a list", where)
+    records = []
+    for i, item in enumerate(raw):
+        try:
+            records.append(CaseRecord.from_json(item))
+        except (TypeError, KeyError, ValueError) as exc:
+            raise DsaBenchError(f"records[{i}] is malformed: {exc}", where) from None
+    return LoadedResults(path, document, records)
+
+
+# --------------------------------------------------------------------------- per-case measures
+
+
+@dataclass(frozen=True)
+class CaseMeasure:
+    """What a comparison needs of one (case, solution): status, speedup and their noise."""
+
+    status: str
+    speedup: float | None = None
+    latency_ms: float | None = None
+    spread: float | None = None
+    reference_latency_ms: float | None = None
+    reference_spread: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.status == Status.PASSED.value
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "speedup": self.speedup,
+            "latency_ms": self.latency_ms,
+            "spread": self.spread,
+            "reference_latency_ms": self.reference_latency_ms,
+            "reference_spread": self.reference_spread,
+        }
+
+
+Key = tuple[str, str, str]  # (workload, case, solution)
+
+
+def measures_of(results: LoadedResults) -> dict[Key, CaseMeasure]:
+    """Per (workload, case, solution) measure; the reference's figures come from the same case."""
+    reference: dict[str, CaseRecord] = {r.case: r for r in results.records if r.solution == REFERENCE_SOLUTION}
+    found: dict[Key, CaseMeasure] = {}
+    for r in results.records:
+        ref = reference.get(r.case)
+        ref_timing = ref.timing if ref is not None and ref.passed else None
+        found[(results.workload, r.case, r.solution)] = CaseMeasure(
+            status=r.status.value,
+            speedup=r.speedup,
+            latency_ms=r.timing.mean_ms if r.timing else None,
+            spread=r.timing.spread if r.timing else None,
+            reference_latency_ms=ref_timing.mean_ms if ref_timing else None,
+            reference_spread=ref_timing.spread if ref_timing else None,
+        )
+    return found
+
+
+# --------------------------------------------------------------------------- baseline files
+
+
+def _check_baseline(document: Any, where: str) -> dict[str, Any]:
+    if not isinstance(document, dict) or document.get("format") != BASELINE_FORMAT:
+        raise DsaBenchError(f'not a dsa-bench baseline file (expected "format": "{BASELINE_FORMAT}")', where)
+    if document.get("version") != BASELINE_VERSION:
+        raise DsaBenchError(f"baseline format version {document.get('version')!r} is not supported (expected {BASELINE_VERSION})", where)
+    workloads = document.get("workloads")
+    if not isinstance(workloads, dict):
+        raise DsaBenchError("field 'workloads' must be an object", where)
+    for name, block in workloads.items():
+        cases = block.get("cases") if isinstance(block, dict) else None
+        if not isinstance(cases, list):
+            raise DsaBenchError(f"workloads.{name}.cases must be a list", where)
+        for i, case in enumerate(cases):
+            if not isinstance(case, dict) or not all(isinstance(case.get(k), str) for k in ("case", "solution", "status")):
+                raise DsaBenchError(f"workloads.{name}.cases[{i}] needs string fields case, solution and status", where)
+            for k in ("speedup", "latency_ms", "spread", "reference_latency_ms", "reference_spread"):
+                value = case.get(k)
+                if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                    raise DsaBenchError(f"workloads.{name}.cases[{i}].{k} must be a number or null", where)
+    return document
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    try:
+        document = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DsaBenchError("baseline file does not exist (create it with `dsa-bench baseline update`)", str(path)) from None
+    except OSError as exc:
+        raise DsaBenchError(f"cannot read baseline file: {exc.strerror}", str(path)) from None
+    except json.JSONDecodeError as exc:
+        raise DsaBenchError(f"invalid JSON: {exc.msg} at line {exc.lineno}", str(path)) from None
+    return _check_baseline(document, str(path))
+
+
+def baseline_measures(document: dict[str, Any]) -> dict[Key, CaseMeasure]:
+    found: dict[Key, CaseMeasure] = {}
+    for workload, block in document["workloads"].items():
+        for case in block["cases"]:
+            found[(workload, case["case"], case["solution"])] = CaseMeasure(
+                status=case["status"],
+                speedup=case.get("speedup"),
+                latency_ms=case.get("latency_ms"),
+                spread=case.get("spread"),
+                reference_latency_ms=case.get("reference_latency_ms"),
+                reference_spread=case.get("reference_spread"),
+            )
+    return found
+
+
+def baseline_block(results: LoadedResults) -> dict[str, Any]:
+    """The baseline entry of one workload, from a finished results file."""
+    doc = results.document
+    return {
+        "definition": results.definition,
+        "results_created": doc.get("created"),
+        "results_file": results.path.name,
+        "timer": results.timer,
+        "settings": doc.get("settings"),
+        "environment": results.environment,
+        "solutions": {name: {"content_hash": meta.get("content_hash")} for name, meta in (doc.get("solutions") or {}).items()},
+        "cases": [
+            {"case": case, "solution": solution, **measure.to_json()} for (_, case, solution), measure in measures_of(results).items()
+        ],
+    }
+
+
+def update_baseline(baseline_path: Path, results_paths: list[Path], replace: bool = False) -> dict[str, Any]:
+    """Write (or update) a baseline file from results files; returns the new document.
+
+    Each results file's workload replaces that workload's entry; other workloads already in
+    the file stay unless ``replace``. Interrupted runs are refused: a baseline must be complete.
+    """
+    if not results_paths:
+        raise DsaBenchError("no results file given")
+    loaded = [load_results(p) for p in results_paths]
+    seen: dict[str, Path] = {}
+    for results in loaded:
+        if results.workload in seen:
+            raise DsaBenchError(
+                f"workload {results.workload!r} is also in {seen[results.workload]}; give one results file per workload", str(results.path)
+            )
+        seen[results.workload] = results.path
+        if not results.document.get("complete", False):
+            raise DsaBenchError("results file is incomplete (the run was interrupted); a baseline needs a finished run", str(results.path))
+        if not results.records:
+            raise DsaBenchError("results file holds no records", str(results.path))
+    if baseline_path.exists() and not replace:
+        document = load_baseline(baseline_path)
+    else:
+        document = {"format": BASELINE_FORMAT, "version": BASELINE_VERSION, "workloads": {}}
+    document["updated"] = now_iso()
+    for results in loaded:
+        document["workloads"][results.workload] = baseline_block(results)
+    document["workloads"] = dict(sorted(document["workloads"].items()))
+    baseline_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=baseline_path.parent, prefix=baseline_path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(document, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, baseline_path)
+    return document
+
+
+# --------------------------------------------------------------------------- comparing
+
+
+class Verdict(str, enum.Enum):
+    FASTER = "faster"
+    SAME = "same"
+    SLOWER = "slower"
+    FAILED = "failed"
+    FIXED = "fixed"
+    UNTIMED = "untimed"
+
+
+@dataclass(frozen=True)
+class CaseComparison:
+    key: Key
+    verdict: Verdict
+    baseline: CaseMeasure
+    new: CaseMeasure
+    ratio: float | None = None  # new speedup / baseline speedup
+    noise: float | None = None  # the recorded noise of that ratio: ½ · (sum of the four spreads)
+    band: float | None = None  # the band the ratio was judged against: max(threshold, noise)
+
+    @property
+    def newly_failing(self) -> bool:
+        return self.verdict is Verdict.FAILED and self.baseline.passed
+
+
+def ratio_noise(baseline: CaseMeasure, new: CaseMeasure) -> float:
+    """Worst-case relative error of a speedup ratio from the four latencies' recorded spreads."""
+    spreads = [baseline.spread, baseline.reference_spread, new.spread, new.reference_spread]
+    return 0.5 * sum(s for s in spreads if s is not None)
+
+
+def _judge(ratio: float, band: float) -> Verdict:
+    return Verdict.SLOWER if ratio < 1 - band else Verdict.FASTER if ratio > 1 + band else Verdict.SAME
+
+
+def classify(key: Key, baseline: CaseMeasure, new: CaseMeasure, threshold: float) -> CaseComparison:
+    if not new.passed:
+        return CaseComparison(key, Verdict.FAILED, baseline, new)
+    if not baseline.passed:
+        return CaseComparison(key, Verdict.FIXED, baseline, new)
+    if not new.speedup or not baseline.speedup:
+        return CaseComparison(key, Verdict.UNTIMED, baseline, new)
+    ratio = new.speedup / baseline.speedup
+    noise = ratio_noise(baseline, new)
+    band = max(threshold, noise)
+    return CaseComparison(key, _judge(ratio, band), baseline, new, ratio, noise, band)
+
+
+@dataclass(frozen=True)
+class SolutionComparison:
+    """One solution on one workload over all cases timed on both sides.
+
+    Per-case noise is mostly independent from case to case, so the geometric mean of the
+    ratios is far better determined than any single case: its band is
+    ``max(threshold, sqrt(Σ noise_i²) / N)``. This catches a solution-wide slowdown that each
+    case's own band (wide when the reference is noisy) would let through.
+    """
+
+    workload: str
+    solution: str
+    cases: int  # timed on both sides
+    geomean_ratio: float
+    band: float
+    verdict: Verdict
+
+
+def summarize_solution(workload: str, solution: str, cases: list[CaseComparison], threshold: float) -> SolutionComparison | None:
+    timed = [c for c in cases if c.ratio is not None and c.noise is not None]
+    if not timed:
+        return None
+    geomean = math.exp(statistics.fmean(math.log(c.ratio) for c in timed))
+    band = max(threshold, math.sqrt(sum(c.noise**2 for c in timed)) / len(timed))
+    return SolutionComparison(workload, solution, len(timed), geomean, band, _judge(geomean, band))
+
+
+@dataclass
+class Comparison:
+    threshold: float
+    cases: list[CaseComparison] = field(default_factory=list)
+    only_in_baseline: list[Key] = field(default_factory=list)
+    only_in_results: list[Key] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    code_changed: dict[tuple[str, str], bool | None] = field(default_factory=dict)  # (workload, solution)
+    solutions: list[SolutionComparison] = field(default_factory=list)
+
+    @property
+    def slower(self) -> list[CaseComparison]:
+        return [c for c in self.cases if c.verdict is Verdict.SLOWER]
+
+    @property
+    def newly_failing(self) -> list[CaseComparison]:
+        return [c for c in self.cases if c.newly_failing]
+
+    @property
+    def slower_solutions(self) -> list[SolutionComparison]:
+        return [s for s in self.solutions if s.verdict is Verdict.SLOWER]
+
+    @property
+    def ok(self) -> bool:
+        return not self.slower and not self.newly_failing and not self.slower_solutions
+
+
+def compare_results(results: list[LoadedResults], baseline: dict[str, Any], threshold: float = DEFAULT_THRESHOLD) -> Comparison:
+    """Match results against a baseline by (workload, case, solution) and classify every match."""
+    if not 0 <= threshold < 1:
+        raise DsaBenchError(f"threshold {threshold} must be a fraction in [0, 1), e.g. 0.05 for 5 %")
+    comparison = Comparison(threshold)
+    base = baseline_measures(baseline)
+    seen_workloads: set[str] = set()
+    for res in results:
+        block = baseline["workloads"].get(res.workload)
+        if block is None:
+            known = ", ".join(sorted(baseline["workloads"])) or "(none)"
+            raise DsaBenchError(f"the baseline has no workload {res.workload!r} (it holds: {known})", str(res.path))
+        if res.workload in seen_workloads:
+            raise DsaBenchError(f"workload {res.workload!r} appears in two results files", str(res.path))
+        seen_workloads.add(res.workload)
+        comparison.warnings += _environment_warnings(res, block)
+        new = measures_of(res)
+        for key, measure in new.items():
+            if key in base:
+                comparison.cases.append(classify(key, base[key], measure, threshold))
+            else:
+                comparison.only_in_results.append(key)
+        comparison.only_in_baseline += [k for k in base if k[0] == res.workload and k not in new]
+        hashes = block.get("solutions") or {}
+        for name, meta in (res.document.get("solutions") or {}).items():
+            old = (hashes.get(name) or {}).get("content_hash")
+            comparison.code_changed[(res.workload, name)] = None if old is None else old != meta.get("content_hash")
+    groups: dict[tuple[str, str], list[CaseComparison]] = {}
+    for c in comparison.cases:
+        groups.setdefault((c.key[0], c.key[2]), []).append(c)
+    for (workload, solution), items in groups.items():
+        summary = summarize_solution(workload, solution, items, threshold)
+        if summary is not None:
+            comparison.solutions.append(summary)
+    untimed = sum(1 for c in comparison.cases if c.verdict is Verdict.UNTIMED)
+    if untimed:
+        comparison.warnings.append(
+            f"{untimed} case(s) have no speedup on one side (a CPU run, or the reference failed): only their statuses were compared"
+        )
+    return comparison
+
+
+def _environment_warnings(results: LoadedResults, block: dict[str, Any]) -> list[str]:
+    warnings = []
+    old_env, new_env = block.get("environment") or {}, results.environment
+    if old_env.get("gpu") != new_env.get("gpu"):
+        warnings.append(
+            f"{results.workload}: baseline GPU {old_env.get('gpu')!r}, results GPU {new_env.get('gpu')!r}; speedups may shift across GPUs"
+        )
+    if block.get("timer") != results.timer:
+        warnings.append(f"{results.workload}: baseline timer {block.get('timer')!r}, results timer {results.timer!r}")
+    old_settings, new_settings = block.get("settings") or {}, results.document.get("settings") or {}
+    for key in ("iterations", "trials", "warmup", "input_sets"):
+        if old_settings.get(key) != new_settings.get(key):
+            warnings.append(
+                f"{results.workload}: setting {key} was {old_settings.get(key)!r} in the baseline, {new_settings.get(key)!r} now"
+            )
+    return warnings
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _pct(value: float | None, signed: bool = True) -> str:
+    if value is None:
+        return "-"
+    return f"{100 * value:+.1f}%" if signed else f"{100 * value:.1f}%"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def render_comparison(comparison: Comparison, fmt: str = "table", show_all: bool = False) -> str:
+    """Summary per (workload, solution), then the cases that are not 'same' (all with ``show_all``)."""
+    from tabulate import tabulate
+
+    if fmt not in ("table", "markdown"):
+        raise DsaBenchError(f"--format {fmt!r}: choose table or markdown")
+    tablefmt = "github" if fmt == "markdown" else "simple"
+    heading = (lambda text: f"### {text}\n") if fmt == "markdown" else (lambda text: text)
+    out: list[str] = []
+
+    groups: dict[tuple[str, str], list[CaseComparison]] = {}
+    for c in comparison.cases:
+        groups.setdefault((c.key[0], c.key[2]), []).append(c)
+    rows = []
+    overall = {(s.workload, s.solution): s for s in comparison.solutions}
+    for (workload, solution), items in groups.items():
+        counts = {v: sum(1 for c in items if c.verdict is v) for v in Verdict}
+        summary = overall.get((workload, solution))
+        geomean = (
+            "-" if summary is None else f"{_pct(summary.geomean_ratio - 1)} ± {_pct(summary.band, signed=False)}: {summary.verdict.value}"
+        )
+        changed = comparison.code_changed.get((workload, solution))
+        rows.append([
+            workload, solution, len(items), counts[Verdict.FASTER], counts[Verdict.SAME], counts[Verdict.SLOWER],
+            f"{counts[Verdict.FAILED]} ({sum(1 for c in items if c.newly_failing)} new)", counts[Verdict.FIXED],
+            counts[Verdict.UNTIMED], geomean, {True: "yes", False: "no", None: "?"}[changed],
+        ])  # fmt: skip
+    headers = [
+        "workload",
+        "solution",
+        "cases",
+        "faster",
+        "same",
+        "slower",
+        "failed",
+        "fixed",
+        "untimed",
+        "geomean change ± band",
+        "code changed",
+    ]
+    out.append(heading(f"Speedup vs baseline (threshold {_pct(comparison.threshold, signed=False)})"))
+    out.append(tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True))
+
+    shown = [c for c in comparison.cases if show_all or c.verdict is not Verdict.SAME]
+    if shown:
+        out.append("")
+        out.append(heading("Cases" if show_all else "Cases that changed"))
+        detail = [
+            [
+                c.key[0], c.key[1], c.key[2], c.verdict.value + (" (new)" if c.newly_failing else ""),
+                _x(c.baseline.speedup), _x(c.new.speedup), _pct(None if c.ratio is None else c.ratio - 1),
+                _pct(c.band, signed=False) if c.band is not None else "-",
+                c.baseline.status if c.baseline.status == c.new.status else f"{c.baseline.status} -> {c.new.status}",
+            ]
+            for c in sorted(shown, key=lambda c: (c.key[0], c.key[2], c.ratio if c.ratio is not None else -1, c.key[1]))
+        ]  # fmt: skip
+        headers = ["workload", "case", "solution", "verdict", "baseline", "now", "change", "noise band", "status"]
+        out.append(tabulate(detail, headers=headers, tablefmt=tablefmt, disable_numparse=True))
+
+    for title, keys in (("In the baseline but not run", comparison.only_in_baseline), ("Not in the baseline", comparison.only_in_results)):
+        if keys:
+            out.append("")
+            listed = ", ".join(f"{w}/{c} [{s}]" for w, c, s in keys[:20]) + (f", ... ({len(keys)} in all)" if len(keys) > 20 else "")
+            out.append(f"{title} ({len(keys)}): {listed}")
+    for warning in comparison.warnings:
+        out.append("")
+        out.append(f"warning: {warning}")
+    out.append("")
+    slower, new_fail, overall_slower = len(comparison.slower), len(comparison.newly_failing), comparison.slower_solutions
+    if comparison.ok:
+        out.append(f"OK: {len(comparison.cases)} cases compared, none slower beyond the noise band, none newly failing")
+    else:
+        names = ", ".join(f"{s.workload}/{s.solution}" for s in overall_slower) or "none"
+        out.append(
+            f"REGRESSION: {slower} case(s) slower beyond the noise band, {new_fail} newly failing, solutions slower overall: {names}"
+        )
+    if fmt == "markdown":
+        out[-1] = f"**{out[-1]}**"
+    return "\n".join(out)

@@ -1,0 +1,404 @@
+"""Reading a flashinfer-bench dataset folder: definitions, workload traces and safetensors blobs.
+
+Layout (the ecosystem's, as in the contest dataset)::
+
+    DATASET/definitions/[group/]<definition>.json
+    DATASET/workloads/[group/]<definition>.jsonl   one {"definition", "solution": null, "workload"} per line
+    DATASET/blob/...                                safetensors files that workloads name
+
+A definition JSON holds ``name``, ``op_type``, ``axes`` ({"type": "const", "value": n} or
+{"type": "var"}), ``inputs``/``outputs`` ({"shape": [axis names] or null for a scalar, "dtype"}),
+``reference`` (Python source defining ``run(*inputs)``), and optional ``description``, ``tags`` and
+``constraints``. A workload line's ``workload`` holds ``uuid``, ``axes`` (the variable axes) and
+``inputs`` of type ``random``, ``scalar`` (``value``) or ``safetensors`` (``path`` relative to the
+dataset root, ``tensor_key``); inputs not named are random.
+
+Definitions dsa-bench knows by name run as dsa-bench's own (its generators fill the inputs a
+workload leaves random, its strict checkers judge), after checking the JSON describes the same
+contract. Any other definition becomes a generic one: the JSON's ``run`` is the reference, random
+inputs are drawn by dtype as the ecosystem does (seeded), and every output is compared with the
+reference element-wise (``atol``/``rtol``; -inf is accepted exactly where the reference has it).
+A generic definition redraws no inputs between timed calls (dsa-bench cannot tell which are cheap
+and independent); timing still rotates among fresh input sets.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dsa_bench.checking import compare_close, worst
+from dsa_bench.definitions import all_definitions, register
+from dsa_bench.definitions.base import DTYPE_NAMES, DTYPES, CheckResult, Definition, InputRng, TensorSpec, Tolerance, Value
+from dsa_bench.errors import DsaBenchError
+from dsa_bench.workloads import Case, RunSettings, Workload, parse_case
+
+#: Integer ranges of random integer inputs (the ecosystem's choice; high is exclusive).
+_RANDOM_INT_RANGES = {torch.int8: (-128, 128), torch.uint8: (0, 256)}
+_DEFAULT_INT_RANGE = (-1024, 1024)
+
+
+@dataclass(frozen=True)
+class DatasetDefinition:
+    name: str
+    path: Path
+    data: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- definitions
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except OSError as exc:
+        raise DsaBenchError(f"cannot read: {exc.strerror}", str(path)) from None
+    except json.JSONDecodeError as exc:
+        raise DsaBenchError(f"invalid JSON: {exc.msg} at line {exc.lineno}", str(path)) from None
+
+
+def _check_root(root: Path) -> None:
+    if not root.is_dir():
+        raise DsaBenchError("dataset folder does not exist", str(root))
+    if not (root / "definitions").is_dir():
+        raise DsaBenchError("not a flashinfer-bench dataset: it has no definitions/ folder", str(root))
+
+
+def dataset_definitions(root: Path) -> dict[str, DatasetDefinition]:
+    """Every ``definitions/**/*.json`` of a dataset, by name (raw JSON, not yet interpreted)."""
+    _check_root(root)
+    found: dict[str, DatasetDefinition] = {}
+    for path in sorted((root / "definitions").rglob("*.json")):
+        data = _read_json(path)
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
+            raise DsaBenchError("a definition must be a JSON object with a non-empty string 'name'", str(path))
+        if data["name"] in found:
+            raise DsaBenchError(f"definition {data['name']!r} is also defined in {found[data['name']].path}", str(path))
+        found[data["name"]] = DatasetDefinition(data["name"], path, data)
+    return found
+
+
+def _axes(data: Mapping[str, Any], where: str) -> tuple[dict[str, int], list[str]]:
+    raw = data.get("axes")
+    if not isinstance(raw, dict) or not raw:
+        raise DsaBenchError("field 'axes' must be a non-empty object", where)
+    const: dict[str, int] = {}
+    var: list[str] = []
+    for name, axis in raw.items():
+        kind = axis.get("type") if isinstance(axis, dict) else None
+        if kind == "const":
+            value = axis.get("value")
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise DsaBenchError(f"axes.{name}.value must be a non-negative integer", where)
+            const[name] = value
+        elif kind == "var":
+            var.append(name)
+        else:
+            raise DsaBenchError(f'axes.{name} must be {{"type": "const", "value": n}} or {{"type": "var"}}', where)
+    return const, var
+
+
+def _tensor_specs(data: Mapping[str, Any], key: str, axes: set[str], where: str) -> tuple[TensorSpec, ...]:
+    raw = data.get(key)
+    if not isinstance(raw, dict) or not raw:
+        raise DsaBenchError(f"field {key!r} must be a non-empty object of tensor specs", where)
+    specs = []
+    for name, spec in raw.items():
+        label = f"{key}.{name}"
+        if not isinstance(spec, dict):
+            raise DsaBenchError(f"{label} must be an object with 'shape' and 'dtype'", where)
+        shape = spec.get("shape")
+        if shape is None:
+            shape = []
+        if not isinstance(shape, list) or not all(isinstance(a, str) for a in shape):
+            raise DsaBenchError(f"{label}.shape must be a list of axis names, or null for a scalar", where)
+        unknown = [a for a in shape if a not in axes]
+        if unknown:
+            raise DsaBenchError(f"{label}.shape names undefined axes {unknown}", where)
+        dtype = spec.get("dtype")
+        if dtype not in DTYPES:
+            raise DsaBenchError(f"{label}.dtype {dtype!r} is not supported by dsa-bench (supported: {', '.join(DTYPES)})", where)
+        specs.append(TensorSpec(name, tuple(shape), DTYPES[dtype], str(spec.get("description") or "")))
+    return tuple(specs)
+
+
+def _load_reference(source: Any, where: str) -> Any:
+    """The ``run`` function of a definition's reference source."""
+    if not isinstance(source, str) or not source.strip():
+        raise DsaBenchError("field 'reference' must be Python source defining run(...)", where)
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise DsaBenchError(f"reference is not valid Python: {exc.msg} at line {exc.lineno}", where) from None
+    if not any(isinstance(node, ast.FunctionDef) and node.name == "run" for node in tree.body):
+        raise DsaBenchError("reference defines no top-level function run(...)", where)
+    slug = re.sub(r"\W", "_", Path(where).stem)
+    module = types.ModuleType(f"dsa_bench_dataset_reference_{slug}")
+    module.__file__ = where
+    try:
+        exec(compile(tree, f"{where}:reference", "exec"), module.__dict__)  # noqa: S102 - the dataset's reference is code by design
+    except Exception as exc:  # noqa: BLE001 - the reference's own imports or top-level code may raise anything
+        raise DsaBenchError(f"running the reference source failed: {type(exc).__name__}: {exc}", where) from None
+    return module.run
+
+
+def _random_value(spec: TensorSpec, axes: Mapping[str, int], rng: InputRng) -> Value:
+    """A random input drawn the ecosystem's way: normal floats (fp8 clamped to ±2), uniform ints."""
+    shape = spec.concrete_shape(axes)
+    dtype = spec.dtype
+    if dtype.is_floating_point:
+        values = torch.randn(shape, generator=rng.values, device=rng.device, dtype=torch.float32)
+        if dtype.itemsize == 1:
+            values = values.clamp_(-2.0, 2.0)
+        values = values.to(dtype)
+    else:
+        low, high = _RANDOM_INT_RANGES.get(dtype, _DEFAULT_INT_RANGE)
+        values = torch.randint(low, high, shape, generator=rng.values, device=rng.device, dtype=dtype)
+    return float(values.float()) if spec.is_scalar else values
+
+
+def generic_definition(data: Mapping[str, Any], where: str) -> Definition:
+    """A :class:`Definition` from a definition JSON dsa-bench has no implementation of."""
+    name = data["name"]
+    const_axes, var_axes = _axes(data, where)
+    axis_names = set(const_axes) | set(var_axes)
+    inputs = _tensor_specs(data, "inputs", axis_names, where)
+    outputs = _tensor_specs(data, "outputs", axis_names, where)
+    clash = {s.name for s in inputs} & {s.name for s in outputs}
+    if clash:
+        raise DsaBenchError(f"names {sorted(clash)} are both inputs and outputs", where)
+    run = _load_reference(data.get("reference"), where)
+    output_names = [s.name for s in outputs]
+
+    def reference(*args: Value, **kwargs: Value) -> dict[str, torch.Tensor]:
+        values = list(args) + [kwargs[s.name] for s in inputs[len(args) :]]
+        result = run(*values)
+        if isinstance(result, dict):
+            return {n: result[n] for n in output_names}
+        if isinstance(result, torch.Tensor):
+            result = (result,)
+        result = tuple(result)
+        if len(result) != len(output_names):
+            raise ValueError(f"reference of {name} returned {len(result)} outputs, expected {len(output_names)}")
+        return dict(zip(output_names, result))
+
+    def generate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mapping[str, dict], rng: InputRng) -> dict[str, Value]:
+        return {s.name: given[s.name] if s.name in given else _random_value(s, axes, rng) for s in inputs}
+
+    def validate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mapping[str, dict]) -> list[str]:
+        return [f"inputs.{n}: random generator parameters are not supported for dataset definitions" for n, p in params.items() if p]
+
+    def redraw(axes: Mapping[str, int], rng: InputRng) -> dict[str, torch.Tensor]:
+        # Nothing: for a definition it does not know, dsa-bench cannot tell which inputs are cheap
+        # to replace between timed calls or must stay consistent with others (index tensors).
+        # Timing still rotates among fresh input sets.
+        return {}
+
+    def expect(values: Mapping[str, Value]) -> dict[str, torch.Tensor]:
+        return reference(*[values[s.name] for s in inputs])
+
+    def check(values: Mapping[str, Value], got: Mapping[str, torch.Tensor], expected: Any, tol: Tolerance) -> CheckResult:
+        results = []
+        for spec in outputs:
+            ref = torch.as_tensor(expected[spec.name]).to(got[spec.name].device)
+            neg_inf = torch.isneginf(ref) if ref.dtype.is_floating_point else None
+            results.append(compare_close(spec.name, got[spec.name], ref, tol, allow_neg_inf=neg_inf))
+        return worst(results)
+
+    return Definition(
+        name=name,
+        description=str(data.get("description") or f"dataset definition ({data.get('op_type', 'unknown op type')})"),
+        const_axes=const_axes,
+        var_axes=tuple(var_axes),
+        inputs=inputs,
+        outputs=outputs,
+        reference=reference,
+        generate=generate,
+        validate=validate,
+        redraw=redraw,
+        expect=expect,
+        check=check,
+        key_axes=tuple(var_axes),
+        notes=("Generic dataset definition: outputs are compared element-wise with the JSON's reference.",),
+    )
+
+
+def check_matches_builtin(data: Mapping[str, Any], builtin: Definition, where: str) -> None:
+    """Raise unless a dataset definition JSON describes the same contract as dsa-bench's own."""
+    const_axes, var_axes = _axes(data, where)
+    if const_axes != dict(builtin.const_axes) or set(var_axes) != set(builtin.var_axes):
+        raise DsaBenchError(
+            f"axes differ from dsa-bench's {builtin.name}: const {const_axes} vs {dict(builtin.const_axes)}, "
+            f"var {sorted(var_axes)} vs {sorted(builtin.var_axes)}",
+            where,
+        )
+    for key, specs in (("inputs", builtin.inputs), ("outputs", builtin.outputs)):
+        theirs = _tensor_specs(data, key, set(const_axes) | set(var_axes), where)
+        mine = [(s.name, s.shape, s.dtype) for s in specs]
+        found = [(s.name, s.shape, s.dtype) for s in theirs]
+        if found != mine:
+            raise DsaBenchError(f"{key} differ from dsa-bench's {builtin.name}: {_describe(found)} vs {_describe(mine)}", where)
+
+
+def _describe(specs: list[tuple[str, tuple[str, ...], torch.dtype]]) -> str:
+    return ", ".join(f"{name}{list(shape)}:{DTYPE_NAMES[dtype]}" for name, shape, dtype in specs)
+
+
+#: Names registered from datasets in this process (generic definitions; may be re-registered).
+_registered: set[str] = set()
+
+
+def definition_from_dataset(entry: DatasetDefinition) -> Definition:
+    """dsa-bench's own definition for a known name (after checking it matches), else a generic one."""
+    builtin = None if entry.name in _registered else all_definitions().get(entry.name)
+    if builtin is not None:
+        check_matches_builtin(entry.data, builtin, str(entry.path))
+        return builtin
+    return generic_definition(entry.data, str(entry.path))
+
+
+def register_dataset_definition(root: Path, name: str) -> Definition:
+    """Make the dataset's definition ``name`` known to :func:`dsa_bench.definitions.get_definition`.
+
+    Runs in the harness and in every solution worker (which looks definitions up by name).
+    Built-in definitions stay as they are; generic ones are (re-)registered.
+    """
+    definitions = dataset_definitions(root)
+    if name not in definitions:
+        known = ", ".join(sorted(definitions)) or "(none)"
+        raise DsaBenchError(f"dataset has no definition {name!r}; its definitions: {known}", str(root))
+    definition = definition_from_dataset(definitions[name])
+    if name in _registered or name not in all_definitions():
+        register(definition)
+        _registered.add(name)
+    return definition
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+def _workload_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """(``file:line``, record) of every line of a workloads ``.jsonl`` file."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise DsaBenchError(f"cannot read workload file: {exc.strerror}", str(path)) from None
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DsaBenchError(f"invalid JSON: {exc.msg} at column {exc.colno}", where) from None
+        if not isinstance(record, dict) or not isinstance(record.get("definition"), str):
+            raise DsaBenchError("a workload line must be an object with a string 'definition' and a 'workload'", where)
+        records.append((where, record))
+    return records
+
+
+def _case(record: dict[str, Any], definition: Definition, where: str, root: Path) -> Case:
+    workload = record.get("workload")
+    if not isinstance(workload, dict):
+        raise DsaBenchError("field 'workload' must be an object with uuid, axes and inputs", where)
+    uuid = workload.get("uuid")
+    if not isinstance(uuid, str) or not uuid:
+        raise DsaBenchError("workload.uuid must be a non-empty string", where)
+    unknown = set(workload) - {"uuid", "axes", "inputs"}
+    if unknown:
+        raise DsaBenchError(f"workload has unknown field(s) {sorted(unknown)}; expected uuid, axes, inputs", where)
+    # dsa-bench's trace case format shares the ecosystem's input sources; paths are relative to
+    # the dataset root.
+    case = {"id": uuid, "axes": workload.get("axes"), "inputs": workload.get("inputs", {})}
+    return parse_case(case, definition, where, base_dir=root)
+
+
+def _workload_files(root: Path) -> list[Path]:
+    folder = root / "workloads"
+    return sorted(folder.rglob("*.jsonl")) if folder.is_dir() else []
+
+
+def load_dataset_workload(root: Path, selector: str, settings: RunSettings | None = None) -> Workload:
+    """A workload from a dataset: every workload line of a definition (by name), or one .jsonl file.
+
+    ``selector`` is a definition name, or a path to a workloads ``.jsonl`` (absolute, relative to
+    the working directory, or relative to the dataset root).
+    """
+    root = root.resolve()
+    _check_root(root)
+    definitions = dataset_definitions(root)
+    file = next((p for p in (Path(selector), root / selector) if p.suffix == ".jsonl" and p.is_file()), None)
+    if file is not None:
+        lines = _workload_lines(file)
+        names = sorted({r["definition"] for _, r in lines})
+        if len(names) != 1:
+            raise DsaBenchError(f"a workload file must hold one definition's workloads, found {names or 'none'}", str(file))
+        name, workload_name = names[0], file.stem
+    elif selector.endswith(".jsonl"):
+        raise DsaBenchError(f"workload file {selector} does not exist (looked in the working directory and in {root})")
+    else:
+        name = workload_name = selector
+        if name not in definitions:
+            known = ", ".join(sorted(definitions)) or "(none)"
+            raise DsaBenchError(f"dataset has no definition {name!r}; its definitions: {known}", str(root))
+        lines = [(w, r) for f in _workload_files(root) for w, r in _workload_lines(f) if r["definition"] == name]
+    definition = register_dataset_definition(root, name)
+    cases: list[Case] = []
+    seen: dict[str, str] = {}
+    for where, record in lines:
+        case = _case(record, definition, where, root)
+        if case.id in seen:
+            raise DsaBenchError(f"workload uuid {case.id!r} already used at {seen[case.id]}", where)
+        seen[case.id] = where
+        cases.append(case)
+    if not cases:
+        raise DsaBenchError(f"dataset holds no workloads for definition {name!r} under {root / 'workloads'}")
+    return Workload(
+        name=workload_name,
+        path=file.resolve() if file is not None else root,
+        definition=definition,
+        cases=tuple(cases),
+        settings=settings or RunSettings(),
+        description=f"flashinfer-bench dataset {root}",
+        trace_path=file.resolve() if file is not None else None,
+    )
+
+
+# --------------------------------------------------------------------------- reference solution
+
+
+def reference_solution_folder(definition: Definition, cache_dir: Path) -> Path:
+    """A solution folder named ``reference`` that runs a dataset definition's own reference.
+
+    Speedups need a reference timed in the same run; for a definition dsa-bench has no reference
+    solution of, that is the definition JSON's ``run``. The folder is regenerated on every call.
+    """
+    slug = re.sub(r"\W", "_", definition.name)
+    folder = cache_dir / "dataset_references" / slug
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "reference.py").write_text(
+        '"""Generated by dsa-bench: runs the dataset definition\'s reference (its JSON `run`)."""\n\n'
+        "from dsa_bench.definitions import get_definition\n\n"
+        f"_DEFINITION = get_definition({definition.name!r})\n\n\n"
+        "def run(*inputs):\n"
+        "    return _DEFINITION.reference(*inputs)\n"
+    )
+    manifest = {
+        "name": "reference",
+        "author": "dsa-bench",
+        "description": f"The reference of dataset definition {definition.name}, generated by dsa-bench.",
+        "target_hardware": ["cpu", "cuda"],
+        "dependencies": ["torch"],
+        "entries": {definition.name: {"entry_point": "reference.py::run", "language": "python", "destination_passing_style": False}},
+    }
+    (folder / "solution.yaml").write_text(json.dumps(manifest, indent=2) + "\n")  # JSON is valid YAML
+    return folder

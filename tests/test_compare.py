@@ -1,0 +1,190 @@
+"""`dsa-bench compare` and `baseline update` on synthetic results: verdicts, exit codes, file format."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+from synthetic_results import write_results
+
+from dsa_bench.baselines import (
+    BASELINE_FORMAT,
+    CaseMeasure,
+    Verdict,
+    classify,
+    compare_results,
+    load_baseline,
+    load_results,
+    render_comparison,
+    update_baseline,
+)
+from dsa_bench.definitions.base import Status
+from dsa_bench.errors import DsaBenchError
+
+WORKLOAD = "indexer_h64"
+
+
+def latencies(scale: dict[str, float] | None = None) -> dict[str, dict[str, float]]:
+    """Four cases; the triton solution is ~10x faster than the reference, 'other' ~2x."""
+    scale = scale or {}
+    cases = {}
+    for i, case in enumerate(["b1_p10", "b4_p36", "b16_p40", "b31_p91"]):
+        ref = 0.6 + 0.25 * i
+        cases[case] = {
+            "reference": ref,
+            "triton": ref / 10 * scale.get(case, 1.0),
+            "other": ref / 2,
+        }
+    return cases
+
+
+@pytest.fixture
+def baseline(tmp_path):
+    path = tmp_path / "baselines" / "h200.json"
+    update_baseline(path, [write_results(tmp_path / "base.json", WORKLOAD, latencies())])
+    return path
+
+
+def _compare(tmp_path, baseline, name="new.json", **kwargs):
+    results = load_results(write_results(tmp_path / name, WORKLOAD, **kwargs))
+    return compare_results([results], load_baseline(baseline))
+
+
+def test_classification_rule():
+    def measure(speedup, spread=0.01, status="PASSED"):
+        return CaseMeasure(status=status, speedup=speedup, spread=spread, reference_spread=spread)
+
+    key = (WORKLOAD, "c", "triton")
+    assert classify(key, measure(10), measure(10 / 1.10), 0.05).verdict is Verdict.SLOWER  # a 10 % slowdown
+    assert classify(key, measure(10), measure(9.6), 0.05).verdict is Verdict.SAME  # 4 %: inside the threshold
+    assert classify(key, measure(10), measure(11), 0.05).verdict is Verdict.FASTER
+    # noisy trials widen the band: ½ · (4 × 8 %) = 16 % covers a 10 % change
+    noisy = classify(key, measure(10, 0.08), measure(9, 0.08), 0.05)
+    assert noisy.verdict is Verdict.SAME and noisy.band == pytest.approx(0.16)
+    assert classify(key, measure(10), measure(None, status="TIMEOUT"), 0.05).newly_failing
+    still = classify(key, measure(None, status="INCORRECT_INDICES"), measure(None, status="TIMEOUT"), 0.05)
+    assert still.verdict is Verdict.FAILED and not still.newly_failing
+    assert classify(key, measure(None, status="TIMEOUT"), measure(5), 0.05).verdict is Verdict.FIXED
+    assert classify(key, measure(None), measure(None), 0.05).verdict is Verdict.UNTIMED
+
+
+def test_unchanged_improved_regressed_failed(tmp_path, baseline):
+    same = _compare(tmp_path, baseline, latencies=latencies())
+    assert same.ok and {c.verdict for c in same.cases} == {Verdict.SAME} and len(same.cases) == 12
+
+    noise = _compare(tmp_path, baseline, latencies=latencies({"b1_p10": 1.02, "b4_p36": 0.98}))
+    assert noise.ok and not noise.slower
+
+    improved = _compare(tmp_path, baseline, latencies=latencies({"b16_p40": 0.8}))
+    assert improved.ok
+    assert [(c.key[1], c.key[2]) for c in improved.cases if c.verdict is Verdict.FASTER] == [("b16_p40", "triton")]
+
+    regressed = _compare(tmp_path, baseline, latencies=latencies({"b31_p91": 1.10}))  # planted 10 % slowdown
+    assert not regressed.ok
+    (slow,) = regressed.slower
+    assert slow.key == (WORKLOAD, "b31_p91", "triton") and slow.ratio == pytest.approx(1 / 1.1)
+
+    failed = _compare(tmp_path, baseline, latencies=latencies(), failures={("b4_p36", "other"): Status.INCORRECT_NUMERICAL})
+    assert not failed.ok and [c.key[1:] for c in failed.newly_failing] == [("b4_p36", "other")]
+
+    noisy = _compare(
+        tmp_path, baseline, latencies=latencies({"b31_p91": 1.10}), spreads={("b31_p91", "triton"): 0.3, ("b31_p91", "reference"): 0.3}
+    )
+    assert noisy.ok  # the same slowdown inside a run's recorded noise is not a regression
+
+    partial = _compare(tmp_path, baseline, latencies={k: v for k, v in latencies().items() if k != "b1_p10"})
+    assert partial.ok and len(partial.only_in_baseline) == 3
+
+
+def test_compare_cli_exit_codes_and_formats(tmp_path, baseline):
+    unchanged = write_results(tmp_path / "rerun.json", WORKLOAD, latencies(), hashes={"triton": "hash-triton"})
+    proc = run_cli("compare", str(unchanged), "--baseline", str(baseline))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK: 12 cases compared" in proc.stdout
+
+    slower = write_results(tmp_path / "slower.json", WORKLOAD, latencies({"b4_p36": 1.10}), hashes={"triton": "changed"})
+    proc = run_cli("compare", str(slower), "--baseline", str(baseline), "--format", "markdown")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "### Speedup vs baseline (threshold 5.0%)" in proc.stdout
+    assert re.search(r"\| indexer_h64 +\| b4_p36 +\| triton +\| slower ", proc.stdout), proc.stdout
+    assert "-9.1%" in proc.stdout and "**REGRESSION: 1 case(s) slower" in proc.stdout
+
+    failing = write_results(tmp_path / "failing.json", WORKLOAD, latencies(), failures={("b1_p10", "triton"): Status.RUNTIME_ERROR})
+    proc = run_cli("compare", str(failing), "--baseline", str(baseline), "--threshold", "0.2")
+    assert proc.returncode == 1 and "failed (new)" in proc.stdout
+
+    for args, message in [
+        ([str(unchanged), "--baseline", str(tmp_path / "none.json")], "baseline file does not exist"),
+        (
+            [str(write_results(tmp_path / "x.json", "other_workload", latencies())), "--baseline", str(baseline)],
+            "the baseline has no workload 'other_workload'",
+        ),
+        ([str(baseline), "--baseline", str(baseline)], "not a dsa-bench results file"),
+    ]:
+        proc = run_cli("compare", *args)
+        assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_baseline_update_file_format(tmp_path, baseline):
+    document = json.loads(baseline.read_text())
+    assert document["format"] == BASELINE_FORMAT and document["version"] == 1
+    block = document["workloads"][WORKLOAD]
+    assert block["environment"]["gpu"] == "NVIDIA H200" and block["timer"] == "cupti"
+    assert block["solutions"]["triton"] == {"content_hash": "hash-triton"}
+    entry = next(c for c in block["cases"] if (c["case"], c["solution"]) == ("b1_p10", "triton"))
+    assert entry["status"] == "PASSED" and entry["speedup"] == pytest.approx(10.0)
+    assert entry["latency_ms"] == pytest.approx(0.06) and entry["spread"] == pytest.approx(0.01)
+    assert entry["reference_latency_ms"] == pytest.approx(0.6) and entry["reference_spread"] == pytest.approx(0.01)
+
+    # another workload is added; re-running one replaces only its own entry
+    other = write_results(tmp_path / "attn.json", "sparse_attention_h16", latencies())
+    proc = run_cli("baseline", "update", str(other), "--baseline", str(baseline))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(load_baseline(baseline)["workloads"]) == ["indexer_h64", "sparse_attention_h16"]
+    update_baseline(baseline, [write_results(tmp_path / "faster.json", WORKLOAD, latencies({"b1_p10": 0.5}))])
+    block = load_baseline(baseline)["workloads"][WORKLOAD]
+    assert next(c for c in block["cases"] if (c["case"], c["solution"]) == ("b1_p10", "triton"))["speedup"] == pytest.approx(20.0)
+
+    incomplete = write_results(tmp_path / "partial.json", WORKLOAD, latencies())
+    incomplete.write_text(incomplete.read_text().replace('"complete": true', '"complete": false'))
+    with pytest.raises(DsaBenchError, match="incomplete"):
+        update_baseline(baseline, [incomplete])
+
+
+def test_untimed_results_compare_statuses_only(tmp_path):
+    path = tmp_path / "cpu.json"
+    update_baseline(path, [write_results(tmp_path / "cpu-base.json", WORKLOAD, latencies(), timed=False)])
+    comparison = _compare(tmp_path, path, latencies=latencies(), timed=False)
+    assert comparison.ok and {c.verdict for c in comparison.cases} == {Verdict.UNTIMED}
+    assert "only their statuses were compared" in render_comparison(comparison)
+    broken = _compare(tmp_path, path, latencies=latencies(), timed=False, failures={("b1_p10", "reference"): Status.TIMEOUT})
+    assert not broken.ok
+
+
+def test_solution_wide_slowdown_is_caught_through_a_noisy_reference(tmp_path):
+    """The H200 reference's trials disagree by ~26 % (median), so each case's band is wide; the
+    geomean over many cases is not, and a uniform 10 % slowdown must still fail."""
+    cases = [f"c{i:03d}" for i in range(96)]
+    jitter = random.Random(0)
+
+    def run(name: str, triton_scale: float, noise: float) -> Path:
+        lat = {c: {"reference": 1.0 * (1 + jitter.uniform(-noise, noise)), "triton": 0.05 * triton_scale} for c in cases}
+        spreads = {(c, "reference"): 0.26 for c in cases} | {(c, "triton"): 0.02 for c in cases}
+        return write_results(tmp_path / name, WORKLOAD, lat, spreads=spreads)
+
+    path = tmp_path / "noisy.json"
+    update_baseline(path, [run("base.json", 1.0, 0.1)])
+    baseline = load_baseline(path)
+
+    rerun = compare_results([load_results(run("rerun.json", 1.0, 0.1))], baseline)
+    assert rerun.ok, render_comparison(rerun)  # per-case reference noise of ±10 % averages out
+
+    slowed = compare_results([load_results(run("slowed.json", 1.10, 0.1))], baseline)
+    triton = next(s for s in slowed.solutions if s.solution == "triton")
+    assert not slowed.slower  # no single case's change is outside its own band ...
+    assert triton.verdict is Verdict.SLOWER and triton.band == pytest.approx(0.05)  # ... but the geomean's is
+    assert not slowed.ok and "solutions slower overall: indexer_h64/triton" in render_comparison(slowed)
