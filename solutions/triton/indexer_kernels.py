@@ -1,0 +1,303 @@
+"""Triton kernels of the lightning indexer: the fused FP8 score kernel and the id-emit kernel.
+
+Both run compiled on a GPU and under ``TRITON_INTERPRET=1`` on CPU tensors. The interpreter
+executes one program after another in Python, so on CPU the launchers pick large tiles (up to 32
+pages, 2048 tokens, per program: few numpy-vectorised programs); on a GPU they pick one page per
+program so the grid fills the machine. The kernels are the same code either way, and the tests
+also run the GPU tiles under the interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# --------------------------------------------------------------------------- contract constants
+
+NUM_HEADS = 64  # index heads per query
+HEAD_DIM = 128  # FP8 values per key
+PAGE_SIZE = 64  # tokens per cache page
+TOPK = 2048  # tokens kept per row
+#: DeepGEMM paged layout of one cache page: all tokens' FP8 values, then one fp32 scale per token.
+PAGE_VALUE_BYTES = PAGE_SIZE * HEAD_DIM  # 8192
+SCALE_BYTES = 4
+PAGE_BYTES = PAGE_VALUE_BYTES + PAGE_SIZE * SCALE_BYTES  # 8448
+BYTES_PER_TOKEN = HEAD_DIM + SCALE_BYTES  # 132: the cache tensor's last dim (a view, not the layout)
+assert PAGE_BYTES == PAGE_SIZE * BYTES_PER_TOKEN
+assert PAGE_VALUE_BYTES % 16 == 0, "scales must start 16-byte aligned inside a page"
+assert TOPK % PAGE_SIZE == 0
+
+#: Score of a position at or beyond seq_len. Every real score is finite (masked loads keep the
+#: NaN bytes of unreachable cache pages out), so -inf ranks below all of them and torch.topk
+#: over a row with L > TOPK never picks it.
+SENTINEL_SCORE = float("-inf")
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# --------------------------------------------------------------------------- tiles
+
+
+@dataclass(frozen=True)
+class ScoreTile:
+    """Launch shape of the score kernel: ``pages`` cache pages (64 tokens each) of one row per program.
+
+    The dot multiplies the FP8 values converted to fp16 by default (exact, see the kernel).
+    ``dot_fp32`` converts them to fp32 instead, equally exact; the interpreter uses it because
+    numpy runs fp32 matmuls through BLAS but fp16 ones through slow loops. ``fp8_mma`` selects
+    the native FP8 tensor-core dot: faster, but its Hopper accumulation is too coarse for the
+    checker (kept for measurement).
+    """
+
+    pages: int
+    num_warps: int
+    fp8_mma: bool = False
+    dot_fp32: bool = False
+    num_stages: int = 1
+
+    def __post_init__(self) -> None:
+        assert self.pages >= 1 and self.pages & (self.pages - 1) == 0, "tile sizes must be powers of two"
+        assert self.num_warps in (1, 2, 4, 8)
+        assert not (self.fp8_mma and self.dot_fp32), "pick one dot precision"
+
+    @property
+    def block_n(self) -> int:
+        return self.pages * PAGE_SIZE
+
+
+#: GPU tile. One program scores one page (64 tokens) against all 64 heads: keys [64 x 128] times
+#: the transposed query [128 x 64] into a [64 tokens x 64 heads] fp32 tile, then ReLU, head
+#: weights and the head sum. The kernel is bandwidth-bound (8 KiB of keys per 1 MFLOP), so small
+#: programs win: the largest contest case is 31 rows x 91 pages = 2821 programs, several per SM.
+#: Four warps is the fewest that make one Hopper warpgroup, i.e. a wgmma m64n64k16 with the keys
+#: from registers and q from shared memory (90 registers, 16 KiB of shared memory per program,
+#: checked with an offline sm_90 compile). With two warps Triton falls back to mma.sync and
+#: needs 194 registers, which costs more occupancy than the smaller program gains.
+GPU_SCORE_TILE = ScoreTile(pages=1, num_warps=4)
+#: Interpreter tile: up to 32 pages (2048 tokens) per program. The interpreter runs programs one
+#: after another, so big numpy-vectorised tiles are fast; 32 pages bounds the work wasted on the
+#: overhang of a row's last tile (FP8 decoding costs the interpreter ~20 ns per element).
+INTERPRETER_MAX_PAGES = 32
+
+#: Emit kernel tiles: on a GPU 512 output slots per program (4 programs per row), under the
+#: interpreter a whole 2048-slot row per program.
+GPU_EMIT_BLOCK = 512
+INTERPRETER_EMIT_BLOCK = TOPK
+assert TOPK % GPU_EMIT_BLOCK == 0
+
+
+def default_score_tile(max_num_pages: int) -> ScoreTile:
+    """The score tile for block tables of ``max_num_pages`` columns."""
+    if INTERPRETING:
+        return ScoreTile(pages=min(INTERPRETER_MAX_PAGES, triton.next_power_of_2(max_num_pages)), num_warps=4, dot_fp32=True)
+    return GPU_SCORE_TILE
+
+
+# --------------------------------------------------------------------------- zero-copy cache views
+
+
+def cache_views(k_index_cache_fp8: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Zero-copy views of the packed cache: (``[P, 64, 128]`` fp8 values, ``[P, 64]`` fp32 scales).
+
+    The ``[P, 64, 1, 132]`` int8 tensor is only a shape; per page the bytes are 64 x 128 FP8
+    values token-major, then 64 fp32 scales. Both views keep the 8448-byte page stride.
+    """
+    if k_index_cache_fp8.element_size() != 1 or not k_index_cache_fp8.is_contiguous():
+        raise ValueError("k_index_cache_fp8 must be a contiguous 1-byte tensor")
+    raw = k_index_cache_fp8.view(torch.uint8).view(k_index_cache_fp8.shape[0], PAGE_BYTES)
+    values = raw[:, :PAGE_VALUE_BYTES].view(torch.float8_e4m3fn).view(-1, PAGE_SIZE, HEAD_DIM)
+    scales = raw[:, PAGE_VALUE_BYTES:].view(torch.float32)
+    return values, scales
+
+
+# --------------------------------------------------------------------------- score kernel
+
+
+@triton.jit
+def _score_kernel(
+    q_ptr,  # [B, NUM_HEADS, HEAD_DIM] float8_e4m3fn, contiguous
+    k_values_ptr,  # [P, PAGE_SIZE, HEAD_DIM] float8_e4m3fn view of the cache (page stride PAGE_BYTES)
+    k_scales_ptr,  # [P, PAGE_SIZE] float32 view of the cache (page stride PAGE_BYTES / 4)
+    weights_ptr,  # [B, NUM_HEADS] float32, contiguous
+    seq_lens_ptr,  # [B] int32
+    block_table_ptr,  # [B, max_num_pages] int32, rows stride_bt_row apart
+    scores_ptr,  # [B, row_width] float32, contiguous; written
+    row_width,  # max_num_pages * PAGE_SIZE
+    stride_bt_row,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    PAGE_BYTES: tl.constexpr,
+    TOPK: tl.constexpr,
+    PAGES: tl.constexpr,  # pages per program
+    BLOCK_N: tl.constexpr,  # tokens per program, PAGES * PAGE_SIZE
+    SKIP_SHORT_ROWS: tl.constexpr,
+    FP8_MMA: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    SENTINEL: tl.constexpr,
+):
+    """Scores of pages ``[pid_n * PAGES, (pid_n + 1) * PAGES)`` of row ``pid_b``.
+
+    score[j] = scale[j] * sum_h w[h] * relu(k[j] . q[h]); the per-token scale is a non-negative
+    scalar per key, so it factors out of the head sum and multiplies the [BLOCK_N] result once.
+    The layout strides are compile-time constants, so the key loads vectorise to 16 bytes.
+    """
+    tl.static_assert(BLOCK_N == PAGES * PAGE_SIZE)
+    tl.static_assert(PAGE_BYTES % 16 == 0)
+    pid_n = tl.program_id(0)
+    row = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + row)
+    if PAGES == 1:
+        # GPU tile: its single block-table entry (pid_n < max_num_pages, so it exists) is loaded
+        # before the seq_len tests, so the two loads are in flight together.
+        page = tl.load(block_table_ptr + row * stride_bt_row + pid_n).to(tl.int64)  # int64: page * 8448 B
+    if SKIP_SHORT_ROWS:  # noqa: SIM102 -- a constexpr and a runtime condition stay separate in Triton
+        if seq_len <= TOPK:
+            return  # every token of the row is selected: the top-k stage passes it through unscored
+    tokens = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    out_ptrs = scores_ptr + row * row_width + tokens
+    in_row = tokens < row_width  # the last tile of a row may overhang its padded width
+    if pid_n * BLOCK_N >= seq_len:
+        # Past the row's last page: its block-table entries may name pages of NaN bytes.
+        tl.store(out_ptrs, tl.full([BLOCK_N], SENTINEL, tl.float32), mask=in_row)
+        return
+
+    slot = tl.arange(0, PAGE_SIZE)
+    dims = tl.arange(0, HEAD_DIM)
+    token_offsets = slot[:, None] * HEAD_DIM + dims[None, :]  # [PAGE_SIZE, HEAD_DIM] bytes within a page
+    # Keys, [BLOCK_N, HEAD_DIM], become the MMA's A operand. The loads are masked, so the NaN
+    # bytes that fill the unreachable slots of a row's last page are never read. Masked lanes
+    # hold no defined value; that is harmless because a token's logits depend only on its own
+    # key row and the final tl.where replaces the score of every position >= seq_len.
+    if PAGES == 1:
+        # GPU tile: one page, so the key tile is one base address plus offsets.
+        keys = tl.load(k_values_ptr + page * PAGE_BYTES + token_offsets, mask=(tokens < seq_len)[:, None])
+        scale = tl.load(k_scales_ptr + page * (PAGE_BYTES // 4) + slot, mask=tokens < seq_len, other=0.0)
+    else:
+        # Interpreter tile: one block-table entry per page, a [PAGES, PAGE_SIZE, HEAD_DIM] gather.
+        logical_page = pid_n * PAGES + tl.arange(0, PAGES)
+        page = tl.load(block_table_ptr + row * stride_bt_row + logical_page, mask=logical_page * PAGE_SIZE < seq_len, other=0)
+        page = page.to(tl.int64)
+        valid = tl.reshape(tokens < seq_len, (PAGES, PAGE_SIZE))
+        k_ptrs = k_values_ptr + page[:, None, None] * PAGE_BYTES + token_offsets[None, :, :]
+        keys = tl.reshape(tl.load(k_ptrs, mask=valid[:, :, None]), (BLOCK_N, HEAD_DIM))
+        scale = tl.load(k_scales_ptr + page[:, None] * (PAGE_BYTES // 4) + slot[None, :], mask=valid, other=0.0)
+        scale = tl.reshape(scale, (BLOCK_N,))
+    # Query transposed, [HEAD_DIM, NUM_HEADS]: K-major, as the tensor cores want their B operand.
+    heads = tl.arange(0, NUM_HEADS)
+    q_t = tl.load(q_ptr + row * (NUM_HEADS * HEAD_DIM) + heads[None, :] * HEAD_DIM + dims[:, None])
+    if FP8_MMA:
+        # Native FP8 tensor-core dot (wgmma e4m3). Hopper reportedly accumulates it in a ~22-bit format
+        # (products aligned to the largest of each k=32 step, then truncated), which can move
+        # scores by more than the checker's tie tolerance; kept for measurement only.
+        logits = tl.dot(keys, q_t, out_dtype=tl.float32)
+    elif DOT_FP32:
+        # Equally exact; the interpreter's choice (numpy's fp32 matmul is BLAS).
+        logits = tl.dot(keys.to(tl.float32), q_t.to(tl.float32), input_precision="ieee", out_dtype=tl.float32)
+    else:
+        # Default: FP8 -> fp16 is exact (every e4m3 value is an fp16 value) and so is the product
+        # of two e4m3 values, so the tensor cores accumulate exact products in fp32, like the
+        # reference does.
+        logits = tl.dot(keys.to(tl.float16), q_t.to(tl.float16), out_dtype=tl.float32)  # [BLOCK_N, NUM_HEADS]
+    w = tl.load(weights_ptr + row * NUM_HEADS + heads)  # [NUM_HEADS]
+    head_sum = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)  # [BLOCK_N]
+    tl.store(out_ptrs, tl.where(tokens < seq_len, head_sum * scale, SENTINEL), mask=in_row)
+
+
+def launch_scores(
+    q_index_fp8: torch.Tensor,
+    k_index_cache_fp8: torch.Tensor,
+    weights: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    scores: torch.Tensor,
+    skip_short_rows: bool = True,
+    tile: ScoreTile | None = None,
+) -> None:
+    """Fill ``scores [B, max_num_pages * 64]`` with the row scores (sentinel at positions >= L).
+
+    With ``skip_short_rows`` rows of L <= TOPK are left unwritten: the top-k stage passes them
+    through without looking at their scores.
+    """
+    batch, max_pages = block_table.shape
+    row_width = max_pages * PAGE_SIZE
+    assert scores.shape == (batch, row_width) and scores.dtype == torch.float32 and scores.is_contiguous()
+    assert q_index_fp8.shape == (batch, NUM_HEADS, HEAD_DIM) and q_index_fp8.is_contiguous()
+    assert weights.shape == (batch, NUM_HEADS) and weights.is_contiguous()
+    assert block_table.stride(1) == 1
+    if batch == 0:
+        return
+    tile = tile or default_score_tile(max_pages)
+    values, scales = cache_views(k_index_cache_fp8)
+    assert values.stride() == (PAGE_BYTES, HEAD_DIM, 1) and scales.stride() == (PAGE_BYTES // SCALE_BYTES, 1)
+    grid = (triton.cdiv(max_pages, tile.pages), batch)
+    _score_kernel[grid](
+        q_index_fp8, values, scales, weights, seq_lens, block_table, scores, row_width, block_table.stride(0),
+        NUM_HEADS=NUM_HEADS, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, PAGE_BYTES=PAGE_BYTES, TOPK=TOPK,
+        PAGES=tile.pages, BLOCK_N=tile.block_n, SKIP_SHORT_ROWS=skip_short_rows, FP8_MMA=tile.fp8_mma,
+        DOT_FP32=tile.dot_fp32, SENTINEL=SENTINEL_SCORE, num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------- id emit kernel
+
+
+@triton.jit
+def _emit_ids_kernel(
+    block_table_ptr,  # [B, max_num_pages] int32
+    seq_lens_ptr,  # [B] int32
+    positions_ptr,  # [B, TOPK] int64 token positions (only read when HAS_POSITIONS)
+    out_ptr,  # [B, TOPK] int32, written
+    stride_bt_row,
+    stride_pos_row,
+    stride_out_row,
+    PAGE_SIZE: tl.constexpr,
+    TOPK: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_POSITIONS: tl.constexpr,
+):
+    """Physical ids of slots ``[pid_c * BLOCK, (pid_c + 1) * BLOCK)`` of row ``pid_b``.
+
+    A row with L <= TOPK keeps every token: slot i holds position i (or -1 for i >= L). A longer
+    row (only with HAS_POSITIONS) holds the positions its top-k selected.
+    """
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    seq_len = tl.load(seq_lens_ptr + row)
+    pos = cols
+    if HAS_POSITIONS:
+        selected = cols < tl.where(seq_len > TOPK, TOPK, 0)  # all slots of a long row, none of a short one
+        chosen = tl.load(positions_ptr + row * stride_pos_row + cols, mask=selected, other=0)
+        pos = tl.where(selected, chosen.to(tl.int32), cols)
+    valid = pos < seq_len
+    page = tl.load(block_table_ptr + row * stride_bt_row + pos // PAGE_SIZE, mask=valid, other=0)
+    ids = tl.where(valid, page * PAGE_SIZE + pos % PAGE_SIZE, -1)
+    tl.store(out_ptr + row * stride_out_row + cols, ids)
+
+
+def launch_emit_ids(
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    topk_indices: torch.Tensor,
+    positions: torch.Tensor | None = None,
+) -> None:
+    """Write ``topk_indices [B, TOPK]``: passthrough rows, and (given ``positions``) selected rows."""
+    batch = block_table.shape[0]
+    assert topk_indices.shape == (batch, TOPK) and topk_indices.dtype == torch.int32 and topk_indices.stride(1) == 1
+    assert block_table.stride(1) == 1
+    if positions is not None:
+        assert positions.shape == (batch, TOPK) and positions.stride(1) == 1
+    if batch == 0:
+        return
+    block = INTERPRETER_EMIT_BLOCK if INTERPRETING else GPU_EMIT_BLOCK
+    pos_arg = positions if positions is not None else topk_indices  # never read without HAS_POSITIONS
+    _emit_ids_kernel[(batch, TOPK // block)](
+        block_table, seq_lens, pos_arg, topk_indices,
+        block_table.stride(0), pos_arg.stride(0), topk_indices.stride(0),
+        PAGE_SIZE=PAGE_SIZE, TOPK=TOPK, BLOCK=block, HAS_POSITIONS=positions is not None,
+        num_warps=4,
+    )  # fmt: skip

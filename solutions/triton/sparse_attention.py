@@ -1,0 +1,556 @@
+"""Sparse MLA attention (``dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64``) in Triton.
+
+Entry point (destination-passing style)::
+
+    kernel(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse)
+
+    q_nope          [T, 16, 512]  bf16   query, no-RoPE part (multiplies the 512-wide ckv row)
+    q_pe            [T, 16, 64]   bf16   query, RoPE part (multiplies the 64-wide kpe row)
+    ckv_cache       [P, 64, 512]  bf16   compressed KV, also the value
+    kpe_cache       [P, 64, 64]   bf16   RoPE key
+    sparse_indices  [T, 2048]     int32  physical ids page*64 + slot, -1 = padding (anywhere in the row)
+    sm_scale        python float
+    output          [T, 16, 512]  bf16   written: softmax(logits) @ ckv rows, 0 for a token without slots
+    lse             [T, 16]       f32    written: log2(sum(exp(logits))), -inf for a token without slots
+
+Three paths, all with the same numerics (log2-domain online softmax with the scale
+pre-multiplied by log2 e, fp32 accumulation, the q_nope·ckv and q_pe·kpe products as two
+separate ``tl.dot``, P rounded to bf16 for the P·V product):
+
+* ``dsplit`` (the brief's short path for T <= 2): one launch, grid (value slices, T). Every
+  program scores all of its token's slots but multiplies by V only for its own slice of the 512
+  value columns, so no combine is needed. Loops stop after the row's last valid slot. Taken for
+  T <= DSPLIT_MAX_TOKENS_* (see there why the GPU default sends every T to the split path).
+* ``fused`` (GPU): one launch, grid (splits S, T). Split s owns the slots s, s + S, s + 2S, ...
+  (strided, because valid slots cluster at the front of a row), writes a partial (m, l, acc),
+  then waits at a per-token barrier; after it, split s combines value slice s of its token.
+  Used only when the whole grid is co-resident (``_max_coresident_programs``), so every
+  program the spin waits for is running and the spin cannot deadlock.
+* ``two_launch``: the same split kernel without the barrier, then a separate combine kernel.
+  Used under the Triton interpreter (programs run one after another there, so a spin would
+  never end), when the grid could exceed what is co-resident, or when forced by
+  ``DSA_ATTN_TWO_LAUNCH=1``.
+
+Barrier counters (fused path): per token two int32 words that persist across calls, ``count``
+and ``sense``. A program reads ``sense`` before it arrives, arrives with ``atomic_add(count, 1)``;
+the program that draws ticket S - 1 is the last one: it resets ``count`` to 0 and flips
+``sense``, which releases the others spinning on it. ``count`` stays in [0, S] and ``sense`` in
+{0, 1}, so the words never overflow and need no memset between calls; they are zeroed once
+when allocated. Calls on one CUDA stream run in order, so one call's barrier is complete
+before the next starts; buffers are kept per (device, stream) so concurrent streams never
+share counters or partials.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+NUM_HEADS = 16
+D_CKV = 512
+D_KPE = 64
+TOPK = 2048
+PAGE_SIZE = 64
+LOG2_E = 1.4426950408889634
+
+#: Words per token in the barrier buffer: count at 0, sense at SENSE_OFFSET. 32 int32 words =
+#: 128 bytes, so different tokens' barriers never share a cache line.
+SYNC_STRIDE = 32
+SENSE_OFFSET = 16
+
+#: Largest token count sent to the value-split (dsplit) kernel by default. Each dsplit program
+#: gathers its token's whole row (up to 2048 x 1152 B = 2.36 MB) through one SM; at roughly
+#: 64 B/clk from L2 per SM that is ~20 us for a full row, against ~5 us for the split path whose
+#: programs share the row. So on the GPU every T takes the split path unless measurements
+#: (tools/bench_attention_variants.py prints both) say otherwise; the interpreter keeps the
+#: brief's T <= 2 short path, so the harness's CPU run exercises both kernels.
+DSPLIT_MAX_TOKENS_GPU = 0
+DSPLIT_MAX_TOKENS_INTERPRETER = 2
+
+#: Conservative co-residency bound for the fused path: one program per SM. Any kernel that
+#: launches at all fits at least one CTA per SM, so a grid of at most ``num_SMs`` programs is
+#: fully resident once the GPU is free of other work, whatever the register and shared-memory
+#: use of this kernel turns out to be. (The 128-slot tiles take 170 KB of shared memory, one CTA
+#: per SM in fact; smaller tiles would fit two or three, but a bound derived from the compiled
+#: kernel's resources would have to be exactly right or the spin deadlocks.)
+PROGRAMS_PER_SM_BOUND = 1
+
+#: Slot splits per token on the GPU: as many as keep T * S co-resident, within these bounds.
+MIN_SPLITS = 4
+MAX_SPLITS = 64
+#: Split-kernel tiling. A program handles its split in blocks of at most SPLIT_BLOCK_N slots
+#: (the whole split when it is smaller, so up to S = 16 every program gathers once). Two
+#: pipeline stages make Triton gather the rows with cp.async straight into shared memory
+#: instead of through registers (one stage keeps them in registers: ~160 vs ~100-130
+#: registers per thread). Checked for sm_90 by sparse_attention_sm90_check.py.
+SPLIT_BLOCK_N = 128
+SPLIT_NUM_WARPS = 8
+SPLIT_NUM_STAGES = 2
+
+
+# --------------------------------------------------------------------------- device code
+
+
+@triton.jit
+def _gather_rows(cache_ptr, tok, stride_page, stride_slot, PAGE_SIZE: tl.constexpr):
+    """Row pointers [BLOCK_N] of physical token ids ``tok`` (page * PAGE_SIZE + slot), in int64."""
+    tok = tok.to(tl.int64)
+    return cache_ptr + (tok // PAGE_SIZE) * stride_page + (tok % PAGE_SIZE) * stride_slot
+
+
+@triton.jit
+def _dot(a, b, acc, INTERPRETED: tl.constexpr):
+    """``a @ b + acc`` with bf16 operands and fp32 accumulation.
+
+    Under the interpreter the operands go to fp32 first: Triton 3.9's interpreter multiplies the
+    raw uint16 bit patterns of bf16 operands. bf16 -> fp32 is exact and every bf16 product is
+    exact in fp32, so this is what the tensor cores compute (up to the order of additions).
+    """
+    if INTERPRETED:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc=acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc=acc)
+
+
+@triton.jit
+def _to_storage(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
+    """fp32 ``x`` converted to ``dtype``, bf16 rounded to nearest even as the GPU's cvt.rn does.
+
+    Triton 3.9's interpreter truncates fp32 -> bf16 (and its explicit "rtne" mode loses the
+    carry into the exponent), which biases every rounded probability downwards; there the
+    rounding is done on the bits (finite values; inf stays inf).
+    """
+    if INTERPRETED and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True).to(dtype)
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def _online_softmax_step(scores, valid, m_i, l_i, acc, qk_scale_log2):
+    """One block of the log2-domain online softmax.
+
+    ``scores`` [H, BLOCK_N] are raw q·k products; invalid slots become -inf. Returns the
+    probabilities ``p`` (to multiply with V), the new running max and sum, and ``acc`` rescaled
+    to the new max. A row whose max is still -inf uses 0 as its reference so that -inf - -inf
+    never happens: its alpha and p are exp2(-inf) = 0.
+    """
+    scores = tl.where(valid[None, :], scores * qk_scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(scores - m_ref[:, None])
+    l_new = l_i * alpha + tl.sum(p, axis=1)
+    return p, m_new, l_new, acc * alpha[:, None]
+
+
+@triton.jit
+def _dsplit_kernel(
+    q_nope_ptr, q_pe_ptr, ckv_ptr, kpe_ptr, idx_ptr, out_ptr, lse_ptr,
+    qk_scale_log2,
+    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+    stride_ckv_page, stride_ckv_slot, stride_kpe_page, stride_kpe_slot,
+    stride_idx_t, stride_out_t, stride_out_h, stride_lse_t,
+    H: tl.constexpr, D_CKV: tl.constexpr, D_KPE: tl.constexpr, TOPK: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, SLICE_D: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """Grid (D_CKV // SLICE_D, T): program (d, t) writes output[t, :, d*SLICE_D:(d+1)*SLICE_D]
+    (and lse[t] when d == 0) from all of token t's slots, without any partial results."""
+    tl.static_assert(D_CKV % SLICE_D == 0, "value slices must tile the 512 columns")
+    tl.static_assert(SLICE_D >= 16, "tl.dot needs N >= 16")
+    tl.static_assert(TOPK % BLOCK_N == 0, "blocks must tile the 2048 slots")
+    d_slice = tl.program_id(0)
+    t = tl.program_id(1)
+
+    heads = tl.arange(0, H)
+    cols = tl.arange(0, D_CKV)
+    cols_pe = tl.arange(0, D_KPE)
+    slice_cols = d_slice * SLICE_D + tl.arange(0, SLICE_D)
+    idx_row = idx_ptr + t * stride_idx_t
+
+    # Loop bound: the block holding the row's last valid slot (tail padding: the valid count).
+    pos = tl.arange(0, TOPK)
+    last = tl.max(tl.where(tl.load(idx_row + pos) >= 0, pos + 1, 0), axis=0)
+    num_blocks = tl.cdiv(last, BLOCK_N)
+
+    q_nope = tl.load(q_nope_ptr + t * stride_qn_t + heads[:, None] * stride_qn_h + cols[None, :])
+    q_pe = tl.load(q_pe_ptr + t * stride_qp_t + heads[:, None] * stride_qp_h + cols_pe[None, :])
+
+    m_i = tl.full([H], float("-inf"), tl.float32)
+    l_i = tl.zeros([H], tl.float32)
+    acc = tl.zeros([H, SLICE_D], tl.float32)
+    for block in range(num_blocks):
+        slots = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        tok = tl.load(idx_row + slots)
+        valid = tok >= 0
+        ckv_rows = _gather_rows(ckv_ptr, tl.where(valid, tok, 0), stride_ckv_page, stride_ckv_slot, PAGE_SIZE)
+        kpe_rows = _gather_rows(kpe_ptr, tl.where(valid, tok, 0), stride_kpe_page, stride_kpe_slot, PAGE_SIZE)
+        # Masked loads: cache bytes no valid index points at (NaN on purpose) are never read.
+        k_nope = tl.load(ckv_rows[:, None] + cols[None, :], mask=valid[:, None], other=0.0)
+        k_pe = tl.load(kpe_rows[:, None] + cols_pe[None, :], mask=valid[:, None], other=0.0)
+        scores = _dot(q_nope, tl.trans(k_nope), None, INTERPRETED)
+        scores = _dot(q_pe, tl.trans(k_pe), scores, INTERPRETED)
+        p, m_i, l_i, acc = _online_softmax_step(scores, valid, m_i, l_i, acc, qk_scale_log2)
+        # Only this program's value columns (an L1 hit: the same rows were just loaded).
+        v = tl.load(ckv_rows[:, None] + slice_cols[None, :], mask=valid[:, None], other=0.0)
+        acc = _dot(_to_storage(p, v.dtype, INTERPRETED), v, acc, INTERPRETED)
+
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    tl.store(out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + slice_cols[None, :], _to_storage(out, out_ptr.dtype.element_ty, INTERPRETED))
+    lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+    if d_slice == 0:
+        tl.store(lse_ptr + t * stride_lse_t + heads, lse)
+
+
+@triton.jit
+def _combine_slice(
+    t, d_slice, part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr,
+    stride_out_t, stride_out_h, stride_lse_t,
+    H: tl.constexpr, D_CKV: tl.constexpr, NUM_SPLITS: tl.constexpr, SLICE_D: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """Merge the NUM_SPLITS partials of token t for value columns [d_slice*SLICE_D, +SLICE_D).
+
+    Partials: part_ml[t, s, 0, h] = running max m (log2 domain), part_ml[t, s, 1, h] = sum l,
+    part_acc[t, s, h, :] = sum of p·v relative to m. Empty splits have m = -inf, l = 0, acc = 0.
+    Loads use .cg (L2) because the partials were written by other SMs during this launch.
+    """
+    splits = tl.arange(0, NUM_SPLITS)
+    heads = tl.arange(0, H)
+    slice_cols = d_slice * SLICE_D + tl.arange(0, SLICE_D)
+    part = t * NUM_SPLITS + splits  # [S]
+    ml = part_ml_ptr + part[:, None] * (2 * H) + heads[None, :]
+    m = tl.load(ml, cache_modifier=".cg")  # [S, H]
+    l = tl.load(ml + H, cache_modifier=".cg")  # [S, H]
+    m_max = tl.max(m, axis=0)  # [H]
+    m_ref = tl.where(m_max == float("-inf"), 0.0, m_max)
+    weight = tl.exp2(m - m_ref[None, :])  # 0 for empty splits, never NaN
+    l_tot = tl.sum(weight * l, axis=0)  # [H]
+    acc_ptrs = part_acc_ptr + (part[:, None, None] * H + heads[None, :, None]) * D_CKV + slice_cols[None, None, :]
+    acc = tl.load(acc_ptrs, cache_modifier=".cg").to(tl.float32)  # [S, H, SLICE_D]
+    acc = tl.sum(acc * weight[:, :, None], axis=0)  # [H, SLICE_D]
+    empty = l_tot == 0.0
+    out = acc / tl.where(empty, 1.0, l_tot)[:, None]
+    tl.store(out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + slice_cols[None, :], _to_storage(out, out_ptr.dtype.element_ty, INTERPRETED))
+    lse = tl.where(empty, float("-inf"), m_ref + tl.log2(tl.where(empty, 1.0, l_tot)))
+    if d_slice == 0:
+        tl.store(lse_ptr + t * stride_lse_t + heads, lse)
+
+
+@triton.jit
+def _split_kernel(
+    q_nope_ptr, q_pe_ptr, ckv_ptr, kpe_ptr, idx_ptr, out_ptr, lse_ptr,
+    part_acc_ptr, part_ml_ptr, sync_ptr,
+    qk_scale_log2,
+    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+    stride_ckv_page, stride_ckv_slot, stride_kpe_page, stride_kpe_slot,
+    stride_idx_t, stride_out_t, stride_out_h, stride_lse_t,
+    H: tl.constexpr, D_CKV: tl.constexpr, D_KPE: tl.constexpr, TOPK: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+    FUSED_COMBINE: tl.constexpr, SYNC_STRIDE: tl.constexpr, SENSE_OFFSET: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """Grid (NUM_SPLITS, T): program (s, t) attends token t over slots s, s+S, s+2S, ... and
+    writes its partial (m, l, acc). With FUSED_COMBINE it then waits for the token's other
+    splits and combines value slice s; the host launches it so only when the grid is co-resident."""
+    SPLIT_SIZE: tl.constexpr = TOPK // NUM_SPLITS
+    SLICE_D: tl.constexpr = D_CKV // NUM_SPLITS
+    tl.static_assert(TOPK % NUM_SPLITS == 0, "splits must tile the 2048 slots")
+    tl.static_assert(BLOCK_N <= SPLIT_SIZE, "a block larger than its split would read other splits' slots")
+    tl.static_assert(SPLIT_SIZE % BLOCK_N == 0, "blocks must tile a split exactly")
+    tl.static_assert(D_CKV % NUM_SPLITS == 0, "each split combines one equal slice of the value columns")
+    s = tl.program_id(0)
+    t = tl.program_id(1)
+
+    count_ptr = sync_ptr + t * SYNC_STRIDE
+    sense_ptr = count_ptr + SENSE_OFFSET
+    if FUSED_COMBINE:
+        # Read before arriving: nobody flips it until every split of this token has arrived.
+        sense = tl.load(sense_ptr, volatile=True)
+
+    heads = tl.arange(0, H)
+    cols = tl.arange(0, D_CKV)
+    cols_pe = tl.arange(0, D_KPE)
+    idx_row = idx_ptr + t * stride_idx_t + s  # slot j of this split sits at idx_row[j * NUM_SPLITS]
+
+    j = tl.arange(0, SPLIT_SIZE)
+    last = tl.max(tl.where(tl.load(idx_row + j * NUM_SPLITS) >= 0, j + 1, 0), axis=0)
+    num_blocks = tl.cdiv(last, BLOCK_N)
+
+    q_nope = tl.load(q_nope_ptr + t * stride_qn_t + heads[:, None] * stride_qn_h + cols[None, :])
+    q_pe = tl.load(q_pe_ptr + t * stride_qp_t + heads[:, None] * stride_qp_h + cols_pe[None, :])
+
+    m_i = tl.full([H], float("-inf"), tl.float32)
+    l_i = tl.zeros([H], tl.float32)
+    acc = tl.zeros([H, D_CKV], tl.float32)
+    for block in range(num_blocks):
+        jb = block * BLOCK_N + tl.arange(0, BLOCK_N)  # < SPLIT_SIZE by the asserts above
+        tok = tl.load(idx_row + jb * NUM_SPLITS)
+        valid = tok >= 0
+        ckv_rows = _gather_rows(ckv_ptr, tl.where(valid, tok, 0), stride_ckv_page, stride_ckv_slot, PAGE_SIZE)
+        kpe_rows = _gather_rows(kpe_ptr, tl.where(valid, tok, 0), stride_kpe_page, stride_kpe_slot, PAGE_SIZE)
+        k_nope = tl.load(ckv_rows[:, None] + cols[None, :], mask=valid[:, None], other=0.0)
+        k_pe = tl.load(kpe_rows[:, None] + cols_pe[None, :], mask=valid[:, None], other=0.0)
+        scores = _dot(q_nope, tl.trans(k_nope), None, INTERPRETED)
+        scores = _dot(q_pe, tl.trans(k_pe), scores, INTERPRETED)
+        p, m_i, l_i, acc = _online_softmax_step(scores, valid, m_i, l_i, acc, qk_scale_log2)
+        acc = _dot(_to_storage(p, k_nope.dtype, INTERPRETED), k_nope, acc, INTERPRETED)  # the ckv rows are also V
+
+    part = t * NUM_SPLITS + s
+    tl.store(part_acc_ptr + (part * H + heads[:, None]) * D_CKV + cols[None, :], _to_storage(acc, part_acc_ptr.dtype.element_ty, INTERPRETED))
+    tl.store(part_ml_ptr + part * (2 * H) + heads, m_i)
+    tl.store(part_ml_ptr + part * (2 * H) + H + heads, l_i)
+
+    if FUSED_COMBINE:
+        # Sense-reversing barrier (the pattern of a cooperative grid sync): CTA barrier so all
+        # threads' partial stores precede the arrival; one acq_rel atomic arrives (gpu scope).
+        tl.debug_barrier()
+        ticket = tl.atomic_add(count_ptr, 1, sem="acq_rel")
+        if ticket == NUM_SPLITS - 1:
+            # Last to arrive: every split of this token has counted, so nobody else touches
+            # count during this launch; reset it for the next call, then release the others.
+            tl.atomic_xchg(count_ptr, 0, sem="relaxed")
+            tl.atomic_xchg(sense_ptr, 1 - sense, sem="release")
+        else:
+            # Poll with an acquiring RMW (served by L2, never a stale L1 line).
+            seen = tl.atomic_add(sense_ptr, 0, sem="acquire")
+            while seen == sense:
+                seen = tl.atomic_add(sense_ptr, 0, sem="acquire")
+        tl.debug_barrier()
+        _combine_slice(t, s, part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, stride_out_t, stride_out_h, stride_lse_t,
+                       H, D_CKV, NUM_SPLITS, SLICE_D, INTERPRETED)
+
+
+@triton.jit
+def _combine_kernel(
+    part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr,
+    stride_out_t, stride_out_h, stride_lse_t,
+    H: tl.constexpr, D_CKV: tl.constexpr, NUM_SPLITS: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """Second launch of the two-launch path. Grid (NUM_SPLITS, T): program (d, t) combines
+    value slice d of token t (the same slicing the fused path uses)."""
+    SLICE_D: tl.constexpr = D_CKV // NUM_SPLITS
+    tl.static_assert(D_CKV % NUM_SPLITS == 0, "each program combines one equal slice of the value columns")
+    _combine_slice(tl.program_id(1), tl.program_id(0), part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr,
+                   stride_out_t, stride_out_h, stride_lse_t, H, D_CKV, NUM_SPLITS, SLICE_D, INTERPRETED)
+
+
+# --------------------------------------------------------------------------- host side
+
+PATHS = ("dsplit", "fused", "two_launch")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one call is tiled and launched.
+
+    ``splits``: for ``dsplit`` the number of value slices (each SLICE_D = 512 / splits columns);
+    for ``fused`` / ``two_launch`` the number of slot splits S (each of 2048 / S slots, strided).
+    ``partial_dtype``: storage of the split paths' partial acc (m and l are always fp32).
+    """
+
+    path: str
+    splits: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 1
+    partial_dtype: torch.dtype = torch.float32
+
+    def validate(self) -> None:
+        """Tiling relations, checked on the host too so a bad plan fails with a clear message."""
+        assert self.path in PATHS, f"unknown path {self.path!r}"
+        assert _is_pow2(self.splits) and _is_pow2(self.block_n), f"{self}: splits and block_n must be powers of two"
+        assert self.block_n >= 16, f"{self}: tl.dot needs blocks of at least 16 slots"
+        assert self.partial_dtype in (torch.float32, torch.bfloat16), f"{self}: partials are fp32 or bf16"
+        if self.path == "dsplit":
+            assert D_CKV % self.splits == 0 and D_CKV // self.splits >= 16, f"{self}: value slices of >= 16 columns"
+            assert TOPK % self.block_n == 0, f"{self}: blocks must tile {TOPK} slots"
+        else:
+            assert 2 <= self.splits <= D_CKV and TOPK % self.splits == 0, f"{self}: splits must divide {TOPK}"
+            split_size = TOPK // self.splits
+            assert self.block_n <= split_size, f"{self}: block_n {self.block_n} > split size {split_size} would read out of range"
+            assert split_size % self.block_n == 0, f"{self}: block_n must divide the split size {split_size}"
+            assert D_CKV % self.splits == 0, f"{self}: the combine slices {D_CKV} columns per split"
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def _interpreted(device: torch.device) -> bool:
+    """Whether the kernels run under the Triton interpreter. That is decided when ``@triton.jit``
+    runs (TRITON_INTERPRET=1 at import), so ask the kernel object rather than the environment."""
+    if isinstance(_split_kernel, InterpretedFunction):
+        return True
+    if device.type != "cuda":
+        raise RuntimeError(f"tensors on {device}: compiled Triton kernels need CUDA tensors; set TRITON_INTERPRET=1 before triton is imported to run them on the CPU")
+    return False
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _max_coresident_programs(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _sm_count(index) * PROGRAMS_PER_SM_BOUND
+
+
+def default_plan(num_tokens: int, device: torch.device) -> Plan:
+    """The plan ``kernel`` uses for ``num_tokens`` tokens on ``device``."""
+    if _interpreted(device):
+        return interpreter_plan(num_tokens)
+    return gpu_plan(num_tokens, _max_coresident_programs(device), force_two_launch=os.environ.get("DSA_ATTN_TWO_LAUNCH") == "1")
+
+
+def interpreter_plan(num_tokens: int) -> Plan:
+    """The interpreter runs programs one by one in Python and its cost grows with the elements
+    each program touches, so it gets the fewest, largest programs (two value slices, or two
+    splits of 1024 strided slots); the GPU tilings are exercised by the tests. It must never get
+    the fused path: its spin would wait for programs that have not run yet."""
+    if num_tokens <= DSPLIT_MAX_TOKENS_INTERPRETER:
+        return Plan("dsplit", splits=2, block_n=512)
+    return Plan("two_launch", splits=2, block_n=512)
+
+
+def gpu_plan(num_tokens: int, coresident: int, force_two_launch: bool = False) -> Plan:
+    """GPU policy. ``coresident``: programs guaranteed to be resident at once."""
+    if num_tokens <= DSPLIT_MAX_TOKENS_GPU:
+        return Plan("dsplit", splits=16, block_n=64, num_warps=8, num_stages=2)
+    # More splits put more SMs on each row's gather; stop where the grid would stop being co-resident.
+    splits = MIN_SPLITS
+    while splits * 2 <= MAX_SPLITS and num_tokens * splits * 2 <= coresident:
+        splits *= 2
+    fused = num_tokens * splits <= coresident and not force_two_launch
+    return Plan(
+        "fused" if fused else "two_launch", splits=splits, block_n=min(SPLIT_BLOCK_N, TOPK // splits),
+        num_warps=SPLIT_NUM_WARPS, num_stages=SPLIT_NUM_STAGES,
+    )
+
+
+class _Buffers:
+    """Partials and barrier words, reused across calls on one (device, stream)."""
+
+    def __init__(self) -> None:
+        self.partial: dict[torch.dtype, torch.Tensor] = {}
+        self.ml: torch.Tensor | None = None
+        self.sync: torch.Tensor | None = None
+
+    def get(self, device: torch.device, tokens: int, splits: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        acc_numel = tokens * splits * NUM_HEADS * D_CKV
+        if dtype not in self.partial or self.partial[dtype].numel() < acc_numel:
+            self.partial[dtype] = torch.empty(acc_numel, dtype=dtype, device=device)
+        ml_numel = tokens * splits * 2 * NUM_HEADS
+        if self.ml is None or self.ml.numel() < ml_numel:
+            self.ml = torch.empty(ml_numel, dtype=torch.float32, device=device)
+        if self.sync is None or self.sync.numel() < tokens * SYNC_STRIDE:
+            # Zeroed once here; afterwards the barrier itself leaves count = 0 after every call.
+            # Growing replaces the buffer: a call still in flight on this stream keeps the old
+            # one alive through the caching allocator's stream ordering.
+            self.sync = torch.zeros(max(tokens, 64) * SYNC_STRIDE, dtype=torch.int32, device=device)
+        return self.partial[dtype], self.ml, self.sync
+
+
+_BUFFERS: dict[tuple, _Buffers] = {}
+
+
+def _buffers_for(device: torch.device) -> _Buffers:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        key = (f"cuda:{index}", torch.cuda.current_stream(index).cuda_stream)
+    else:
+        key = (str(device), 0)
+    if key not in _BUFFERS:
+        _BUFFERS[key] = _Buffers()
+    return _BUFFERS[key]
+
+
+def _check_args(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse) -> int:
+    T = q_nope.shape[0]
+    expected = {
+        "q_nope": (q_nope, (T, NUM_HEADS, D_CKV), torch.bfloat16),
+        "q_pe": (q_pe, (T, NUM_HEADS, D_KPE), torch.bfloat16),
+        "ckv_cache": (ckv_cache, (ckv_cache.shape[0], PAGE_SIZE, D_CKV), torch.bfloat16),
+        "kpe_cache": (kpe_cache, (ckv_cache.shape[0], PAGE_SIZE, D_KPE), torch.bfloat16),
+        "sparse_indices": (sparse_indices, (T, TOPK), torch.int32),
+        "output": (output, (T, NUM_HEADS, D_CKV), torch.bfloat16),
+        "lse": (lse, (T, NUM_HEADS), torch.float32),
+    }
+    for name, (tensor, shape, dtype) in expected.items():
+        if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+            raise ValueError(f"{name}: expected {dtype} {list(shape)}, got {tensor.dtype} {list(tensor.shape)}")
+        if tensor.stride(-1) != 1:
+            raise ValueError(f"{name}: the last dimension must be contiguous (stride {tensor.stride(-1)})")
+        if tensor.device != q_nope.device:
+            raise ValueError(f"{name} is on {tensor.device}, q_nope on {q_nope.device}")
+    return T
+
+
+def sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, plan: Plan | None = None) -> Plan:
+    """Write ``output`` and ``lse`` (see the module docstring for shapes). Returns the plan used."""
+    T = _check_args(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse)
+    device = q_nope.device
+    plan = plan or default_plan(T, device)
+    plan.validate()
+    if T == 0:
+        return plan
+    if plan.path == "fused" and _interpreted(device):
+        raise ValueError("the fused path spins on a barrier and would never finish under the Triton interpreter")
+    if plan.path == "fused" and T * plan.splits > _max_coresident_programs(device):
+        raise ValueError(f"fused grid of {T * plan.splits} programs exceeds the co-resident bound {_max_coresident_programs(device)}")
+    qk_scale_log2 = float(sm_scale) * LOG2_E
+    common_strides = (
+        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
+        ckv_cache.stride(0), ckv_cache.stride(1), kpe_cache.stride(0), kpe_cache.stride(1),
+        sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0),
+    )
+    shape_consts = {"H": NUM_HEADS, "D_CKV": D_CKV, "D_KPE": D_KPE, "TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "INTERPRETED": _interpreted(device)}
+    launch = {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
+
+    if plan.path == "dsplit":
+        _dsplit_kernel[(plan.splits, T)](
+            q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse, qk_scale_log2, *common_strides,
+            **shape_consts, SLICE_D=D_CKV // plan.splits, BLOCK_N=plan.block_n, **launch,
+        )
+        return plan
+
+    fused = plan.path == "fused"
+    part_acc, part_ml, sync = _buffers_for(device).get(device, T, plan.splits, plan.partial_dtype)
+    _split_kernel[(plan.splits, T)](
+        q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse, part_acc, part_ml, sync,
+        qk_scale_log2, *common_strides,
+        **shape_consts, NUM_SPLITS=plan.splits, BLOCK_N=plan.block_n,
+        FUSED_COMBINE=fused, SYNC_STRIDE=SYNC_STRIDE, SENSE_OFFSET=SENSE_OFFSET, **launch,
+    )
+    if not fused:
+        _combine_kernel[(plan.splits, T)](
+            part_acc, part_ml, output, lse, output.stride(0), output.stride(1), lse.stride(0),
+            H=NUM_HEADS, D_CKV=D_CKV, NUM_SPLITS=plan.splits, INTERPRETED=_interpreted(device), num_warps=plan.num_warps,
+        )
+    return plan
+
+
+def kernel(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse) -> None:
+    """dsa-bench entry point (destination-passing style)."""
+    sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse)
+
+
+def solution_notes() -> str:
+    if isinstance(_split_kernel, InterpretedFunction):
+        return (
+            f"sparse attention under the Triton interpreter: T <= {DSPLIT_MAX_TOKENS_INTERPRETER} value-split kernel, "
+            "larger T strided split-K with a separate combine launch"
+        )
+    short = f"T <= {DSPLIT_MAX_TOKENS_GPU} value-split kernel, larger T " if DSPLIT_MAX_TOKENS_GPU else "every T: "
+    return (
+        f"sparse attention: {short}strided split-K with the combine in the same launch behind a sense-reversing "
+        "barrier (a separate combine launch when the grid is not co-resident)"
+    )

@@ -1,0 +1,275 @@
+// Host emulation of topk_filtered.cuh, for testing the CUDA top-k on machines without a GPU.
+//
+// The kernel source is compiled unchanged as C++ (DSA_TOPK_HOST_EMULATION) over a tiny SIMT
+// layer: every CUDA thread of a block is a fiber (ucontext) on one OS thread; __syncthreads and
+// the warp intrinsics are barriers between fibers, so the kernel's block- and warp-collective
+// logic (ballots, shuffles, match_any, shared-memory atomics, the all-lanes-call rules) runs as
+// written. Shared memory is process-wide storage reused block after block. It checks logic, not
+// GPU timing or the memory model.
+//
+// Build:  g++ -O2 -std=c++17 -DDSA_TOPK_HOST_EMULATION topk_emulator.cpp -o topk_emulator
+// Run:    topk_emulator INPUT OUTPUT
+// INPUT (little-endian): int32 batch, score_stride, bt_stride, max_len, candidate_capacity,
+//   threads (256, 512 or 1024); float32 scores[batch * score_stride]; int32 seq_lens[batch];
+//   int32 block_table[batch * bt_stride].  OUTPUT: int32 out[batch * 2048].
+#define DSA_TOPK_HOST_EMULATION 1
+
+#include <ucontext.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+// ---------------------------------------------------------------- the SIMT layer
+
+namespace simt {
+
+struct Dim3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+
+constexpr int kWarp = 32;
+constexpr size_t kFiberStack = 64 * 1024;
+
+struct Fiber {
+  ucontext_t context;
+  std::vector<char> stack;
+  bool done = false;
+};
+
+struct Block {
+  int threads = 0;
+  unsigned index = 0;
+  int current = 0;  // fiber running now
+  ucontext_t scheduler;
+  std::vector<Fiber> fibers;
+  long block_generation = 0;
+  int block_arrived = 0;
+  std::vector<long> warp_generation;
+  std::vector<int> warp_arrived;
+  std::vector<uint64_t> warp_slots;  // one exchange slot per lane
+  std::function<void()> body;
+};
+
+inline Block& block() {
+  static Block b;
+  return b;
+}
+
+inline std::vector<unsigned char>& dynamic_storage() {
+  static std::vector<unsigned char> storage;
+  return storage;
+}
+
+inline unsigned char* dynamic_shared_memory() { return dynamic_storage().data(); }
+
+inline Dim3 thread_index() { return Dim3{static_cast<unsigned>(block().current), 0, 0}; }
+inline Dim3 block_index() { return Dim3{block().index, 0, 0}; }
+
+inline void yield() {
+  Block& b = block();
+  swapcontext(&b.fibers[b.current].context, &b.scheduler);
+}
+
+inline void sync_block() {
+  Block& b = block();
+  const long generation = b.block_generation;
+  if (++b.block_arrived == b.threads) {
+    b.block_arrived = 0;
+    ++b.block_generation;
+    return;
+  }
+  while (b.block_generation == generation) yield();
+}
+
+inline void sync_warp() {
+  Block& b = block();
+  const int warp = b.current / kWarp;
+  const long generation = b.warp_generation[warp];
+  if (++b.warp_arrived[warp] == kWarp) {
+    b.warp_arrived[warp] = 0;
+    ++b.warp_generation[warp];
+    return;
+  }
+  while (b.warp_generation[warp] == generation) yield();
+}
+
+// Every lane publishes `value`, then `read` sees all 32 values of the warp.
+template <typename Read>
+inline uint64_t exchange(uint64_t value, unsigned mask, Read&& read) {
+  if (mask != 0xffffffffu) {
+    std::fprintf(stderr, "emulator: only full-warp masks are supported\n");
+    std::abort();
+  }
+  Block& b = block();
+  const int warp = b.current / kWarp;
+  const int lane = b.current % kWarp;
+  uint64_t* slots = &b.warp_slots[warp * kWarp];
+  slots[lane] = value;
+  sync_warp();  // all lanes have written
+  const uint64_t result = read(slots, lane);
+  sync_warp();  // all lanes have read before any writes again
+  return result;
+}
+
+inline void fiber_entry() {
+  Block& b = block();
+  b.body();
+  b.fibers[b.current].done = true;
+  swapcontext(&b.fibers[b.current].context, &b.scheduler);
+}
+
+// Runs `body` as `threads` fibers of block `index` until all of them return.
+inline void run_block(unsigned index, int threads, const std::function<void()>& body) {
+  Block& b = block();
+  b.threads = threads;
+  b.index = index;
+  b.body = body;
+  b.fibers.resize(threads);
+  b.block_generation = 0;
+  b.block_arrived = 0;
+  b.warp_generation.assign((threads + kWarp - 1) / kWarp, 0);
+  b.warp_arrived.assign((threads + kWarp - 1) / kWarp, 0);
+  b.warp_slots.assign(threads, 0);
+  for (int t = 0; t < threads; ++t) {
+    Fiber& f = b.fibers[t];
+    f.done = false;
+    f.stack.resize(kFiberStack);
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = f.stack.data();
+    f.context.uc_stack.ss_size = f.stack.size();
+    f.context.uc_link = nullptr;
+    makecontext(&f.context, fiber_entry, 0);
+  }
+  for (int remaining = threads; remaining > 0;) {
+    remaining = 0;
+    for (int t = 0; t < threads; ++t) {
+      if (b.fibers[t].done) continue;
+      b.current = t;
+      swapcontext(&b.scheduler, &b.fibers[t].context);
+      if (!b.fibers[t].done) ++remaining;
+    }
+  }
+}
+
+}  // namespace simt
+
+// CUDA spellings the kernel uses, mapped onto the SIMT layer.
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(n)
+#define __shared__ static
+#define threadIdx (simt::thread_index())
+#define blockIdx (simt::block_index())
+
+struct uint2 {
+  unsigned x, y;
+};
+struct float4 {
+  float x, y, z, w;
+};
+inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline void __syncthreads() { simt::sync_block(); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(unsigned x) { return __builtin_ffs(static_cast<int>(x)); }
+inline int atomicAdd(int* address, int value) {  // fibers never interleave inside it
+  const int old = *address;
+  *address = old + value;
+  return old;
+}
+template <typename T>
+inline T __ldg(const T* p) {
+  return *p;
+}
+inline unsigned __float_as_uint(float x) {
+  unsigned u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+inline void __trap() { std::abort(); }
+inline unsigned __ballot_sync(unsigned mask, bool predicate) {
+  return static_cast<unsigned>(simt::exchange(predicate ? 1 : 0, mask, [](const uint64_t* slots, int) {
+    uint64_t bits = 0;
+    for (int l = 0; l < simt::kWarp; ++l) bits |= (slots[l] ? 1ull : 0ull) << l;
+    return bits;
+  }));
+}
+inline int __shfl_sync(unsigned mask, int value, int source) {
+  return static_cast<int>(static_cast<uint32_t>(simt::exchange(static_cast<uint32_t>(value), mask, [source](const uint64_t* slots, int) { return slots[source]; })));
+}
+inline int __shfl_up_sync(unsigned mask, int value, unsigned delta) {
+  return static_cast<int>(static_cast<uint32_t>(simt::exchange(static_cast<uint32_t>(value), mask, [delta](const uint64_t* slots, int lane) {
+    return lane >= static_cast<int>(delta) ? slots[lane - delta] : slots[lane];
+  })));
+}
+inline unsigned __match_any_sync(unsigned mask, int value) {
+  return static_cast<unsigned>(simt::exchange(static_cast<uint32_t>(value), mask, [](const uint64_t* slots, int lane) {
+    uint64_t bits = 0;
+    for (int l = 0; l < simt::kWarp; ++l) bits |= (slots[l] == slots[lane] ? 1ull : 0ull) << l;
+    return bits;
+  }));
+}
+
+#include "topk_filtered.cuh"
+
+// ---------------------------------------------------------------- driver
+
+namespace {
+
+template <int kThreads>
+void run(dsa_topk::TopkArgs args) {
+  for (int row = 0; row < args.batch; ++row) {
+    simt::run_block(static_cast<unsigned>(row), kThreads, [&] { dsa_topk::filtered_topk_kernel<kThreads>(args); });
+  }
+}
+
+template <typename T>
+void read_into(std::FILE* f, T* data, size_t count) {
+  if (std::fread(data, sizeof(T), count, f) != count) {
+    std::fprintf(stderr, "emulator: input file too short\n");
+    std::exit(2);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s INPUT OUTPUT\n", argv[0]);
+    return 2;
+  }
+  std::FILE* in = std::fopen(argv[1], "rb");
+  if (!in) return 2;
+  int32_t header[6];
+  read_into(in, header, 6);
+  const int batch = header[0], score_stride = header[1], bt_stride = header[2], max_len = header[3];
+  const int capacity = header[4], threads = header[5];
+  std::vector<float> scores(static_cast<size_t>(batch) * score_stride);
+  std::vector<int32_t> seq_lens(batch), table(static_cast<size_t>(batch) * bt_stride);
+  std::vector<int32_t> out(static_cast<size_t>(batch) * dsa_topk::kTopK, INT32_MIN);
+  read_into(in, scores.data(), scores.size());
+  read_into(in, seq_lens.data(), seq_lens.size());
+  read_into(in, table.data(), table.size());
+  std::fclose(in);
+
+  const int cap = capacity < 0 ? dsa_topk::default_candidate_capacity(max_len) : capacity;
+  simt::dynamic_storage().assign(2 * static_cast<size_t>(cap) * sizeof(uint2) + 16, 0);
+  dsa_topk::TopkArgs args{scores.data(), score_stride, seq_lens.data(), table.data(), bt_stride, out.data(), dsa_topk::kTopK, batch, max_len, cap};
+  switch (threads) {
+    case 256: run<256>(args); break;
+    case 512: run<512>(args); break;
+    case 1024: run<1024>(args); break;
+    default: std::fprintf(stderr, "emulator: threads must be 256, 512 or 1024\n"); return 2;
+  }
+  std::FILE* o = std::fopen(argv[2], "wb");
+  if (!o) return 2;
+  std::fwrite(out.data(), sizeof(int32_t), out.size(), o);
+  std::fclose(o);
+  return 0;
+}

@@ -1,0 +1,74 @@
+// Host launcher of the filtered radix top-k. Pure CUDA (no torch headers): it builds alone with
+//   nvcc -arch=sm_90a -c topk_filtered.cu
+// and links into the torch extension next to topk_binding.cpp.
+#include "topk_filtered.cuh"
+
+namespace dsa_topk {
+namespace {
+
+constexpr int kMaxDevices = 64;
+constexpr size_t kDefaultDynamicSmem = 48 * 1024;  // what a launch may use without opting in
+
+size_t candidate_bytes(int capacity) { return 2 * static_cast<size_t>(capacity) * sizeof(uint2); }
+
+// Largest candidate capacity that fits the device's opt-in shared memory next to the kernel's
+// static shared memory. Cached per device and block size.
+template <int kThreads>
+cudaError_t capacity_limit(int device, int* limit) {
+  static int cached[kMaxDevices] = {0};
+  if (device >= 0 && device < kMaxDevices && cached[device] > 0) {
+    *limit = cached[device];
+    return cudaSuccess;
+  }
+  int optin = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return err;
+  cudaFuncAttributes attributes;
+  err = cudaFuncGetAttributes(&attributes, filtered_topk_kernel<kThreads>);
+  if (err != cudaSuccess) return err;
+  const long long spare = static_cast<long long>(optin) - static_cast<long long>(attributes.sharedSizeBytes);
+  const long long fit = spare > 0 ? spare / static_cast<long long>(candidate_bytes(1)) : 0;
+  *limit = static_cast<int>(fit < kMaxCandidates ? fit : kMaxCandidates);
+  if (device >= 0 && device < kMaxDevices) cached[device] = *limit;
+  return cudaSuccess;
+}
+
+// Raises the kernel's dynamic shared memory limit when a launch needs more than the default.
+template <int kThreads>
+cudaError_t allow_dynamic_smem(int device, size_t bytes) {
+  static size_t allowed[kMaxDevices] = {0};
+  const bool cacheable = device >= 0 && device < kMaxDevices;
+  if (bytes <= kDefaultDynamicSmem || (cacheable && allowed[device] >= bytes)) return cudaSuccess;
+  const cudaError_t err =
+      cudaFuncSetAttribute(filtered_topk_kernel<kThreads>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (err == cudaSuccess && cacheable) allowed[device] = bytes;
+  return err;
+}
+
+template <int kThreads>
+cudaError_t launch(TopkArgs args, cudaStream_t stream) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  int limit = 0;
+  err = capacity_limit<kThreads>(device, &limit);
+  if (err != cudaSuccess) return err;
+  const int wanted = args.candidate_capacity < 0 ? default_candidate_capacity(args.max_len) : args.candidate_capacity;
+  // A smaller buffer only moves rows with many candidates to the (correct, slower) filter path.
+  args.candidate_capacity = wanted < limit ? wanted : limit;
+  const size_t smem = candidate_bytes(args.candidate_capacity);
+  err = allow_dynamic_smem<kThreads>(device, smem);
+  if (err != cudaSuccess) return err;
+  filtered_topk_kernel<kThreads><<<args.batch, kThreads, smem, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_filtered_topk(const TopkArgs& args, cudaStream_t stream) {
+  if (args.batch <= 0) return cudaSuccess;
+  if (args.max_len <= kSmallRowMaxLen) return launch<kSmallRowThreads>(args, stream);
+  return launch<kLargeRowThreads>(args, stream);
+}
+
+}  // namespace dsa_topk

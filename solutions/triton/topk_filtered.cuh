@@ -1,0 +1,259 @@
+// Filtered radix top-k of the lightning indexer, with the page-table emit fused in.
+//
+// One thread block per batch row. A row with seq_len <= kTopK keeps every token: the block
+// writes the physical ids of positions 0..seq_len-1 and -1 after them, without reading scores.
+// A longer row selects exactly kTopK positions by radix select on a 32-bit order-preserving key
+// of each fp32 score (so the result is exact: ties are only between equal fp32 scores):
+//
+//   digit 0 (bits 31..24): histogram over the whole row -> threshold bin t0. Keys above t0 are
+//            selected; keys in t0 are candidates. If they fit in shared memory they are
+//            compacted there (with the digit-1 histogram built on the way), else the block
+//            keeps re-reading the row and filters it by the digits fixed so far.
+//   digits 1..3 (bits 23..0): the same on the candidates only: select keys above the new
+//            threshold, keep the ones equal to it.
+//   A digit stops the search early when its whole threshold bin is needed. After digit 3 the
+//   remaining candidates have identical keys, i.e. identical scores: any of them will do.
+//
+// Selected positions are turned into physical ids (block_table[row][pos / 64] * 64 + pos % 64)
+// and written straight to the output row; order inside the row is free. Pure CUDA: nvcc can
+// compile it alone (topk_filtered.cu); topk_binding.cpp is the torch side.
+//
+// With DSA_TOPK_HOST_EMULATION defined, topk_emulator.cpp compiles this same file as host C++
+// on top of a small SIMT emulation (fibers for threads), so CPU-only machines can test it.
+#pragma once
+
+#include <cstdint>
+
+#ifndef DSA_TOPK_HOST_EMULATION
+#include <cuda_runtime.h>
+#endif
+
+#include "topk_filtered.h"
+
+namespace dsa_topk {
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kDigitBits = 8;
+constexpr int kRadix = 1 << kDigitBits;         // bins per digit
+constexpr int kKeyBits = 32;                    // fp32 scores -> 32-bit keys
+constexpr int kDigits = kKeyBits / kDigitBits;  // most significant first
+constexpr int kScoresPerVector = 4;             // float4 loads of a score row
+
+// Threads per block by the longest row: short rows favour more blocks per SM, long rows more
+// threads per row (each thread visits about max_len / threads scores per pass).
+constexpr int kSmallRowThreads = 512;
+constexpr int kLargeRowThreads = 1024;
+constexpr int kSmallRowMaxLen = 4096;
+
+static_assert(kTopK % kPageSize == 0, "rows are whole pages");
+static_assert(kRadix % kWarpSize == 0, "the threshold scan gives each warp whole bins");
+static_assert(kKeyBits % kDigitBits == 0, "digits tile the key");
+static_assert(kSmallRowThreads >= kRadix && kSmallRowThreads % kWarpSize == 0, "one thread per bin, whole warps");
+static_assert(kLargeRowThreads >= kRadix && kLargeRowThreads % kWarpSize == 0, "one thread per bin, whole warps");
+
+// Block-shared bookkeeping of one row's selection.
+struct SelectState {
+  int hist[2][kRadix];                   // histograms of the current and the next digit
+  int warp_sums[kRadix / kWarpSize];     // per-warp totals of the threshold scan
+  int emitted;                           // output slots taken by keys above a threshold
+  int candidates[2];                     // entries in each shared candidate buffer
+  int ties;                              // tickets handed to keys equal to the last threshold
+  int threshold;                         // threshold bin of the current digit
+  int above;                             // keys of the current set in bins above it
+};
+
+// Larger float -> larger unsigned key (negative floats flip all bits, positive ones the sign).
+__device__ __forceinline__ uint32_t order_key(float x) {
+  const uint32_t bits = __float_as_uint(x);
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+__device__ __forceinline__ int digit_of(uint32_t key, int d) {
+  return static_cast<int>((key >> (kKeyBits - kDigitBits * (d + 1))) & (kRadix - 1));
+}
+
+// Whether digits 0..d-1 of `key` are `prefix` (d >= 1).
+__device__ __forceinline__ bool has_prefix(uint32_t key, int d, uint32_t prefix) {
+  return (key >> (kKeyBits - kDigitBits * d)) == prefix;
+}
+
+__device__ __forceinline__ int32_t physical_id(const int32_t* __restrict__ table_row, int pos) {
+  return __ldg(table_row + pos / kPageSize) * kPageSize + pos % kPageSize;
+}
+
+// Warp-collective: reserves one slot of `*counter` per lane with `take`, with one shared-memory
+// atomic per warp. Returns the lane's slot, or -1. Every lane of the warp must call it.
+__device__ __forceinline__ int warp_reserve(bool take, int* counter) {
+  const unsigned takers = __ballot_sync(kFullMask, take);
+  if (takers == 0) return -1;
+  const int lane = threadIdx.x % kWarpSize;
+  const int leader = __ffs(takers) - 1;
+  int base = 0;
+  if (lane == leader) base = atomicAdd(counter, __popc(takers));
+  base = __shfl_sync(kFullMask, base, leader);
+  return take ? base + __popc(takers & ((1u << lane) - 1u)) : -1;
+}
+
+// Warp-collective histogram update: lanes that hit the same bin add once, together. Scores
+// cluster, so a plain per-lane atomic would serialise on a few hot bins. Every lane of the warp
+// must call it; non-members match among themselves under a bin value no member can have.
+__device__ __forceinline__ void histogram_add(int* hist, int bin, bool member) {
+  const unsigned peers = __match_any_sync(kFullMask, member ? bin : -1);
+  if (member && static_cast<int>(threadIdx.x % kWarpSize) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+}
+
+// The block's dynamic shared memory (the candidate buffers).
+template <typename T>
+__device__ __forceinline__ T* dynamic_shared() {
+#ifdef DSA_TOPK_HOST_EMULATION
+  return reinterpret_cast<T*>(simt::dynamic_shared_memory());
+#else
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  return reinterpret_cast<T*>(dynamic_smem);
+#endif
+}
+
+// Finds the bin t of `hist` with count(bins > t) < need <= count(bins >= t); stores t and
+// count(bins > t) in `s`. Needs 1 <= need <= the histogram's total, so t exists. Block-wide.
+__device__ __forceinline__ void select_threshold(const int* hist, int need, SelectState& s) {
+  const int tid = threadIdx.x;
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
+  int count = 0;
+  int at_or_above = 0;
+  if (tid < kRadix) {  // warp-uniform: whole warps own bins
+    // Thread i owns bin kRadix-1-i, so an inclusive prefix sum over threads counts bins >= it.
+    count = hist[kRadix - 1 - tid];
+    at_or_above = count;
+    for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+      const int v = __shfl_up_sync(kFullMask, at_or_above, offset);
+      if (lane >= offset) at_or_above += v;
+    }
+    if (lane == kWarpSize - 1) s.warp_sums[warp] = at_or_above;
+  }
+  __syncthreads();
+  if (tid < kRadix) {
+    for (int w = 0; w < warp; ++w) at_or_above += s.warp_sums[w];
+    const int above = at_or_above - count;
+    if (above < need && at_or_above >= need) {  // exactly one bin satisfies this
+      s.threshold = kRadix - 1 - tid;
+      s.above = above;
+    }
+  }
+  __syncthreads();
+}
+
+// Calls visit(key, position, member) for each position of a score row in float4 steps;
+// `member` is false past `len`. Every thread makes the same number of calls, so `visit` may use
+// warp-collective operations.
+template <int kThreads, typename Visit>
+__device__ __forceinline__ void for_each_score(const float* __restrict__ row, int len, Visit&& visit) {
+  const int vectors = (len + kScoresPerVector - 1) / kScoresPerVector;
+  for (int first = 0; first < vectors; first += kThreads) {
+    const int v = first + static_cast<int>(threadIdx.x);
+    // Rows are 16-byte aligned and padded to whole pages, so a vector starting below len is in bounds.
+    float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (v < vectors) x = __ldg(reinterpret_cast<const float4*>(row) + v);
+    const int pos = v * kScoresPerVector;
+    visit(order_key(x.x), pos + 0, pos + 0 < len);
+    visit(order_key(x.y), pos + 1, pos + 1 < len);
+    visit(order_key(x.z), pos + 2, pos + 2 < len);
+    visit(order_key(x.w), pos + 3, pos + 3 < len);
+  }
+}
+
+// Calls visit(key, position, member) for each entry of a shared candidate buffer, with the
+// same all-threads-call guarantee as for_each_score.
+template <int kThreads, typename Visit>
+__device__ __forceinline__ void for_each_candidate(const uint2* buffer, int count, Visit&& visit) {
+  for (int first = 0; first < count; first += kThreads) {
+    const int i = first + static_cast<int>(threadIdx.x);
+    const bool member = i < count;
+    const uint2 entry = member ? buffer[i] : make_uint2(0u, 0u);
+    visit(entry.x, static_cast<int>(entry.y), member);
+  }
+}
+
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) filtered_topk_kernel(TopkArgs args) {
+  static_assert(kThreads % kWarpSize == 0 && kThreads >= kRadix, "whole warps, one thread per bin");
+  __shared__ SelectState s;
+  uint2* candidate_buffers = dynamic_shared<uint2>();  // [2][capacity] (key, position) pairs
+
+  const int row = blockIdx.x;
+  const int len = args.seq_lens[row];
+  const int32_t* __restrict__ table_row = args.block_table + row * args.bt_stride;
+  int32_t* __restrict__ out_row = args.out + row * args.out_stride;
+
+  if (len <= kTopK) {  // passthrough: every token is selected, no scores needed
+    for (int i = threadIdx.x; i < kTopK; i += kThreads) out_row[i] = i < len ? physical_id(table_row, i) : -1;
+    return;
+  }
+  if (len > args.max_len) __trap();  // seq_len beyond max_num_pages * 64 breaks the contract: fail loudly
+  const float* __restrict__ scores = args.scores + row * args.score_stride;
+  const int capacity = args.candidate_capacity;
+
+  for (int i = threadIdx.x; i < kRadix; i += kThreads) s.hist[0][i] = 0;
+  if (threadIdx.x == 0) {
+    s.emitted = 0;
+    s.candidates[0] = s.candidates[1] = 0;
+  }
+  __syncthreads();
+  for_each_score<kThreads>(scores, len, [&](uint32_t key, int, bool member) { histogram_add(s.hist[0], digit_of(key, 0), member); });
+  __syncthreads();
+
+  bool in_shared = false;  // block-uniform: candidates live in shared memory (else: filter the row)
+  uint32_t prefix = 0;     // digits fixed so far
+  for (int d = 0; d < kDigits; ++d) {
+    const int* hist = s.hist[d & 1];
+    int* next_hist = s.hist[(d + 1) & 1];
+    const int need = kTopK - s.emitted;  // >= 1: a digit that would fill the row is the last one
+    select_threshold(hist, need, s);
+    const int threshold = s.threshold;
+    const int above = s.above;
+    const int in_bin = hist[threshold];
+    const int first_tie_slot = kTopK - need + above;
+    const bool last = d == kDigits - 1 || above + in_bin == need;  // the rest of the bin is all ties
+    if (d == 0) in_shared = in_bin <= capacity;  // never truncate: too many candidates -> filter the row
+    const uint2* source = candidate_buffers + ((d + 1) & 1) * capacity;  // written by digit d-1
+    uint2* sink = candidate_buffers + (d & 1) * capacity;
+    const int source_count = s.candidates[(d + 1) & 1];
+    for (int i = threadIdx.x; i < kRadix; i += kThreads) next_hist[i] = 0;
+    if (threadIdx.x == 0) {
+      s.candidates[d & 1] = 0;
+      s.ties = 0;
+    }
+    __syncthreads();
+
+    auto classify = [&](uint32_t key, int pos, bool member) {
+      const int digit = digit_of(key, d);
+      const bool take = member && digit > threshold;
+      const bool tie = member && digit == threshold;
+      const int slot = warp_reserve(take, &s.emitted);
+      if (take) out_row[slot] = physical_id(table_row, pos);
+      if (last) {
+        const int ticket = warp_reserve(tie, &s.ties);
+        if (tie && ticket < need - above) out_row[first_tie_slot + ticket] = physical_id(table_row, pos);
+      } else {
+        histogram_add(next_hist, digit_of(key, d + 1), tie);
+        if (in_shared) {
+          const int at = warp_reserve(tie, &s.candidates[d & 1]);
+          if (tie) sink[at] = make_uint2(key, static_cast<uint32_t>(pos));
+        }
+      }
+    };
+    if (d == 0) {
+      for_each_score<kThreads>(scores, len, classify);
+    } else if (in_shared) {
+      for_each_candidate<kThreads>(source, source_count, classify);
+    } else {
+      for_each_score<kThreads>(scores, len, [&](uint32_t key, int pos, bool member) { classify(key, pos, member && has_prefix(key, d, prefix)); });
+    }
+    __syncthreads();
+    if (last) break;
+    prefix = (prefix << kDigitBits) | static_cast<uint32_t>(threshold);
+  }
+}
+
+}  // namespace dsa_topk

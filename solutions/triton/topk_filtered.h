@@ -1,0 +1,45 @@
+// Host-side interface of the filtered radix top-k (plain C++; no CUDA kernels, no torch).
+//
+// Shared by topk_filtered.cu (which nvcc compiles on its own) and topk_binding.cpp (the thin
+// torch binding, compiled by the host compiler).
+#pragma once
+
+#include <cstdint>
+
+#ifndef DSA_TOPK_HOST_EMULATION
+#include <cuda_runtime_api.h>
+#endif
+
+namespace dsa_topk {
+
+// Contract of dsa_topk_indexer_fp8_h64_d128_topk2048_ps64.
+constexpr int kTopK = 2048;    // tokens kept per row
+constexpr int kPageSize = 64;  // tokens per cache page
+
+// Largest candidate buffer (entries) a block keeps in shared memory: two ping-pong buffers of
+// 8-byte (key, position) pairs, 128 KiB at this size, which Hopper's 227 KiB per block allows.
+constexpr int kMaxCandidates = 8192;
+
+struct TopkArgs {
+  const float* scores;        // [batch, score_stride] fp32 scores, position-major per row
+  int64_t score_stride;       // elements between rows; a multiple of 4 (16-byte aligned rows)
+  const int32_t* seq_lens;    // [batch]
+  const int32_t* block_table; // [batch, bt_stride] page ids
+  int64_t bt_stride;
+  int32_t* out;               // [batch, out_stride] physical ids, written: kTopK per row
+  int64_t out_stride;
+  int batch;
+  int max_len;                // score_stride rounded to pages: the longest row possible
+  int candidate_capacity;     // entries per shared buffer; < 0 picks the default
+};
+
+#ifndef DSA_TOPK_HOST_EMULATION
+// Launches the top-k on `stream`. Returns the CUDA error of the launch (cudaSuccess when fine).
+cudaError_t launch_filtered_topk(const TopkArgs& args, cudaStream_t stream);
+#endif
+
+// Candidate capacity the launcher uses for rows up to `max_len` when none is requested: a row's
+// threshold bin never holds more than the row, so max_len entries always suffice.
+inline int default_candidate_capacity(int max_len) { return max_len < kMaxCandidates ? max_len : kMaxCandidates; }
+
+}  // namespace dsa_topk

@@ -1,0 +1,239 @@
+#!/usr/bin/env python
+"""Time tiling variants of the Triton sparse-attention solution on a CUDA GPU.
+
+    python tools/bench_attention_variants.py [--case 'attention_1*'] [--variant default --variant dsplit16]
+                                             [--iterations 30] [--timer auto] [--out results/attn_variants.json]
+
+For every case of ``workloads/sparse_attention_h16.yaml`` it builds two input sets with the
+harness's own generator, checks each variant's outputs with the harness checker on both (a
+failing variant is reported FAIL and not timed), then times the variants in this one process:
+L2 flushed before every call, the two input sets alternating, the median over iterations.
+Timing uses CUPTI when the ``cupti`` module imports (first kernel start to last kernel end of
+each call, as ``dsa-bench run`` does), else CUDA events, and the table says which.
+
+A variant maps a token count T to a ``Plan`` (path, splits, block_n, num_warps, num_stages,
+partial dtype) or to None where it does not apply (a fused grid that would not be co-resident).
+The table shows microseconds per case and variant; below it, per variant, the mean over all
+cases, over T <= 2 and T >= 3, and the T = 8 full-row cases, against the targets (mean <= 10 us,
+T = 8 full <= 12 us). The last lines name the fastest variant per case and overall: use them to
+set the defaults in solutions/triton/sparse_attention.py (gpu_plan, DSPLIT_MAX_TOKENS_GPU,
+SPLIT_BLOCK_N, SPLIT_NUM_WARPS, SPLIT_NUM_STAGES).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import importlib.util
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dsa_bench.checking import judge
+from dsa_bench.definitions import sparse_attention as attn
+from dsa_bench.timing import L2Flusher, choose_timer, make_timer
+from dsa_bench.workloads import build_inputs, derive_seed, load_workload
+
+TARGET_MEAN_US = 10.0
+TARGET_T8_FULL_US = 12.0
+
+
+def load_solution():
+    path = ROOT / "solutions" / "triton" / "sparse_attention.py"
+    spec = importlib.util.spec_from_file_location("dsa_triton_sparse_attention", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def variants(sa, coresident: int) -> dict[str, Callable[[int], object]]:
+    """name -> (T -> Plan, or None where the variant does not apply)."""
+    Plan = sa.Plan
+
+    def policy(T: int) -> int:  # the default policy's split count
+        return sa.gpu_plan(T, coresident, force_two_launch=True).splits
+
+    def split_plan(path: str, splits: Callable[[int], int], block_n: int, warps: int = 8, stages: int = 2, dtype=torch.float32):
+        def make(T: int):
+            s = splits(T)
+            if not 2 <= s <= 64 or (path == "fused" and T * s > coresident):
+                return None
+            return Plan(path, s, min(block_n, attn.TOPK // s), warps, stages, dtype)
+
+        return make
+
+    return {
+        "default": lambda T: sa.gpu_plan(T, coresident),
+        "two_launch": split_plan("two_launch", policy, sa.SPLIT_BLOCK_N),
+        "dsplit16x64": lambda T: Plan("dsplit", 16, 64, 8, 2),
+        "dsplit8x128": lambda T: Plan("dsplit", 8, 128, 8, 2),
+        "dsplit16x64_st1": lambda T: Plan("dsplit", 16, 64, 8, 1),
+        "bn64": split_plan("fused", policy, 64),
+        "bn64_st1": split_plan("fused", policy, 64, stages=1),
+        "w4": split_plan("fused", policy, 64, warps=4),
+        "half_splits": split_plan("fused", lambda T: policy(T) // 2, 128),
+        "double_splits_2l": split_plan("two_launch", lambda T: policy(T) * 2, 128),
+        "bf16_partials": split_plan("fused", policy, 128, dtype=torch.bfloat16),
+        "s16": split_plan("fused", lambda T: 16, 128),
+        "s32": split_plan("fused", lambda T: 32, 128),
+        "s64": split_plan("fused", lambda T: 64, 128),
+    }
+
+
+def list_plans(sa, coresident: int, names: list[str], tokens: list[int]) -> None:
+    table = variants(sa, coresident)
+    for name in names:
+        print(name)
+        for T in tokens:
+            plan = table[name](T)
+            print(f"  T={T}: {plan}")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", type=Path, default=ROOT / "workloads" / "sparse_attention_h16.yaml")
+    p.add_argument("--case", action="append", default=[], help="case id or glob (repeatable); default: all")
+    p.add_argument("--variant", action="append", default=[], help="variant name (repeatable); default: all")
+    p.add_argument("--iterations", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--timer", default="auto", choices=("auto", "cupti", "events"))
+    p.add_argument("--out", type=Path, help="also write the results as JSON")
+    p.add_argument("--list", action="store_true", help="print each variant's plan per token count and exit (no GPU needed)")
+    return p.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    if args.list:
+        sa = load_solution()
+        names = args.variant or list(variants(sa, 132))
+        list_plans(sa, sa._max_coresident_programs(torch.device("cuda")) if torch.cuda.is_available() else 132, names, [1, 2, 6, 7, 8])
+        return 0
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    sa = load_solution()
+    coresident = sa._max_coresident_programs(device)
+    all_variants = variants(sa, coresident)
+    chosen = {k: v for k, v in all_variants.items() if not args.variant or k in args.variant}
+    unknown = set(args.variant) - set(all_variants)
+    if unknown:
+        print(f"unknown variant(s) {sorted(unknown)}; known: {', '.join(all_variants)}", file=sys.stderr)
+        return 2
+    workload = load_workload(args.workload)
+    cases = [c for c in workload.cases if not args.case or any(fnmatch.fnmatch(c.id, g) for g in args.case)]
+    timer_name, warning = choose_timer(args.timer, device)
+    if warning:
+        print(f"warning: {warning}")
+    timer = make_timer(timer_name)
+    flusher = L2Flusher(device)
+    print(f"{torch.cuda.get_device_name(device)}, {coresident} co-resident programs, timer {timer.name}, "
+          f"{args.iterations} iterations (median), cold L2")
+
+    results: dict[str, dict[str, float | str]] = {}
+    for case in cases:
+        sets = [build_inputs(workload.definition, case, derive_seed(workload.settings.seed, case.id, "variants", k), device) for k in range(2)]
+        axes = workload.definition.axes(case.axes)
+        T = axes["num_tokens"]
+        expected = [attn.expect(inputs) for inputs in sets]
+        outs = [workload.definition.allocate_outputs(axes, device) for _ in sets]
+        row: dict[str, float | str] = {}
+        for name, make in chosen.items():
+            plan = make(T)
+            if plan is None:
+                row[name] = "-"
+                continue
+            args_of = [workload.definition.input_args(inputs) for inputs in sets]
+
+            def call(i: int, args_of=args_of, outs=outs, plan=plan) -> None:
+                k = i % len(args_of)
+                sa.sparse_attention(*args_of[k], outs[k]["output"], outs[k]["lse"], plan=plan)
+
+            try:
+                failed = None
+                for k in range(len(sets)):
+                    for out in outs[k].values():
+                        out.fill_(float("nan"))  # poison, as the harness does
+                    call(k)
+                    torch.cuda.synchronize()
+                    verdict = judge(workload.definition, axes, sets[k], outs[k], expected[k], workload.settings.tolerance, device)
+                    failed = failed or (None if verdict.passed else verdict)
+                if failed is not None:
+                    row[name] = "FAIL"
+                    print(f"  {case.id} {name} {plan}: {failed.status.value} {failed.message}")
+                    continue
+                for i in range(args.warmup):
+                    call(i)
+                torch.cuda.synchronize()
+                samples = timer.time_iterations(call, args.iterations, lambda i: flusher.flush(), lambda i: None)
+                row[name] = statistics.median(samples) * 1000.0
+            except Exception as exc:  # noqa: BLE001 - a variant that does not compile or launch here is reported, not fatal
+                row[name] = "ERR"
+                print(f"  {case.id} {name} {plan}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+        results[case.id] = row
+        counts = case.inputs["sparse_indices"].params.get("valid_counts", []) if "sparse_indices" in case.inputs else []
+        print(f"{case.id:24s} T={T} valid={counts if len(counts) <= 2 else f'{min(counts)}..{max(counts)}'}  "
+              + "  ".join(f"{n}={v:.1f}" if isinstance(v, float) else f"{n}={v}" for n, v in row.items()), flush=True)
+
+    print_table(results, list(chosen), {c.id: c.axes["num_tokens"] for c in cases}, timer.name)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"timer": timer.name, "gpu": torch.cuda.get_device_name(device), "us": results}, indent=1))
+    return 0
+
+
+def print_table(results: dict, names: list[str], tokens: dict[str, int], timer: str) -> None:
+    from tabulate import tabulate
+
+    def fmt(v):
+        return f"{v:.1f}" if isinstance(v, float) else v
+
+    rows = [[case, tokens[case], *[fmt(results[case].get(n, "")) for n in names]] for case in results]
+
+    def mean_over(name: str, pick: Callable[[str], bool]) -> str:
+        vals = [results[c].get(name) for c in results if pick(c)]
+        if not vals:
+            return ""
+        if any(v in ("FAIL", "ERR") for v in vals):
+            return "FAIL"
+        # a variant that does not apply to a case (None plan) takes the default's time there
+        vals = [v if isinstance(v, float) else results[c].get("default") for c, v in zip([c for c in results if pick(c)], vals)]
+        vals = [v for v in vals if isinstance(v, float)]
+        return f"{statistics.fmean(vals):.2f}" if vals else ""
+
+    summaries = {
+        "mean (all)": lambda c: True,
+        "mean T<=2": lambda c: tokens[c] <= 2,
+        "mean T>=3": lambda c: tokens[c] >= 3,
+        "T=8 full": lambda c: tokens[c] == 8 and "full" in c,
+    }
+    rows.append(["-" * 8, "", *["" for _ in names]])
+    for label, pick in summaries.items():
+        rows.append([label, "", *[mean_over(n, pick) for n in names]])
+    print()
+    print(f"latency in µs ({timer}, median, cold L2); '-' = variant not applicable (its means use 'default' there)")
+    print(tabulate(rows, headers=["case", "T", *names], disable_numparse=True))
+    print(f"targets: mean (all) <= {TARGET_MEAN_US} µs, T=8 full <= {TARGET_T8_FULL_US} µs")
+    best_per_case = {}
+    for case, row in results.items():
+        timed = {n: v for n, v in row.items() if isinstance(v, float)}
+        if timed:
+            best = min(timed, key=timed.get)
+            best_per_case[case] = best
+            print(f"  fastest for {case}: {best} ({timed[best]:.1f} µs; default {fmt(row.get('default', ''))})")
+    oracle = [min(v for v in row.values() if isinstance(v, float)) for row in results.values() if any(isinstance(v, float) for v in row.values())]
+    if oracle:
+        print(f"mean if every case took its fastest variant: {statistics.fmean(oracle):.2f} µs")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,373 @@
+#!/usr/bin/env python
+"""Time the indexer side by side on a CUDA GPU: reference, triton solution, plain pipeline.
+
+    python tools/bench_indexer.py --out results/bench_indexer.json [--case 'indexer_12*'] [--timer auto]
+
+For every case of the workload (default ``workloads/indexer_h64.yaml``, 128 cases) and every
+trial, it builds fresh rotating input sets (>= 3) with ``dsa_bench.workloads.build_inputs``,
+checks the outputs of the triton solution and of the plain pipeline with the harness checker on
+every set, then times three pipelines in this one process, each iteration with a cold L2:
+
+- ``reference``: ``dsa_bench.definitions.indexer.reference`` (the PyTorch per-row reference),
+- ``triton``: the solution entry (passthrough / Triton score kernel + CUDA filtered top-k),
+- ``plain``: the same passthrough and score kernel, then ``torch.topk`` and the Triton emit
+  kernel (what the CUDA top-k buys).
+
+Timing uses CUPTI when the ``cupti`` module imports (first kernel start to last kernel end of
+each call), else CUDA events, and says so in the table and the JSON. Per trial the median over
+iterations, across trials the mean. It also times the score kernel alone in a few tile variants
+(``--no-variants`` skips this) and reports each variant's worst score error against the
+reference scores and whether its top-k still passes the checker (the FP8 tensor-core variant
+is the interesting one). Prints a per-case table and the means over passthrough cases, scored
+cases, all cases, and the largest case; writes everything as JSON to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dsa_bench.checking import judge
+from dsa_bench.definitions import indexer
+from dsa_bench.definitions.base import Tolerance, poison_
+from dsa_bench.results import environment, now_iso
+from dsa_bench.solutions import import_entry, load_solution
+from dsa_bench.timing import L2Flusher, choose_timer, make_timer
+from dsa_bench.workloads import build_inputs, derive_seed, load_workload
+
+#: H200 targets of the fast solution, in microseconds
+TARGETS_US = {"passthrough_mean": 3.0, "all_mean": 8.0, "largest": 20.0}
+PIPELINES = ("reference", "triton", "plain")
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="JSON results file to write")
+    p.add_argument("--workload", type=Path, default=ROOT / "workloads" / "indexer_h64.yaml")
+    p.add_argument("--solution", type=Path, default=ROOT / "solutions" / "triton")
+    p.add_argument("--case", action="append", default=[], help="case id or glob (repeatable); default: all")
+    p.add_argument("--timer", choices=("auto", "cupti", "events"), default="auto")
+    p.add_argument("--seed", type=int, default=None, help="base seed (default: the workload's)")
+    p.add_argument("--input-sets", type=int, default=3, help="rotating input sets per trial (>= 3)")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iterations", type=int, default=50)
+    p.add_argument("--trials", type=int, default=3, help="trials per case, each with fresh input sets")
+    p.add_argument("--no-variants", action="store_true", help="skip the score-kernel tile variants")
+    p.add_argument(
+        "--cpu-dry-run",
+        action="store_true",
+        help="exercise this script without a GPU: Triton interpreter, host wall-clock 'timings' (meaningless as numbers)",
+    )
+    args = p.parse_args()
+    if args.input_sets < 3:
+        p.error("--input-sets must be at least 3")
+    return args
+
+
+def median_ms(samples: list[float]) -> float:
+    return statistics.median(samples)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class HostClockTimer:
+    """--cpu-dry-run only: host wall clock around each call. Not a GPU timing."""
+
+    name = "host_wallclock_cpu_dry_run"
+
+    def time_iterations(self, call, count, prepare, after) -> list[float]:
+        samples = []
+        for i in range(count):
+            prepare(i)
+            start = time.perf_counter()
+            call(i)
+            samples.append((time.perf_counter() - start) * 1e3)
+            after(i)
+        return samples
+
+
+class NoFlush:
+    def flush(self) -> None:
+        pass
+
+
+def time_pipeline(
+    timer, flusher: L2Flusher, fn: Callable, sets: list[list[torch.Tensor]], outs: list[torch.Tensor], warmup: int, iterations: int
+) -> float:
+    """Median latency (ms) of ``fn(*set, out)`` over rotating sets, cold L2 every iteration."""
+    n = len(sets)
+
+    def prepare(i: int) -> None:
+        flusher.flush()
+        poison_(outs[i % n])
+
+    def call(i: int) -> None:
+        fn(*sets[i % n], outs[i % n])
+
+    for i in range(warmup):
+        prepare(i)
+        call(i)
+    synchronize(outs[0].device)
+    return median_ms(timer.time_iterations(call, iterations, prepare, lambda i: None))
+
+
+def reference_dps(q, cache, weights, seq_lens, block_table, topk_indices) -> None:
+    topk_indices.copy_(indexer.reference(q, cache, weights, seq_lens, block_table)["topk_indices"])
+
+
+def check(definition, axes, inputs, expected, out: torch.Tensor, device) -> str | None:
+    result = judge(definition, axes, inputs, {"topk_indices": out}, expected, Tolerance(), device)
+    return None if result.passed else f"{result.status.value}: {result.message}"
+
+
+def score_variants(kernels) -> dict[str, Any]:
+    """Score-kernel tiles worth comparing on the GPU (the first is the solution's default)."""
+    return {
+        "default_fp16mma_p1_w4": kernels.GPU_SCORE_TILE,
+        "fp8mma_p1_w4": kernels.ScoreTile(pages=1, num_warps=4, fp8_mma=True),
+        "fp16mma_p1_w8": kernels.ScoreTile(pages=1, num_warps=8),
+        "fp16mma_p2_w8": kernels.ScoreTile(pages=2, num_warps=8),
+        "fp8mma_p2_w4": kernels.ScoreTile(pages=2, num_warps=4, fp8_mma=True),
+    }
+
+
+def run_variants(module, timer, flusher, definition, axes, sets_inputs, expected0, warmup, iterations, device) -> dict[str, Any]:
+    """Score kernel alone per tile variant: latency, worst score error, and checker verdict."""
+    kernels = module.kernels
+    results = {}
+    first = sets_inputs[0]
+    batch, max_pages = first["block_table"].shape
+    ref_rows = {b: s for b, s in enumerate(expected0) if s is not None}
+    for name, tile in score_variants(kernels).items():
+        buffers = [torch.empty((batch, max_pages * 64), dtype=torch.float32, device=device) for _ in sets_inputs]
+        args = [[inp[spec.name] for spec in definition.inputs] for inp in sets_inputs]
+
+        def launch(*a, tile=tile):
+            *inputs, scores = a
+            kernels.launch_scores(*inputs, scores, skip_short_rows=True, tile=tile)
+
+        try:
+            ms = time_pipeline(timer, flusher, launch, args, buffers, warmup, iterations)
+        except Exception as exc:  # noqa: BLE001 -- a variant that fails to compile on this GPU is reported, not fatal
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        scores = torch.empty((batch, max_pages * 64), dtype=torch.float32, device=device)
+        kernels.launch_scores(*args[0], scores, skip_short_rows=True, tile=tile)
+        worst = 0.0
+        for b, ref in ref_rows.items():
+            n = ref.numel()
+            worst = max(worst, float((scores[b, :n] - ref).abs().max() / ref.abs().max().clamp_min(1e-30)))
+        out = torch.empty((batch, 2048), dtype=torch.int32, device=device)
+        poison_(out)
+        if module._cuda_topk is not None:
+            module._cuda_topk.filtered_topk(scores, first["seq_lens"], first["block_table"], out)
+        else:
+            module.portable_topk(scores, first["seq_lens"], first["block_table"], out)
+        problem = check(definition, axes, first, expected0, out, device)
+        results[name] = {"us": ms * 1e3, "max_score_error_rel": worst, "topk_passes_checker": problem is None, "problem": problem}
+    return results
+
+
+def fmt_us(value: float | None) -> str:
+    return "-" if value is None else f"{value:9.2f}"
+
+
+def mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def main() -> int:
+    args = parse_args()
+    if args.cpu_dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"  # before the solution's kernels are defined
+        device = torch.device("cpu")
+    elif not torch.cuda.is_available():
+        print("bench_indexer: needs a CUDA GPU (torch.cuda.is_available() is False); --cpu-dry-run tests the script", file=sys.stderr)
+        return 2
+    else:
+        device = torch.device("cuda", torch.cuda.current_device())
+    workload = load_workload(args.workload)
+    definition = workload.definition
+    if definition.name != indexer.NAME:
+        print(f"bench_indexer: {args.workload} is a workload of {definition.name}, not the indexer", file=sys.stderr)
+        return 2
+    cases = [c for c in workload.cases if not args.case or any(fnmatch.fnmatchcase(c.id, pat) for pat in args.case)]
+    if not cases:
+        print("bench_indexer: no case matches", file=sys.stderr)
+        return 2
+    seed = workload.settings.seed if args.seed is None else args.seed
+
+    solution = load_solution(args.solution)
+    triton_fn, module = import_entry(solution, indexer.NAME)  # builds the CUDA top-k on first use
+    pipelines: dict[str, Callable] = {"reference": reference_dps, "triton": triton_fn, "plain": module.plain_pipeline}
+
+    if device.type == "cuda":
+        timer_name, warning = choose_timer(args.timer, device)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+        timer, flusher = make_timer(timer_name), L2Flusher(device)
+    else:
+        timer, flusher = HostClockTimer(), NoFlush()
+    label = timer.name
+    print(f"{workload.name}: {len(cases)} cases, {args.trials} trial(s) x {args.iterations} iterations, "
+          f"{args.input_sets} rotating input sets, cold L2, timer: {label}")  # fmt: skip
+    print(f"solution notes: {module.solution_notes()}")
+
+    records = []
+    failures = []
+    started = time.perf_counter()
+    for case in cases:
+        axes = definition.axes(case.axes)
+        batch, max_pages = axes["batch_size"], axes["max_num_pages"]
+        per_trial: dict[str, list[float]] = {name: [] for name in PIPELINES}
+        problems: list[str] = []
+        variants = None
+        total_tokens = 0
+        for trial in range(args.trials):
+            seeds = [derive_seed(seed, case.id, "bench", trial, s) for s in range(args.input_sets)]
+            sets_inputs = [build_inputs(definition, case, s, device) for s in seeds]
+            expected = [definition.expect(inp) for inp in sets_inputs]
+            total_tokens = int(sets_inputs[0]["seq_lens"].sum())
+            sets = [[inp[spec.name] for spec in definition.inputs] for inp in sets_inputs]
+            outs = [torch.empty((batch, indexer.TOPK), dtype=torch.int32, device=device) for _ in sets]
+            # Correctness first: every set, both of our pipelines, through the harness checker.
+            for name in ("triton", "plain"):
+                for k, (inp, out) in enumerate(zip(sets_inputs, outs)):
+                    poison_(out)
+                    pipelines[name](*sets[k], out)
+                    synchronize(device)
+                    problem = check(definition, axes, inp, expected[k], out, device)
+                    if problem:
+                        problems.append(f"{name} trial {trial} set {k} (seed {seeds[k]}): {problem}")
+            for name in PIPELINES:
+                per_trial[name].append(time_pipeline(timer, flusher, pipelines[name], sets, outs, args.warmup, args.iterations))
+            # The last timed triton outputs must still be right (no stale-result shortcuts).
+            k = (args.iterations - 1) % len(sets)
+            poison_(outs[k])
+            triton_fn(*sets[k], outs[k])
+            problem = check(definition, axes, sets_inputs[k], expected[k], outs[k], device)
+            if problem:
+                problems.append(f"triton after timing, trial {trial}: {problem}")
+            if trial == 0 and not args.no_variants and max_pages * 64 > indexer.TOPK:
+                variants = run_variants(
+                    module, timer, flusher, definition, axes, sets_inputs, expected[0], args.warmup, args.iterations, device
+                )
+            del sets_inputs, expected, sets, outs
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        us = {name: statistics.fmean(v) * 1e3 for name, v in per_trial.items()}
+        record = {
+            "case": case.id,
+            "batch_size": batch,
+            "max_num_pages": max_pages,
+            "kind": "passthrough" if max_pages * 64 <= indexer.TOPK else "scored",
+            "tokens": total_tokens,
+            "us": us,
+            "trial_us": {name: [v * 1e3 for v in vals] for name, vals in per_trial.items()},
+            "speedup_vs_reference": us["reference"] / us["triton"],
+            "passed": not problems,
+            "problems": problems,
+        }
+        if variants is not None:
+            record["score_variants"] = variants
+        records.append(record)
+        failures += [f"{case.id}: {p}" for p in problems]
+        status = "ok" if not problems else "FAILED"
+        print(f"{case.id:24s} B={batch:2d} pages={max_pages:3d} {record['kind']:11s} ref {fmt_us(us['reference'])}  "
+              f"triton {fmt_us(us['triton'])}  plain {fmt_us(us['plain'])} µs  x{record['speedup_vs_reference']:8.1f}  {status}")  # fmt: skip
+
+    def group_mean(kind: str | None, pipeline: str) -> float | None:
+        return mean([r["us"][pipeline] for r in records if kind is None or r["kind"] == kind])
+
+    largest = max(records, key=lambda r: (r["batch_size"] * r["max_num_pages"], r["tokens"]))
+    summary: dict[str, Any] = {}
+    for pipeline in PIPELINES:
+        summary[pipeline] = {
+            "passthrough_mean_us": group_mean("passthrough", pipeline),
+            "scored_mean_us": group_mean("scored", pipeline),
+            "all_mean_us": group_mean(None, pipeline),
+            "largest_us": largest["us"][pipeline],
+        }
+    speedups = [r["speedup_vs_reference"] for r in records]
+    summary["triton_speedup_mean"] = mean(speedups)
+    summary["triton_speedup_geomean"] = float(torch.tensor(speedups).log().mean().exp()) if speedups else None
+    summary["largest_case"] = largest["case"]
+    t = summary["triton"]
+    summary["targets_us"] = TARGETS_US
+    summary["targets_met"] = {
+        "passthrough_mean": t["passthrough_mean_us"] is None or t["passthrough_mean_us"] <= TARGETS_US["passthrough_mean"],
+        "all_mean": t["all_mean_us"] <= TARGETS_US["all_mean"],
+        "largest": t["largest_us"] <= TARGETS_US["largest"],
+    }
+
+    print()
+    print(f"means in µs (timer: {label}; per trial the median over iterations, across trials the mean)")
+    print(f"{'':24s} {'reference':>12s} {'triton':>12s} {'plain':>12s}")
+    rows = [("passthrough cases", "passthrough_mean_us"), ("scored cases", "scored_mean_us"), (f"all {len(records)} cases", "all_mean_us"),
+            (f"largest ({largest['case']})", "largest_us")]  # fmt: skip
+    for title, key in rows:
+        print(f"{title:24s} " + " ".join(f"{fmt_us(summary[p][key]):>12s}" for p in PIPELINES))
+    print(f"triton speedup over reference: mean {summary['triton_speedup_mean']:.1f}x, geomean {summary['triton_speedup_geomean']:.1f}x")
+    print(
+        "targets (H200): " + ", ".join(f"{k} <= {v} µs: {'met' if summary['targets_met'][k] else 'MISSED'}" for k, v in TARGETS_US.items())
+    )
+    variant_rows = [r for r in records if "score_variants" in r]
+    if variant_rows:
+        print("\nscore kernel alone, mean over scored cases (µs), worst relative score error, checker passes:")
+        for name in score_variants(module.kernels):
+            ok = [r["score_variants"][name] for r in variant_rows if "us" in r["score_variants"].get(name, {})]
+            if not ok:
+                print(f"  {name:24s} failed: {variant_rows[0]['score_variants'][name].get('error')}")
+                continue
+            print(f"  {name:24s} {mean([v['us'] for v in ok]):8.2f}   {max(v['max_score_error_rel'] for v in ok):.2e}   "
+                  f"{sum(v['topk_passes_checker'] for v in ok)}/{len(ok)}")  # fmt: skip
+
+    document = {
+        "format": "dsa-bench-indexer-bench",
+        "version": 1,
+        "created": now_iso(),
+        "workload": str(args.workload),
+        "solution": str(args.solution),
+        "solution_notes": module.solution_notes(),
+        "timer": label,
+        "settings": {
+            "seed": seed,
+            "input_sets": args.input_sets,
+            "warmup": args.warmup,
+            "iterations": args.iterations,
+            "trials": args.trials,
+        },
+        "environment": environment(device),
+        "wall_s": time.perf_counter() - started,
+        "summary": summary,
+        "records": records,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(document, indent=1))
+    print(f"\nwrote {args.out}")
+    if failures:
+        print(f"{len(failures)} correctness failure(s):", file=sys.stderr)
+        for line in failures[:20]:
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
