@@ -100,13 +100,13 @@ class WorkerHandle:
     def request(self, message: tuple, what: str) -> Any:
         self.ensure_started()
         self.conn.send(message)
-        kind, payload = self._receive(self.options.case_timeout_s, what)
+        kind, payload, self.notes = self._receive(self.options.case_timeout_s, what)
         if kind == "error":
             self.stop()  # the solution raised; its process state is suspect (CUDA faults are sticky)
             raise WorkerFailure(Status.RUNTIME_ERROR, _last_lines(payload))
         return payload
 
-    def _receive(self, timeout: float, what: str) -> tuple[str, Any]:
+    def _receive(self, timeout: float, what: str) -> tuple[Any, ...]:
         if not self.conn.poll(timeout):
             self.kill()
             raise WorkerFailure(Status.TIMEOUT, f"no answer within {timeout:g} s while {what}; worker killed")

@@ -11,7 +11,8 @@ Protocol (tuples over a ``multiprocessing`` pipe)::
 
     worker -> parent   ("ready", notes) | ("compile_error", text)
     parent -> worker   ("outputs", CorrectnessJob) | ("time", TimingJob) | ("stop",)
-    worker -> parent   ("outputs", [outputs per seed]) | ("timing", TimingResult) | ("error", text)
+    worker -> parent   ("outputs", [outputs per seed], notes) | ("timing", TimingResult, notes)
+                       | ("error", text, notes)
 """
 
 from __future__ import annotations
@@ -125,7 +126,10 @@ def main(conn: Any, config: WorkerConfig) -> None:
         entry = solution.entry_for(config.definition)
         fn, module = import_entry(solution, config.definition)
         notes_fn = getattr(module, "solution_notes", None)
-        notes = str(notes_fn()) if callable(notes_fn) else ""
+
+        def notes() -> str:  # asked again after every job: a solution may report what it fell back to
+            return str(notes_fn()) if callable(notes_fn) else ""
+
         if config.timer is not None:
             from dsa_bench.timing import ClockReader, L2Flusher, make_timer
 
@@ -135,7 +139,7 @@ def main(conn: Any, config: WorkerConfig) -> None:
     except BaseException:
         conn.send(("compile_error", traceback.format_exc()))
         return
-    conn.send(("ready", notes))
+    conn.send(("ready", notes()))
     runner = _CaseRunner(definition, device, fn, entry.destination_passing_style)
     while True:
         message = conn.recv()
@@ -148,7 +152,7 @@ def main(conn: Any, config: WorkerConfig) -> None:
                 reply = ("timing", runner.time(message[1], timer, flusher, clocks))
         except BaseException:
             reply = ("error", traceback.format_exc())
-        conn.send(reply)
+        conn.send((*reply, notes()))
 
 
 class _CaseRunner:

@@ -453,3 +453,24 @@ def test_gpu_entry_uses_cuda_topk():
     axes, inputs = make_inputs([5824, 3000, 2049, 17], max_pages=91, seed=8)
     assert_passes(axes, inputs, run(kernel, inputs))
     assert_passes(axes, inputs, run(entry_module.plain_pipeline, inputs))
+
+
+@pytest.mark.gpu
+def test_graph_replays_recompute_from_the_current_inputs():
+    """A replayed graph reads the argument memory afresh: new queries give new, correct answers."""
+    graphs = entry_module._scored_graphs
+    axes, inputs = make_inputs([5824, 2100, 3000], max_pages=91, seed=21)
+    args = args_of(inputs)
+    out = torch.empty((3, indexer.TOPK), dtype=torch.int32, device=DEVICE)
+    answers = []
+    for step in range(4):  # eager (new signature), capture + replay, replay, replay
+        fresh = indexer.draw_queries(axes, InputRng(100 + step, DEVICE))
+        for name, value in fresh.items():
+            inputs[name].copy_(value)
+        out.fill_(INT_POISON)
+        kernel(*args, out)
+        assert_passes(axes, inputs, out)
+        answers.append(out.clone())
+    assert graphs.disabled_reason is None, graphs.disabled_reason
+    assert any(key[1] == tuple(t.data_ptr() for t in [*args, out]) for key in graphs.graphs)
+    assert not torch.equal(answers[2], answers[3]), "different queries select different tokens"

@@ -1,27 +1,33 @@
 #!/usr/bin/env bash
-# Everything one GPU session runs, in stages, writing logs and results under $OUT (default ./gpu-out).
+# Everything one GPU session runs, in stages. Logs and results go to $WORK (default /tmp/gpu-work)
+# and, after every step, into one archive $OUT/gpu-session.tgz (OUT defaults to ./gpu-out), so a
+# session cut short still returns what it finished.
 #
 #   bash tools/gpu_session.sh setup harness      # harness checks: GPU tests of the harness, timers, reference timing
-#   bash tools/gpu_session.sh setup kernels      # GPU tests of the shipped kernels and smoke runs
-#   bash tools/gpu_session.sh setup bench        # the recorded benchmarks
+#   bash tools/gpu_session.sh setup kernels      # GPU tests of everything, smoke runs, the attention benchmark
+#   bash tools/gpu_session.sh setup bench        # the indexer benchmarks and a second attention run
 #
 # `setup` installs wheels carried in .whl/ (cupti-python and pyelftools, which the GPU image
 # lacks) into /tmp/site without touching the image's packages.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
-mkdir -p "$OUT"
+WORK=${WORK:-/tmp/gpu-work}
+mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# One extension cache for the harness's workers and the tests, so the CUDA top-k builds once.
+export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.cache/dsa-bench/torch_extensions}
 
-step() {  # step NAME COMMAND...: run, log to $OUT/NAME.log, report the exit code
-    local name=$1; shift
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $WORK/NAME.log, archive
+    local name=$1 limit=$2; shift 2
     echo "=== $name: $*"
     local start=$SECONDS
-    "$@" >"$OUT/$name.log" 2>&1
+    timeout "$limit" "$@" >"$WORK/$name.log" 2>&1
     local rc=$?
     echo "=== $name: exit $rc after $((SECONDS - start)) s"
-    tail -n "${TAIL:-25}" "$OUT/$name.log"
+    tail -n "${TAIL:-25}" "$WORK/$name.log"
+    tar czf "$OUT/gpu-session.tgz" -C "$WORK" .
     return 0
 }
 
@@ -37,20 +43,23 @@ for stage in "$@"; do
         python3 -c "from cupti import cupti; print('cupti ok', cupti.get_timestamp())"
         ;;
     harness)
-        step gpu_tests_harness python3 -m pytest -q -m gpu tests/test_adversarial.py
-        step timers python3 tools/measure_harness.py timers --out "$OUT/timers.json"
-        step indexer_reference python3 -m dsa_bench run -w indexer_h64 -s reference --save "$OUT/indexer_h64_reference.json"
-        step attention_reference python3 -m dsa_bench run -w sparse_attention_h16 -s reference --save "$OUT/sparse_attention_h16_reference.json"
+        step gpu_tests_harness 300 python3 -m pytest -q -m gpu tests/test_adversarial.py
+        step timers 120 python3 tools/measure_harness.py timers --out "$WORK/timers.json"
+        step indexer_reference 900 python3 -m dsa_bench run -w indexer_h64 -s reference --save "$WORK/indexer_h64_reference.json"
+        step attention_reference 300 python3 -m dsa_bench run -w sparse_attention_h16 -s reference --save "$WORK/sparse_attention_h16_reference.json"
         ;;
     kernels)
-        step gpu_tests python3 -m pytest -q -m gpu
-        step indexer_smoke python3 -m dsa_bench run -w indexer_smoke --save "$OUT/indexer_smoke.json"
-        step attention_smoke python3 -m dsa_bench run -w sparse_attention_smoke --save "$OUT/sparse_attention_smoke.json"
+        step gpu_tests 270 python3 -m pytest -q -m gpu -x
+        step indexer_smoke 90 python3 -m dsa_bench run -w indexer_smoke --save "$WORK/indexer_smoke.json"
+        step attention_run1 150 python3 -m dsa_bench run -w sparse_attention_h16 --save "$WORK/sparse_attention_h16.json"
+        step attention_variants 90 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json"
         ;;
     bench)
-        step indexer_run1 python3 -m dsa_bench run -w indexer_h64 --save "$OUT/indexer_h64.json"
-        step attention_run1 python3 -m dsa_bench run -w sparse_attention_h16 --save "$OUT/sparse_attention_h16.json"
-        step indexer_pipelines python3 tools/bench_indexer.py --out "$OUT/indexer_pipelines.json"
+        step gpu_tests_adversarial 80 python3 -m pytest -q -m gpu tests/test_adversarial.py
+        step indexer_run 250 python3 -m dsa_bench run -w indexer_h64 --warmup 4 --iterations 20 --trials 2 --save "$WORK/indexer_h64.json"
+        step attention_run2 60 python3 -m dsa_bench run -w sparse_attention_h16 --save "$WORK/sparse_attention_h16_run2.json"
+        step gpu_tests_kernels 120 python3 -m pytest -q -m gpu tests/test_triton_indexer.py tests/test_triton_attention.py
+        step indexer_pipelines 40 python3 tools/bench_indexer.py --warmup 2 --iterations 10 --trials 1 --no-variants --out "$WORK/indexer_pipelines.json"
         ;;
     *)
         echo "unknown stage $stage"; exit 2 ;;
