@@ -26,6 +26,7 @@ def write_results(
     failures: dict[tuple[str, str], Status] | None = None,
     timed: bool = True,
     hashes: dict[str, str] | None = None,
+    gpu: str = "NVIDIA H200",
 ) -> Path:
     """``latencies[case][solution]`` in ms (the reference among them); ``failures`` marks records failed."""
     spreads = spreads or {}
@@ -40,7 +41,7 @@ def write_results(
         },
         "settings": {"seed": 1, "input_sets": 2, "warmup": 10, "iterations": 50, "trials": 3},
         "timer": "cupti" if timed else None,
-        "environment": GPU_ENVIRONMENT if timed else CPU_ENVIRONMENT,
+        "environment": {**GPU_ENVIRONMENT, "gpu": gpu} if timed else CPU_ENVIRONMENT,
         "solutions": {s: {"path": f"solutions/{s}", "content_hash": (hashes or {}).get(s, f"hash-{s}")} for s in solutions},
     }
     results = ResultsFile(path, header)

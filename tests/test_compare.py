@@ -166,18 +166,20 @@ def test_untimed_results_compare_statuses_only(tmp_path):
 
 
 def test_solution_wide_slowdown_is_caught_through_a_noisy_reference(tmp_path):
-    """The H200 reference's trials disagree by ~26 % (median), so each case's band is wide; the
-    geomean over many cases is not, and a uniform 10 % slowdown must still fail."""
+    """The H200 reference's trials disagree by ~26 % (median), so each case's speedup band is wide.
+    Across GPU models (only speedups compare) the geomean over many cases is not, and a uniform
+    10 % slowdown must still fail; on the same GPU model the solution's own latency catches it
+    case by case."""
     cases = [f"c{i:03d}" for i in range(96)]
     jitter = random.Random(0)
 
-    def run(name: str, triton_scale: float, noise: float) -> Path:
+    def run(name: str, triton_scale: float, noise: float, gpu: str = "NVIDIA H200") -> Path:
         lat = {c: {"reference": 1.0 * (1 + jitter.uniform(-noise, noise)), "triton": 0.05 * triton_scale} for c in cases}
         spreads = {(c, "reference"): 0.26 for c in cases} | {(c, "triton"): 0.02 for c in cases}
-        return write_results(tmp_path / name, WORKLOAD, lat, spreads=spreads)
+        return write_results(tmp_path / name, WORKLOAD, lat, spreads=spreads, gpu=gpu)
 
     path = tmp_path / "noisy.json"
-    update_baseline(path, [run("base.json", 1.0, 0.1)])
+    update_baseline(path, [run("base.json", 1.0, 0.1, gpu="NVIDIA H100")])
     baseline = load_baseline(path)
 
     rerun = compare_results([load_results(run("rerun.json", 1.0, 0.1))], baseline)
@@ -185,6 +187,51 @@ def test_solution_wide_slowdown_is_caught_through_a_noisy_reference(tmp_path):
 
     slowed = compare_results([load_results(run("slowed.json", 1.10, 0.1))], baseline)
     triton = next(s for s in slowed.solutions if s.solution == "triton")
+    assert triton.metric == "speedup"
     assert not slowed.slower  # no single case's change is outside its own band ...
     assert triton.verdict is Verdict.SLOWER and triton.band == pytest.approx(0.05)  # ... but the geomean's is
     assert not slowed.ok and "solutions slower overall: indexer_h64/triton" in render_comparison(slowed)
+
+    same_gpu = tmp_path / "same_gpu.json"
+    update_baseline(same_gpu, [run("base_h200.json", 1.0, 0.1)])
+    slowed = compare_results([load_results(run("slowed_h200.json", 1.10, 0.1))], load_baseline(same_gpu))
+    assert [c.key[2] for c in slowed.slower] == ["triton"] * len(cases)
+    assert next(s for s in slowed.solutions if s.solution == "triton").metric == "latency"
+
+
+def test_reference_drift_alone_is_not_a_regression_on_the_same_gpu():
+    """The host-bound reference got 20 % faster on another machine: the speedup fell, the
+    solution's own latency did not move, so on the same GPU model the case is 'same'."""
+    base = CaseMeasure("PASSED", speedup=50.0, latency_ms=0.010, spread=0.01, reference_latency_ms=0.5, reference_spread=0.01)
+    drifted = CaseMeasure("PASSED", speedup=40.0, latency_ms=0.010, spread=0.01, reference_latency_ms=0.4, reference_spread=0.01)
+    key = (WORKLOAD, "b1", "triton")
+    assert classify(key, base, drifted, 0.05, same_gpu=True).verdict is Verdict.SAME
+    # Across GPU models only the ratio exists, and a 20 % drop in it is a regression.
+    assert classify(key, base, drifted, 0.05, same_gpu=False).verdict is Verdict.SLOWER
+    # A real slowdown moves both: still caught on the same GPU.
+    slower = CaseMeasure("PASSED", speedup=40.0, latency_ms=0.0125, spread=0.01, reference_latency_ms=0.5, reference_spread=0.01)
+    assert classify(key, base, slower, 0.05, same_gpu=True).verdict is Verdict.SLOWER
+
+
+H200 = Path(__file__).resolve().parent.parent / "benchmarks" / "h200"
+
+
+def test_recorded_h200_rerun_passes_and_a_planted_slowdown_fails(tmp_path):
+    """Real data: two H200 runs of sparse_attention_h16 on different machines (the reference
+    drifted by ~13 % between them); the rerun must pass against a baseline of the first, and
+    the rerun with the triton solution made 10 % slower must fail."""
+    baseline = tmp_path / "h200.json"
+    update_baseline(baseline, [H200 / "sparse_attention_h16.json"])
+    rerun = load_results(H200 / "sparse_attention_h16_run2.json")
+    assert compare_results([rerun], load_baseline(baseline)).ok
+    doc = json.loads((H200 / "sparse_attention_h16_run2.json").read_text())
+    for record in doc["records"]:
+        if record["solution"] == "triton":
+            record["timing"]["samples_ms"] = [[x * 1.10 for x in trial] for trial in record["timing"]["samples_ms"]]
+            record["timing"]["mean_ms"] *= 1.10
+            record["speedup"] /= 1.10
+    slowed = tmp_path / "slowed.json"
+    slowed.write_text(json.dumps(doc))
+    comparison = compare_results([load_results(slowed)], load_baseline(baseline))
+    assert not comparison.ok
+    assert [s.solution for s in comparison.slower_solutions] == ["triton"]

@@ -92,3 +92,23 @@ def test_outputs_are_repoisoned_before_every_timed_call():
 
     _, checks = time_with(writes_once, trials=1)
     assert not checks[0].passed and "neither -1 nor a token id" in checks[0].message
+
+
+def test_timer_choice_falls_back_to_events_loudly(monkeypatch):
+    """Without cupti-python a GPU run times with CUDA events and says so; forcing CUPTI is an error."""
+    import pytest
+
+    import dsa_bench.cupti_timer as cupti_timer
+    from dsa_bench.errors import DsaBenchError
+    from dsa_bench.timing import choose_timer
+
+    gpu = torch.device("cuda", 0)
+    monkeypatch.setattr(cupti_timer, "cupti_problem", lambda: "the cupti-python module does not load")
+    name, warning = choose_timer("auto", gpu)
+    assert name == "events" and "timing with CUDA events instead" in warning and "cuda_events" in warning
+    with pytest.raises(DsaBenchError, match="CUPTI timing was requested but is unavailable"):
+        choose_timer("cupti", gpu)
+    assert choose_timer("events", gpu) == ("events", None)
+    monkeypatch.setattr(cupti_timer, "cupti_problem", lambda: None)
+    assert choose_timer("auto", gpu) == ("cupti", None)
+    assert choose_timer("auto", torch.device("cpu")) == (None, None)
