@@ -39,7 +39,7 @@ from dsa_bench.checking import compare_close, worst
 from dsa_bench.definitions import all_definitions, register
 from dsa_bench.definitions.base import DTYPE_NAMES, DTYPES, CheckResult, Definition, InputRng, TensorSpec, Tolerance, Value
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.workloads import Case, RunSettings, Workload, parse_case
+from dsa_bench.workloads import Case, RunSettings, Workload, parse_case, read_jsonl
 
 #: Integer ranges of random integer inputs (the ecosystem's choice; high is exclusive).
 _RANDOM_INT_RANGES = {torch.int8: (-128, 128), torch.uint8: (0, 256)}
@@ -287,19 +287,8 @@ def register_dataset_definition(root: Path, name: str) -> Definition:
 
 def _workload_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
     """(``file:line``, record) of every line of a workloads ``.jsonl`` file."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise DsaBenchError(f"cannot read workload file: {exc.strerror}", str(path)) from None
     records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DsaBenchError(f"invalid JSON: {exc.msg} at column {exc.colno}", where) from None
+    for where, record in read_jsonl(path, "workload"):
         if not isinstance(record, dict) or not isinstance(record.get("definition"), str):
             raise DsaBenchError("a workload line must be an object with a string 'definition' and a 'workload'", where)
         records.append((where, record))

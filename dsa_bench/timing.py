@@ -64,6 +64,25 @@ class EventTimer(Timer):
         return [s.elapsed_time(e) for s, e in zip(starts, ends)]
 
 
+class HostClockTimer(Timer):
+    """Host wall clock around each call: for exercising the protocol without a GPU (tests, dry
+    runs). Its numbers are not GPU timings, and its name says so."""
+
+    name = "host_clock"
+
+    def time_iterations(self, call: Step, count: int, prepare: Step, after: Step) -> list[float]:
+        import time
+
+        samples = []
+        for i in range(count):
+            prepare(i)
+            start = time.perf_counter()
+            call(i)
+            samples.append((time.perf_counter() - start) * 1e3)
+            after(i)
+        return samples
+
+
 def make_timer(kind: str) -> Timer:
     """The timer ``choose_timer`` picked ('cupti' or 'events')."""
     if kind == "events":

@@ -140,22 +140,29 @@ def parse_settings(raw: Any, where: str) -> RunSettings:
     return RunSettings(**values, tolerance=Tolerance(**tol))
 
 
-def load_trace(path: Path, definition: Definition) -> list[Case]:
-    """Read a JSONL trace; every problem is reported with file:line and field."""
+def read_jsonl(path: Path, kind: str) -> list[tuple[str, Any]]:
+    """The JSON value of every non-blank line with its "file:line"; errors name the line."""
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
-        raise DsaBenchError(f"cannot read trace file: {exc.strerror}", str(path)) from None
-    cases: list[Case] = []
-    seen: dict[str, str] = {}
+        raise DsaBenchError(f"cannot read {kind} file: {exc.strerror}", str(path)) from None
+    records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         where = f"{path}:{number}"
         try:
-            record = json.loads(line)
+            records.append((where, json.loads(line)))
         except json.JSONDecodeError as exc:
             raise DsaBenchError(f"invalid JSON: {exc.msg} at column {exc.colno}", where) from None
+    return records
+
+
+def load_trace(path: Path, definition: Definition) -> list[Case]:
+    """Read a JSONL trace; every problem is reported with file:line and field."""
+    cases: list[Case] = []
+    seen: dict[str, str] = {}
+    for where, record in read_jsonl(path, "trace"):
         case = parse_case(record, definition, where, base_dir=path.parent)
         if case.id in seen:
             raise DsaBenchError(f"case id {case.id!r} already used at {seen[case.id]}", where)

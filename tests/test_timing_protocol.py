@@ -6,33 +6,17 @@ harness code; only the clock differs on a GPU.
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from dsa_bench.definitions import indexer
 from dsa_bench.runner import _CaseContext, trial_seeds
-from dsa_bench.timing import Timer
+from dsa_bench.timing import HostClockTimer
 from dsa_bench.worker import TimingJob, _CaseRunner
 from dsa_bench.workloads import load_workload
 
 from conftest import ROOT
 
 CPU = torch.device("cpu")
-
-
-class HostClockTimer(Timer):
-    name = "host_clock"
-
-    def time_iterations(self, call, count, prepare, after):
-        samples = []
-        for i in range(count):
-            prepare(i)
-            start = time.perf_counter()
-            call(i)
-            samples.append((time.perf_counter() - start) * 1000)
-            after(i)
-        return samples
 
 
 class NoFlush:

@@ -45,7 +45,7 @@ from dsa_bench.definitions import indexer
 from dsa_bench.definitions.base import Tolerance, poison_
 from dsa_bench.results import environment, now_iso
 from dsa_bench.solutions import import_entry, load_solution
-from dsa_bench.timing import L2Flusher, choose_timer, make_timer
+from dsa_bench.timing import HostClockTimer, L2Flusher, choose_timer, make_timer
 from dsa_bench.workloads import build_inputs, derive_seed, load_workload
 
 #: H200 targets of the fast solution, in microseconds
@@ -84,22 +84,6 @@ def median_ms(samples: list[float]) -> float:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-class HostClockTimer:
-    """--cpu-dry-run only: host wall clock around each call. Not a GPU timing."""
-
-    name = "host_wallclock_cpu_dry_run"
-
-    def time_iterations(self, call, count, prepare, after) -> list[float]:
-        samples = []
-        for i in range(count):
-            prepare(i)
-            start = time.perf_counter()
-            call(i)
-            samples.append((time.perf_counter() - start) * 1e3)
-            after(i)
-        return samples
 
 
 class NoFlush:
