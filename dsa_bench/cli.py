@@ -66,7 +66,7 @@ def run(
     solution: list[str] = typer.Option([], "--solution", "-s", help="Solution name or folder; repeat for several. Default: every solution with an entry for the workload's definition."),
     case: list[str] = typer.Option([], "--case", "-c", help="Case id or glob pattern; repeat for several. Default: all cases."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N. Without CUDA the run checks correctness only."),
-    timer: str = typer.Option("auto", help="auto (CUPTI, else CUDA events with a warning), cupti or events."),
+    timer: str = typer.Option("auto", help="auto (CUPTI, else CUDA events with a warning), cupti, cupti_api (also traces API calls and matches kernels by correlation id) or events."),
     seed: Optional[int] = typer.Option(None, help="Base seed (default: the workload's)."),
     input_sets: Optional[int] = typer.Option(None, help="Random input sets per case (and rotating sets per timing trial)."),
     warmup: Optional[int] = typer.Option(None, help="Warm-up calls per trial."),

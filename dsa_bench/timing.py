@@ -22,7 +22,8 @@ import torch
 from dsa_bench.errors import DsaBenchError
 
 Step = Callable[[int], None]
-TIMERS = ("cupti", "events")
+#: "cupti_api" also records runtime/driver API activity and attributes kernels by correlation id
+TIMERS = ("cupti", "cupti_api", "events")
 
 
 class L2Flusher:
@@ -84,12 +85,12 @@ class HostClockTimer(Timer):
 
 
 def make_timer(kind: str) -> Timer:
-    """The timer ``choose_timer`` picked ('cupti' or 'events')."""
+    """The timer ``choose_timer`` picked (one of ``TIMERS``)."""
     if kind == "events":
         return EventTimer()
     from dsa_bench.cupti_timer import CuptiTimer
 
-    return CuptiTimer()
+    return CuptiTimer(correlate_api=kind == "cupti_api")
 
 
 def choose_timer(requested: str, device: torch.device) -> tuple[str | None, str | None]:
@@ -107,14 +108,14 @@ def choose_timer(requested: str, device: torch.device) -> tuple[str | None, str 
     from dsa_bench.cupti_timer import cupti_problem
 
     problem = cupti_problem()
-    if requested == "cupti" and problem is not None:
+    if requested in ("cupti", "cupti_api") and problem is not None:
         raise DsaBenchError(f"CUPTI timing was requested but is unavailable: {problem}")
     if requested == "auto" and problem is not None:
         return "events", (
             f"CUPTI is unavailable ({problem}); timing with CUDA events instead. Event timings include "
             "launch gaps and see only the current stream; every result is labelled 'cuda_events'."
         )
-    return ("events" if requested == "events" else "cupti"), None
+    return ("cupti" if requested == "auto" else requested), None
 
 
 class ClockReader:

@@ -93,6 +93,9 @@ def test_timer_choice_falls_back_to_events_loudly(monkeypatch):
     with pytest.raises(DsaBenchError, match="CUPTI timing was requested but is unavailable"):
         choose_timer("cupti", gpu)
     assert choose_timer("events", gpu) == ("events", None)
+    with pytest.raises(DsaBenchError, match="CUPTI timing was requested"):
+        choose_timer("cupti_api", gpu)
     monkeypatch.setattr(cupti_timer, "cupti_problem", lambda: None)
     assert choose_timer("auto", gpu) == ("cupti", None)
+    assert choose_timer("cupti_api", gpu) == ("cupti_api", None)
     assert choose_timer("auto", torch.device("cpu")) == (None, None)
