@@ -51,6 +51,7 @@ from typing import Any
 
 from dsa_bench.definitions.base import Status
 from dsa_bench.errors import DsaBenchError
+from dsa_bench.files import read_json
 from dsa_bench.results import RESULTS_FORMAT, CaseRecord, now_iso
 
 BASELINE_FORMAT = "dsa-bench-baseline"
@@ -94,12 +95,7 @@ class LoadedResults:
 def load_results(path: Path) -> LoadedResults:
     """Read and check a results file; every problem names the file and the record."""
     where = str(path)
-    try:
-        document = json.loads(path.read_text())
-    except OSError as exc:
-        raise DsaBenchError(f"cannot read results file: {exc.strerror}", where) from None
-    except json.JSONDecodeError as exc:
-        raise DsaBenchError(f"invalid JSON: {exc.msg} at line {exc.lineno}", where) from None
+    document = read_json(path, "results")
     if not isinstance(document, dict) or document.get("format") != RESULTS_FORMAT:
         raise DsaBenchError(f'not a dsa-bench results file (expected "format": "{RESULTS_FORMAT}")', where)
     if document.get("version") != 1:
@@ -195,14 +191,9 @@ def _check_baseline(document: Any, where: str) -> dict[str, Any]:
 
 
 def load_baseline(path: Path) -> dict[str, Any]:
-    try:
-        document = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DsaBenchError("baseline file does not exist (create it with `dsa-bench baseline update`)", str(path)) from None
-    except OSError as exc:
-        raise DsaBenchError(f"cannot read baseline file: {exc.strerror}", str(path)) from None
-    except json.JSONDecodeError as exc:
-        raise DsaBenchError(f"invalid JSON: {exc.msg} at line {exc.lineno}", str(path)) from None
+    if not path.exists():
+        raise DsaBenchError("baseline file does not exist (create it with `dsa-bench baseline update`)", str(path))
+    document = read_json(path, "baseline")
     return _check_baseline(document, str(path))
 
 

@@ -39,7 +39,8 @@ from dsa_bench.checking import compare_close, worst
 from dsa_bench.definitions import all_definitions, register
 from dsa_bench.definitions.base import DTYPE_NAMES, DTYPES, CheckResult, Definition, InputRng, TensorSpec, Tolerance, Value
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.workloads import Case, RunSettings, Workload, parse_case, read_jsonl
+from dsa_bench.files import read_json, read_jsonl
+from dsa_bench.workloads import Case, RunSettings, Workload, parse_case
 
 #: Integer ranges of random integer inputs (the ecosystem's choice; high is exclusive).
 _RANDOM_INT_RANGES = {torch.int8: (-128, 128), torch.uint8: (0, 256)}
@@ -56,15 +57,6 @@ class DatasetDefinition:
 # --------------------------------------------------------------------------- definitions
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except OSError as exc:
-        raise DsaBenchError(f"cannot read: {exc.strerror}", str(path)) from None
-    except json.JSONDecodeError as exc:
-        raise DsaBenchError(f"invalid JSON: {exc.msg} at line {exc.lineno}", str(path)) from None
-
-
 def _check_root(root: Path) -> None:
     if not root.is_dir():
         raise DsaBenchError("dataset folder does not exist", str(root))
@@ -77,7 +69,7 @@ def dataset_definitions(root: Path) -> dict[str, DatasetDefinition]:
     _check_root(root)
     found: dict[str, DatasetDefinition] = {}
     for path in sorted((root / "definitions").rglob("*.json")):
-        data = _read_json(path)
+        data = read_json(path, "definition")
         if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
             raise DsaBenchError("a definition must be a JSON object with a non-empty string 'name'", str(path))
         if data["name"] in found:

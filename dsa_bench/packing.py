@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from dsa_bench.errors import DsaBenchError
+from dsa_bench.files import read_json
 from dsa_bench.solutions import MANIFEST, Solution, SolutionEntry, load_solution, solution_files
 
 #: Languages of the flashinfer-bench schema (dsa-bench itself runs python, triton and cuda).
@@ -366,12 +367,7 @@ def check_solution_document(data: Any, where: str) -> None:
 
 
 def read_solution_document(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise DsaBenchError(f"cannot read packed solution: {exc.strerror}", str(path)) from None
-    except json.JSONDecodeError as exc:
-        raise DsaBenchError(f"invalid JSON: {exc.msg} at line {exc.lineno}", str(path)) from None
+    data = read_json(path, "packed solution")
     check_solution_document(data, str(path))
     return data
 

@@ -16,12 +16,12 @@ from typing import Any, Callable
 
 import torch
 
+from dsa_bench import worker as worker_mod
 from dsa_bench.checking import judge, worst
 from dsa_bench.definitions.base import CheckResult, Status
 from dsa_bench.results import CaseRecord, ResultsFile, Timing
 from dsa_bench.solutions import Solution
 from dsa_bench.workloads import Case, RunSettings, Workload, build_inputs, derive_seed
-from dsa_bench import worker as worker_mod
 
 REFERENCE_SOLUTION = "reference"
 

@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
 from dsa_bench.errors import DsaBenchError
+from dsa_bench.files import read_yaml
 
 MANIFEST = "solution.yaml"
 LANGUAGES = ("python", "triton", "cuda")
@@ -78,12 +77,7 @@ def load_solution(folder: Path) -> Solution:
         raise DsaBenchError("solution folder does not exist", str(folder))
     if not manifest.is_file():
         raise DsaBenchError(f"no {MANIFEST} in this solution folder", str(folder))
-    try:
-        data = yaml.safe_load(manifest.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise DsaBenchError(f"malformed YAML: {getattr(exc, 'problem', exc)}", f"{manifest}{line}") from None
+    data = read_yaml(manifest, "solution manifest")
     if not isinstance(data, dict):
         raise DsaBenchError("expected a mapping with name, author, description and entries", where)
     entries_raw = data.get("entries")

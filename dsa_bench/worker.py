@@ -192,57 +192,58 @@ class _CaseRunner:
     def time(self, job: TimingJob, timer: Any, flusher: Any, clocks: Any) -> TimingResult:
         """Time the solution: per trial, fresh input sets rotating call by call, queries redrawn,
         outputs re-poisoned and L2 flushed before every call (all untimed)."""
+        result = TimingResult(timer=timer.name, phase_s={"build_inputs": 0.0, "warmup": 0.0, "timed_calls": 0.0})
+        for trial, seeds in enumerate(job.trial_seeds):
+            self._time_trial(job, trial, seeds, timer, flusher, clocks, result)  # its input sets die with it
+        return result
+
+    def _time_trial(self, job: TimingJob, trial: int, seeds: tuple[int, ...], timer: Any, flusher: Any, clocks: Any, result: TimingResult) -> None:
         from dsa_bench.definitions.base import InputRng, poison_
         from dsa_bench.workloads import derive_seed
 
         axes = self.definition.axes(job.case.axes)
-        result = TimingResult(timer=timer.name)
-        phases = {"build_inputs": 0.0, "warmup": 0.0, "timed_calls": 0.0}
-        result.phase_s = phases
-        for trial, seeds in enumerate(job.trial_seeds):
-            n = len(seeds)
-            started = time.perf_counter()
-            sets = [self._inputs(job.case, s) for s in seeds]
-            args = [self.definition.input_args(x) for x in sets]
-            outs = [self.definition.allocate_outputs(axes, self.device) for _ in seeds]
-            redraw_rng = InputRng(derive_seed(job.sample_seed, "redraw", trial), self.device)
-            sampled = random.Random(derive_seed(job.sample_seed, "pick", trial)).randrange(job.iterations)
-            latest: dict[int, dict[str, Any]] = {}
-            redrawn: dict[str, Any] = {}
-            captured: dict[str, Any] = {}
-            timed = False
+        phases = result.phase_s
+        n = len(seeds)
+        started = time.perf_counter()
+        sets = [self._inputs(job.case, s) for s in seeds]
+        args = [self.definition.input_args(x) for x in sets]
+        outs = [self.definition.allocate_outputs(axes, self.device) for _ in seeds]
+        redraw_rng = InputRng(derive_seed(job.sample_seed, "redraw", trial), self.device)
+        sampled = random.Random(derive_seed(job.sample_seed, "pick", trial)).randrange(job.iterations)
+        latest: dict[int, dict[str, Any]] = {}
+        redrawn: dict[str, Any] = {}
+        captured: dict[str, Any] = {}
+        timed = False
 
-            def prepare(i: int) -> None:
-                fresh = self.definition.redraw(axes, redraw_rng)
-                for name, value in fresh.items():
-                    sets[i % n][name].copy_(value)  # in place: the solution keeps the same tensors
-                if timed and i == sampled:
-                    redrawn.update({k: v.detach().clone() for k, v in fresh.items()})
-                for out in outs[i % n].values():
-                    poison_(out)
-                flusher.flush()
+        def prepare(i: int) -> None:
+            fresh = self.definition.redraw(axes, redraw_rng)
+            for name, value in fresh.items():
+                sets[i % n][name].copy_(value)  # in place: the solution keeps the same tensors
+            if timed and i == sampled:
+                redrawn.update({k: v.detach().clone() for k, v in fresh.items()})
+            for out in outs[i % n].values():
+                poison_(out)
+            flusher.flush()
 
-            def call(i: int) -> None:
-                latest[i % n] = call_solution(self.fn, self.dps, args[i % n], outs[i % n], self.names)
+        def call(i: int) -> None:
+            latest[i % n] = call_solution(self.fn, self.dps, args[i % n], outs[i % n], self.names)
 
-            def after(i: int) -> None:
-                if i == sampled:
-                    captured.update({k: v.detach().clone() for k, v in latest[i % n].items()})
+        def after(i: int) -> None:
+            if i == sampled:
+                captured.update({k: v.detach().clone() for k, v in latest[i % n].items()})
 
-            self._sync()
-            warmup_start = time.perf_counter()
-            phases["build_inputs"] += warmup_start - started
-            for i in range(job.warmup):
-                prepare(i)
-                call(i)
-            self._sync()
-            timed_start = time.perf_counter()
-            phases["warmup"] += timed_start - warmup_start
-            before = clocks.read() if clocks else None
-            timed = True
-            result.samples_ms.append(timer.time_iterations(call, job.iterations, prepare, after))
-            phases["timed_calls"] += time.perf_counter() - timed_start
-            result.clocks.append({"after_warmup": before, "after_timing": clocks.read() if clocks else None})
-            result.checked.append(CheckedCall(trial, sampled, seeds[sampled % n], self._to_host(redrawn), self._to_host(captured)))
-            del sets, args, outs, latest, captured, redrawn
-        return result
+        self._sync()
+        warmup_start = time.perf_counter()
+        phases["build_inputs"] += warmup_start - started
+        for i in range(job.warmup):
+            prepare(i)
+            call(i)
+        self._sync()
+        timed_start = time.perf_counter()
+        phases["warmup"] += timed_start - warmup_start
+        before = clocks.read() if clocks else None
+        timed = True
+        result.samples_ms.append(timer.time_iterations(call, job.iterations, prepare, after))
+        phases["timed_calls"] += time.perf_counter() - timed_start
+        result.clocks.append({"after_warmup": before, "after_timing": clocks.read() if clocks else None})
+        result.checked.append(CheckedCall(trial, sampled, seeds[sampled % n], self._to_host(redrawn), self._to_host(captured)))

@@ -17,17 +17,16 @@ and reports problems as ``file:line: field: what was expected``.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-import yaml
 
 from dsa_bench.definitions import get_definition
 from dsa_bench.definitions.base import Definition, InputRng, Tolerance, Value
 from dsa_bench.errors import DsaBenchError
+from dsa_bench.files import read_jsonl, read_yaml
 
 INPUT_KINDS = ("random", "explicit", "scalar", "safetensors")
 
@@ -91,14 +90,7 @@ _TOLERANCE_TYPES = {"atol": float, "rtol": float, "score_rtol": float}
 def load_workload(path: Path) -> Workload:
     """Load and fully validate a workload YAML file and its trace."""
     where = str(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise DsaBenchError(f"cannot read workload file: {exc.strerror}", where) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise DsaBenchError(f"malformed YAML: {getattr(exc, 'problem', exc)}", f"{path}{line}") from None
+    data = read_yaml(path, "workload")
     if not isinstance(data, dict):
         raise DsaBenchError("expected a mapping with keys name, definition, trace, settings", where)
     unknown = set(data) - {"name", "definition", "trace", "settings", "description"}
@@ -138,24 +130,6 @@ def parse_settings(raw: Any, where: str) -> RunSettings:
             raise DsaBenchError(f"setting {key!r} = {value} is out of range", where)
         (tol if key in _TOLERANCE_TYPES else values)[key] = kind(value)
     return RunSettings(**values, tolerance=Tolerance(**tol))
-
-
-def read_jsonl(path: Path, kind: str) -> list[tuple[str, Any]]:
-    """The JSON value of every non-blank line with its "file:line"; errors name the line."""
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise DsaBenchError(f"cannot read {kind} file: {exc.strerror}", str(path)) from None
-    records = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            records.append((where, json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise DsaBenchError(f"invalid JSON: {exc.msg} at column {exc.colno}", where) from None
-    return records
 
 
 def load_trace(path: Path, definition: Definition) -> list[Case]:

@@ -7,14 +7,13 @@ harness code; only the clock differs on a GPU.
 from __future__ import annotations
 
 import torch
+from conftest import ROOT
 
 from dsa_bench.definitions import indexer
 from dsa_bench.runner import _CaseContext, trial_seeds
 from dsa_bench.timing import HostClockTimer
 from dsa_bench.worker import TimingJob, _CaseRunner
 from dsa_bench.workloads import load_workload
-
-from conftest import ROOT
 
 CPU = torch.device("cpu")
 

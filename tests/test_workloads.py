@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import FIXTURES, ROOT
 from safetensors.torch import save_file
 
 from dsa_bench.definitions import get_definition
@@ -14,8 +15,6 @@ from dsa_bench.definitions import indexer as idx
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.project import resolve_solution, resolve_workload
 from dsa_bench.workloads import build_inputs, load_trace, load_workload
-
-from conftest import FIXTURES, ROOT
 
 INDEXER = get_definition(idx.NAME)
 ATTENTION = get_definition("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64")

@@ -156,12 +156,6 @@ class Definition:
     def axes(self, var_values: Mapping[str, int]) -> dict[str, int]:
         return {**self.const_axes, **var_values}
 
-    def input_spec(self, name: str) -> TensorSpec:
-        for spec in self.inputs:
-            if spec.name == name:
-                return spec
-        raise KeyError(name)
-
     def allocate_outputs(self, axes: Mapping[str, int], device: torch.device) -> dict[str, torch.Tensor]:
         """Outputs pre-filled with poison (NaN, or INT32_MIN for integers) so unwritten elements fail."""
         outputs = {}
