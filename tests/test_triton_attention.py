@@ -11,7 +11,6 @@ empty row must give output 0 and lse exactly -inf.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -23,19 +22,12 @@ from conftest import HAS_CUDA, ROOT
 from dsa_bench.checking import judge
 from dsa_bench.definitions import sparse_attention as attn
 from dsa_bench.definitions.base import InputRng, Tolerance
+from dsa_bench.solutions import import_entry, load_solution
 
 SOLUTION_DIR = ROOT / "solutions" / "triton"
 
 
-def _load_solution():
-    spec = importlib.util.spec_from_file_location("dsa_triton_sparse_attention", SOLUTION_DIR / "sparse_attention.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-sa = _load_solution()
+_, sa = import_entry(load_solution(SOLUTION_DIR), attn.NAME)
 CPU = torch.device("cpu")
 FULL = attn.TOPK
 
@@ -255,16 +247,16 @@ def test_gpu_barrier_counters_survive_many_calls(cuda):
     rows = [[FULL] * 8, [1, 0, 2047], [FULL], [64, 65, 0, 1, 5, 7], [300] * 4, [0, 0, 0]]
     cases = [make_inputs(counts, "tail", 1024, seed=20 + i, device=cuda) for i, counts in enumerate(rows)]
     expected = [attn.expect(inputs) for _, inputs in cases]
-    buffers = sa._buffers_for(cuda)
+    buffers = sa._sync_words_for(cuda)
     for call in range(600):
         axes, inputs = cases[call % len(cases)]
         T = axes["num_tokens"]
         plan = fused_plan(T, cuda)
-        before = None if buffers.sync is None else buffers.sync.clone()
+        before = None if buffers.words is None else buffers.words.clone()
         outputs, _ = run_solution(axes, inputs, plan, cuda)
-        sync = buffers.sync.view(-1, sa.SYNC_STRIDE)
+        sync = buffers.words.view(-1, sa.SYNC_STRIDE)
         assert sync[:, 0].eq(0).all(), "every count returns to 0"
-        if before is not None and before.numel() == buffers.sync.numel():
+        if before is not None and before.numel() == buffers.words.numel():
             flips = sync[:, sa.SENSE_OFFSET] != before.view(-1, sa.SYNC_STRIDE)[:, sa.SENSE_OFFSET]
             assert flips[:T].all() and not flips[T:].any(), "sense flips once for each token of the call"
         assert sync[:, sa.SENSE_OFFSET].le(1).all() and sync[:, sa.SENSE_OFFSET].ge(0).all()
@@ -292,10 +284,10 @@ def test_gpu_side_stream_has_its_own_buffers(cuda):
     torch.cuda.synchronize()
     with torch.cuda.stream(side):
         on_side = [run_solution(axes, inputs, fused_plan(4, cuda), cuda)[0] for _ in range(20)]
-        side_buffers = sa._buffers_for(cuda)
+        side_buffers = sa._sync_words_for(cuda)
     on_main = [run_solution(axes, inputs, fused_plan(4, cuda), cuda)[0] for _ in range(20)]
     torch.cuda.synchronize()
-    assert side_buffers is not sa._buffers_for(cuda)
+    assert side_buffers is not sa._sync_words_for(cuda)
     for outputs in on_side[-1:] + on_main[-1:]:
         assert judge(attn.DEFINITION, axes, inputs, outputs, expected, Tolerance(), cuda).passed
 

@@ -51,6 +51,7 @@ from dsa_bench.workloads import build_inputs, derive_seed, load_workload
 #: H200 targets of the fast solution, in microseconds
 TARGETS_US = {"passthrough_mean": 3.0, "all_mean": 8.0, "largest": 20.0}
 PIPELINES = ("reference", "triton", "plain")
+TOPK_ALONE = "cuda_topk_alone"
 
 
 def parse_args() -> argparse.Namespace:
@@ -127,6 +128,8 @@ def score_variants(kernels) -> dict[str, Any]:
         "fp8mma_p1_w4": kernels.ScoreTile(pages=1, num_warps=4, fp8_mma=True),
         "fp16mma_p1_w8": kernels.ScoreTile(pages=1, num_warps=8),
         "fp16mma_p2_w8": kernels.ScoreTile(pages=2, num_warps=8),
+        "fp16mma_p2_w4": kernels.ScoreTile(pages=2, num_warps=4),
+        "fp16mma_p4_w4": kernels.ScoreTile(pages=4, num_warps=4),
         "fp8mma_p2_w4": kernels.ScoreTile(pages=2, num_warps=4, fp8_mma=True),
     }
 
@@ -165,6 +168,16 @@ def run_variants(module, timer, flusher, definition, axes, sets_inputs, expected
             module.portable_topk(scores, first["seq_lens"], first["block_table"], out)
         problem = check(definition, axes, first, expected0, out, device)
         results[name] = {"us": ms * 1e3, "max_score_error_rel": worst, "topk_passes_checker": problem is None, "problem": problem}
+    if module._cuda_topk is not None:
+        # The CUDA top-k alone, on score buffers the default score kernel filled beforehand.
+        score_sets = []
+        for a, inp in zip(args, sets_inputs):
+            scores = torch.empty((batch, max_pages * 64), dtype=torch.float32, device=device)
+            kernels.launch_scores(*a, scores, skip_short_rows=True)
+            score_sets.append([scores, inp["seq_lens"], inp["block_table"]])
+        outs = [torch.empty((batch, 2048), dtype=torch.int32, device=device) for _ in score_sets]
+        ms = time_pipeline(timer, flusher, module._cuda_topk.filtered_topk, score_sets, outs, warmup, iterations)
+        results[TOPK_ALONE] = {"us": ms * 1e3}
     return results
 
 
@@ -275,6 +288,8 @@ def main() -> int:
         status = "ok" if not problems else "FAILED"
         print(f"{case.id:24s} B={batch:2d} pages={max_pages:3d} {record['kind']:11s} ref {fmt_us(us['reference'])}  "
               f"triton {fmt_us(us['triton'])}  plain {fmt_us(us['plain'])} µs  x{record['speedup_vs_reference']:8.1f}  {status}")  # fmt: skip
+        if variants is not None:
+            print("    alone: " + "  ".join(f"{n}={v['us']:.2f}" for n, v in variants.items() if "us" in v))
 
     def group_mean(kind: str | None, pipeline: str) -> float | None:
         return mean([r["us"][pipeline] for r in records if kind is None or r["kind"] == kind])
@@ -321,6 +336,9 @@ def main() -> int:
                 continue
             print(f"  {name:24s} {mean([v['us'] for v in ok]):8.2f}   {max(v['max_score_error_rel'] for v in ok):.2e}   "
                   f"{sum(v['topk_passes_checker'] for v in ok)}/{len(ok)}")  # fmt: skip
+        topk_alone = [r["score_variants"][TOPK_ALONE]["us"] for r in variant_rows if TOPK_ALONE in r["score_variants"]]
+        if topk_alone:
+            print(f"  {'(CUDA top-k alone)':24s} {mean(topk_alone):8.2f}")
 
     document = {
         "format": "dsa-bench-indexer-bench",

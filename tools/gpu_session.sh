@@ -6,6 +6,7 @@
 #   bash tools/gpu_session.sh setup harness      # harness checks: GPU tests of the harness, timers, reference timing
 #   bash tools/gpu_session.sh setup kernels      # GPU tests of everything, smoke runs, the attention benchmark
 #   bash tools/gpu_session.sh setup bench        # the indexer benchmarks and a second attention run
+#   bash tools/gpu_session.sh setup explore      # tuning: attention variants, gather locality, indexer stages, ncu
 #
 # `setup` installs wheels carried in .whl/ (cupti-python and pyelftools, which the GPU image
 # lacks) into /tmp/site without touching the image's packages.
@@ -60,6 +61,15 @@ for stage in "$@"; do
         step attention_run2 60 python3 -m dsa_bench run -w sparse_attention_h16 --save "$WORK/sparse_attention_h16_run2.json"
         step gpu_tests_kernels 120 python3 -m pytest -q -m gpu tests/test_triton_indexer.py tests/test_triton_attention.py
         step indexer_pipelines 40 python3 tools/bench_indexer.py --warmup 2 --iterations 10 --trials 1 --no-variants --out "$WORK/indexer_pipelines.json"
+        ;;
+    explore)
+        step attention_variants 200 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json"
+        step locality 50 python3 tools/profile_kernels.py locality
+        step indexer_variants 130 python3 tools/bench_indexer.py --warmup 2 --iterations 10 --trials 1 --out "$WORK/indexer_variants.json" \
+            --case 'indexer_069*' --case 'indexer_080*' --case 'indexer_086*' --case 'indexer_100*' --case 'indexer_110*' --case 'indexer_120*' --case 'indexer_127*'
+        step ncu 170 ncu --nvtx --nvtx-include "profile/" --clock-control none --cache-control all \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
+            --section Occupancy --section LaunchStats python3 tools/profile_kernels.py ncu
         ;;
     *)
         echo "unknown stage $stage"; exit 2 ;;

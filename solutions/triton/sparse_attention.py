@@ -43,6 +43,7 @@ share counters or partials.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ import torch
 import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
+
+from .launch_graphs import LaunchGraphs
 
 NUM_HEADS = 16
 D_CKV = 512
@@ -150,6 +153,27 @@ def _online_softmax_step(scores, valid, m_i, l_i, acc, qk_scale_log2):
     p = tl.exp2(scores - m_ref[:, None])
     l_new = l_i * alpha + tl.sum(p, axis=1)
     return p, m_new, l_new, acc * alpha[:, None]
+
+
+@triton.jit
+def _attend_block(
+    q_nope, q_pe, ckv_ptr, kpe_ptr, idx_ptrs, acc, m_i, l_i, qk_scale_log2,
+    stride_ckv_page, stride_ckv_slot, stride_kpe_page, stride_kpe_slot,
+    D_CKV: tl.constexpr, D_KPE: tl.constexpr, PAGE_SIZE: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """One block of slots (their index addresses ``idx_ptrs`` [BLOCK_N]) folded into (acc, m, l)."""
+    tok = tl.load(idx_ptrs)
+    valid = tok >= 0
+    ckv_rows = _gather_rows(ckv_ptr, tl.where(valid, tok, 0), stride_ckv_page, stride_ckv_slot, PAGE_SIZE)
+    kpe_rows = _gather_rows(kpe_ptr, tl.where(valid, tok, 0), stride_kpe_page, stride_kpe_slot, PAGE_SIZE)
+    # Masked loads: cache bytes no valid index points at (NaN on purpose) are never read.
+    k_nope = tl.load(ckv_rows[:, None] + tl.arange(0, D_CKV)[None, :], mask=valid[:, None], other=0.0)
+    k_pe = tl.load(kpe_rows[:, None] + tl.arange(0, D_KPE)[None, :], mask=valid[:, None], other=0.0)
+    scores = _dot(q_nope, tl.trans(k_nope), None, INTERPRETED)
+    scores = _dot(q_pe, tl.trans(k_pe), scores, INTERPRETED)
+    p, m_i, l_i, acc = _online_softmax_step(scores, valid, m_i, l_i, acc, qk_scale_log2)
+    acc = _dot(_to_storage(p, k_nope.dtype, INTERPRETED), k_nope, acc, INTERPRETED)  # the ckv rows are also V
+    return acc, m_i, l_i
 
 
 @triton.jit
@@ -280,28 +304,25 @@ def _split_kernel(
     cols_pe = tl.arange(0, D_KPE)
     idx_row = idx_ptr + t * stride_idx_t + s  # slot j of this split sits at idx_row[j * NUM_SPLITS]
 
-    j = tl.arange(0, SPLIT_SIZE)
-    last = tl.max(tl.where(tl.load(idx_row + j * NUM_SPLITS) >= 0, j + 1, 0), axis=0)
-    num_blocks = tl.cdiv(last, BLOCK_N)
-
     q_nope = tl.load(q_nope_ptr + t * stride_qn_t + heads[:, None] * stride_qn_h + cols[None, :])
     q_pe = tl.load(q_pe_ptr + t * stride_qp_t + heads[:, None] * stride_qp_h + cols_pe[None, :])
 
     m_i = tl.full([H], float("-inf"), tl.float32)
     l_i = tl.zeros([H], tl.float32)
     acc = tl.zeros([H, D_CKV], tl.float32)
-    for block in range(num_blocks):
-        jb = block * BLOCK_N + tl.arange(0, BLOCK_N)  # < SPLIT_SIZE by the asserts above
-        tok = tl.load(idx_row + jb * NUM_SPLITS)
-        valid = tok >= 0
-        ckv_rows = _gather_rows(ckv_ptr, tl.where(valid, tok, 0), stride_ckv_page, stride_ckv_slot, PAGE_SIZE)
-        kpe_rows = _gather_rows(kpe_ptr, tl.where(valid, tok, 0), stride_kpe_page, stride_kpe_slot, PAGE_SIZE)
-        k_nope = tl.load(ckv_rows[:, None] + cols[None, :], mask=valid[:, None], other=0.0)
-        k_pe = tl.load(kpe_rows[:, None] + cols_pe[None, :], mask=valid[:, None], other=0.0)
-        scores = _dot(q_nope, tl.trans(k_nope), None, INTERPRETED)
-        scores = _dot(q_pe, tl.trans(k_pe), scores, INTERPRETED)
-        p, m_i, l_i, acc = _online_softmax_step(scores, valid, m_i, l_i, acc, qk_scale_log2)
-        acc = _dot(_to_storage(p, k_nope.dtype, INTERPRETED), k_nope, acc, INTERPRETED)  # the ckv rows are also V
+    if SPLIT_SIZE == BLOCK_N:
+        # The whole split is one block: no loop bound to compute, so the gather waits on one
+        # index load instead of two (the bound's reduction, then the block's indices).
+        acc, m_i, l_i = _attend_block(q_nope, q_pe, ckv_ptr, kpe_ptr, idx_row + tl.arange(0, BLOCK_N) * NUM_SPLITS, acc, m_i, l_i, qk_scale_log2,
+                                      stride_ckv_page, stride_ckv_slot, stride_kpe_page, stride_kpe_slot, D_CKV, D_KPE, PAGE_SIZE, INTERPRETED)
+    else:
+        # Loop bound: the block holding the split's last valid slot.
+        j = tl.arange(0, SPLIT_SIZE)
+        last = tl.max(tl.where(tl.load(idx_row + j * NUM_SPLITS) >= 0, j + 1, 0), axis=0)
+        for block in range(tl.cdiv(last, BLOCK_N)):
+            jb = block * BLOCK_N + tl.arange(0, BLOCK_N)  # < SPLIT_SIZE by the asserts above
+            acc, m_i, l_i = _attend_block(q_nope, q_pe, ckv_ptr, kpe_ptr, idx_row + jb * NUM_SPLITS, acc, m_i, l_i, qk_scale_log2,
+                                          stride_ckv_page, stride_ckv_slot, stride_kpe_page, stride_kpe_slot, D_CKV, D_KPE, PAGE_SIZE, INTERPRETED)
 
     part = t * NUM_SPLITS + s
     tl.store(part_acc_ptr + (part * H + heads[:, None]) * D_CKV + cols[None, :], _to_storage(acc, part_acc_ptr.dtype.element_ty, INTERPRETED))
@@ -354,6 +375,9 @@ class Plan:
     ``splits``: for ``dsplit`` the number of value slices (each SLICE_D = 512 / splits columns);
     for ``fused`` / ``two_launch`` the number of slot splits S (each of 2048 / S slots, strided).
     ``partial_dtype``: storage of the split paths' partial acc (m and l are always fp32).
+    ``graph``: (``two_launch`` on a GPU) replay the two launches as one CUDA graph per argument
+    set, so the combine starts as soon as the split kernel ends instead of after the host's
+    second launch.
     """
 
     path: str
@@ -362,6 +386,7 @@ class Plan:
     num_warps: int = 4
     num_stages: int = 1
     partial_dtype: torch.dtype = torch.float32
+    graph: bool = False
 
     def validate(self) -> None:
         """Tiling relations, checked on the host too so a bad plan fails with a clear message."""
@@ -369,6 +394,7 @@ class Plan:
         assert _is_pow2(self.splits) and _is_pow2(self.block_n), f"{self}: splits and block_n must be powers of two"
         assert self.block_n >= 16, f"{self}: tl.dot needs blocks of at least 16 slots"
         assert self.partial_dtype in (torch.float32, torch.bfloat16), f"{self}: partials are fp32 or bf16"
+        assert not self.graph or self.path == "two_launch", f"{self}: only the two-launch path is graphed"
         if self.path == "dsplit":
             assert D_CKV % self.splits == 0 and D_CKV // self.splits >= 16, f"{self}: value slices of >= 16 columns"
             assert TOPK % self.block_n == 0, f"{self}: blocks must tile {TOPK} slots"
@@ -394,14 +420,42 @@ def _interpreted(device: torch.device) -> bool:
     return False
 
 
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _max_coresident_programs(device: torch.device) -> int:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _sm_count(index) * PROGRAMS_PER_SM_BOUND
+    return _sm_count(_device_index(device)) * PROGRAMS_PER_SM_BOUND
+
+
+@functools.cache
+def _libcuda() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
+
+
+@functools.cache
+def _blocks_per_sm(function: int, threads: int, shared_bytes: int) -> int:
+    """The CUDA occupancy calculator's resident blocks per SM for a loaded kernel."""
+    blocks = ctypes.c_int(0)
+    err = _libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(blocks), ctypes.c_void_p(function), ctypes.c_int(threads), ctypes.c_size_t(shared_bytes))
+    if err != 0:
+        raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed with CUresult {err}")
+    return blocks.value
+
+
+def coresident_programs(compiled, device: torch.device) -> int:
+    """Programs of the compiled Triton kernel ``compiled`` guaranteed resident at once on an
+    otherwise idle ``device``: the occupancy calculator's blocks per SM (from the kernel's real
+    registers and shared memory) times the SM count."""
+    compiled._init_handles()
+    threads = compiled.metadata.num_warps * 32
+    return _blocks_per_sm(compiled.function, threads, compiled.metadata.shared) * _sm_count(_device_index(device))
 
 
 def default_plan(num_tokens: int, device: torch.device) -> Plan:
@@ -436,41 +490,33 @@ def gpu_plan(num_tokens: int, coresident: int, force_two_launch: bool = False) -
     )
 
 
-class _Buffers:
-    """Partials and barrier words, reused across calls on one (device, stream)."""
+class _SyncWords:
+    """The fused path's barrier words, kept per (device, stream) for the process's lifetime."""
 
     def __init__(self) -> None:
-        self.partial: dict[torch.dtype, torch.Tensor] = {}
-        self.ml: torch.Tensor | None = None
-        self.sync: torch.Tensor | None = None
+        self.words: torch.Tensor | None = None
 
-    def get(self, device: torch.device, tokens: int, splits: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        acc_numel = tokens * splits * NUM_HEADS * D_CKV
-        if dtype not in self.partial or self.partial[dtype].numel() < acc_numel:
-            self.partial[dtype] = torch.empty(acc_numel, dtype=dtype, device=device)
-        ml_numel = tokens * splits * 2 * NUM_HEADS
-        if self.ml is None or self.ml.numel() < ml_numel:
-            self.ml = torch.empty(ml_numel, dtype=torch.float32, device=device)
-        if self.sync is None or self.sync.numel() < tokens * SYNC_STRIDE:
+    def get(self, device: torch.device, tokens: int) -> torch.Tensor:
+        if self.words is None or self.words.numel() < tokens * SYNC_STRIDE:
             # Zeroed once here; afterwards the barrier itself leaves count = 0 after every call.
             # Growing replaces the buffer: a call still in flight on this stream keeps the old
             # one alive through the caching allocator's stream ordering.
-            self.sync = torch.zeros(max(tokens, 64) * SYNC_STRIDE, dtype=torch.int32, device=device)
-        return self.partial[dtype], self.ml, self.sync
+            self.words = torch.zeros(max(tokens, 64) * SYNC_STRIDE, dtype=torch.int32, device=device)
+        return self.words
 
 
-_BUFFERS: dict[tuple, _Buffers] = {}
+_SYNC: dict[tuple, _SyncWords] = {}
 
 
-def _buffers_for(device: torch.device) -> _Buffers:
+def _sync_words_for(device: torch.device) -> _SyncWords:
     if device.type == "cuda":
-        index = device.index if device.index is not None else torch.cuda.current_device()
+        index = _device_index(device)
         key = (f"cuda:{index}", torch.cuda.current_stream(index).cuda_stream)
     else:
         key = (str(device), 0)
-    if key not in _BUFFERS:
-        _BUFFERS[key] = _Buffers()
-    return _BUFFERS[key]
+    if key not in _SYNC:
+        _SYNC[key] = _SyncWords()
+    return _SYNC[key]
 
 
 def _check_args(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse) -> int:
@@ -494,6 +540,61 @@ def _check_args(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse)
     return T
 
 
+def _launch(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse) -> None:
+    """The launches of ``plan`` (already validated) for T >= 1 tokens."""
+    T = q_nope.shape[0]
+    device = q_nope.device
+    interpreted = _interpreted(device)
+    qk_scale_log2 = float(sm_scale) * LOG2_E
+    common_strides = (
+        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
+        ckv_cache.stride(0), ckv_cache.stride(1), kpe_cache.stride(0), kpe_cache.stride(1),
+        sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0),
+    )
+    shape_consts = {"H": NUM_HEADS, "D_CKV": D_CKV, "D_KPE": D_KPE, "TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "INTERPRETED": interpreted}
+    launch = {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
+
+    if plan.path == "dsplit":
+        _dsplit_kernel[(plan.splits, T)](
+            q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse, qk_scale_log2, *common_strides,
+            **shape_consts, SLICE_D=D_CKV // plan.splits, BLOCK_N=plan.block_n, **launch,
+        )
+        return
+
+    fused = plan.path == "fused"
+    # Partials are allocated per call (the caching allocator makes that a host-side lookup), so
+    # a captured graph owns its own and calls on different streams never share them.
+    part_acc = torch.empty(T * plan.splits * NUM_HEADS * D_CKV, dtype=plan.partial_dtype, device=device)
+    part_ml = torch.empty(T * plan.splits * 2 * NUM_HEADS, dtype=torch.float32, device=device)
+    sync = _sync_words_for(device).get(device, T) if fused else part_ml  # sync is never touched unfused
+    split_args = (
+        q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse, part_acc, part_ml, sync, qk_scale_log2, *common_strides,
+    )
+    split_consts = dict(
+        **shape_consts, NUM_SPLITS=plan.splits, BLOCK_N=plan.block_n,
+        FUSED_COMBINE=fused, SYNC_STRIDE=SYNC_STRIDE, SENSE_OFFSET=SENSE_OFFSET, **launch,
+    )
+    grid = (plan.splits, T)
+    if fused:
+        if interpreted:
+            raise ValueError("the fused path spins on a barrier and would never finish under the Triton interpreter")
+        compiled = _split_kernel.warmup(*split_args, grid=grid, **split_consts)
+        bound = coresident_programs(compiled, device)
+        if T * plan.splits > bound:
+            raise ValueError(f"{plan}: fused grid of {T * plan.splits} programs exceeds the {bound} this kernel can keep resident")
+    _split_kernel[grid](*split_args, **split_consts)
+    if not fused:
+        _combine_kernel[grid](
+            part_acc, part_ml, output, lse, output.stride(0), output.stride(1), lse.stride(0),
+            H=NUM_HEADS, D_CKV=D_CKV, NUM_SPLITS=plan.splits, INTERPRETED=interpreted, num_warps=plan.num_warps,
+        )
+
+
+@functools.cache
+def _graphs_for(plan: Plan) -> LaunchGraphs:
+    return LaunchGraphs(functools.partial(_launch, plan))
+
+
 def sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, plan: Plan | None = None) -> Plan:
     """Write ``output`` and ``lse`` (see the module docstring for shapes). Returns the plan used."""
     T = _check_args(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse)
@@ -502,39 +603,11 @@ def sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scal
     plan.validate()
     if T == 0:
         return plan
-    if plan.path == "fused" and _interpreted(device):
-        raise ValueError("the fused path spins on a barrier and would never finish under the Triton interpreter")
-    if plan.path == "fused" and T * plan.splits > _max_coresident_programs(device):
-        raise ValueError(f"fused grid of {T * plan.splits} programs exceeds the co-resident bound {_max_coresident_programs(device)}")
-    qk_scale_log2 = float(sm_scale) * LOG2_E
-    common_strides = (
-        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
-        ckv_cache.stride(0), ckv_cache.stride(1), kpe_cache.stride(0), kpe_cache.stride(1),
-        sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0),
-    )
-    shape_consts = {"H": NUM_HEADS, "D_CKV": D_CKV, "D_KPE": D_KPE, "TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "INTERPRETED": _interpreted(device)}
-    launch = {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
-
-    if plan.path == "dsplit":
-        _dsplit_kernel[(plan.splits, T)](
-            q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse, qk_scale_log2, *common_strides,
-            **shape_consts, SLICE_D=D_CKV // plan.splits, BLOCK_N=plan.block_n, **launch,
-        )
-        return plan
-
-    fused = plan.path == "fused"
-    part_acc, part_ml, sync = _buffers_for(device).get(device, T, plan.splits, plan.partial_dtype)
-    _split_kernel[(plan.splits, T)](
-        q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse, part_acc, part_ml, sync,
-        qk_scale_log2, *common_strides,
-        **shape_consts, NUM_SPLITS=plan.splits, BLOCK_N=plan.block_n,
-        FUSED_COMBINE=fused, SYNC_STRIDE=SYNC_STRIDE, SENSE_OFFSET=SENSE_OFFSET, **launch,
-    )
-    if not fused:
-        _combine_kernel[(plan.splits, T)](
-            part_acc, part_ml, output, lse, output.stride(0), output.stride(1), lse.stride(0),
-            H=NUM_HEADS, D_CKV=D_CKV, NUM_SPLITS=plan.splits, INTERPRETED=_interpreted(device), num_warps=plan.num_warps,
-        )
+    args = (q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, float(sm_scale), output, lse)
+    if plan.graph and not _interpreted(device):
+        _graphs_for(plan)(*args)
+    else:
+        _launch(plan, *args)
     return plan
 
 

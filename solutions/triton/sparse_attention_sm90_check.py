@@ -15,6 +15,7 @@ compile; 77 the toolchain is unavailable here (no NVIDIA backend or cuobjdump).
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import traceback
+import types
 from pathlib import Path
 
 EXIT_OK, EXIT_RESOURCES, EXIT_COMPILE, EXIT_UNAVAILABLE = 0, 1, 2, 77
@@ -92,10 +94,9 @@ def check_plans(plans) -> int:
     if cuobjdump is None or not (Path(triton.__file__).parent / "backends" / "nvidia").is_dir():
         print("unavailable: Triton's NVIDIA backend or cuobjdump is missing")
         return EXIT_UNAVAILABLE
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import sparse_attention as sa
     import torch
 
+    sa = _import_solution_module()
     status = EXIT_OK
     seen = set()
     for plan in plans:
@@ -141,6 +142,17 @@ def check_plans(plans) -> int:
     return status
 
 
+def _import_solution_module():
+    """sparse_attention.py as a module of a package rooted at this folder (the solution's files
+    import each other relatively), under a name that cannot collide with the triton package."""
+    name = "dsa_triton_solution_sm90_check"
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = [str(Path(__file__).resolve().parent)]
+        sys.modules[name] = package
+    return importlib.import_module(f"{name}.sparse_attention")
+
+
 def default_plans(sa) -> list:
     """The plans ``kernel`` picks on a 132-SM H200 for 1..40 tokens, plus the dsplit short path."""
     plans = {sa.gpu_plan(t, SM90_SMS * sa.PROGRAMS_PER_SM_BOUND) for t in range(1, 41)}
@@ -150,9 +162,8 @@ def default_plans(sa) -> list:
 
 def main(argv: list[str]) -> int:
     os.environ.pop("TRITON_INTERPRET", None)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     try:
-        import sparse_attention as sa
+        sa = _import_solution_module()
     except ImportError as exc:
         print(f"unavailable: {exc}")
         return EXIT_UNAVAILABLE

@@ -1,0 +1,136 @@
+#!/usr/bin/env python
+"""Drive the triton solution's kernels for a profiler, and time how gather locality costs.
+
+    ncu --nvtx --nvtx-include "profile/" --clock-control none [--section ...] \\
+        python tools/profile_kernels.py ncu [--case attention_18_t8_full --case indexer_127_b31_p91 ...]
+    python tools/profile_kernels.py locality [--iterations 30]
+
+``ncu`` mode builds each case's inputs with the harness generator, calls the solution entry
+twice outside any range (compilation, CUDA-graph capture), then once more, with its kernels
+launched directly, inside an NVTX range named ``profile``, so a profiler told to include only
+that range sees exactly one call per case.
+
+``locality`` mode times the default attention plan (CUPTI when available, cold L2) on the
+workload's full-row cases twice: with the generated indices (slots spread over 8462 pages,
+624 MB), and with the same indices folded onto the first 64 pages (4.7 MB). The difference is
+what scattered pages cost beyond the bytes moved (DRAM page and TLB misses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from dsa_bench.definitions import indexer
+from dsa_bench.definitions import sparse_attention as attn
+from dsa_bench.solutions import import_entry, load_solution
+from dsa_bench.timing import L2Flusher, choose_timer, make_timer
+from dsa_bench.workloads import build_inputs, derive_seed, load_workload
+
+DEFAULT_CASES = [
+    "attention_02_t1_sparse", "attention_00_t1_full", "attention_20_t8_sparse", "attention_18_t8_full",
+    "indexer_069_b1_p33", "indexer_080_b30_p33", "indexer_127_b31_p91",
+]  # fmt: skip
+WORKLOADS = {"attention": ROOT / "workloads" / "sparse_attention_h16.yaml", "indexer": ROOT / "workloads" / "indexer_h64.yaml"}
+FOLDED_PAGES = 64
+
+
+def solution_module(definition_name: str):
+    return import_entry(load_solution(ROOT / "solutions" / "triton"), definition_name)[1]
+
+
+def case_inputs(case_id: str, device: torch.device):
+    workload = load_workload(WORKLOADS["attention" if case_id.startswith("attention") else "indexer"])
+    case = next(c for c in workload.cases if c.id == case_id)
+    inputs = build_inputs(workload.definition, case, derive_seed(workload.settings.seed, case.id, "profile"), device)
+    axes = workload.definition.axes(case.axes)
+    return workload.definition, axes, inputs
+
+
+def direct_call(definition, axes, inputs, device):
+    """The solution's kernels for one call, launched directly (no CUDA graph), as a closure."""
+    outputs = definition.allocate_outputs(axes, device)
+    args = definition.input_args(inputs)
+    if definition.name == attn.NAME:
+        sa = solution_module(attn.NAME)
+        return lambda: sa.sparse_attention(*args, outputs["output"], outputs["lse"])
+    ix = solution_module(indexer.NAME)
+    topk = ix._cuda_topk.filtered_topk if ix._cuda_topk is not None else ix.portable_topk
+    return lambda: ix._scored_path(topk, *args, outputs["topk_indices"]) if args[4].shape[1] * 64 > indexer.TOPK else ix.kernel(*args, outputs["topk_indices"])
+
+
+def run_ncu(cases: list[str], device: torch.device) -> int:
+    calls = []
+    for case_id in cases:
+        definition, axes, inputs = case_inputs(case_id, device)
+        call = direct_call(definition, axes, inputs, device)
+        call()
+        call()
+        calls.append((case_id, call))
+    torch.cuda.synchronize()
+    for case_id, call in calls:
+        print(f"profiling {case_id}", flush=True)
+        torch.cuda.nvtx.range_push("profile")
+        call()
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+    return 0
+
+
+def run_locality(iterations: int, device: torch.device) -> int:
+    workload = load_workload(WORKLOADS["attention"])
+    sa = solution_module(attn.NAME)
+    timer_name, warning = choose_timer("auto", device)
+    if warning:
+        print(f"warning: {warning}")
+    timer, flusher = make_timer(timer_name), L2Flusher(device)
+    print(f"default attention plan, {timer.name}, cold L2, median of {iterations}; indices as generated vs folded onto {FOLDED_PAGES} pages")
+    for case in workload.cases:
+        if "full" not in case.id and "sparse" not in case.id:
+            continue
+        inputs = build_inputs(workload.definition, case, derive_seed(workload.settings.seed, case.id, "locality"), device)
+        axes = workload.definition.axes(case.axes)
+        outputs = workload.definition.allocate_outputs(axes, device)
+        idx = inputs["sparse_indices"]
+        folded = torch.where(idx >= 0, idx % (FOLDED_PAGES * attn.PAGE_SIZE), idx)
+        row = []
+        for label, indices in (("spread", idx), ("folded", folded)):
+            args = list(workload.definition.input_args(inputs))
+            args[4] = indices
+
+            def call(i: int, args=args) -> None:
+                sa.sparse_attention(*args, outputs["output"], outputs["lse"])
+
+            for i in range(3):
+                call(i)
+            torch.cuda.synchronize()
+            samples = timer.time_iterations(call, iterations, lambda i: flusher.flush(), lambda i: None)
+            row.append(f"{label} {statistics.median(samples) * 1e3:6.2f} µs")
+        print(f"{case.id:24s} T={axes['num_tokens']}  " + "  ".join(row), flush=True)
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("mode", choices=("ncu", "locality"))
+    p.add_argument("--case", action="append", default=[], help="case id (repeatable; ncu mode)")
+    p.add_argument("--iterations", type=int, default=30)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        print("profile_kernels: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    if args.mode == "ncu":
+        return run_ncu(args.case or DEFAULT_CASES, device)
+    return run_locality(args.iterations, device)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
