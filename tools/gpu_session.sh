@@ -71,6 +71,14 @@ for stage in "$@"; do
             --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
             --section Occupancy --section LaunchStats python3 tools/profile_kernels.py ncu
         ;;
+    stalls)
+        step cache_states 90 python3 tools/profile_kernels.py cache --iterations 20 \
+            --case attention_02_t1_sparse --case attention_00_t1_full --case attention_20_t8_sparse --case attention_18_t8_full \
+            --case indexer_000_b1_p1 --case indexer_069_b1_p33 --case indexer_127_b31_p91
+        step ncu_stalls 150 ncu --nvtx --nvtx-include "profile/" --clock-control none --cache-control all \
+            --section WarpStateStats --section SourceCounters --section InstructionStats --print-details all \
+            python3 tools/profile_kernels.py ncu --case attention_02_t1_sparse --case attention_18_t8_full --case indexer_069_b1_p33
+        ;;
     *)
         echo "unknown stage $stage"; exit 2 ;;
     esac

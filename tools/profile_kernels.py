@@ -4,6 +4,7 @@
     ncu --nvtx --nvtx-include "profile/" --clock-control none [--section ...] \\
         python tools/profile_kernels.py ncu [--case attention_18_t8_full --case indexer_127_b31_p91 ...]
     python tools/profile_kernels.py locality [--iterations 30]
+    python tools/profile_kernels.py cache [--case ...] [--iterations 30]
 
 ``ncu`` mode builds each case's inputs with the harness generator, calls the solution entry
 twice outside any range (compilation, CUDA-graph capture), then once more, with its kernels
@@ -14,6 +15,10 @@ that range sees exactly one call per case.
 workload's full-row cases twice: with the generated indices (slots spread over 8462 pages,
 624 MB), and with the same indices folded onto the first 64 pages (4.7 MB). The difference is
 what scattered pages cost beyond the bytes moved (DRAM page and TLB misses).
+
+``cache`` mode times the solution entry per case cold (L2 flushed), code-warm (flushed, then
+one call on another input set of the same shapes) and warm (no flush): how much of a call is
+fetching code and small shared data after a flush, and how much is its own data.
 """
 
 from __future__ import annotations
@@ -117,9 +122,45 @@ def run_locality(iterations: int, device: torch.device) -> int:
     return 0
 
 
+def run_cache_states(cases: list[str], iterations: int, device: torch.device) -> int:
+    """Each case's solution call timed in three cache states: cold (L2 flushed), code-warm (L2
+    flushed, then one call on a second input set, so the kernels' code and the small shared
+    buffers are cached again but this set's data is not) and warm (nothing flushed)."""
+    timer_name, warning = choose_timer("auto", device)
+    if warning:
+        print(f"warning: {warning}")
+    timer, flusher = make_timer(timer_name), L2Flusher(device)
+    print(f"solution entry, {timer.name}, median of {iterations}: cold / code-warm / warm L2")
+    for case_id in cases:
+        definition, axes, inputs = case_inputs(case_id, device)
+        _, _, other = case_inputs(case_id, device)  # same shapes, its own memory
+        entry = import_entry(load_solution(ROOT / "solutions" / "triton"), definition.name)[0]
+        outputs = [definition.allocate_outputs(axes, device) for _ in range(2)]
+        sets = [definition.input_args(inputs), definition.input_args(other)]
+
+        def call(i: int, k: int = 0) -> None:
+            entry(*sets[k], *outputs[k].values())
+
+        for i in range(3):
+            call(i, 0)
+            call(i, 1)
+        torch.cuda.synchronize()
+        states = {
+            "cold": lambda i: flusher.flush(),
+            "code-warm": lambda i: (flusher.flush(), call(i, 1)),
+            "warm": lambda i: None,
+        }
+        row = []
+        for label, prepare in states.items():
+            samples = timer.time_iterations(call, iterations, prepare, lambda i: None)
+            row.append(f"{label} {statistics.median(samples) * 1e3:6.2f}")
+        print(f"{case_id:24s} " + "  ".join(row) + " µs", flush=True)
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=("ncu", "locality"))
+    p.add_argument("mode", choices=("ncu", "locality", "cache"))
     p.add_argument("--case", action="append", default=[], help="case id (repeatable; ncu mode)")
     p.add_argument("--iterations", type=int, default=30)
     args = p.parse_args()
@@ -129,6 +170,8 @@ def main() -> int:
     device = torch.device("cuda")
     if args.mode == "ncu":
         return run_ncu(args.case or DEFAULT_CASES, device)
+    if args.mode == "cache":
+        return run_cache_states(args.case or DEFAULT_CASES, args.iterations, device)
     return run_locality(args.iterations, device)
 
 
