@@ -142,9 +142,10 @@ def test_gpu_policy_keeps_fused_grids_coresident():
         plan = sa.gpu_plan(tokens, sms)
         plan.validate()
         if plan.path == "fused":
-            assert tokens * plan.splits <= sms
+            assert tokens * plan.splits <= sms and tokens > sa.GRAPHED_MAX_TOKENS
         else:
-            assert plan.path == "two_launch" and tokens * plan.splits > sms
+            assert plan.path == "two_launch" and plan.graph
+            assert tokens * plan.splits > sms or tokens <= sa.GRAPHED_MAX_TOKENS
         if tokens <= sa.DSPLIT_MAX_TOKENS_GPU:
             assert plan.path == "dsplit"
     assert sa.gpu_plan(8, sms).path == "fused"
@@ -219,7 +220,32 @@ def fused_plan(tokens: int, device: torch.device):
 def test_gpu_default_plan(cuda, counts, padding):
     _, used = check(counts, padding, GPU_CONTEST_PAGES, seed=11, device=cuda)
     assert used == sa.default_plan(len(counts), cuda)
-    assert used.path != "two_launch", "T <= 8 fits one co-resident launch on an H200"
+    if len(counts) > sa.GRAPHED_MAX_TOKENS:
+        assert used.path == "fused", "3 <= T <= 8 fits one co-resident launch on an H200"
+    else:
+        assert used.path == "two_launch" and used.graph
+
+
+@pytest.mark.gpu
+def test_gpu_graphed_two_launch_recomputes_on_every_replay(cuda):
+    """Replays of a captured call must compute on the tensors' current contents: rewrite the
+    inputs in place between calls (same addresses, so the same graph replays) and check each."""
+    axes, inputs = make_inputs([FULL, 700], "scattered", GPU_CONTEST_PAGES, seed=40, device=cuda)
+    plan = sa.Plan("two_launch", 64, 32, 8, 2, graph=True)
+    outputs = attn.DEFINITION.allocate_outputs(axes, cuda)
+    args = attn.DEFINITION.input_args(inputs)
+    for step in range(4):
+        _, fresh = make_inputs([FULL, 700], "scattered", GPU_CONTEST_PAGES, seed=41 + step, device=cuda)
+        for name in ("q_nope", "q_pe"):
+            inputs[name].copy_(fresh[name])
+        for out in outputs.values():
+            out.fill_(float("nan"))
+        sa.sparse_attention(*args, outputs["output"], outputs["lse"], plan=plan)
+        torch.cuda.synchronize()
+        result = judge(attn.DEFINITION, axes, inputs, outputs, attn.expect(inputs), Tolerance(), cuda)
+        assert result.passed, f"call {step}: {result.message}"
+    assert sa._graphs_for(plan).graphs, "the later calls replayed a captured graph"
+    assert sa._graphs_for(plan).disabled_reason is None
 
 
 @pytest.mark.gpu
@@ -227,7 +253,8 @@ def test_gpu_default_plan(cuda, counts, padding):
 def test_gpu_every_path(cuda, counts, padding):
     axes, inputs = make_inputs(counts, padding, GPU_CONTEST_PAGES, seed=12, device=cuda)
     T = len(counts)
-    plans = [sa.Plan("dsplit", 16, 64, 8, 2), sa.Plan("dsplit", 8, 128, 8, 2), sa.Plan("two_launch", 16, 128, 8, 2, torch.bfloat16)]
+    plans = [sa.Plan("dsplit", 16, 64, 8, 2), sa.Plan("dsplit", 8, 128, 8, 2), sa.Plan("two_launch", 16, 128, 8, 2, torch.bfloat16),
+             sa.Plan("two_launch", 64, 32, 8, 2, graph=True), sa.Plan("two_launch", 16, 64, 8, 2, torch.bfloat16, graph=True)]
     for splits in (4, 8, 16, 32, 64):
         block_n = min(128, attn.TOPK // splits)
         plans.append(sa.Plan("two_launch", splits, block_n, 8, 2))

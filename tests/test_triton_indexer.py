@@ -301,7 +301,7 @@ def emulator(tmp_path_factory) -> Path:
 
 
 def emulate_topk(
-    exe: Path, scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, capacity=-1, threads=None
+    exe: Path, scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, capacity=-1, threads=None, fast_candidates=-1
 ) -> torch.Tensor:
     """Runs filtered_topk_kernel of topk_filtered.cuh on the emulator; returns [B, 2048] int32."""
     scores = scores.detach().float().cpu().contiguous()
@@ -309,7 +309,7 @@ def emulate_topk(
     max_len = block_table.shape[1] * 64
     if threads is None:  # what the CUDA launcher picks
         threads = 512 if max_len <= 4096 else 1024
-    header = np.array([batch, width, block_table.shape[1], max_len, capacity, threads], dtype=np.int32)
+    header = np.array([batch, width, block_table.shape[1], max_len, capacity, threads, fast_candidates], dtype=np.int32)
     folder = exe.parent
     parts = (header, scores.numpy(), seq_lens.cpu().numpy().astype(np.int32), block_table.cpu().numpy().astype(np.int32))
     (folder / "in.bin").write_bytes(b"".join(np.ascontiguousarray(part).tobytes() for part in parts))
@@ -354,12 +354,33 @@ def synthetic_rows(seed: int, max_pages: int = 91):
     return scores, torch.tensor(lens, dtype=torch.int32), table
 
 
+@pytest.mark.parametrize("fast_candidates", [-1, 0, 1])
 @pytest.mark.parametrize("capacity", [-1, 0, 16])
-def test_emulated_cuda_topk_is_exact(emulator, capacity):
-    # capacity -1: candidates in shared memory; 0 and 16: the threshold bin does not fit, so the
-    # block filters the row from global memory on every digit (the never-truncate path).
+def test_emulated_cuda_topk_is_exact(emulator, capacity, fast_candidates):
+    # fast_candidates -1: the fast path first (rows of equal or clustered scores fall back to the
+    # radix select), 0: radix select only, 1: the fast path only when its threshold bin holds a
+    # single key. capacity -1: radix candidates in shared memory; 0 and 16: the threshold bin does
+    # not fit, so the block filters the row from global memory on every digit (never truncates).
     scores, seq_lens, table = synthetic_rows(seed=capacity + 2)
-    out = emulate_topk(emulator, scores, seq_lens, table, capacity)
+    out = emulate_topk(emulator, scores, seq_lens, table, capacity, fast_candidates=fast_candidates)
+    assert_exact_topk(scores, seq_lens, table, out)
+
+
+def test_emulated_fast_path_ranks_ties_in_its_threshold_bin(emulator):
+    # Rows whose threshold bin holds a few equal keys (and a few distinct ones in one narrow
+    # bin): the fast path must take exactly the missing count of them, no duplicates.
+    g = torch.Generator().manual_seed(7)
+    width = 40 * 64
+    scores = torch.randn((4, width), generator=g) * 10
+    scores[0, :2000] = 50.0 + torch.arange(2000).float()  # 2000 clear winners ...
+    scores[0, 2000:2100] = 1.0  # ... then 100 equal keys for the last 48 slots
+    scores[1, :] = torch.linspace(0, 1, width)  # evenly spread: one key per bin
+    scores[2, :2040] = 100.0 + torch.arange(2040).float()
+    scores[2, 2040:2060] = 3.0 + torch.arange(20).float() * 2.0**-20  # 20 distinct keys in one narrow range
+    scores[3, :] = torch.randint(0, 5000, (width,), generator=g).float()  # many duplicates
+    seq_lens = torch.tensor([width, width, 2500, 2049], dtype=torch.int32)
+    table = torch.stack([torch.randperm(NUM_PAGES, generator=g)[:40] for _ in range(4)]).int()
+    out = emulate_topk(emulator, scores, seq_lens, table)
     assert_exact_topk(scores, seq_lens, table, out)
 
 

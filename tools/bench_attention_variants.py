@@ -63,7 +63,7 @@ def variants(sa, coresident: int) -> dict[str, Callable[[int], object]]:
             s = splits(T)
             if not 2 <= s <= 64 or (path == "fused" and T * s > coresident):
                 return None
-            return Plan(path, s, min(block_n, attn.TOPK // s), warps, stages, dtype)
+            return Plan(path, s, min(block_n, attn.TOPK // s), warps, stages, dtype, graph=path == "two_launch")
 
         return make
 
@@ -73,21 +73,20 @@ def variants(sa, coresident: int) -> dict[str, Callable[[int], object]]:
     return {
         "default": lambda T: sa.gpu_plan(T, coresident),
         "dsplit8x128": fixed(Plan("dsplit", 8, 128, 8, 2)),
-        "bn64": split_plan("fused", policy, 64),
-        "bf16_partials": split_plan("fused", policy, 128, dtype=torch.bfloat16),
-        "bn64_bf16": split_plan("fused", policy, 64, dtype=torch.bfloat16),
+        # fused, the policy's split count
+        "fused_bn128": split_plan("fused", policy, 128),
+        "fused_bn64": split_plan("fused", policy, 64),
+        "fused_bn64_bf16": split_plan("fused", policy, 64, dtype=torch.bfloat16),
+        "fused_bn64_bf16_w16": split_plan("fused", policy, 64, warps=16, dtype=torch.bfloat16),
+        "fused_bn32_bf16": split_plan("fused", policy, 32, dtype=torch.bfloat16),
         # two launches replayed as one CUDA graph: any split count, no co-residency needed
-        "g2l_s16": fixed(Plan("two_launch", 16, 64, 8, 2, graph=True)),
-        "g2l_s32": fixed(Plan("two_launch", 32, 64, 8, 2, graph=True)),
-        "g2l_s64": fixed(Plan("two_launch", 64, 32, 4, 2, graph=True)),
-        "g2l_s64_w8": fixed(Plan("two_launch", 64, 32, 8, 2, graph=True)),
-        "g2l_s128": fixed(Plan("two_launch", 128, 16, 4, 2, graph=True)),
-        "g2l_s64_bf16": fixed(Plan("two_launch", 64, 32, 4, 2, torch.bfloat16, graph=True)),
-        # fused with more splits than one program per SM: runs where the occupancy calculator
-        # says the grid is co-resident, '-' elsewhere
-        "fused_s32": fixed(Plan("fused", 32, 64, 8, 2)),
-        "fused_s64": fixed(Plan("fused", 64, 32, 4, 2)),
-        "fused_s128": fixed(Plan("fused", 128, 16, 4, 2)),
+        "g2l_bn64_bf16": split_plan("two_launch", policy, 64, dtype=torch.bfloat16),
+        "g2l_s16_bn64_bf16_w16": fixed(Plan("two_launch", 16, 64, 16, 2, torch.bfloat16, graph=True)),
+        "g2l_s32_bn64": fixed(Plan("two_launch", 32, 64, 8, 2, graph=True)),
+        "g2l_s64": fixed(Plan("two_launch", 64, 32, 8, 2, graph=True)),
+        "g2l_s64_w4": fixed(Plan("two_launch", 64, 32, 4, 2, graph=True)),
+        "g2l_s64_w16": fixed(Plan("two_launch", 64, 32, 16, 2, graph=True)),
+        "g2l_s128_w8": fixed(Plan("two_launch", 128, 16, 8, 2, graph=True)),
     }
 
 

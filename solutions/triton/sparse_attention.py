@@ -27,9 +27,11 @@ separate ``tl.dot``, P rounded to bf16 for the P·V product):
   Used only when the whole grid is co-resident (``_max_coresident_programs``), so every
   program the spin waits for is running and the spin cannot deadlock.
 * ``two_launch``: the same split kernel without the barrier, then a separate combine kernel.
-  Used under the Triton interpreter (programs run one after another there, so a spin would
-  never end), when the grid could exceed what is co-resident, or when forced by
-  ``DSA_ATTN_TWO_LAUNCH=1``.
+  On a GPU the pair is captured once per argument set and replayed as one CUDA graph
+  (``launch_graphs.LaunchGraphs``), so the combine starts when the split kernel ends. Used for
+  T <= GRAPHED_MAX_TOKENS (measured faster than the barrier there), when the grid could exceed
+  what is co-resident, when forced by ``DSA_ATTN_TWO_LAUNCH=1``, and under the Triton
+  interpreter (programs run one after another there, so a spin would never end).
 
 Barrier counters (fused path): per token two int32 words that persist across calls, ``count``
 and ``sense``. A program reads ``sense`` before it arrives, arrives with ``atomic_add(count, 1)``;
@@ -76,25 +78,33 @@ SENSE_OFFSET = 16
 DSPLIT_MAX_TOKENS_GPU = 0
 DSPLIT_MAX_TOKENS_INTERPRETER = 2
 
-#: Conservative co-residency bound for the fused path: one program per SM. Any kernel that
-#: launches at all fits at least one CTA per SM, so a grid of at most ``num_SMs`` programs is
-#: fully resident once the GPU is free of other work, whatever the register and shared-memory
-#: use of this kernel turns out to be. (The 128-slot tiles take 170 KB of shared memory, one CTA
-#: per SM in fact; smaller tiles would fit two or three, but a bound derived from the compiled
-#: kernel's resources would have to be exactly right or the spin deadlocks.)
+#: Co-residency bound the policy plans with: one program per SM. Any kernel that launches at
+#: all fits one CTA per SM, so such a grid is resident once the GPU is free of other work. The
+#: fused launch itself checks the compiled kernel's real bound (``coresident_programs``).
 PROGRAMS_PER_SM_BOUND = 1
 
-#: Slot splits per token on the GPU: as many as keep T * S co-resident, within these bounds.
+#: Slot splits per token on the GPU: as many as keep T * S within one program per SM, within
+#: these bounds. Measured on the H200 (benchmarks/h200/attention_variants.log): more programs
+#: per SM (two-launch S = 32 or 64 at T = 8) cost more than they gain; a call is dominated by
+#: each program's fixed chain of dependent steps, not by bandwidth.
 MIN_SPLITS = 4
 MAX_SPLITS = 64
-#: Split-kernel tiling. A program handles its split in blocks of at most SPLIT_BLOCK_N slots
-#: (the whole split when it is smaller, so up to S = 16 every program gathers once). Two
-#: pipeline stages make Triton gather the rows with cp.async straight into shared memory
-#: instead of through registers (one stage keeps them in registers: ~160 vs ~100-130
-#: registers per thread). Checked for sm_90 by sparse_attention_sm90_check.py.
-SPLIT_BLOCK_N = 128
+#: Split-kernel tiling. A program handles its split in blocks of at most SPLIT_BLOCK_N slots:
+#: one block when the split is that small (S = 64: 32 slots), else a pipelined loop. Two
+#: pipeline stages make Triton gather the rows with cp.async straight into shared memory. 64
+#: beat 128 (smaller tiles: less shared memory per block, and the loop overlaps the second
+#: block's gather with the first block's math); 8 warps beat 4 by 25 % at T <= 2. Checked for
+#: sm_90 by sparse_attention_sm90_check.py.
+SPLIT_BLOCK_N = 64
 SPLIT_NUM_WARPS = 8
 SPLIT_NUM_STAGES = 2
+#: Largest T that takes the two-launch path replayed as a CUDA graph even where the fused
+#: launch fits: at T <= 2 (S = 64) its kernel boundary measured ~0.4 µs cheaper than the
+#: barrier; from T = 3 on the fused launch with bf16 partials was faster.
+GRAPHED_MAX_TOKENS = 2
+#: Storage of the partial acc for T > GRAPHED_MAX_TOKENS: bf16 halves the partials' traffic
+#: (about 1 µs at T = 8); m and l stay fp32, and the checker's 1e-2 tolerances hold.
+LARGE_T_PARTIAL_DTYPE = torch.bfloat16
 
 
 # --------------------------------------------------------------------------- device code
@@ -476,17 +486,22 @@ def interpreter_plan(num_tokens: int) -> Plan:
 
 
 def gpu_plan(num_tokens: int, coresident: int, force_two_launch: bool = False) -> Plan:
-    """GPU policy. ``coresident``: programs guaranteed to be resident at once."""
+    """GPU policy. ``coresident``: programs the policy may count on being resident at once.
+
+    The two-launch path is always replayed as a CUDA graph on the GPU (``graph=True``): without
+    it the host's second launch leaves the GPU idle for 15-30 µs between the kernels.
+    """
     if num_tokens <= DSPLIT_MAX_TOKENS_GPU:
         return Plan("dsplit", splits=16, block_n=64, num_warps=8, num_stages=2)
     # More splits put more SMs on each row's gather; stop where the grid would stop being co-resident.
     splits = MIN_SPLITS
     while splits * 2 <= MAX_SPLITS and num_tokens * splits * 2 <= coresident:
         splits *= 2
-    fused = num_tokens * splits <= coresident and not force_two_launch
+    fused = num_tokens * splits <= coresident and num_tokens > GRAPHED_MAX_TOKENS and not force_two_launch
     return Plan(
         "fused" if fused else "two_launch", splits=splits, block_n=min(SPLIT_BLOCK_N, TOPK // splits),
         num_warps=SPLIT_NUM_WARPS, num_stages=SPLIT_NUM_STAGES,
+        partial_dtype=torch.float32 if num_tokens <= GRAPHED_MAX_TOKENS else LARGE_T_PARTIAL_DTYPE, graph=not fused,
     )
 
 
@@ -590,9 +605,17 @@ def _launch(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_s
         )
 
 
-@functools.cache
+_GRAPHS: dict[Plan, LaunchGraphs] = {}
+
+
+def _graph_cache() -> dict[Plan, LaunchGraphs]:
+    return _GRAPHS
+
+
 def _graphs_for(plan: Plan) -> LaunchGraphs:
-    return LaunchGraphs(functools.partial(_launch, plan))
+    if plan not in _GRAPHS:
+        _GRAPHS[plan] = LaunchGraphs(functools.partial(_launch, plan))
+    return _GRAPHS[plan]
 
 
 def sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, plan: Plan | None = None) -> Plan:
@@ -622,8 +645,11 @@ def solution_notes() -> str:
             f"sparse attention under the Triton interpreter: T <= {DSPLIT_MAX_TOKENS_INTERPRETER} value-split kernel, "
             "larger T strided split-K with a separate combine launch"
         )
-    short = f"T <= {DSPLIT_MAX_TOKENS_GPU} value-split kernel, larger T " if DSPLIT_MAX_TOKENS_GPU else "every T: "
+    short = f"T <= {DSPLIT_MAX_TOKENS_GPU} value-split kernel, larger T " if DSPLIT_MAX_TOKENS_GPU else ""
+    failed = [f"{p}: {g.disabled_reason}" for p, g in _graph_cache().items() if g.disabled_reason]
+    graphs = f"; CUDA graph capture FAILED, launched eagerly ({'; '.join(failed)})" if failed else ""
     return (
-        f"sparse attention: {short}strided split-K with the combine in the same launch behind a sense-reversing "
-        "barrier (a separate combine launch when the grid is not co-resident)"
+        f"sparse attention: {short}strided split-K; T <= {GRAPHED_MAX_TOKENS} split kernel + combine kernel replayed as "
+        f"one CUDA graph, larger T the combine in the same launch behind a sense-reversing barrier (graphed two "
+        f"launches when the grid is not co-resident){graphs}"
     )

@@ -25,9 +25,10 @@ void check_tensor(const at::Tensor& t, const char* name, at::ScalarType dtype, i
 // scores [B, W] fp32 (W >= max_num_pages * 64, rows 16-byte aligned), seq_lens [B] int32,
 // block_table [B, max_num_pages] int32, topk_indices [B, 2048] int32 (written in full).
 // candidate_capacity < 0 picks the default shared-memory candidate buffer; 0 or a small value
-// forces rows onto the filter-the-row path (a test hook).
+// forces rows onto the filter-the-row path (a test hook). fast_candidates < 0 picks the fast
+// path's default; 0 turns the fast path off (a test hook for the radix select).
 void filtered_topk(const at::Tensor& scores, const at::Tensor& seq_lens, const at::Tensor& block_table, at::Tensor& topk_indices,
-                   int64_t candidate_capacity) {
+                   int64_t candidate_capacity, int64_t fast_candidates) {
   const at::Device device = scores.device();
   check_tensor(scores, "scores", at::kFloat, 2, device);
   check_tensor(seq_lens, "seq_lens", at::kInt, 1, device);
@@ -44,6 +45,7 @@ void filtered_topk(const at::Tensor& scores, const at::Tensor& seq_lens, const a
               "score rows must be 16-byte aligned (the kernel reads them as float4)");
   TORCH_CHECK(batch <= std::numeric_limits<int>::max() && max_len <= std::numeric_limits<int>::max(), "problem too large");
   TORCH_CHECK(candidate_capacity >= -1 && candidate_capacity <= std::numeric_limits<int>::max(), "bad candidate_capacity");
+  TORCH_CHECK(fast_candidates >= -1 && fast_candidates <= dsa_topk::kFastCandidates, "fast_candidates must be -1 or 0..", dsa_topk::kFastCandidates);
   if (batch == 0) return;
 
   const c10::cuda::CUDAGuard guard(device);
@@ -58,6 +60,7 @@ void filtered_topk(const at::Tensor& scores, const at::Tensor& seq_lens, const a
   args.batch = static_cast<int>(batch);
   args.max_len = static_cast<int>(max_len);
   args.candidate_capacity = static_cast<int>(candidate_capacity);
+  args.fast_candidates = static_cast<int>(fast_candidates);
   const cudaError_t err = dsa_topk::launch_filtered_topk(args, c10::cuda::getCurrentCUDAStream(device.index()).stream());
   TORCH_CHECK(err == cudaSuccess, "filtered top-k launch failed: ", cudaGetErrorString(err));
 }
@@ -65,8 +68,9 @@ void filtered_topk(const at::Tensor& scores, const at::Tensor& seq_lens, const a
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("filtered_topk", &filtered_topk, "Top-2048 physical ids per row (filtered radix select, page-table emit)",
         pybind11::arg("scores"), pybind11::arg("seq_lens"), pybind11::arg("block_table"), pybind11::arg("topk_indices"),
-        pybind11::arg("candidate_capacity") = -1);
+        pybind11::arg("candidate_capacity") = -1, pybind11::arg("fast_candidates") = -1);
   m.attr("TOPK") = dsa_topk::kTopK;
   m.attr("PAGE_SIZE") = dsa_topk::kPageSize;
   m.attr("MAX_CANDIDATES") = dsa_topk::kMaxCandidates;
+  m.attr("FAST_CANDIDATES") = dsa_topk::kFastCandidates;
 }

@@ -10,7 +10,7 @@
 // Build:  g++ -O2 -std=c++17 -DDSA_TOPK_HOST_EMULATION topk_emulator.cpp -o topk_emulator
 // Run:    topk_emulator INPUT OUTPUT
 // INPUT (little-endian): int32 batch, score_stride, bt_stride, max_len, candidate_capacity,
-//   threads (256, 512 or 1024); float32 scores[batch * score_stride]; int32 seq_lens[batch];
+//   threads (256, 512 or 1024), fast_candidates; float32 scores[batch * score_stride]; int32 seq_lens[batch];
 //   int32 block_table[batch * bt_stride].  OUTPUT: int32 out[batch * 2048].
 #define DSA_TOPK_HOST_EMULATION 1
 
@@ -178,6 +178,7 @@ inline float4 make_float4(float x, float y, float z, float w) { return float4{x,
 inline void __syncthreads() { simt::sync_block(); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline int __ffs(unsigned x) { return __builtin_ffs(static_cast<int>(x)); }
+inline int __clz(unsigned x) { return x == 0 ? 32 : __builtin_clz(x); }
 inline int atomicAdd(int* address, int value) {  // fibers never interleave inside it
   const int old = *address;
   *address = old + value;
@@ -246,10 +247,11 @@ int main(int argc, char** argv) {
   }
   std::FILE* in = std::fopen(argv[1], "rb");
   if (!in) return 2;
-  int32_t header[6];
-  read_into(in, header, 6);
+  int32_t header[7];
+  read_into(in, header, 7);
   const int batch = header[0], score_stride = header[1], bt_stride = header[2], max_len = header[3];
   const int capacity = header[4], threads = header[5];
+  const int fast = header[6] < 0 || header[6] > dsa_topk::kFastCandidates ? dsa_topk::kFastCandidates : header[6];
   std::vector<float> scores(static_cast<size_t>(batch) * score_stride);
   std::vector<int32_t> seq_lens(batch), table(static_cast<size_t>(batch) * bt_stride);
   std::vector<int32_t> out(static_cast<size_t>(batch) * dsa_topk::kTopK, INT32_MIN);
@@ -260,7 +262,7 @@ int main(int argc, char** argv) {
 
   const int cap = capacity < 0 ? dsa_topk::default_candidate_capacity(max_len) : capacity;
   simt::dynamic_storage().assign(2 * static_cast<size_t>(cap) * sizeof(uint2) + 16, 0);
-  dsa_topk::TopkArgs args{scores.data(), score_stride, seq_lens.data(), table.data(), bt_stride, out.data(), dsa_topk::kTopK, batch, max_len, cap};
+  dsa_topk::TopkArgs args{scores.data(), score_stride, seq_lens.data(), table.data(), bt_stride, out.data(), dsa_topk::kTopK, batch, max_len, cap, fast};
   switch (threads) {
     case 256: run<256>(args); break;
     case 512: run<512>(args); break;

@@ -56,6 +56,7 @@ cudaError_t launch(TopkArgs args, cudaStream_t stream) {
   const int wanted = args.candidate_capacity < 0 ? default_candidate_capacity(args.max_len) : args.candidate_capacity;
   // A smaller buffer only moves rows with many candidates to the (correct, slower) filter path.
   args.candidate_capacity = wanted < limit ? wanted : limit;
+  if (args.fast_candidates < 0 || args.fast_candidates > kFastCandidates) args.fast_candidates = kFastCandidates;
   const size_t smem = candidate_bytes(args.candidate_capacity);
   err = allow_dynamic_smem<kThreads>(device, smem);
   if (err != cudaSuccess) return err;

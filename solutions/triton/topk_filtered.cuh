@@ -14,6 +14,16 @@
 //   A digit stops the search early when its whole threshold bin is needed. After digit 3 the
 //   remaining candidates have identical keys, i.e. identical scores: any of them will do.
 //
+// Fast path, tried first on every long row: bin the keys linearly between the row's smallest
+// and largest key (2048 bins, each a narrow key range, unlike the 8-bit digits whose first one
+// holds little more than the exponent), find the threshold bin with one block-wide scan, emit
+// every key above it and collect the keys inside it in shared memory; bin those once more
+// (2048 sub-bins of the bin's range) when there are many, and rank the few keys of the last
+// threshold bin against each other (ties broken by position). Three passes over the row and
+// about ten barriers, against about twenty of the digit-by-digit select. When the row's
+// threshold bin holds more than `fast_candidates` keys (e.g. a row of equal scores) the block
+// runs the radix select instead.
+//
 // Selected positions are turned into physical ids (block_table[row][pos / 64] * 64 + pos % 64)
 // and written straight to the output row; order inside the row is free. Pure CUDA: nvcc can
 // compile it alone (topk_filtered.cu); topk_binding.cpp is the torch side.
@@ -46,6 +56,14 @@ constexpr int kSmallRowThreads = 512;
 constexpr int kLargeRowThreads = 1024;
 constexpr int kSmallRowMaxLen = 4096;
 
+// Fast path: bins over [min key, max key]; a threshold bin of up to kFastDirectRank keys is
+// ranked directly (each key compared with all, c^2 / threads comparisons per thread), a larger
+// one (up to kFastCandidates) is binned once more first.
+constexpr int kFastBinBits = 11;
+constexpr int kFastDirectRank = 64;
+constexpr int kFastBins = 1 << kFastBinBits;
+constexpr int kMaxWarps = 1024 / kWarpSize;
+
 static_assert(kTopK % kPageSize == 0, "rows are whole pages");
 static_assert(kRadix % kWarpSize == 0, "the threshold scan gives each warp whole bins");
 static_assert(kKeyBits % kDigitBits == 0, "digits tile the key");
@@ -61,6 +79,20 @@ struct SelectState {
   int ties;                              // tickets handed to keys equal to the last threshold
   int threshold;                         // threshold bin of the current digit
   int above;                             // keys of the current set in bins above it
+};
+
+// Block-shared bookkeeping of the fast path.
+struct FastState {
+  int hist[kFastBins];                // keys per bin (level 1: the row; level 2: the candidates)
+  uint2 candidates[kFastCandidates];  // (key, position) of the level-1 threshold bin's keys
+  unsigned warp_lo[kMaxWarps];        // per-warp smallest / largest key
+  unsigned warp_hi[kMaxWarps];
+  int warp_totals[kMaxWarps];         // per-warp bin totals of the threshold scan
+  int emitted;                        // output slots taken by keys above a threshold
+  int candidate_count;
+  int threshold;                      // threshold bin of the last scan
+  int above;                          // keys in bins above it
+  int in_bin;                         // keys in it
 };
 
 // Larger float -> larger unsigned key (negative floats flip all bits, positive ones the sign).
@@ -175,6 +207,150 @@ __device__ __forceinline__ void for_each_candidate(const uint2* buffer, int coun
   }
 }
 
+__device__ __forceinline__ unsigned warp_reduce(unsigned v, bool take_max) {
+  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
+    const unsigned other = static_cast<unsigned>(__shfl_sync(kFullMask, static_cast<int>(v), static_cast<int>(threadIdx.x % kWarpSize) ^ offset));
+    v = take_max ? (other > v ? other : v) : (other < v ? other : v);
+  }
+  return v;
+}
+
+// Finds the bin t of f.hist with count(bins > t) < need <= count(bins >= t) and stores t and
+// count(bins > t) in f.threshold / f.above (and count(t) in f.in_bin). Needs 1 <= need <= the histogram's total. Thread i
+// owns bins [kFastBins - (i + 1) * per, kFastBins - i * per), so an inclusive prefix sum over
+// threads counts keys from the top bin down. Block-wide; starts and ends with a barrier's
+// worth of ordering (the caller's histogram must be complete).
+template <int kThreads>
+__device__ __forceinline__ void fast_threshold(FastState& f, int need) {
+  constexpr int kBinsPerThread = kFastBins / kThreads;
+  static_assert(kFastBins % kThreads == 0 && kThreads / kWarpSize <= kMaxWarps, "threads own whole, equal runs of bins");
+  const int tid = threadIdx.x;
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
+  const int top = kFastBins - tid * kBinsPerThread;  // one past this thread's highest bin
+  int mine = 0;
+  for (int b = 0; b < kBinsPerThread; ++b) mine += f.hist[top - 1 - b];
+  int inclusive = mine;
+  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+    const int v = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += v;
+  }
+  if (lane == kWarpSize - 1) f.warp_totals[warp] = inclusive;
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) inclusive += f.warp_totals[w];
+  int running = inclusive - mine;  // keys in bins above this thread's
+  if (running < need && inclusive >= need) {  // exactly one thread: the threshold bin is here
+    for (int b = top - 1;; --b) {
+      if (running + f.hist[b] >= need) {
+        f.threshold = b;
+        f.above = running;
+        f.in_bin = f.hist[b];
+        break;
+      }
+      running += f.hist[b];
+    }
+  }
+  __syncthreads();
+}
+
+// The fast path (see the top of this file) for one row of `len` > kTopK scores. Returns false,
+// having written nothing, when the row's threshold bin holds more than `max_candidates` keys.
+// Block-wide: every thread calls it and all get the same result.
+template <int kThreads>
+__device__ bool fast_select(const float* __restrict__ scores, int len, int max_candidates, const int32_t* __restrict__ table_row,
+                            int32_t* __restrict__ out_row, FastState& f) {
+  constexpr int kWarps = kThreads / kWarpSize;
+  const int tid = threadIdx.x;
+  const int lane = tid % kWarpSize;
+  const int warp = tid / kWarpSize;
+
+  // Pass 1 over the row: its key range (the histogram is zeroed meanwhile).
+  for (int i = tid; i < kFastBins; i += kThreads) f.hist[i] = 0;
+  unsigned lo = 0xffffffffu, hi = 0u;
+  for_each_score<kThreads>(scores, len, [&](uint32_t key, int, bool member) {
+    if (member) {
+      lo = key < lo ? key : lo;
+      hi = key > hi ? key : hi;
+    }
+  });
+  lo = warp_reduce(lo, false);
+  hi = warp_reduce(hi, true);
+  if (lane == 0) {
+    f.warp_lo[warp] = lo;
+    f.warp_hi[warp] = hi;
+  }
+  if (tid == 0) {
+    f.emitted = 0;
+    f.candidate_count = 0;
+  }
+  __syncthreads();
+  for (int w = 0; w < kWarps; ++w) {
+    lo = f.warp_lo[w] < lo ? f.warp_lo[w] : lo;
+    hi = f.warp_hi[w] > hi ? f.warp_hi[w] : hi;
+  }
+  // Level-1 bin = (key - lo) >> shift < kFastBins: the shift keeps the top kFastBinBits of the range.
+  const unsigned range = hi - lo;
+  const int range_bits = range == 0 ? 0 : kKeyBits - __clz(range);
+  const int shift = range_bits > kFastBinBits ? range_bits - kFastBinBits : 0;
+
+  // Pass 2: level-1 histogram, and its threshold bin for kTopK.
+  for_each_score<kThreads>(scores, len, [&](uint32_t key, int, bool member) {
+    histogram_add(f.hist, member ? static_cast<int>((key - lo) >> shift) : 0, member);
+  });
+  __syncthreads();
+  fast_threshold<kThreads>(f, kTopK);
+  const int threshold = f.threshold;
+  const int above = f.above;
+  const int in_bin = f.in_bin;  // read from f, not f.hist: other threads zero the bins after pass 3
+  if (in_bin > max_candidates) return false;  // block-uniform; nothing written yet
+
+  // Pass 3: emit the keys above the threshold bin, collect the ones in it.
+  for_each_score<kThreads>(scores, len, [&](uint32_t key, int pos, bool member) {
+    const int bin = member ? static_cast<int>((key - lo) >> shift) : -1;
+    const int slot = warp_reserve(bin > threshold, &f.emitted);
+    if (bin > threshold) out_row[slot] = physical_id(table_row, pos);
+    const int at = warp_reserve(bin == threshold, &f.candidate_count);
+    if (bin == threshold) f.candidates[at] = make_uint2(key, static_cast<uint32_t>(pos));
+  });
+  for (int i = tid; i < kFastBins; i += kThreads) f.hist[i] = 0;
+  __syncthreads();
+
+  // Level 2, on the candidates: sub-bins of the threshold bin's key range, the next
+  // kFastBinBits bits below `shift` (just the remaining bits when fewer are left).
+  const int need = kTopK - above;  // slots left for the threshold bin's keys, >= 1
+  const int shift2 = shift > kFastBinBits ? shift - kFastBinBits : 0;
+  const uint32_t base = lo + (static_cast<uint32_t>(threshold) << shift);  // smallest key of the bin
+  int sub_threshold = 0;
+  int sub_above = 0;
+  if (in_bin > kFastDirectRank) {
+    for (int i = tid; i < in_bin; i += kThreads) atomicAdd(&f.hist[(f.candidates[i].x - base) >> shift2], 1);
+    __syncthreads();
+    fast_threshold<kThreads>(f, need);
+    sub_threshold = f.threshold;
+    sub_above = f.above;
+  }
+  auto sub_bin = [&](uint32_t key) { return in_bin > kFastDirectRank ? static_cast<int>((key - base) >> shift2) : 0; };
+  // Candidates above the sub-threshold take slots after the level-1 keys; the ones in it are
+  // ranked against each other (larger key first, then lower position) for the rest.
+  for (int first = 0; first < in_bin; first += kThreads) {
+    const int i = first + tid;
+    const bool member = i < in_bin;
+    const uint2 me = member ? f.candidates[i] : make_uint2(0u, 0u);
+    const int sub = member ? sub_bin(me.x) : -1;
+    const int slot = warp_reserve(sub > sub_threshold, &f.emitted);
+    if (sub > sub_threshold) out_row[slot] = physical_id(table_row, static_cast<int>(me.y));
+    if (sub == sub_threshold) {
+      int rank = 0;
+      for (int j = 0; j < in_bin; ++j) {
+        const uint2 other = f.candidates[j];
+        rank += sub_bin(other.x) == sub_threshold && (other.x > me.x || (other.x == me.x && other.y < me.y));
+      }
+      if (rank < need - sub_above) out_row[above + sub_above + rank] = physical_id(table_row, static_cast<int>(me.y));
+    }
+  }
+  return true;
+}
+
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads) filtered_topk_kernel(TopkArgs args) {
   static_assert(kThreads % kWarpSize == 0 && kThreads >= kRadix, "whole warps, one thread per bin");
@@ -192,6 +368,10 @@ __global__ void __launch_bounds__(kThreads) filtered_topk_kernel(TopkArgs args) 
   }
   if (len > args.max_len) __trap();  // seq_len beyond max_num_pages * 64 breaks the contract: fail loudly
   const float* __restrict__ scores = args.scores + row * args.score_stride;
+  if (args.fast_candidates > 0) {
+    __shared__ FastState fast;
+    if (fast_select<kThreads>(scores, len, args.fast_candidates, table_row, out_row, fast)) return;
+  }
   const int capacity = args.candidate_capacity;
 
   for (int i = threadIdx.x; i < kRadix; i += kThreads) s.hist[0][i] = 0;

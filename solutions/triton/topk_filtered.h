@@ -20,6 +20,9 @@ constexpr int kPageSize = 64;  // tokens per cache page
 // 8-byte (key, position) pairs, 128 KiB at this size, which Hopper's 227 KiB per block allows.
 constexpr int kMaxCandidates = 8192;
 
+// Largest threshold bin the fast path ranks directly (see topk_filtered.cuh).
+constexpr int kFastCandidates = 1024;
+
 struct TopkArgs {
   const float* scores;        // [batch, score_stride] fp32 scores, position-major per row
   int64_t score_stride;       // elements between rows; a multiple of 4 (16-byte aligned rows)
@@ -31,6 +34,7 @@ struct TopkArgs {
   int batch;
   int max_len;                // score_stride rounded to pages: the longest row possible
   int candidate_capacity;     // entries per shared buffer; < 0 picks the default
+  int fast_candidates;        // fast path's largest directly ranked bin; 0: radix select only; < 0: kFastCandidates
 };
 
 #ifndef DSA_TOPK_HOST_EMULATION
