@@ -408,19 +408,20 @@ def test_emulated_cuda_topk_on_triton_scores_passes_checker(emulator):
 
 
 def _cuda_topk():
-    module = topk_ext.load_topk_extension()
-    return module.filtered_topk
+    topk_ext.load_topk_extension()
+    return topk_ext.filtered_topk
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fast_candidates", [-1, 0])  # fast path first, or the radix select only
 @pytest.mark.parametrize("capacity", [-1, 0, 16])
 @pytest.mark.parametrize("max_pages", [64, 91])  # 512 and 1024 threads per block
-def test_cuda_topk_matches_torch_topk(capacity, max_pages):
+def test_cuda_topk_matches_torch_topk(capacity, max_pages, fast_candidates):
     scores, seq_lens, table = synthetic_rows(seed=capacity + max_pages, max_pages=max_pages)
     seq_lens = seq_lens.clamp(max=max_pages * 64)
     scores, seq_lens, table = scores.cuda(), seq_lens.cuda(), table.cuda()
     out = torch.full((scores.shape[0], indexer.TOPK), INT_POISON, dtype=torch.int32, device="cuda")
-    _cuda_topk()(scores, seq_lens, table, out, capacity)
+    _cuda_topk()(scores, seq_lens, table, out, capacity, fast_candidates)
     torch.cuda.synchronize()
     assert_exact_topk(scores, seq_lens, table, out)
 
@@ -460,12 +461,14 @@ def test_cuda_topk_rejects_bad_arguments():
     lens = torch.zeros(2, dtype=torch.int32, device="cuda")
     table = torch.zeros((2, 40), dtype=torch.int32, device="cuda")
     out = torch.zeros((2, indexer.TOPK), dtype=torch.int32, device="cuda")
-    with pytest.raises(RuntimeError, match="scores must be"):
+    with pytest.raises(ValueError, match="scores must be"):
         topk(scores.double(), lens, table, out)
-    with pytest.raises(RuntimeError, match="columns"):
+    with pytest.raises(RuntimeError, match="columns"):  # shapes: checked by the binding
         topk(scores[:, :100], lens, table, out)
-    with pytest.raises(RuntimeError, match="CUDA tensor"):
+    with pytest.raises(ValueError, match="seq_lens must be a CUDA tensor"):
         topk(scores, lens.cpu(), table, out)
+    with pytest.raises(ValueError, match="topk_indices must be"):
+        topk(scores, lens, table, out.long())
 
 
 @pytest.mark.gpu

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import json
 import os
 import statistics
@@ -52,6 +53,7 @@ from dsa_bench.workloads import build_inputs, derive_seed, load_workload
 TARGETS_US = {"passthrough_mean": 3.0, "all_mean": 8.0, "largest": 20.0}
 PIPELINES = ("reference", "triton", "plain")
 TOPK_ALONE = "cuda_topk_alone"
+TOPK_RADIX_ONLY = "cuda_topk_radix_only"  # the top-k alone with its fast path turned off
 
 
 def parse_args() -> argparse.Namespace:
@@ -163,7 +165,7 @@ def run_variants(module, timer, flusher, definition, axes, sets_inputs, expected
         out = torch.empty((batch, 2048), dtype=torch.int32, device=device)
         poison_(out)
         if module._cuda_topk is not None:
-            module._cuda_topk.filtered_topk(scores, first["seq_lens"], first["block_table"], out)
+            module.topk_ext.filtered_topk(scores, first["seq_lens"], first["block_table"], out)
         else:
             module.portable_topk(scores, first["seq_lens"], first["block_table"], out)
         problem = check(definition, axes, first, expected0, out, device)
@@ -176,8 +178,11 @@ def run_variants(module, timer, flusher, definition, axes, sets_inputs, expected
             kernels.launch_scores(*a, scores, skip_short_rows=True)
             score_sets.append([scores, inp["seq_lens"], inp["block_table"]])
         outs = [torch.empty((batch, 2048), dtype=torch.int32, device=device) for _ in score_sets]
-        ms = time_pipeline(timer, flusher, module._cuda_topk.filtered_topk, score_sets, outs, warmup, iterations)
+        ms = time_pipeline(timer, flusher, module.topk_ext.filtered_topk, score_sets, outs, warmup, iterations)
         results[TOPK_ALONE] = {"us": ms * 1e3}
+        radix_only = functools.partial(module.topk_ext.filtered_topk, fast_candidates=0)
+        ms = time_pipeline(timer, flusher, radix_only, score_sets, outs, warmup, iterations)
+        results[TOPK_RADIX_ONLY] = {"us": ms * 1e3}
     return results
 
 
@@ -336,9 +341,10 @@ def main() -> int:
                 continue
             print(f"  {name:24s} {mean([v['us'] for v in ok]):8.2f}   {max(v['max_score_error_rel'] for v in ok):.2e}   "
                   f"{sum(v['topk_passes_checker'] for v in ok)}/{len(ok)}")  # fmt: skip
-        topk_alone = [r["score_variants"][TOPK_ALONE]["us"] for r in variant_rows if TOPK_ALONE in r["score_variants"]]
-        if topk_alone:
-            print(f"  {'(CUDA top-k alone)':24s} {mean(topk_alone):8.2f}")
+        for key, title in ((TOPK_ALONE, "(CUDA top-k alone)"), (TOPK_RADIX_ONLY, "(top-k, radix only)")):
+            alone = [r["score_variants"][key]["us"] for r in variant_rows if key in r["score_variants"]]
+            if alone:
+                print(f"  {title:24s} {mean(alone):8.2f}")
 
     document = {
         "format": "dsa-bench-indexer-bench",

@@ -53,7 +53,7 @@ def solution_notes() -> str:
             else "the scored path is replayed as one CUDA graph per argument set"
         )
         return (
-            "top-k: CUDA filtered radix select on 32-bit score keys with page-table emit "
+            "top-k: CUDA filtered select on 32-bit score keys (range-binned fast path, radix select fallback) with page-table emit "
             f"(extension {_cuda_topk.__name__}); scores: Triton, exact fp16 tensor-core dot of the FP8 values; {graphs}"
         )
     if INTERPRETING:
@@ -119,7 +119,7 @@ def _graphed_or_eager(select_topk):
 
 #: The entry's scored path (CUDA top-k on a GPU, torch.topk under the interpreter) and the
 #: benchmark's plain pipeline (torch.topk everywhere), each graphed on a GPU.
-_scored_graphs = _graphed_or_eager(_cuda_topk.filtered_topk if _cuda_topk is not None else portable_topk)
+_scored_graphs = _graphed_or_eager(topk_ext.filtered_topk if _cuda_topk is not None else portable_topk)
 _plain_scored = _graphed_or_eager(portable_topk)
 
 

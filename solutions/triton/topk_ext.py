@@ -82,3 +82,35 @@ def load_topk_extension(verbose: bool | None = None) -> ModuleType:
         raise TopkBuildError(f"building the CUDA filtered top-k with {nvcc} failed: {exc}") from exc
     assert _module.TOPK == 2048 and _module.PAGE_SIZE == 64 and _module.MAX_CANDIDATES == MAX_CANDIDATES
     return _module
+
+
+_TENSOR_ARGS = (("scores", torch.float32, 2), ("seq_lens", torch.int32, 1), ("block_table", torch.int32, 2), ("topk_indices", torch.int32, 2))
+
+
+def filtered_topk(
+    scores: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    topk_indices: torch.Tensor,
+    candidate_capacity: int = -1,
+    fast_candidates: int = -1,
+) -> None:
+    """Write the top-2048 physical ids of every row of ``scores`` into ``topk_indices``.
+
+    ``scores [B, W]`` fp32 (W >= max_num_pages * 64, rows 16-byte aligned), ``seq_lens [B]`` and
+    ``block_table [B, max_num_pages]`` int32, ``topk_indices [B, 2048]`` int32, all on one CUDA
+    device. Devices, dtypes and ranks are checked here, before any pointer reaches the binding
+    (which checks shapes and alignment). ``candidate_capacity`` and ``fast_candidates`` are test
+    hooks (-1: defaults; see topk_binding.cpp).
+    """
+    tensors = (scores, seq_lens, block_table, topk_indices)
+    for (name, dtype, dims), tensor in zip(_TENSOR_ARGS, tensors):
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if not tensor.is_cuda:
+            raise ValueError(f"{name} must be a CUDA tensor, got one on {tensor.device}")
+        if tensor.device != scores.device:
+            raise ValueError(f"{name} is on {tensor.device} but scores are on {scores.device}")
+        if tensor.dtype != dtype or tensor.dim() != dims:
+            raise ValueError(f"{name} must be a {dims}-d {dtype} tensor, got a {tensor.dim()}-d {tensor.dtype} one")
+    load_topk_extension().filtered_topk(scores, seq_lens, block_table, topk_indices, candidate_capacity, fast_candidates)

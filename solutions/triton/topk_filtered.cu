@@ -7,12 +7,12 @@ namespace dsa_topk {
 namespace {
 
 constexpr int kMaxDevices = 64;
-constexpr size_t kDefaultDynamicSmem = 48 * 1024;  // what a launch may use without opting in
 
 size_t candidate_bytes(int capacity) { return 2 * static_cast<size_t>(capacity) * sizeof(uint2); }
 
 // Largest candidate capacity that fits the device's opt-in shared memory next to the kernel's
-// static shared memory. Cached per device and block size.
+// static shared memory; on first use per device it also opts the kernel in to that much dynamic
+// shared memory (needed as soon as static + dynamic exceed 48 KiB). Cached per device and block size.
 template <int kThreads>
 cudaError_t capacity_limit(int device, int* limit) {
   static int cached[kMaxDevices] = {0};
@@ -27,22 +27,14 @@ cudaError_t capacity_limit(int device, int* limit) {
   err = cudaFuncGetAttributes(&attributes, filtered_topk_kernel<kThreads>);
   if (err != cudaSuccess) return err;
   const long long spare = static_cast<long long>(optin) - static_cast<long long>(attributes.sharedSizeBytes);
+  if (spare > 0) {
+    err = cudaFuncSetAttribute(filtered_topk_kernel<kThreads>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(spare));
+    if (err != cudaSuccess) return err;
+  }
   const long long fit = spare > 0 ? spare / static_cast<long long>(candidate_bytes(1)) : 0;
   *limit = static_cast<int>(fit < kMaxCandidates ? fit : kMaxCandidates);
   if (device >= 0 && device < kMaxDevices) cached[device] = *limit;
   return cudaSuccess;
-}
-
-// Raises the kernel's dynamic shared memory limit when a launch needs more than the default.
-template <int kThreads>
-cudaError_t allow_dynamic_smem(int device, size_t bytes) {
-  static size_t allowed[kMaxDevices] = {0};
-  const bool cacheable = device >= 0 && device < kMaxDevices;
-  if (bytes <= kDefaultDynamicSmem || (cacheable && allowed[device] >= bytes)) return cudaSuccess;
-  const cudaError_t err =
-      cudaFuncSetAttribute(filtered_topk_kernel<kThreads>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-  if (err == cudaSuccess && cacheable) allowed[device] = bytes;
-  return err;
 }
 
 template <int kThreads>
@@ -58,8 +50,6 @@ cudaError_t launch(TopkArgs args, cudaStream_t stream) {
   args.candidate_capacity = wanted < limit ? wanted : limit;
   if (args.fast_candidates < 0 || args.fast_candidates > kFastCandidates) args.fast_candidates = kFastCandidates;
   const size_t smem = candidate_bytes(args.candidate_capacity);
-  err = allow_dynamic_smem<kThreads>(device, smem);
-  if (err != cudaSuccess) return err;
   filtered_topk_kernel<kThreads><<<args.batch, kThreads, smem, stream>>>(args);
   return cudaGetLastError();
 }
