@@ -14,6 +14,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}
 WORK=${WORK:-/tmp/gpu-work}
+ATTENTION_VARIANTS=${ATTENTION_VARIANTS:-}
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -79,9 +80,9 @@ for stage in "$@"; do
             --section WarpStateStats --section SourceCounters --section InstructionStats --print-details all \
             python3 tools/profile_kernels.py ncu --case attention_02_t1_sparse --case attention_18_t8_full --case indexer_069_b1_p33
         ;;
-    tune)
+    tune)  # ATTENTION_VARIANTS="--variant default --variant ..." narrows the attention variants
         step gpu_tests_kernels 200 python3 -m pytest -q -m gpu tests/test_triton_indexer.py tests/test_triton_attention.py
-        step attention_variants 150 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json"
+        step attention_variants 150 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" $ATTENTION_VARIANTS
         step indexer_variants 100 python3 tools/bench_indexer.py --warmup 2 --iterations 10 --trials 1 --out "$WORK/indexer_variants.json" \
             --case 'indexer_069*' --case 'indexer_080*' --case 'indexer_086*' --case 'indexer_100*' --case 'indexer_110*' --case 'indexer_120*' --case 'indexer_127*'
         ;;
