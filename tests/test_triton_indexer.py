@@ -463,8 +463,12 @@ def test_cuda_topk_rejects_bad_arguments():
     out = torch.zeros((2, indexer.TOPK), dtype=torch.int32, device="cuda")
     with pytest.raises(ValueError, match="scores must be"):
         topk(scores.double(), lens, table, out)
-    with pytest.raises(RuntimeError, match="columns"):  # shapes: checked by the binding
+    with pytest.raises(ValueError, match="columns"):
         topk(scores[:, :100], lens, table, out)
+    with pytest.raises(ValueError, match="batch size"):
+        topk(scores, lens[:1], table, out)
+    with pytest.raises(ValueError, match="fast_candidates"):
+        topk(scores, lens, table, out, -1, 5000)
     with pytest.raises(ValueError, match="seq_lens must be a CUDA tensor"):
         topk(scores, lens.cpu(), table, out)
     with pytest.raises(ValueError, match="topk_indices must be"):

@@ -21,8 +21,11 @@ HERE = Path(__file__).resolve().parent
 SOURCES = ("topk_binding.cpp", "topk_filtered.cu")
 #: headers they include (part of the digest; ninja does not see edits to unlisted headers)
 HEADERS = ("topk_filtered.h", "topk_filtered.cuh")
-#: the top-k kernel's largest shared candidate buffer (entries), as topk_filtered.h sets it
-MAX_CANDIDATES = 8192
+#: constants of topk_filtered.h (checked against the built module in load_topk_extension)
+MAX_CANDIDATES = 8192  # the radix select's largest shared candidate buffer (entries)
+FAST_CANDIDATES = 1024  # the fast path's largest threshold bin
+TOPK = 2048
+PAGE_SIZE = 64
 
 
 class TopkBuildError(RuntimeError):
@@ -80,7 +83,7 @@ def load_topk_extension(verbose: bool | None = None) -> ModuleType:
         )
     except Exception as exc:  # compiler errors arrive as RuntimeError/CalledProcessError with the log
         raise TopkBuildError(f"building the CUDA filtered top-k with {nvcc} failed: {exc}") from exc
-    assert _module.TOPK == 2048 and _module.PAGE_SIZE == 64 and _module.MAX_CANDIDATES == MAX_CANDIDATES
+    assert (_module.TOPK, _module.PAGE_SIZE, _module.MAX_CANDIDATES, _module.FAST_CANDIDATES) == (TOPK, PAGE_SIZE, MAX_CANDIDATES, FAST_CANDIDATES)
     return _module
 
 
@@ -99,9 +102,11 @@ def filtered_topk(
 
     ``scores [B, W]`` fp32 (W >= max_num_pages * 64, rows 16-byte aligned), ``seq_lens [B]`` and
     ``block_table [B, max_num_pages]`` int32, ``topk_indices [B, 2048]`` int32, all on one CUDA
-    device. Devices, dtypes and ranks are checked here, before any pointer reaches the binding
-    (which checks shapes and alignment). ``candidate_capacity`` and ``fast_candidates`` are test
-    hooks (-1: defaults; see topk_binding.cpp).
+    device. Every argument is checked here, before it reaches the binding: the binding repeats
+    the checks with TORCH_CHECK, but an exception thrown out of the extension has crashed the
+    process on the H200 machine's toolchain (torch 2.11, nvcc 13.0; cause not established), so
+    it must never be the place where bad input is caught. ``candidate_capacity`` and
+    ``fast_candidates`` are test hooks (-1: defaults; see topk_binding.cpp).
     """
     tensors = (scores, seq_lens, block_table, topk_indices)
     for (name, dtype, dims), tensor in zip(_TENSOR_ARGS, tensors):
@@ -113,4 +118,21 @@ def filtered_topk(
             raise ValueError(f"{name} is on {tensor.device} but scores are on {scores.device}")
         if tensor.dtype != dtype or tensor.dim() != dims:
             raise ValueError(f"{name} must be a {dims}-d {dtype} tensor, got a {tensor.dim()}-d {tensor.dtype} one")
+        if tensor.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension")
+    batch, max_len = scores.shape[0], block_table.shape[1] * PAGE_SIZE
+    if seq_lens.shape[0] != batch or block_table.shape[0] != batch or topk_indices.shape[0] != batch:
+        raise ValueError("scores, seq_lens, block_table and topk_indices must agree on the batch size")
+    if topk_indices.shape[1] != TOPK:
+        raise ValueError(f"topk_indices must have {TOPK} columns, got {topk_indices.shape[1]}")
+    if scores.shape[1] < max_len:
+        raise ValueError(f"scores must have max_num_pages * {PAGE_SIZE} = {max_len} columns, got {scores.shape[1]}")
+    if scores.stride(0) % 4 or scores.data_ptr() % 16:
+        raise ValueError("score rows must be 16-byte aligned (the kernel reads them as float4)")
+    if max(batch, max_len, block_table.stride(0), topk_indices.stride(0), scores.stride(0)) > 2**31 - 1:
+        raise ValueError("problem too large for 32-bit indexing")
+    if not -1 <= candidate_capacity <= 2**31 - 1:
+        raise ValueError(f"candidate_capacity must be -1 or non-negative, got {candidate_capacity}")
+    if not -1 <= fast_candidates <= FAST_CANDIDATES:
+        raise ValueError(f"fast_candidates must be -1 or 0..{FAST_CANDIDATES}, got {fast_candidates}")
     load_topk_extension().filtered_topk(scores, seq_lens, block_table, topk_indices, candidate_capacity, fast_candidates)

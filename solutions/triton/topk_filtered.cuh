@@ -65,6 +65,7 @@ constexpr int kFastBins = 1 << kFastBinBits;
 constexpr int kMaxWarps = 1024 / kWarpSize;
 
 static_assert(kTopK % kPageSize == 0, "rows are whole pages");
+static_assert(kFastCandidates * 2 <= kFastBins, "the level-2 ties (uint2) fit in the histogram's storage");
 static_assert(kRadix % kWarpSize == 0, "the threshold scan gives each warp whole bins");
 static_assert(kKeyBits % kDigitBits == 0, "digits tile the key");
 static_assert(kSmallRowThreads >= kRadix && kSmallRowThreads % kWarpSize == 0, "one thread per bin, whole warps");
@@ -83,7 +84,8 @@ struct SelectState {
 
 // Block-shared bookkeeping of the fast path.
 struct FastState {
-  int hist[kFastBins];                // keys per bin (level 1: the row; level 2: the candidates)
+  int hist[kFastBins];                // keys per bin (level 1: the row; level 2: the candidates);
+                                      // finally the level-2 threshold bin's keys as uint2
   uint2 candidates[kFastCandidates];  // (key, position) of the level-1 threshold bin's keys
   unsigned warp_lo[kMaxWarps];        // per-warp smallest / largest key
   unsigned warp_hi[kMaxWarps];
@@ -316,37 +318,53 @@ __device__ bool fast_select(const float* __restrict__ scores, int len, int max_c
   __syncthreads();
 
   // Level 2, on the candidates: sub-bins of the threshold bin's key range, the next
-  // kFastBinBits bits below `shift` (just the remaining bits when fewer are left).
+  // kFastBinBits bits below `shift` (just the remaining bits when fewer are left). Candidates
+  // above the sub-threshold bin take slots after the level-1 keys; the sub-threshold bin's keys
+  // are compacted into `ties` (the histogram's storage, free by then) and ranked against each
+  // other (larger key first, then lower position) for the remaining slots. A small level-1 bin
+  // skips the sub-binning: all its keys are ranked.
   const int need = kTopK - above;  // slots left for the threshold bin's keys, >= 1
+  const bool subdivide = in_bin > kFastDirectRank;
   const int shift2 = shift > kFastBinBits ? shift - kFastBinBits : 0;
   const uint32_t base = lo + (static_cast<uint32_t>(threshold) << shift);  // smallest key of the bin
+  auto sub_bin = [&](uint32_t key) { return subdivide ? static_cast<int>((key - base) >> shift2) : 0; };
   int sub_threshold = 0;
   int sub_above = 0;
-  if (in_bin > kFastDirectRank) {
-    for (int i = tid; i < in_bin; i += kThreads) atomicAdd(&f.hist[(f.candidates[i].x - base) >> shift2], 1);
+  int tie_count = in_bin;
+  const uint2* ties = f.candidates;
+  if (subdivide) {
+    for (int i = tid; i < in_bin; i += kThreads) atomicAdd(&f.hist[sub_bin(f.candidates[i].x)], 1);
     __syncthreads();
     fast_threshold<kThreads>(f, need);
     sub_threshold = f.threshold;
     sub_above = f.above;
-  }
-  auto sub_bin = [&](uint32_t key) { return in_bin > kFastDirectRank ? static_cast<int>((key - base) >> shift2) : 0; };
-  // Candidates above the sub-threshold take slots after the level-1 keys; the ones in it are
-  // ranked against each other (larger key first, then lower position) for the rest.
-  for (int first = 0; first < in_bin; first += kThreads) {
-    const int i = first + tid;
-    const bool member = i < in_bin;
-    const uint2 me = member ? f.candidates[i] : make_uint2(0u, 0u);
-    const int sub = member ? sub_bin(me.x) : -1;
-    const int slot = warp_reserve(sub > sub_threshold, &f.emitted);
-    if (sub > sub_threshold) out_row[slot] = physical_id(table_row, static_cast<int>(me.y));
-    if (sub == sub_threshold) {
-      int rank = 0;
-      for (int j = 0; j < in_bin; ++j) {
-        const uint2 other = f.candidates[j];
-        rank += sub_bin(other.x) == sub_threshold && (other.x > me.x || (other.x == me.x && other.y < me.y));
-      }
-      if (rank < need - sub_above) out_row[above + sub_above + rank] = physical_id(table_row, static_cast<int>(me.y));
+    tie_count = f.in_bin;
+    __syncthreads();  // every thread has its copies before the histogram's storage is reused
+    uint2* sub_ties = reinterpret_cast<uint2*>(f.hist);
+    if (tid == 0) f.candidate_count = 0;
+    __syncthreads();
+    for (int first = 0; first < in_bin; first += kThreads) {
+      const int i = first + tid;
+      const uint2 me = i < in_bin ? f.candidates[i] : make_uint2(0u, 0u);
+      const int sub = i < in_bin ? sub_bin(me.x) : -1;
+      const int slot = warp_reserve(sub > sub_threshold, &f.emitted);
+      if (sub > sub_threshold) out_row[slot] = physical_id(table_row, static_cast<int>(me.y));
+      const int at = warp_reserve(sub == sub_threshold, &f.candidate_count);
+      if (sub == sub_threshold) sub_ties[at] = me;
     }
+    __syncthreads();
+    ties = sub_ties;
+  }
+  const int first_tie_slot = above + sub_above;
+  const int tie_need = need - sub_above;
+  for (int i = tid; i < tie_count; i += kThreads) {
+    const uint2 me = ties[i];
+    int rank = 0;
+    for (int j = 0; j < tie_count; ++j) {
+      const uint2 other = ties[j];
+      rank += other.x > me.x || (other.x == me.x && other.y < me.y);
+    }
+    if (rank < tie_need) out_row[first_tie_slot + rank] = physical_id(table_row, static_cast<int>(me.y));
   }
   return true;
 }
