@@ -63,6 +63,9 @@ constexpr int kFastBinBits = 11;
 constexpr int kFastDirectRank = 64;
 constexpr int kFastBins = 1 << kFastBinBits;
 constexpr int kMaxWarps = 1024 / kWarpSize;
+// Block-table entries a block copies to shared memory (rows up to 256 pages = 16384 tokens;
+// longer rows read the table from global memory).
+constexpr int kSharedTablePages = 256;
 
 static_assert(kTopK % kPageSize == 0, "rows are whole pages");
 static_assert(kFastCandidates * 2 <= kFastBins, "the level-2 ties (uint2) fit in the histogram's storage");
@@ -112,8 +115,10 @@ __device__ __forceinline__ bool has_prefix(uint32_t key, int d, uint32_t prefix)
   return (key >> (kKeyBits - kDigitBits * d)) == prefix;
 }
 
-__device__ __forceinline__ int32_t physical_id(const int32_t* __restrict__ table_row, int pos) {
-  return __ldg(table_row + pos / kPageSize) * kPageSize + pos % kPageSize;
+// `table` is the row's block table, in shared memory when it fits (kSharedTablePages) so that
+// an emitted id costs no dependent global load.
+__device__ __forceinline__ int32_t physical_id(const int32_t* table, int pos) {
+  return table[pos / kPageSize] * kPageSize + pos % kPageSize;
 }
 
 // Warp-collective: reserves one slot of `*counter` per lane with `take`, with one shared-memory
@@ -259,7 +264,7 @@ __device__ __forceinline__ void fast_threshold(FastState& f, int need) {
 // having written nothing, when the row's threshold bin holds more than `max_candidates` keys.
 // Block-wide: every thread calls it and all get the same result.
 template <int kThreads>
-__device__ bool fast_select(const float* __restrict__ scores, int len, int max_candidates, const int32_t* __restrict__ table_row,
+__device__ bool fast_select(const float* __restrict__ scores, int len, int max_candidates, const int32_t* table_row,
                             int32_t* __restrict__ out_row, FastState& f) {
   constexpr int kWarps = kThreads / kWarpSize;
   const int tid = threadIdx.x;
@@ -377,15 +382,22 @@ __global__ void __launch_bounds__(kThreads) filtered_topk_kernel(TopkArgs args) 
 
   const int row = blockIdx.x;
   const int len = args.seq_lens[row];
-  const int32_t* __restrict__ table_row = args.block_table + row * args.bt_stride;
+  const int32_t* table_row = args.block_table + row * args.bt_stride;
   int32_t* __restrict__ out_row = args.out + row * args.out_stride;
 
   if (len <= kTopK) {  // passthrough: every token is selected, no scores needed
-    for (int i = threadIdx.x; i < kTopK; i += kThreads) out_row[i] = i < len ? physical_id(table_row, i) : -1;
+    for (int i = threadIdx.x; i < kTopK; i += kThreads) out_row[i] = i < len ? __ldg(table_row + i / kPageSize) * kPageSize + i % kPageSize : -1;
     return;
   }
   if (len > args.max_len) __trap();  // seq_len beyond max_num_pages * 64 breaks the contract: fail loudly
   const float* __restrict__ scores = args.scores + row * args.score_stride;
+  // The row's pages go to shared memory; every path below passes a barrier before its first emit.
+  __shared__ int32_t shared_table[kSharedTablePages];
+  const int pages = (len + kPageSize - 1) / kPageSize;
+  if (pages <= kSharedTablePages) {
+    for (int i = threadIdx.x; i < pages; i += kThreads) shared_table[i] = __ldg(table_row + i);
+    table_row = shared_table;
+  }
   if (args.fast_candidates > 0) {
     __shared__ FastState fast;
     if (fast_select<kThreads>(scores, len, args.fast_candidates, table_row, out_row, fast)) return;
