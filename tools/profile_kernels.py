@@ -5,6 +5,7 @@
         python tools/profile_kernels.py ncu [--case attention_18_t8_full --case indexer_127_b31_p91 ...]
     python tools/profile_kernels.py locality [--iterations 30]
     python tools/profile_kernels.py cache [--case ...] [--iterations 30]
+    python tools/profile_kernels.py topk [--iterations 30]
 
 ``ncu`` mode builds each case's inputs with the harness generator, calls the solution entry
 twice outside any range (compilation, CUDA-graph capture), then once more, with its kernels
@@ -158,9 +159,38 @@ def run_cache_states(cases: list[str], iterations: int, device: torch.device) ->
     return 0
 
 
+def run_topk_costs(iterations: int, device: torch.device) -> int:
+    """The CUDA top-k alone on synthetic rows: in-kernel passthrough rows (no selection) against
+    selected rows, with the default or no shared candidate buffer and with or without the fast
+    path, so a fixed per-launch cost separates from the selection's own."""
+    ix = solution_module(indexer.NAME)
+    timer_name, warning = choose_timer("auto", device)
+    if warning:
+        print(warning)
+    timer, flusher = make_timer(timer_name), L2Flusher(device)
+    print(f"CUDA top-k alone, {timer.name}, cold L2, median of {iterations}")
+    for batch, pages, length in ((1, 33, 2000), (1, 33, 2112), (31, 33, 2112), (1, 91, 5824), (31, 91, 5824)):
+        g = torch.Generator(device="cpu").manual_seed(batch * 1000 + length)
+        scores = torch.randn((batch, pages * 64), generator=g).to(device)
+        lens = torch.full((batch,), length, dtype=torch.int32, device=device)
+        table = torch.stack([torch.randperm(4 * pages, generator=g)[:pages] for _ in range(batch)]).int().to(device)
+        out = torch.empty((batch, indexer.TOPK), dtype=torch.int32, device=device)
+        row = []
+        for capacity, fast in ((-1, -1), (-1, 0), (0, -1), (0, 0)):
+            def call(i: int, capacity=capacity, fast=fast) -> None:
+                ix.topk_ext.filtered_topk(scores, lens, table, out, capacity, fast)
+
+            call(0)
+            torch.cuda.synchronize()
+            samples = timer.time_iterations(call, iterations, lambda i: flusher.flush(), lambda i: None)
+            row.append(f"cap{capacity:+d}/fast{fast:+d} {statistics.median(samples) * 1e3:6.2f}")
+        print(f"B={batch:2d} pages={pages} L={length}: " + "  ".join(row), flush=True)
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=("ncu", "locality", "cache"))
+    p.add_argument("mode", choices=("ncu", "locality", "cache", "topk"))
     p.add_argument("--case", action="append", default=[], help="case id (repeatable; ncu mode)")
     p.add_argument("--iterations", type=int, default=30)
     args = p.parse_args()
@@ -170,6 +200,8 @@ def main() -> int:
     device = torch.device("cuda")
     if args.mode == "ncu":
         return run_ncu(args.case or DEFAULT_CASES, device)
+    if args.mode == "topk":
+        return run_topk_costs(args.iterations, device)
     if args.mode == "cache":
         return run_cache_states(args.case or DEFAULT_CASES, args.iterations, device)
     return run_locality(args.iterations, device)
