@@ -19,8 +19,10 @@
 // holds little more than the exponent), find the threshold bin with one block-wide scan, emit
 // every key above it and collect the keys inside it in shared memory; bin those once more
 // (2048 sub-bins of the bin's range) when there are many, and rank the few keys of the last
-// threshold bin against each other (ties broken by position). Three passes over the row and
-// about ten barriers, against about twenty of the digit-by-digit select. When the row's
+// threshold bin against each other (ties broken by position). Four passes over the row
+// (range, histogram, per-thread counts, writes at scanned offsets), none of them with a
+// per-key vote or atomic on the critical path, and about ten barriers; the digit-by-digit
+// select needs about twenty, and votes for every key. When the row's
 // threshold bin holds more than `fast_candidates` keys (e.g. a row of equal scores) the block
 // runs the radix select instead.
 //
@@ -286,10 +288,6 @@ __device__ bool fast_select(const float* __restrict__ scores, int len, int max_c
     f.warp_lo[warp] = lo;
     f.warp_hi[warp] = hi;
   }
-  if (tid == 0) {
-    f.emitted = 0;
-    f.candidate_count = 0;
-  }
   __syncthreads();
   for (int w = 0; w < kWarps; ++w) {
     lo = f.warp_lo[w] < lo ? f.warp_lo[w] : lo;
@@ -300,26 +298,51 @@ __device__ bool fast_select(const float* __restrict__ scores, int len, int max_c
   const int range_bits = range == 0 ? 0 : kKeyBits - __clz(range);
   const int shift = range_bits > kFastBinBits ? range_bits - kFastBinBits : 0;
 
-  // Pass 2: level-1 histogram, and its threshold bin for kTopK.
+  // Pass 2: level-1 histogram, and its threshold bin for kTopK. Plain shared atomics: the
+  // thread does not wait for them, and range bins seldom collide (a row of equal keys does,
+  // and then falls back to the radix select anyway).
   for_each_score<kThreads>(scores, len, [&](uint32_t key, int, bool member) {
-    histogram_add(f.hist, member ? static_cast<int>((key - lo) >> shift) : 0, member);
+    if (member) atomicAdd(&f.hist[(key - lo) >> shift], 1);
   });
   __syncthreads();
   fast_threshold<kThreads>(f, kTopK);
   const int threshold = f.threshold;
   const int above = f.above;
-  const int in_bin = f.in_bin;  // read from f, not f.hist: other threads zero the bins after pass 3
+  const int in_bin = f.in_bin;  // read from f, not f.hist: other threads zero the bins after pass 4
   if (in_bin > max_candidates) return false;  // block-uniform; nothing written yet
 
-  // Pass 3: emit the keys above the threshold bin, collect the ones in it.
+  // Pass 3: each thread counts its keys above and in the threshold bin; an exclusive scan over
+  // threads turns the counts into the thread's own output and candidate offsets, so pass 4
+  // writes without per-key votes or atomics. Both counts travel packed in one int (the totals,
+  // `above` < kTopK and `in_bin` <= kFastCandidates, both fit 16 bits).
+  int n_above = 0;
+  int n_tie = 0;
+  for_each_score<kThreads>(scores, len, [&](uint32_t key, int, bool member) {
+    const int bin = member ? static_cast<int>((key - lo) >> shift) : -1;
+    n_above += bin > threshold;
+    n_tie += bin == threshold;
+  });
+  const int packed = n_above | (n_tie << 16);
+  int inclusive = packed;
+  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+    const int v = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += v;
+  }
+  if (lane == kWarpSize - 1) f.warp_totals[warp] = inclusive;
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) inclusive += f.warp_totals[w];
+  const int exclusive = inclusive - packed;
+  int out_at = exclusive & 0xffff;
+  int tie_at = exclusive >> 16;
+
+  // Pass 4: emit the keys above the threshold bin, collect the ones in it.
   for_each_score<kThreads>(scores, len, [&](uint32_t key, int pos, bool member) {
     const int bin = member ? static_cast<int>((key - lo) >> shift) : -1;
-    const int slot = warp_reserve(bin > threshold, &f.emitted);
-    if (bin > threshold) out_row[slot] = physical_id(table_row, pos);
-    const int at = warp_reserve(bin == threshold, &f.candidate_count);
-    if (bin == threshold) f.candidates[at] = make_uint2(key, static_cast<uint32_t>(pos));
+    if (bin > threshold) out_row[out_at++] = physical_id(table_row, pos);
+    if (bin == threshold) f.candidates[tie_at++] = make_uint2(key, static_cast<uint32_t>(pos));
   });
   for (int i = tid; i < kFastBins; i += kThreads) f.hist[i] = 0;
+  if (tid == 0) f.emitted = above;  // level 2 hands out the slots after the keys above
   __syncthreads();
 
   // Level 2, on the candidates: sub-bins of the threshold bin's key range, the next
