@@ -86,6 +86,15 @@ for stage in "$@"; do
         step indexer_variants 100 python3 tools/bench_indexer.py --warmup 2 --iterations 10 --trials 1 --out "$WORK/indexer_variants.json" \
             --case 'indexer_069*' --case 'indexer_080*' --case 'indexer_086*' --case 'indexer_100*' --case 'indexer_110*' --case 'indexer_120*' --case 'indexer_127*'
         ;;
+    final1)  # the recorded runs of this revision, part 1 (part 2: the indexer workload run)
+        step gpu_tests 220 python3 -m pytest -q -m gpu
+        step attention_run 90 python3 -m dsa_bench run -w sparse_attention_h16 --save "$WORK/sparse_attention_h16.json"
+        step topk_costs 40 python3 tools/profile_kernels.py topk --iterations 20
+        step indexer_pipelines 150 python3 tools/bench_indexer.py --warmup 2 --iterations 10 --trials 1 --no-variants --no-reference --out "$WORK/indexer_pipelines.json"
+        ;;
+    final2)
+        step indexer_run 400 python3 -m dsa_bench run -w indexer_h64 --warmup 4 --iterations 10 --trials 2 --save "$WORK/indexer_h64.json"
+        ;;
     *)
         echo "unknown stage $stage"; exit 2 ;;
     esac
