@@ -158,6 +158,7 @@ SCORE_TILES = {
     "default": None,  # what the launcher picks here (whole-row tiles under the interpreter)
     "gpu": kernels.GPU_SCORE_TILE,  # one page per program
     "4pages": kernels.ScoreTile(pages=4, num_warps=4),
+    "loop4": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=4, num_stages=2),  # pipelined pages per program
 }
 
 
@@ -254,9 +255,10 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
     result = {}
     for fp8 in (False, True):
         consts = {"NUM_HEADS": K.NUM_HEADS, "HEAD_DIM": K.HEAD_DIM, "PAGE_SIZE": K.PAGE_SIZE, "PAGE_BYTES": K.PAGE_BYTES,
-                  "TOPK": K.TOPK, "PAGES": tile.pages, "BLOCK_N": tile.block_n, "SKIP_SHORT_ROWS": True, "FP8_MMA": fp8, "DOT_FP32": False,
-                  "SENTINEL": K.SENTINEL_SCORE}
+                  "TOPK": K.TOPK, "PAGES": tile.pages, "BLOCK_N": tile.block_n, "LOOP_PAGES": tile.loop_pages, "SKIP_SHORT_ROWS": True,
+                  "FP8_MMA": fp8, "DOT_FP32": False, "SENTINEL": K.SENTINEL_SCORE}
         result["fp8" if fp8 else "fp16"] = compile_kernel(K._score_kernel, score_sig, consts, tile.num_warps)
+    result["fp16_loop"] = compile_kernel(K._score_kernel, score_sig, dict(consts, FP8_MMA=False, LOOP_PAGES=4), tile.num_warps)
     emit_sig = {"block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "positions_ptr": "*i64", "out_ptr": "*i32",
                 "stride_bt_row": "i32", "stride_pos_row": "i32", "stride_out_row": "i32"}
     for has_positions in (False, True):
@@ -281,6 +283,7 @@ def test_triton_kernels_compile_for_sm90():
     assert result["fp16"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"], result
     assert any("e4m3" in m for m in result["fp8"]["mma"]), result
     assert result["fp16"]["vector_loads"], "key loads did not vectorise"
+    assert result["fp16_loop"]["mma"] == result["fp16"]["mma"] and result["fp16_loop"]["vector_loads"], result
 
 
 # --------------------------------------------------------------------------- CUDA top-k, emulated on CPU

@@ -132,13 +132,15 @@ def check(definition, axes, inputs, expected, out: torch.Tensor, device) -> str 
 def score_variants(kernels) -> dict[str, Any]:
     """Score-kernel tiles worth comparing on the GPU (the first is the solution's default)."""
     return {
-        "default_fp16mma_p1_w4": kernels.GPU_SCORE_TILE,
+        "default": kernels.GPU_SCORE_TILE,
         "fp8mma_p1_w4": kernels.ScoreTile(pages=1, num_warps=4, fp8_mma=True),
-        "fp16mma_p1_w8": kernels.ScoreTile(pages=1, num_warps=8),
-        "fp16mma_p2_w8": kernels.ScoreTile(pages=2, num_warps=8),
-        "fp16mma_p2_w4": kernels.ScoreTile(pages=2, num_warps=4),
-        "fp16mma_p4_w4": kernels.ScoreTile(pages=4, num_warps=4),
-        "fp8mma_p2_w4": kernels.ScoreTile(pages=2, num_warps=4, fp8_mma=True),
+        "p1_w4": kernels.ScoreTile(pages=1, num_warps=4),
+        "p2_w4": kernels.ScoreTile(pages=2, num_warps=4),
+        "loop2_st2": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=2, num_stages=2),
+        "loop4_st2": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=4, num_stages=2),
+        "loop4_st3": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=4, num_stages=3),
+        "loop8_st3": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=8, num_stages=3),
+        "loop4_st3_w8": kernels.ScoreTile(pages=1, num_warps=8, loop_pages=4, num_stages=3),
     }
 
 

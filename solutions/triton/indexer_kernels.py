@@ -44,7 +44,9 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 @dataclass(frozen=True)
 class ScoreTile:
-    """Launch shape of the score kernel: ``pages`` cache pages (64 tokens each) of one row per program.
+    """Launch shape of the score kernel: ``pages`` cache pages (64 tokens each) of one row per
+    tile, ``loop_pages`` one-page tiles per program in a software-pipelined loop (the query and
+    weights are loaded once per program; ``num_stages`` sets the pipeline depth).
 
     The dot multiplies the FP8 values converted to fp16 by default (exact, see the kernel).
     ``dot_fp32`` converts them to fp32 instead, equally exact; the interpreter uses it because
@@ -58,11 +60,17 @@ class ScoreTile:
     fp8_mma: bool = False
     dot_fp32: bool = False
     num_stages: int = 1
+    loop_pages: int = 1
 
     def __post_init__(self) -> None:
         assert self.pages >= 1 and self.pages & (self.pages - 1) == 0, "tile sizes must be powers of two"
         assert self.num_warps in (1, 2, 4, 8)
         assert not (self.fp8_mma and self.dot_fp32), "pick one dot precision"
+        assert self.loop_pages >= 1 and (self.loop_pages == 1 or self.pages == 1), "a looping program takes one-page tiles"
+
+    @property
+    def pages_per_program(self) -> int:
+        return self.pages * self.loop_pages
 
     @property
     def block_n(self) -> int:
@@ -118,6 +126,64 @@ def cache_views(k_index_cache_fp8: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 @triton.jit
+def _page_logits(keys, q_t, FP8_MMA: tl.constexpr, DOT_FP32: tl.constexpr):
+    """[tokens, NUM_HEADS] fp32 logits of FP8 keys [tokens, HEAD_DIM] against q_t [HEAD_DIM, NUM_HEADS]."""
+    if FP8_MMA:
+        # Native FP8 tensor-core dot (wgmma e4m3). Hopper reportedly accumulates it in a ~22-bit format
+        # (products aligned to the largest of each k=32 step, then truncated), which can move
+        # scores by more than the checker's tie tolerance; kept for measurement only.
+        return tl.dot(keys, q_t, out_dtype=tl.float32)
+    elif DOT_FP32:
+        # Equally exact; the interpreter's choice (numpy's fp32 matmul is BLAS).
+        return tl.dot(keys.to(tl.float32), q_t.to(tl.float32), input_precision="ieee", out_dtype=tl.float32)
+    else:
+        # Default: FP8 -> fp16 is exact (every e4m3 value is an fp16 value) and so is the product
+        # of two e4m3 values, so the tensor cores accumulate exact products in fp32, like the
+        # reference does.
+        return tl.dot(keys.to(tl.float16), q_t.to(tl.float16), out_dtype=tl.float32)
+
+
+@triton.jit
+def _score_pages_loop(
+    q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
+    pid_n, row, seq_len,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, TOPK: tl.constexpr,
+    LOOP_PAGES: tl.constexpr, SKIP_SHORT_ROWS: tl.constexpr, FP8_MMA: tl.constexpr, DOT_FP32: tl.constexpr, SENTINEL: tl.constexpr,
+):
+    """Pages [pid_n * LOOP_PAGES, +LOOP_PAGES) of row ``row``, one page per loop step.
+
+    The query and head weights are loaded once; the loop over the row's scored pages is
+    software-pipelined (the launch's num_stages), so the next page's block-table entry and keys
+    are in flight while this page's dot runs. Positions of the program's range at or beyond
+    seq_len get the sentinel first, in one masked store.
+    """
+    if SKIP_SHORT_ROWS:  # noqa: SIM102 -- a constexpr and a runtime condition stay separate in Triton
+        if seq_len <= TOPK:
+            return
+    first_page = pid_n * LOOP_PAGES
+    span = first_page * PAGE_SIZE + tl.arange(0, LOOP_PAGES * PAGE_SIZE)
+    out_row = scores_ptr + row * row_width
+    tl.store(out_row + span, tl.full([LOOP_PAGES * PAGE_SIZE], SENTINEL, tl.float32), mask=(span >= seq_len) & (span < row_width))
+    scored_pages = tl.minimum(tl.cdiv(seq_len, PAGE_SIZE) - first_page, LOOP_PAGES)
+
+    slot = tl.arange(0, PAGE_SIZE)
+    dims = tl.arange(0, HEAD_DIM)
+    heads = tl.arange(0, NUM_HEADS)
+    token_offsets = slot[:, None] * HEAD_DIM + dims[None, :]
+    q_t = tl.load(q_ptr + row * (NUM_HEADS * HEAD_DIM) + heads[None, :] * HEAD_DIM + dims[:, None])
+    w = tl.load(weights_ptr + row * NUM_HEADS + heads)
+    for i in range(0, scored_pages):
+        tokens = (first_page + i) * PAGE_SIZE + slot
+        valid = tokens < seq_len
+        page = tl.load(block_table_ptr + row * stride_bt_row + first_page + i).to(tl.int64)
+        keys = tl.load(k_values_ptr + page * PAGE_BYTES + token_offsets, mask=valid[:, None])
+        scale = tl.load(k_scales_ptr + page * (PAGE_BYTES // 4) + slot, mask=valid, other=0.0)
+        logits = _page_logits(keys, q_t, FP8_MMA, DOT_FP32)
+        head_sum = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)
+        tl.store(out_row + tokens, tl.where(valid, head_sum * scale, SENTINEL))
+
+
+@triton.jit
 def _score_kernel(
     q_ptr,  # [B, NUM_HEADS, HEAD_DIM] float8_e4m3fn, contiguous
     k_values_ptr,  # [P, PAGE_SIZE, HEAD_DIM] float8_e4m3fn view of the cache (page stride PAGE_BYTES)
@@ -133,8 +199,9 @@ def _score_kernel(
     PAGE_SIZE: tl.constexpr,
     PAGE_BYTES: tl.constexpr,
     TOPK: tl.constexpr,
-    PAGES: tl.constexpr,  # pages per program
-    BLOCK_N: tl.constexpr,  # tokens per program, PAGES * PAGE_SIZE
+    PAGES: tl.constexpr,  # pages per tile
+    BLOCK_N: tl.constexpr,  # tokens per tile, PAGES * PAGE_SIZE
+    LOOP_PAGES: tl.constexpr,  # one-page tiles per program (PAGES == 1), looped
     SKIP_SHORT_ROWS: tl.constexpr,
     FP8_MMA: tl.constexpr,
     DOT_FP32: tl.constexpr,
@@ -148,9 +215,15 @@ def _score_kernel(
     """
     tl.static_assert(BLOCK_N == PAGES * PAGE_SIZE)
     tl.static_assert(PAGE_BYTES % 16 == 0)
+    tl.static_assert(LOOP_PAGES == 1 or PAGES == 1, "a looping program takes one-page tiles")
     pid_n = tl.program_id(0)
     row = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + row)
+    if LOOP_PAGES > 1:
+        _score_pages_loop(q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
+                          pid_n, row, seq_len, NUM_HEADS, HEAD_DIM, PAGE_SIZE, PAGE_BYTES, TOPK, LOOP_PAGES, SKIP_SHORT_ROWS,
+                          FP8_MMA, DOT_FP32, SENTINEL)
+        return
     if PAGES == 1:
         # GPU tile: its single block-table entry (pid_n < max_num_pages, so it exists) is loaded
         # before the seq_len tests, so the two loads are in flight together.
@@ -190,19 +263,7 @@ def _score_kernel(
     # Query transposed, [HEAD_DIM, NUM_HEADS]: K-major, as the tensor cores want their B operand.
     heads = tl.arange(0, NUM_HEADS)
     q_t = tl.load(q_ptr + row * (NUM_HEADS * HEAD_DIM) + heads[None, :] * HEAD_DIM + dims[:, None])
-    if FP8_MMA:
-        # Native FP8 tensor-core dot (wgmma e4m3). Hopper reportedly accumulates it in a ~22-bit format
-        # (products aligned to the largest of each k=32 step, then truncated), which can move
-        # scores by more than the checker's tie tolerance; kept for measurement only.
-        logits = tl.dot(keys, q_t, out_dtype=tl.float32)
-    elif DOT_FP32:
-        # Equally exact; the interpreter's choice (numpy's fp32 matmul is BLAS).
-        logits = tl.dot(keys.to(tl.float32), q_t.to(tl.float32), input_precision="ieee", out_dtype=tl.float32)
-    else:
-        # Default: FP8 -> fp16 is exact (every e4m3 value is an fp16 value) and so is the product
-        # of two e4m3 values, so the tensor cores accumulate exact products in fp32, like the
-        # reference does.
-        logits = tl.dot(keys.to(tl.float16), q_t.to(tl.float16), out_dtype=tl.float32)  # [BLOCK_N, NUM_HEADS]
+    logits = _page_logits(keys, q_t, FP8_MMA, DOT_FP32)  # [BLOCK_N, NUM_HEADS]
     w = tl.load(weights_ptr + row * NUM_HEADS + heads)  # [NUM_HEADS]
     head_sum = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)  # [BLOCK_N]
     tl.store(out_ptrs, tl.where(tokens < seq_len, head_sum * scale, SENTINEL), mask=in_row)
@@ -234,11 +295,11 @@ def launch_scores(
     tile = tile or default_score_tile(max_pages)
     values, scales = cache_views(k_index_cache_fp8)
     assert values.stride() == (PAGE_BYTES, HEAD_DIM, 1) and scales.stride() == (PAGE_BYTES // SCALE_BYTES, 1)
-    grid = (triton.cdiv(max_pages, tile.pages), batch)
+    grid = (triton.cdiv(max_pages, tile.pages_per_program), batch)
     _score_kernel[grid](
         q_index_fp8, values, scales, weights, seq_lens, block_table, scores, row_width, block_table.stride(0),
         NUM_HEADS=NUM_HEADS, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, PAGE_BYTES=PAGE_BYTES, TOPK=TOPK,
-        PAGES=tile.pages, BLOCK_N=tile.block_n, SKIP_SHORT_ROWS=skip_short_rows, FP8_MMA=tile.fp8_mma,
+        PAGES=tile.pages, BLOCK_N=tile.block_n, LOOP_PAGES=tile.loop_pages, SKIP_SHORT_ROWS=skip_short_rows, FP8_MMA=tile.fp8_mma,
         DOT_FP32=tile.dot_fp32, SENTINEL=SENTINEL_SCORE, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
 
