@@ -134,7 +134,6 @@ def score_variants(kernels) -> dict[str, Any]:
     return {
         "default": kernels.GPU_SCORE_TILE,
         "fp8mma_p1_w4": kernels.ScoreTile(pages=1, num_warps=4, fp8_mma=True),
-        "p1_w4": kernels.ScoreTile(pages=1, num_warps=4),
         "p2_w4": kernels.ScoreTile(pages=2, num_warps=4),
         "loop2_st2": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=2, num_stages=2),
         "loop4_st2": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=4, num_stages=2),
