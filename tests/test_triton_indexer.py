@@ -182,6 +182,18 @@ def test_score_kernel_matches_row_scores(tile):
         assert torch.all(scores[b, n:] == float("-inf")), "positions >= seq_len must hold the sentinel"
 
 
+def test_gpu_score_tile_policy(monkeypatch):
+    # The GPU policy (checked here with the interpreter switched off in the policy only): one-page
+    # programs for small calls, looping programs for the largest ones.
+    monkeypatch.setattr(kernels, "INTERPRETING", False)
+    assert kernels.default_score_tile(33, 1) == kernels.GPU_SCORE_TILE
+    assert kernels.default_score_tile(40, 29) == kernels.GPU_SCORE_TILE
+    assert kernels.default_score_tile(84, 23).loop_pages == 2
+    assert kernels.default_score_tile(91, 31).loop_pages == 4
+    thresholds = [t for t, _ in kernels.GPU_LOOP_TILES]
+    assert thresholds == sorted(thresholds, reverse=True), "larger calls first"
+
+
 def test_score_kernel_scores_short_rows_when_asked():
     lens = [100, 2048]
     _, inputs = make_inputs(lens, max_pages=40, seed=4)
