@@ -120,7 +120,7 @@ def main() -> int:
         list_plans(sa, sa._max_coresident_programs(torch.device("cuda")) if torch.cuda.is_available() else 132, names, [1, 2, 6, 7, 8])
         return 0
     if not torch.cuda.is_available():
-        print("needs a CUDA GPU", file=sys.stderr)
+        print("bench_attention_variants: needs a CUDA GPU (--list works without one)", file=sys.stderr)
         return 2
     device = torch.device("cuda")
     sa = load_solution()

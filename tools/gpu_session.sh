@@ -7,6 +7,10 @@
 #   bash tools/gpu_session.sh setup kernels      # GPU tests of everything, smoke runs, the attention benchmark
 #   bash tools/gpu_session.sh setup bench        # the indexer benchmarks and a second attention run
 #   bash tools/gpu_session.sh setup explore      # tuning: attention variants, gather locality, indexer stages, ncu
+#   bash tools/gpu_session.sh setup stalls       # cache states and ncu stall reasons of both solutions' kernels
+#   bash tools/gpu_session.sh setup tune         # GPU kernel tests, attention variants, indexer stages
+#   bash tools/gpu_session.sh setup final1       # the recorded runs: every GPU test, attention workload, top-k costs, pipelines
+#   bash tools/gpu_session.sh setup final2       # the recorded indexer workload run (reference + triton)
 #
 # `setup` installs wheels carried in .whl/ (cupti-python and pyelftools, which the GPU image
 # lacks) into /tmp/site without touching the image's packages.
