@@ -1,8 +1,8 @@
 """CUPTI activity timing (cupti-python), the timer dsa-bench results are meant to quote.
 
 Each iteration runs between two CUPTI timestamps taken with the device idle. Kernel, memcpy and
-memset activity is recorded on every stream, together with runtime and driver API activity; a
-GPU activity belongs to the iteration whose window holds the API call that launched it (matched
+memset activity is recorded on every stream; a GPU activity belongs to the iteration whose window
+holds its start (or, with ``correlate_api``, the runtime/driver API call that launched it, matched
 by correlation id), and the iteration's latency is its first activity start to its last activity
 end. So host work before the first launch, and the launch latency of the first kernel, do not
 count, and work a solution hides on a side stream does.
@@ -40,7 +40,7 @@ class CuptiTimer(Timer):
     default) a GPU activity belongs to the window its own start falls in. Both attribute the
     same work, because the device is idle at every window's start and synchronised at its end;
     API tracing, however, slows every launch on the host, which widens the gaps between the
-    kernels of a multi-kernel solution (measured in benchmarks/harness_h200.md).
+    kernels of a multi-kernel solution (measured: benchmarks/README.md, "Timers").
     """
 
     name = "cupti"
