@@ -224,6 +224,22 @@ __device__ __forceinline__ unsigned warp_reduce(unsigned v, bool take_max) {
   return v;
 }
 
+// Block-wide inclusive prefix sum of `value` over threads in index order (`lane` and `warp` are
+// the calling thread's). `warp_totals` is block-shared scratch of kMaxWarps ints; one barrier
+// inside, so every thread must call it and the scratch may be reused only after the caller's
+// next barrier.
+__device__ __forceinline__ int block_inclusive_sum(int value, int lane, int warp, int* warp_totals) {
+  int inclusive = value;
+  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+    const int v = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += v;
+  }
+  if (lane == kWarpSize - 1) warp_totals[warp] = inclusive;
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) inclusive += warp_totals[w];
+  return inclusive;
+}
+
 // Finds the bin t of f.hist with count(bins > t) < need <= count(bins >= t) and stores t and
 // count(bins > t) in f.threshold / f.above (and count(t) in f.in_bin). Needs 1 <= need <= the histogram's total. Thread i
 // owns bins [kFastBins - (i + 1) * per, kFastBins - i * per), so an inclusive prefix sum over
@@ -239,14 +255,7 @@ __device__ __forceinline__ void fast_threshold(FastState& f, int need) {
   const int top = kFastBins - tid * kBinsPerThread;  // one past this thread's highest bin
   int mine = 0;
   for (int b = 0; b < kBinsPerThread; ++b) mine += f.hist[top - 1 - b];
-  int inclusive = mine;
-  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
-    const int v = __shfl_up_sync(kFullMask, inclusive, offset);
-    if (lane >= offset) inclusive += v;
-  }
-  if (lane == kWarpSize - 1) f.warp_totals[warp] = inclusive;
-  __syncthreads();
-  for (int w = 0; w < warp; ++w) inclusive += f.warp_totals[w];
+  const int inclusive = block_inclusive_sum(mine, lane, warp, f.warp_totals);
   int running = inclusive - mine;  // keys in bins above this thread's
   if (running < need && inclusive >= need) {  // exactly one thread: the threshold bin is here
     for (int b = top - 1;; --b) {
@@ -323,15 +332,7 @@ __device__ bool fast_select(const float* __restrict__ scores, int len, int max_c
     n_tie += bin == threshold;
   });
   const int packed = n_above | (n_tie << 16);
-  int inclusive = packed;
-  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
-    const int v = __shfl_up_sync(kFullMask, inclusive, offset);
-    if (lane >= offset) inclusive += v;
-  }
-  if (lane == kWarpSize - 1) f.warp_totals[warp] = inclusive;
-  __syncthreads();
-  for (int w = 0; w < warp; ++w) inclusive += f.warp_totals[w];
-  const int exclusive = inclusive - packed;
+  const int exclusive = block_inclusive_sum(packed, lane, warp, f.warp_totals) - packed;
   int out_at = exclusive & 0xffff;
   int tie_at = exclusive >> 16;
 
