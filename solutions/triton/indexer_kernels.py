@@ -79,8 +79,10 @@ class ScoreTile:
 
 #: GPU tile. One program scores one page (64 tokens) against all 64 heads: keys [64 x 128] times
 #: the transposed query [128 x 64] into a [64 tokens x 64 heads] fp32 tile, then ReLU, head
-#: weights and the head sum. The kernel is bandwidth-bound (8 KiB of keys per 1 MFLOP), so small
-#: programs win: the largest contest case is 31 rows x 91 pages = 2821 programs, several per SM.
+#: weights and the head sum. The kernel moves 8 KiB of keys per 1 MFLOP and its time is the
+#: chain of dependent loads of each program, so many small programs (several per SM) win for
+#: most calls; the largest ones (up to 31 rows x 91 pages = 2821 programs, four waves) loop over
+#: pages instead (GPU_LOOP_TILES).
 #: Four warps is the fewest that make one Hopper warpgroup, i.e. a wgmma m64n64k16 with the keys
 #: from registers and q from shared memory (90 registers, 16 KiB of shared memory per program,
 #: checked with an offline sm_90 compile). With two warps Triton falls back to mma.sync and

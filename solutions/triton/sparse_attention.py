@@ -39,8 +39,8 @@ the program that draws ticket S - 1 is the last one: it resets ``count`` to 0 an
 ``sense``, which releases the others spinning on it. ``count`` stays in [0, S] and ``sense`` in
 {0, 1}, so the words never overflow and need no memset between calls; they are zeroed once
 when allocated. Calls on one CUDA stream run in order, so one call's barrier is complete
-before the next starts; buffers are kept per (device, stream) so concurrent streams never
-share counters or partials.
+before the next starts; the words are kept per (device, stream) and partials are allocated per
+call, so concurrent streams never share either.
 """
 
 from __future__ import annotations
@@ -70,11 +70,11 @@ SYNC_STRIDE = 32
 SENSE_OFFSET = 16
 
 #: Largest token count sent to the value-split (dsplit) kernel by default. Each dsplit program
-#: gathers its token's whole row (up to 2048 x 1152 B = 2.36 MB) through one SM; at roughly
-#: 64 B/clk from L2 per SM that is ~20 us for a full row, against ~5 us for the split path whose
-#: programs share the row. So on the GPU every T takes the split path unless measurements
-#: (tools/bench_attention_variants.py prints both) say otherwise; the interpreter keeps the
-#: brief's T <= 2 short path, so the harness's CPU run exercises both kernels.
+#: gathers its token's whole row (up to 2048 x 1152 B = 2.36 MB) through one SM: on the H200 a
+#: full row took 82 µs with 8 value slices against 11 µs for the split path, whose programs share
+#: the row; dsplit won only on rows of ~100 valid slots (8.9 vs 9.8 µs), which the host cannot
+#: see (benchmarks/h200/attention_variants.log). So on the GPU every T takes the split path; the
+#: interpreter keeps the brief's T <= 2 short path, so the harness's CPU run exercises both kernels.
 DSPLIT_MAX_TOKENS_GPU = 0
 DSPLIT_MAX_TOKENS_INTERPRETER = 2
 
@@ -608,10 +608,6 @@ def _launch(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_s
 _GRAPHS: dict[Plan, LaunchGraphs] = {}
 
 
-def _graph_cache() -> dict[Plan, LaunchGraphs]:
-    return _GRAPHS
-
-
 def _graphs_for(plan: Plan) -> LaunchGraphs:
     if plan not in _GRAPHS:
         _GRAPHS[plan] = LaunchGraphs(functools.partial(_launch, plan))
@@ -646,7 +642,7 @@ def solution_notes() -> str:
             "larger T strided split-K with a separate combine launch"
         )
     short = f"T <= {DSPLIT_MAX_TOKENS_GPU} value-split kernel, larger T " if DSPLIT_MAX_TOKENS_GPU else ""
-    failed = [f"{p}: {g.disabled_reason}" for p, g in _graph_cache().items() if g.disabled_reason]
+    failed = [f"{p}: {g.disabled_reason}" for p, g in _GRAPHS.items() if g.disabled_reason]
     graphs = f"; CUDA graph capture FAILED, launched eagerly ({'; '.join(failed)})" if failed else ""
     return (
         f"sparse attention: {short}strided split-K; T <= {GRAPHED_MAX_TOKENS} split kernel + combine kernel replayed as "
