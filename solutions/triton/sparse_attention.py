@@ -166,12 +166,14 @@ def _online_softmax_step(scores, valid, m_i, l_i, acc, qk_scale_log2):
 
 
 @triton.jit
-def _attend_block(
-    q_nope, q_pe, ckv_ptr, kpe_ptr, idx_ptrs, acc, m_i, l_i, qk_scale_log2,
+def _block_logits(
+    q_nope, q_pe, ckv_ptr, kpe_ptr, idx_ptrs,
     stride_ckv_page, stride_ckv_slot, stride_kpe_page, stride_kpe_slot,
     D_CKV: tl.constexpr, D_KPE: tl.constexpr, PAGE_SIZE: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
-    """One block of slots (their index addresses ``idx_ptrs`` [BLOCK_N]) folded into (acc, m, l)."""
+    """Gathers one block of slots (their index addresses ``idx_ptrs`` [BLOCK_N]) and returns the
+    raw logits q·k [H, BLOCK_N], the slots' validity, the ckv row pointers and the gathered ckv
+    rows [BLOCK_N, D_CKV]."""
     tok = tl.load(idx_ptrs)
     valid = tok >= 0
     ckv_rows = _gather_rows(ckv_ptr, tl.where(valid, tok, 0), stride_ckv_page, stride_ckv_slot, PAGE_SIZE)
@@ -181,6 +183,20 @@ def _attend_block(
     k_pe = tl.load(kpe_rows[:, None] + tl.arange(0, D_KPE)[None, :], mask=valid[:, None], other=0.0)
     scores = _dot(q_nope, tl.trans(k_nope), None, INTERPRETED)
     scores = _dot(q_pe, tl.trans(k_pe), scores, INTERPRETED)
+    return scores, valid, ckv_rows, k_nope
+
+
+@triton.jit
+def _attend_block(
+    q_nope, q_pe, ckv_ptr, kpe_ptr, idx_ptrs, acc, m_i, l_i, qk_scale_log2,
+    stride_ckv_page, stride_ckv_slot, stride_kpe_page, stride_kpe_slot,
+    D_CKV: tl.constexpr, D_KPE: tl.constexpr, PAGE_SIZE: tl.constexpr, INTERPRETED: tl.constexpr,
+):
+    """One block of slots (their index addresses ``idx_ptrs`` [BLOCK_N]) folded into (acc, m, l)."""
+    scores, valid, ckv_rows, k_nope = _block_logits(
+        q_nope, q_pe, ckv_ptr, kpe_ptr, idx_ptrs, stride_ckv_page, stride_ckv_slot, stride_kpe_page, stride_kpe_slot,
+        D_CKV, D_KPE, PAGE_SIZE, INTERPRETED,
+    )
     p, m_i, l_i, acc = _online_softmax_step(scores, valid, m_i, l_i, acc, qk_scale_log2)
     acc = _dot(_to_storage(p, k_nope.dtype, INTERPRETED), k_nope, acc, INTERPRETED)  # the ckv rows are also V
     return acc, m_i, l_i
@@ -223,15 +239,10 @@ def _dsplit_kernel(
     acc = tl.zeros([H, SLICE_D], tl.float32)
     for block in range(num_blocks):
         slots = block * BLOCK_N + tl.arange(0, BLOCK_N)
-        tok = tl.load(idx_row + slots)
-        valid = tok >= 0
-        ckv_rows = _gather_rows(ckv_ptr, tl.where(valid, tok, 0), stride_ckv_page, stride_ckv_slot, PAGE_SIZE)
-        kpe_rows = _gather_rows(kpe_ptr, tl.where(valid, tok, 0), stride_kpe_page, stride_kpe_slot, PAGE_SIZE)
-        # Masked loads: cache bytes no valid index points at (NaN on purpose) are never read.
-        k_nope = tl.load(ckv_rows[:, None] + cols[None, :], mask=valid[:, None], other=0.0)
-        k_pe = tl.load(kpe_rows[:, None] + cols_pe[None, :], mask=valid[:, None], other=0.0)
-        scores = _dot(q_nope, tl.trans(k_nope), None, INTERPRETED)
-        scores = _dot(q_pe, tl.trans(k_pe), scores, INTERPRETED)
+        scores, valid, ckv_rows, _ = _block_logits(
+            q_nope, q_pe, ckv_ptr, kpe_ptr, idx_row + slots, stride_ckv_page, stride_ckv_slot, stride_kpe_page, stride_kpe_slot,
+            D_CKV, D_KPE, PAGE_SIZE, INTERPRETED,
+        )
         p, m_i, l_i, acc = _online_softmax_step(scores, valid, m_i, l_i, acc, qk_scale_log2)
         # Only this program's value columns (an L1 hit: the same rows were just loaded).
         v = tl.load(ckv_rows[:, None] + slice_cols[None, :], mask=valid[:, None], other=0.0)
