@@ -209,6 +209,9 @@ inline int __shfl_up_sync(unsigned mask, int value, unsigned delta) {
     return lane >= static_cast<int>(delta) ? slots[lane - delta] : slots[lane];
   })));
 }
+inline int __shfl_xor_sync(unsigned mask, int value, int lane_mask) {
+  return static_cast<int>(static_cast<uint32_t>(simt::exchange(static_cast<uint32_t>(value), mask, [lane_mask](const uint64_t* slots, int lane) { return slots[lane ^ lane_mask]; })));
+}
 inline unsigned __match_any_sync(unsigned mask, int value) {
   return static_cast<unsigned>(simt::exchange(static_cast<uint32_t>(value), mask, [](const uint64_t* slots, int lane) {
     uint64_t bits = 0;

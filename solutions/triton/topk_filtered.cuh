@@ -19,12 +19,13 @@
 // holds little more than the exponent), find the threshold bin with one block-wide scan, emit
 // every key above it and collect the keys inside it in shared memory; bin those once more
 // (2048 sub-bins of the bin's range) when there are many, and rank the few keys of the last
-// threshold bin against each other (ties broken by position). Four passes over the row
-// (range, histogram, per-thread counts, writes at scanned offsets), none of them with a
-// per-key vote or atomic on the critical path, and about ten barriers; the digit-by-digit
-// select needs about twenty, and votes for every key. When the row's
-// threshold bin holds more than `fast_candidates` keys (e.g. a row of equal scores) the block
-// runs the radix select instead.
+// threshold bin against each other (ties broken by position; a few threads per key). The row
+// is read from global memory once, into registers (up to 8 keys per thread); four passes over
+// those registers (range, histogram, per-thread counts, writes at scanned offsets), none of
+// them with a per-key vote or atomic on the critical path, and about ten barriers; the
+// digit-by-digit select needs about twenty, re-reads the row, and votes for every key. When the
+// row is longer than the register cache, or its threshold bin holds more than
+// `fast_candidates` keys (e.g. a row of equal scores), the block runs the radix select instead.
 //
 // Selected positions are turned into physical ids (block_table[row][pos / 64] * 64 + pos % 64)
 // and written straight to the output row; order inside the row is free. Pure CUDA: nvcc can
@@ -65,11 +66,17 @@ constexpr int kFastBinBits = 11;
 constexpr int kFastDirectRank = 64;
 constexpr int kFastBins = 1 << kFastBinBits;
 constexpr int kMaxWarps = 1024 / kWarpSize;
+// The fast path keeps its row in registers: kCachedVectors float4 per thread, so a row of up to
+// kThreads * 4 * kCachedVectors scores (8192 at 1024 threads, 4096 at 512) is read from global
+// memory once; the four passes then cost no loads. Longer rows take the radix select.
+constexpr int kCachedVectors = 2;
+constexpr int kCachedKeys = kCachedVectors * kScoresPerVector;
 // Block-table entries a block copies to shared memory (rows up to 256 pages = 16384 tokens;
 // longer rows read the table from global memory).
 constexpr int kSharedTablePages = 256;
 
 static_assert(kTopK % kPageSize == 0, "rows are whole pages");
+static_assert(kSmallRowThreads * kCachedKeys >= kSmallRowMaxLen, "the small-row block caches its longest row");
 static_assert(kFastCandidates * 2 <= kFastBins, "the level-2 ties (uint2) fit in the histogram's storage");
 static_assert(kRadix % kWarpSize == 0, "the threshold scan gives each warp whole bins");
 static_assert(kKeyBits % kDigitBits == 0, "digits tile the key");
@@ -204,6 +211,46 @@ __device__ __forceinline__ void for_each_score(const float* __restrict__ row, in
   }
 }
 
+// One row of scores as order-preserving keys in the registers of a block: thread t holds the
+// float4 vectors t, t + kThreads, ... of the row. Rows are 16-byte aligned and padded to whole
+// pages, so a vector starting below len is in bounds; keys past len are not members.
+template <int kThreads>
+struct CachedRow {
+  uint32_t keys[kCachedKeys];
+  int len;
+
+  static constexpr int kCapacity = kThreads * kCachedKeys;
+
+  // Issues every load first (they overlap); the caller needs len <= kCapacity.
+  __device__ __forceinline__ void load(const float* __restrict__ row, int row_len) {
+    len = row_len;
+    const int vectors = (row_len + kScoresPerVector - 1) / kScoresPerVector;
+    float4 x[kCachedVectors];
+#pragma unroll
+    for (int c = 0; c < kCachedVectors; ++c) {
+      const int v = c * kThreads + static_cast<int>(threadIdx.x);
+      x[c] = v < vectors ? __ldg(reinterpret_cast<const float4*>(row) + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int c = 0; c < kCachedVectors; ++c) {
+      keys[c * kScoresPerVector + 0] = order_key(x[c].x);
+      keys[c * kScoresPerVector + 1] = order_key(x[c].y);
+      keys[c * kScoresPerVector + 2] = order_key(x[c].z);
+      keys[c * kScoresPerVector + 3] = order_key(x[c].w);
+    }
+  }
+
+  // Calls visit(key, position, member) for each cached key, the same number of calls in every thread.
+  template <typename Visit>
+  __device__ __forceinline__ void for_each(Visit&& visit) const {
+#pragma unroll
+    for (int i = 0; i < kCachedKeys; ++i) {
+      const int pos = ((i / kScoresPerVector) * kThreads + static_cast<int>(threadIdx.x)) * kScoresPerVector + i % kScoresPerVector;
+      visit(keys[i], pos, pos < len);
+    }
+  }
+};
+
 // Calls visit(key, position, member) for each entry of a shared candidate buffer, with the
 // same all-threads-call guarantee as for_each_score.
 template <int kThreads, typename Visit>
@@ -271,11 +318,11 @@ __device__ __forceinline__ void fast_threshold(FastState& f, int need) {
   __syncthreads();
 }
 
-// The fast path (see the top of this file) for one row of `len` > kTopK scores. Returns false,
+// The fast path (see the top of this file) for one cached row of more than kTopK scores. Returns false,
 // having written nothing, when the row's threshold bin holds more than `max_candidates` keys.
 // Block-wide: every thread calls it and all get the same result.
 template <int kThreads>
-__device__ bool fast_select(const float* __restrict__ scores, int len, int max_candidates, const int32_t* table_row,
+__device__ bool fast_select(const CachedRow<kThreads>& row, int max_candidates, const int32_t* table_row,
                             int32_t* __restrict__ out_row, FastState& f) {
   constexpr int kWarps = kThreads / kWarpSize;
   const int tid = threadIdx.x;
@@ -285,7 +332,7 @@ __device__ bool fast_select(const float* __restrict__ scores, int len, int max_c
   // Pass 1 over the row: its key range (the histogram is zeroed meanwhile).
   for (int i = tid; i < kFastBins; i += kThreads) f.hist[i] = 0;
   unsigned lo = 0xffffffffu, hi = 0u;
-  for_each_score<kThreads>(scores, len, [&](uint32_t key, int, bool member) {
+  row.for_each([&](uint32_t key, int, bool member) {
     if (member) {
       lo = key < lo ? key : lo;
       hi = key > hi ? key : hi;
@@ -310,7 +357,7 @@ __device__ bool fast_select(const float* __restrict__ scores, int len, int max_c
   // Pass 2: level-1 histogram, and its threshold bin for kTopK. Plain shared atomics: the
   // thread does not wait for them, and range bins seldom collide (a row of equal keys does,
   // and then falls back to the radix select anyway).
-  for_each_score<kThreads>(scores, len, [&](uint32_t key, int, bool member) {
+  row.for_each([&](uint32_t key, int, bool member) {
     if (member) atomicAdd(&f.hist[(key - lo) >> shift], 1);
   });
   __syncthreads();
@@ -326,7 +373,7 @@ __device__ bool fast_select(const float* __restrict__ scores, int len, int max_c
   // `above` < kTopK and `in_bin` <= kFastCandidates, both fit 16 bits).
   int n_above = 0;
   int n_tie = 0;
-  for_each_score<kThreads>(scores, len, [&](uint32_t key, int, bool member) {
+  row.for_each([&](uint32_t key, int, bool member) {
     const int bin = member ? static_cast<int>((key - lo) >> shift) : -1;
     n_above += bin > threshold;
     n_tie += bin == threshold;
@@ -337,7 +384,7 @@ __device__ bool fast_select(const float* __restrict__ scores, int len, int max_c
   int tie_at = exclusive >> 16;
 
   // Pass 4: emit the keys above the threshold bin, collect the ones in it.
-  for_each_score<kThreads>(scores, len, [&](uint32_t key, int pos, bool member) {
+  row.for_each([&](uint32_t key, int pos, bool member) {
     const int bin = member ? static_cast<int>((key - lo) >> shift) : -1;
     if (bin > threshold) out_row[out_at++] = physical_id(table_row, pos);
     if (bin == threshold) f.candidates[tie_at++] = make_uint2(key, static_cast<uint32_t>(pos));
@@ -384,16 +431,29 @@ __device__ bool fast_select(const float* __restrict__ scores, int len, int max_c
     __syncthreads();
     ties = sub_ties;
   }
+  // Rank each tie against all the others (larger key first, then lower position): `lanes`
+  // threads of one warp share a key, each comparing a strided share, and add up by shuffles, so
+  // a bin of 64 keys costs 1024 threads four comparisons each instead of 64.
   const int first_tie_slot = above + sub_above;
   const int tie_need = need - sub_above;
-  for (int i = tid; i < tie_count; i += kThreads) {
-    const uint2 me = ties[i];
+  int lanes = kWarpSize;
+  while (lanes > 1 && tie_count * lanes > kThreads) lanes >>= 1;
+  const int groups = kThreads / lanes;
+  const int group = tid / lanes;
+  const int member_lane = tid % lanes;
+  for (int first = 0; first < tie_count; first += groups) {  // the same trip count in every thread
+    const int i = first + group;
+    const bool member = i < tie_count;
+    const uint2 me = member ? ties[i] : make_uint2(0u, 0u);
     int rank = 0;
-    for (int j = 0; j < tie_count; ++j) {
-      const uint2 other = ties[j];
-      rank += other.x > me.x || (other.x == me.x && other.y < me.y);
+    if (member) {
+      for (int j = member_lane; j < tie_count; j += lanes) {
+        const uint2 other = ties[j];
+        rank += other.x > me.x || (other.x == me.x && other.y < me.y);
+      }
     }
-    if (rank < tie_need) out_row[first_tie_slot + rank] = physical_id(table_row, static_cast<int>(me.y));
+    for (int offset = lanes / 2; offset > 0; offset >>= 1) rank += __shfl_xor_sync(kFullMask, rank, offset);
+    if (member && member_lane == 0 && rank < tie_need) out_row[first_tie_slot + rank] = physical_id(table_row, static_cast<int>(me.y));
   }
   return true;
 }
@@ -416,15 +476,19 @@ __global__ void __launch_bounds__(kThreads) filtered_topk_kernel(TopkArgs args) 
   if (len > args.max_len) __trap();  // seq_len beyond max_num_pages * 64 breaks the contract: fail loudly
   const float* __restrict__ scores = args.scores + row * args.score_stride;
   // The row's pages go to shared memory; every path below passes a barrier before its first emit.
+  // The fast path's row loads are issued first, so that they overlap the block-table copy.
+  const bool try_fast = args.fast_candidates > 0 && len <= CachedRow<kThreads>::kCapacity;  // block-uniform
+  CachedRow<kThreads> cached;
+  if (try_fast) cached.load(scores, len);
   __shared__ int32_t shared_table[kSharedTablePages];
   const int pages = (len + kPageSize - 1) / kPageSize;
   if (pages <= kSharedTablePages) {
     for (int i = threadIdx.x; i < pages; i += kThreads) shared_table[i] = __ldg(table_row + i);
     table_row = shared_table;
   }
-  if (args.fast_candidates > 0) {
+  if (try_fast) {
     __shared__ FastState fast;
-    if (fast_select<kThreads>(scores, len, args.fast_candidates, table_row, out_row, fast)) return;
+    if (fast_select<kThreads>(cached, args.fast_candidates, table_row, out_row, fast)) return;
   }
   const int capacity = args.candidate_capacity;
 
