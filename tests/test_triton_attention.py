@@ -1,9 +1,11 @@
-"""The Triton sparse-attention solution (solutions/triton/sparse_attention.py).
+"""The solution's sparse attention (solutions/triton/sparse_attention.py): CUDA kernel and Triton kernels.
 
-CPU tests run the kernels under the Triton interpreter (conftest sets TRITON_INTERPRET=1 before
-the solution is imported) with small caches; there only the value-split and two-launch paths can
-run, because the fused path's barrier would wait for programs the interpreter has not started.
-GPU tests (``-m gpu``) cover every path on realistic caches, the barrier counters' reuse across
+CPU tests run the Triton kernels under the Triton interpreter (conftest sets TRITON_INTERPRET=1
+before the solution is imported) with small caches; there only the value-split and two-launch
+paths can run, because the fused path's barrier would wait for programs the interpreter has not
+started. The CUDA kernel (attention_sm90.cu) cannot run on a CPU: there it is compiled with
+nvcc for sm_90a. GPU tests (``-m gpu``) cover the CUDA kernel at every split count, fused and
+in two launches, every Triton path, on realistic caches, the barrier counters' reuse across
 many calls, and calls on a second stream. Every check is the harness's own ``judge``: outputs
 start as NaN poison, the caches hold NaN wherever no index points, atol = rtol = 1e-2, and an
 empty row must give output 0 and lse exactly -inf.
@@ -12,8 +14,11 @@ empty row must give output 0 and lse exactly -inf.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -136,10 +141,49 @@ def test_fused_path_is_refused_under_interpreter():
         run_solution(axes, inputs, sa.Plan("fused", splits=16, block_n=128))
 
 
-def test_gpu_policy_keeps_fused_grids_coresident():
+def test_cuda_policy_keeps_grids_coresident():
     sms = 132
     for tokens in range(1, 200):
-        plan = sa.gpu_plan(tokens, sms)
+        plan = sa.cuda_plan(tokens, sms)
+        plan.validate()
+        assert plan.path == "cuda" and plan.block_n == 64
+        if tokens * sa.attention_ext.MIN_SPLITS <= sms:
+            assert tokens * plan.splits <= sms < tokens * plan.splits * 2 or plan.splits == sa.attention_ext.MAX_SPLITS
+        else:
+            assert plan.splits == sa.attention_ext.MIN_SPLITS  # the launcher takes two launches then
+    assert [sa.cuda_plan(t, sms).splits for t in (1, 2, 3, 4, 5, 8, 16, 17)] == [64, 64, 32, 32, 16, 16, 8, 8]
+    assert sa.cuda_plan(8, sms, force_two_launch=True).path == "cuda_two_launch"
+    with pytest.raises(AssertionError, match="power-of-two splits"):
+        sa.Plan("cuda", splits=4, block_n=64, partial_dtype=torch.bfloat16).validate()
+    with pytest.raises(AssertionError, match="tile is 64"):
+        sa.Plan("cuda", splits=16, block_n=32, partial_dtype=torch.bfloat16).validate()
+
+
+def test_cuda_path_is_refused_under_interpreter():
+    axes, inputs = make_inputs([3], num_pages=16)
+    with pytest.raises(ValueError, match="not the Triton interpreter"):
+        run_solution(axes, inputs, sa.Plan("cuda", splits=16, block_n=64, partial_dtype=torch.bfloat16))
+
+
+def test_cuda_source_compiles_alone_with_nvcc(tmp_path):
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
+    if nvcc is None:
+        pytest.skip("nvcc is not installed")
+    obj = tmp_path / "attention_sm90.o"
+    proc = subprocess.run(
+        [nvcc, "-arch=sm_90a", "-O3", "-Xptxas", "-v", "-c", str(SOLUTION_DIR / "attention_sm90.cu"), "-o", str(obj)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert obj.stat().st_size > 0
+    assert "spill stores" in proc.stderr, "ptxas -v reports spills"
+    assert not re.search(r"[1-9]\d* bytes spill stores", proc.stderr), proc.stderr
+
+
+def test_triton_gpu_policy_keeps_fused_grids_coresident():
+    sms = 132
+    for tokens in range(1, 200):
+        plan = sa.triton_gpu_plan(tokens, sms)
         plan.validate()
         if plan.path == "fused":
             assert tokens * plan.splits <= sms and tokens > sa.GRAPHED_MAX_TOKENS
@@ -148,9 +192,9 @@ def test_gpu_policy_keeps_fused_grids_coresident():
             assert tokens * plan.splits > sms or tokens <= sa.GRAPHED_MAX_TOKENS
         if tokens <= sa.DSPLIT_MAX_TOKENS_GPU:
             assert plan.path == "dsplit"
-    assert sa.gpu_plan(8, sms).path == "fused"
-    assert sa.gpu_plan(8, sms, force_two_launch=True).path == "two_launch"
-    assert sa.gpu_plan(8, 16).path == "two_launch"  # e.g. a partitioned GPU with few SMs
+    assert sa.triton_gpu_plan(8, sms).path == "fused"
+    assert sa.triton_gpu_plan(8, sms, force_two_launch=True).path == "two_launch"
+    assert sa.triton_gpu_plan(8, 16).path == "two_launch"  # e.g. a partitioned GPU with few SMs
 
 
 def test_rejects_wrong_shapes_and_dtypes():
@@ -220,10 +264,62 @@ def fused_plan(tokens: int, device: torch.device):
 def test_gpu_default_plan(cuda, counts, padding):
     _, used = check(counts, padding, GPU_CONTEST_PAGES, seed=11, device=cuda)
     assert used == sa.default_plan(len(counts), cuda)
-    if len(counts) > sa.GRAPHED_MAX_TOKENS:
-        assert used.path == "fused", "3 <= T <= 8 fits one co-resident launch on an H200"
-    else:
-        assert used.path == "two_launch" and used.graph
+    assert used.path == "cuda" and len(counts) * used.splits <= sa.attention_ext.resident_programs(), "T <= 8 fits one co-resident launch"
+
+
+def run_cuda(axes, inputs, splits: int, force_two_launch: bool, device) -> tuple[dict, int]:
+    """The CUDA kernel through its checked entry, with fresh NaN-poisoned scratch and outputs."""
+    T = axes["num_tokens"]
+    outputs = attn.DEFINITION.allocate_outputs(axes, device)
+    part_out = torch.full((T * splits * 16 * 512,), float("nan"), dtype=torch.bfloat16, device=device)
+    part_lse = torch.full((T * splits * 16,), float("nan"), dtype=torch.float32, device=device)
+    sync = sa._sync_words_for(device).get(device, T)
+    args = attn.DEFINITION.input_args(inputs)
+    launch = sa.attention_ext.run(*args, outputs["output"], outputs["lse"], part_out, part_lse, sync, splits, force_two_launch)
+    torch.cuda.synchronize()
+    return outputs, launch
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("counts,padding", GPU_CASES, ids=_ids)
+def test_gpu_cuda_kernel_every_split_count(cuda, counts, padding):
+    axes, inputs = make_inputs(counts, padding, GPU_CONTEST_PAGES, seed=13, device=cuda)
+    expected = attn.expect(inputs)
+    resident = sa.attention_ext.resident_programs()
+    for splits in (8, 16, 32, 64):
+        for force_two_launch in (False, True):
+            outputs, launch = run_cuda(axes, inputs, splits, force_two_launch, cuda)
+            fused = not force_two_launch and len(counts) * splits <= resident
+            assert launch == (sa.attention_ext.FUSED if fused else sa.attention_ext.TWO_LAUNCH)
+            result = judge(attn.DEFINITION, axes, inputs, outputs, expected, Tolerance(), cuda)
+            assert result.passed, f"splits={splits} two_launch={force_two_launch}: {result.status.value}: {result.message}"
+            empty = [t for t, n in enumerate(counts) if n == 0]
+            assert torch.isneginf(outputs["lse"][empty]).all() and outputs["output"][empty].eq(0).all()
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_kernel_strided_views_scale_and_nan_cache(cuda):
+    """Views into one [P, 64, 576] cache, q as slices, two scales (1.0 makes logits ~ +-60)."""
+    axes, inputs = make_inputs([FULL, 40, 0, 2047, 1], "scattered", 1024, seed=14, device=cuda)
+    combined = torch.cat([inputs["ckv_cache"], inputs["kpe_cache"]], dim=-1)
+    q = torch.cat([inputs["q_nope"], inputs["q_pe"]], dim=-1)
+    for scale in (1.0, 0.01):
+        views = dict(inputs, ckv_cache=combined[..., :512], kpe_cache=combined[..., 512:], q_nope=q[..., :512], q_pe=q[..., 512:], sm_scale=scale)
+        outputs, _ = run_solution(axes, views, None, cuda)
+        torch.cuda.synchronize()
+        reference = dict(inputs, sm_scale=scale)
+        result = judge(attn.DEFINITION, axes, reference, outputs, attn.expect(reference), Tolerance(), cuda)
+        assert result.passed, f"scale {scale}: {result.message}"
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_kernel_rejects_misaligned_views(cuda):
+    axes, inputs = make_inputs([5], num_pages=8, device=cuda)
+    outputs = attn.DEFINITION.allocate_outputs(axes, cuda)
+    wide = torch.zeros((8, 64, 515), dtype=torch.bfloat16, device=cuda)  # row stride 515: not 16-byte rows
+    bad = dict(inputs, ckv_cache=wide[..., :512])
+    with pytest.raises(ValueError, match="ckv_cache must be 16-byte aligned"):
+        sa.kernel(*attn.DEFINITION.input_args(bad), outputs["output"], outputs["lse"])
 
 
 @pytest.mark.gpu
@@ -267,8 +363,13 @@ def test_gpu_every_path(cuda, counts, padding):
         assert result.passed, f"{plan}: {result.status.value}: {result.message}"
 
 
+def cuda_plan_for(tokens: int, device: torch.device):
+    return sa.cuda_plan(tokens, sa.attention_ext.resident_programs())
+
+
 @pytest.mark.gpu
-def test_gpu_barrier_counters_survive_many_calls(cuda):
+@pytest.mark.parametrize("make_plan", [fused_plan, cuda_plan_for], ids=["triton", "cuda"])
+def test_gpu_barrier_counters_survive_many_calls(cuda, make_plan):
     """Hundreds of fused calls with changing T reuse the same counter words: each call leaves
     count = 0 and flips sense once per token, and every result stays correct."""
     rows = [[FULL] * 8, [1, 0, 2047], [FULL], [64, 65, 0, 1, 5, 7], [300] * 4, [0, 0, 0]]
@@ -278,7 +379,7 @@ def test_gpu_barrier_counters_survive_many_calls(cuda):
     for call in range(600):
         axes, inputs = cases[call % len(cases)]
         T = axes["num_tokens"]
-        plan = fused_plan(T, cuda)
+        plan = make_plan(T, cuda)
         before = None if buffers.words is None else buffers.words.clone()
         outputs, _ = run_solution(axes, inputs, plan, cuda)
         sync = buffers.words.view(-1, sa.SYNC_STRIDE)
@@ -322,13 +423,18 @@ def test_gpu_side_stream_has_its_own_buffers(cuda):
 @pytest.mark.gpu
 def test_gpu_env_forces_two_launch(cuda, monkeypatch):
     monkeypatch.setenv("DSA_ATTN_TWO_LAUNCH", "1")
-    assert sa.default_plan(8, cuda).path == "two_launch"
+    assert sa.default_plan(8, cuda).path == "cuda_two_launch"
     check([FULL, 0, 1], "tail", 256, seed=32, device=cuda)
 
 
 @pytest.mark.gpu
 def test_gpu_many_tokens_fall_back_to_two_launch(cuda):
     counts = [FULL if t % 3 == 0 else (t * 37) % 2048 for t in range(48)]
-    _, used = check(counts, "tail", GPU_CONTEST_PAGES, seed=33, device=cuda)
-    assert used.path == "two_launch"
+    axes, inputs = make_inputs(counts, "tail", GPU_CONTEST_PAGES, seed=33, device=cuda)
+    plan = sa.default_plan(len(counts), cuda)
+    assert plan.splits == 8 and len(counts) * plan.splits > sa.attention_ext.resident_programs()
+    outputs, launch = run_cuda(axes, inputs, plan.splits, False, cuda)
+    assert launch == sa.attention_ext.TWO_LAUNCH
+    assert_correct(axes, inputs, outputs, cuda)
+    check(counts, "tail", GPU_CONTEST_PAGES, seed=33, device=cuda, plan=sa.triton_gpu_plan(len(counts), 132))
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Time tiling variants of the Triton sparse-attention solution on a CUDA GPU.
+"""Time variants of the sparse-attention solution (CUDA kernel, Triton kernels) on a CUDA GPU.
 
     python tools/bench_attention_variants.py [--case 'attention_1*'] [--variant default --variant dsplit16]
                                              [--iterations 30] [--timer auto] [--out results/attn_variants.json]
@@ -16,8 +16,8 @@ partial dtype) or to None where it does not apply (a fused grid that would not b
 The table shows microseconds per case and variant; below it, per variant, the mean over all
 cases, over T <= 2 and T >= 3, and the T = 8 full-row cases, against the targets (mean <= 10 us,
 T = 8 full <= 12 us). The last lines name the fastest variant per case and overall: use them to
-set the defaults in solutions/triton/sparse_attention.py (gpu_plan, DSPLIT_MAX_TOKENS_GPU,
-SPLIT_BLOCK_N, SPLIT_NUM_WARPS, SPLIT_NUM_STAGES).
+set the defaults in solutions/triton/sparse_attention.py (cuda_plan; for the Triton kernels
+triton_gpu_plan, DSPLIT_MAX_TOKENS_GPU, SPLIT_BLOCK_N, SPLIT_NUM_WARPS, SPLIT_NUM_STAGES).
 """
 
 from __future__ import annotations
@@ -52,11 +52,16 @@ def load_solution():
 
 
 def variants(sa, coresident: int) -> dict[str, Callable[[int], object]]:
-    """name -> (T -> Plan, or None where the variant does not apply)."""
+    """name -> (T -> Plan, or None where the variant does not apply).
+
+    ``default`` is the entry's GPU policy (the CUDA kernel); ``cuda_s*`` fix its split count
+    (a grid that is not co-resident launches the combine separately); ``triton*`` and
+    ``dsplit*`` are the Triton kernels, ``triton`` with their own GPU policy.
+    """
     Plan = sa.Plan
 
-    def policy(T: int) -> int:  # the default policy's split count
-        return sa.gpu_plan(T, coresident, force_two_launch=True).splits
+    def triton_policy(T: int) -> int:  # the Triton policy's split count
+        return sa.triton_gpu_plan(T, coresident, force_two_launch=True).splits
 
     def split_plan(path: str, splits: Callable[[int], int], block_n: int, warps: int = 8, stages: int = 2, dtype=torch.float32):
         def make(T: int):
@@ -70,23 +75,20 @@ def variants(sa, coresident: int) -> dict[str, Callable[[int], object]]:
     def fixed(plan):
         return lambda T: plan
 
+    def cuda(splits: int, path: str = "cuda"):
+        return fixed(Plan(path, splits, 64, 8, partial_dtype=torch.bfloat16))
+
     return {
-        "default": lambda T: sa.gpu_plan(T, coresident),
+        "default": lambda T: sa.cuda_plan(T, coresident),
+        "cuda_two_launch": lambda T: sa.cuda_plan(T, coresident, force_two_launch=True),
+        "cuda_s8": cuda(8),
+        "cuda_s16": cuda(16),
+        "cuda_s32": cuda(32),
+        "cuda_s64": cuda(64),
+        "triton": lambda T: sa.triton_gpu_plan(T, coresident),
+        "triton_fused_bn64_bf16": split_plan("fused", triton_policy, 64, dtype=torch.bfloat16),
+        "triton_g2l_s64": fixed(Plan("two_launch", 64, 32, 8, 2, graph=True)),
         "dsplit8x128": fixed(Plan("dsplit", 8, 128, 8, 2)),
-        # fused, the policy's split count
-        "fused_bn128": split_plan("fused", policy, 128),
-        "fused_bn64": split_plan("fused", policy, 64),
-        "fused_bn64_bf16": split_plan("fused", policy, 64, dtype=torch.bfloat16),
-        "fused_bn64_bf16_w16": split_plan("fused", policy, 64, warps=16, dtype=torch.bfloat16),
-        "fused_bn32_bf16": split_plan("fused", policy, 32, dtype=torch.bfloat16),
-        # two launches replayed as one CUDA graph: any split count, no co-residency needed
-        "g2l_bn64_bf16": split_plan("two_launch", policy, 64, dtype=torch.bfloat16),
-        "g2l_s16_bn64_bf16_w16": fixed(Plan("two_launch", 16, 64, 16, 2, torch.bfloat16, graph=True)),
-        "g2l_s32_bn64": fixed(Plan("two_launch", 32, 64, 8, 2, graph=True)),
-        "g2l_s64": fixed(Plan("two_launch", 64, 32, 8, 2, graph=True)),
-        "g2l_s64_w4": fixed(Plan("two_launch", 64, 32, 4, 2, graph=True)),
-        "g2l_s64_w16": fixed(Plan("two_launch", 64, 32, 16, 2, graph=True)),
-        "g2l_s128_w8": fixed(Plan("two_launch", 128, 16, 8, 2, graph=True)),
     }
 
 

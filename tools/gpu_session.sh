@@ -9,6 +9,7 @@
 #   bash tools/gpu_session.sh setup explore      # tuning: attention variants, gather locality, indexer stages, ncu
 #   bash tools/gpu_session.sh setup stalls       # cache states and ncu stall reasons of both solutions' kernels
 #   bash tools/gpu_session.sh setup tune         # GPU kernel tests, attention variants, indexer stages
+#   bash tools/gpu_session.sh setup dev          # a new kernel's tests first, then stage benchmarks and all kernel tests
 #   bash tools/gpu_session.sh setup final1       # the recorded runs: every GPU test, attention workload, top-k costs, pipelines
 #   bash tools/gpu_session.sh setup final2       # the recorded indexer workload run (reference + triton)
 #
@@ -89,6 +90,15 @@ for stage in "$@"; do
         step attention_variants 150 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" $ATTENTION_VARIANTS
         step indexer_variants 100 python3 tools/bench_indexer.py --warmup 2 --iterations 10 --trials 1 --out "$WORK/indexer_variants.json" \
             --case 'indexer_069*' --case 'indexer_080*' --case 'indexer_086*' --case 'indexer_100*' --case 'indexer_110*' --case 'indexer_120*' --case 'indexer_127*'
+        ;;
+    dev)  # a new kernel's first GPU run: its tests first, then the stage benchmarks, then the rest
+        step attention_cuda_tests 130 python3 -m pytest -q -m gpu -x tests/test_triton_attention.py -k cuda
+        step attention_variants 130 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
+            --variant default --variant cuda_two_launch --variant cuda_s16 --variant cuda_s32 --variant cuda_s64 --variant triton
+        step topk_costs 40 python3 tools/profile_kernels.py topk --iterations 20
+        step indexer_variants 90 python3 tools/bench_indexer.py --warmup 2 --iterations 10 --trials 1 --no-reference --out "$WORK/indexer_variants.json" \
+            --case 'indexer_069*' --case 'indexer_086*' --case 'indexer_110*' --case 'indexer_127*'
+        step gpu_tests_kernels 150 python3 -m pytest -q -m gpu tests/test_triton_indexer.py tests/test_triton_attention.py
         ;;
     final1)  # the recorded runs of this revision, part 1 (part 2: the indexer workload run)
         step gpu_tests 220 python3 -m pytest -q -m gpu

@@ -1,4 +1,4 @@
-"""Sparse MLA attention (``dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64``) in Triton.
+"""Sparse MLA attention (``dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64``): CUDA on a GPU, Triton elsewhere.
 
 Entry point (destination-passing style)::
 
@@ -13,9 +13,18 @@ Entry point (destination-passing style)::
     output          [T, 16, 512]  bf16   written: softmax(logits) @ ckv rows, 0 for a token without slots
     lse             [T, 16]       f32    written: log2(sum(exp(logits))), -inf for a token without slots
 
-Three paths, all with the same numerics (log2-domain online softmax with the scale
-pre-multiplied by log2 e, fp32 accumulation, the q_nope·ckv and q_pe·kpe products as two
-separate ``tl.dot``, P rounded to bf16 for the P·V product):
+On a GPU the entry runs the hand-written kernel of ``attention_sm90.cu`` (path ``cuda``, built
+just in time by ``attention_ext``): strided split-K over the slots in tiles of 64 with cp.async
+gathers and mma.sync, bf16 partials, and the combine in the same launch behind a per-token
+barrier whenever the grid is co-resident (else a second launch). Splits per token: as many as
+keep T * S within the programs the GPU holds at once (64 for T <= 2, 32 for T <= 4, 16 for
+T <= 8). Its design is described at the top of that file.
+
+The Triton kernels below run under the interpreter (``TRITON_INTERPRET=1``, CPU tensors), where
+the CUDA kernel cannot, and on a GPU only when a plan asks for them (the benchmark's variants
+and the tests). Their three paths have the numerics of the CUDA kernel (log2-domain online
+softmax with the scale pre-multiplied by log2 e, fp32 accumulation, the q_nope·ckv and q_pe·kpe
+products as two separate ``tl.dot``, P rounded to bf16 for the P·V product):
 
 * ``dsplit`` (the brief's short path for T <= 2): one launch, grid (value slices, T). Every
   program scores all of its token's slots but multiplies by V only for its own slice of the 512
@@ -55,6 +64,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from . import attention_ext
 from .launch_graphs import LaunchGraphs
 
 NUM_HEADS = 16
@@ -64,10 +74,10 @@ TOPK = 2048
 PAGE_SIZE = 64
 LOG2_E = 1.4426950408889634
 
-#: Words per token in the barrier buffer: count at 0, sense at SENSE_OFFSET. 32 int32 words =
-#: 128 bytes, so different tokens' barriers never share a cache line.
-SYNC_STRIDE = 32
-SENSE_OFFSET = 16
+#: Words per token in the barrier buffer (both kernels' layout): count at 0, sense at
+#: SENSE_OFFSET. 32 int32 words = 128 bytes, so different tokens' barriers never share a cache line.
+SYNC_STRIDE = attention_ext.SYNC_STRIDE
+SENSE_OFFSET = attention_ext.SENSE_OFFSET
 
 #: Largest token count sent to the value-split (dsplit) kernel by default. Each dsplit program
 #: gathers its token's whole row (up to 2048 x 1152 B = 2.36 MB) through one SM: on the H200 a
@@ -386,7 +396,10 @@ def _combine_kernel(
 
 # --------------------------------------------------------------------------- host side
 
-PATHS = ("dsplit", "fused", "two_launch")
+#: Triton paths, then the CUDA kernel's: ``cuda`` fuses the combine when the grid is co-resident
+#: (its launcher checks), ``cuda_two_launch`` always launches the combine separately.
+PATHS = ("dsplit", "fused", "two_launch", "cuda", "cuda_two_launch")
+CUDA_PATHS = ("cuda", "cuda_two_launch")
 
 
 @dataclass(frozen=True)
@@ -412,6 +425,12 @@ class Plan:
     def validate(self) -> None:
         """Tiling relations, checked on the host too so a bad plan fails with a clear message."""
         assert self.path in PATHS, f"unknown path {self.path!r}"
+        if self.path in CUDA_PATHS:
+            lo, hi = attention_ext.MIN_SPLITS, attention_ext.MAX_SPLITS
+            assert _is_pow2(self.splits) and lo <= self.splits <= hi, f"{self}: the CUDA kernel takes power-of-two splits in [{lo}, {hi}]"
+            assert self.block_n == attention_ext.TILE_SLOTS, f"{self}: the CUDA kernel's tile is {attention_ext.TILE_SLOTS} slots"
+            assert self.partial_dtype == torch.bfloat16 and not self.graph, f"{self}: the CUDA kernel keeps bf16 partials and is not graphed"
+            return
         assert _is_pow2(self.splits) and _is_pow2(self.block_n), f"{self}: splits and block_n must be powers of two"
         assert self.block_n >= 16, f"{self}: tl.dot needs blocks of at least 16 slots"
         assert self.partial_dtype in (torch.float32, torch.bfloat16), f"{self}: partials are fp32 or bf16"
@@ -483,7 +502,20 @@ def default_plan(num_tokens: int, device: torch.device) -> Plan:
     """The plan ``kernel`` uses for ``num_tokens`` tokens on ``device``."""
     if _interpreted(device):
         return interpreter_plan(num_tokens)
-    return gpu_plan(num_tokens, _max_coresident_programs(device), force_two_launch=os.environ.get("DSA_ATTN_TWO_LAUNCH") == "1")
+    with torch.cuda.device(device):
+        resident = attention_ext.resident_programs()
+    return cuda_plan(num_tokens, resident, force_two_launch=os.environ.get("DSA_ATTN_TWO_LAUNCH") == "1")
+
+
+def cuda_plan(num_tokens: int, resident: int, force_two_launch: bool = False) -> Plan:
+    """GPU policy: the CUDA kernel with the most splits that keep the grid co-resident
+    (``resident``: programs the GPU holds at once), so every SM gathers and the combine can be
+    fused; past that, the fewest splits and two launches."""
+    splits = attention_ext.MAX_SPLITS
+    while splits > attention_ext.MIN_SPLITS and num_tokens * splits > resident:
+        splits //= 2
+    path = "cuda_two_launch" if force_two_launch else "cuda"
+    return Plan(path, splits=splits, block_n=attention_ext.TILE_SLOTS, num_warps=8, partial_dtype=torch.bfloat16)
 
 
 def interpreter_plan(num_tokens: int) -> Plan:
@@ -496,8 +528,9 @@ def interpreter_plan(num_tokens: int) -> Plan:
     return Plan("two_launch", splits=2, block_n=512)
 
 
-def gpu_plan(num_tokens: int, coresident: int, force_two_launch: bool = False) -> Plan:
-    """GPU policy. ``coresident``: programs the policy may count on being resident at once.
+def triton_gpu_plan(num_tokens: int, coresident: int, force_two_launch: bool = False) -> Plan:
+    """The Triton kernels' GPU policy (the CUDA kernel's predecessor, kept as the benchmark's
+    comparison). ``coresident``: programs the policy may count on being resident at once.
 
     The two-launch path is always replayed as a CUDA graph on the GPU (``graph=True``): without
     it the host's second launch leaves the GPU idle for 15-30 µs between the kernels.
@@ -566,10 +599,29 @@ def _check_args(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse)
     return T
 
 
+def _launch_cuda(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse) -> int:
+    """The CUDA kernel for T >= 1 tokens; returns attention_ext.FUSED or TWO_LAUNCH."""
+    T = q_nope.shape[0]
+    device = q_nope.device
+    # Scratch per call, as for the Triton paths (a host-side lookup in the caching allocator).
+    part_out = torch.empty(T * plan.splits * NUM_HEADS * D_CKV, dtype=torch.bfloat16, device=device)
+    part_lse = torch.empty(T * plan.splits * NUM_HEADS, dtype=torch.float32, device=device)
+    sync = _sync_words_for(device).get(device, T)
+    return attention_ext.run(
+        q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, part_out, part_lse, sync,
+        plan.splits, force_two_launch=plan.path == "cuda_two_launch",
+    )
+
+
 def _launch(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse) -> None:
     """The launches of ``plan`` (already validated) for T >= 1 tokens."""
     T = q_nope.shape[0]
     device = q_nope.device
+    if plan.path in CUDA_PATHS:
+        if _interpreted(device):
+            raise ValueError(f"{plan}: the CUDA kernel needs CUDA tensors and compiled kernels, not the Triton interpreter")
+        _launch_cuda(plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse)
+        return
     interpreted = _interpreted(device)
     qk_scale_log2 = float(sm_scale) * LOG2_E
     common_strides = (
@@ -650,13 +702,16 @@ def solution_notes() -> str:
     if isinstance(_split_kernel, InterpretedFunction):
         return (
             f"sparse attention under the Triton interpreter: T <= {DSPLIT_MAX_TOKENS_INTERPRETER} value-split kernel, "
-            "larger T strided split-K with a separate combine launch"
+            "larger T strided split-K with a separate combine launch; the CUDA kernel (GPU only) is not used on this machine"
         )
-    short = f"T <= {DSPLIT_MAX_TOKENS_GPU} value-split kernel, larger T " if DSPLIT_MAX_TOKENS_GPU else ""
-    failed = [f"{p}: {g.disabled_reason}" for p, g in _GRAPHS.items() if g.disabled_reason]
-    graphs = f"; CUDA graph capture FAILED, launched eagerly ({'; '.join(failed)})" if failed else ""
     return (
-        f"sparse attention: {short}strided split-K; T <= {GRAPHED_MAX_TOKENS} split kernel + combine kernel replayed as "
-        f"one CUDA graph, larger T the combine in the same launch behind a sense-reversing barrier (graphed two "
-        f"launches when the grid is not co-resident){graphs}"
+        "sparse attention: hand-written CUDA kernel (attention_sm90.cu; cp.async gathers, mma.sync bf16), strided split-K "
+        "in 64-slot tiles, the combine in the same launch behind a per-token barrier when the grid is co-resident, "
+        "else a second launch"
     )
+
+
+#: Built at import on a GPU, so that the harness reports a missing nvcc or a build failure as
+#: this solution's compile error.
+if not isinstance(_split_kernel, InterpretedFunction) and torch.cuda.is_available():
+    attention_ext.load_attention_extension()

@@ -155,7 +155,7 @@ def _import_solution_module():
 
 def default_plans(sa) -> list:
     """The plans ``kernel`` picks on a 132-SM H200 for 1..40 tokens, plus the dsplit short path."""
-    plans = {sa.gpu_plan(t, SM90_SMS * sa.PROGRAMS_PER_SM_BOUND) for t in range(1, 41)}
+    plans = {sa.triton_gpu_plan(t, SM90_SMS * sa.PROGRAMS_PER_SM_BOUND) for t in range(1, 41)}
     plans.add(sa.Plan("dsplit", splits=16, block_n=64, num_warps=8, num_stages=2))
     return sorted(plans, key=lambda p: (p.path, -p.splits))
 

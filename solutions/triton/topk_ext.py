@@ -1,25 +1,16 @@
-"""Just-in-time build of the CUDA filtered top-k (``torch.utils.cpp_extension.load``).
-
-The build lands in torch's extension cache (``TORCH_EXTENSIONS_DIR``, which the dsa-bench
-harness points at ``.cache/dsa-bench/torch_extensions``), so only the first import on a machine
-compiles. The module name carries a digest of the sources, so an edited kernel never reuses a
-stale build.
-"""
+"""The CUDA filtered top-k: its just-in-time build (``cuda_build``) and a checked Python entry."""
 
 from __future__ import annotations
 
-import hashlib
-import os
-import shutil
-from pathlib import Path
 from types import ModuleType
 
 import torch
 
-HERE = Path(__file__).resolve().parent
+from .cuda_build import build_extension
+
 #: compiled sources: the torch binding (host compiler) and the pure-CUDA launcher (nvcc)
 SOURCES = ("topk_binding.cpp", "topk_filtered.cu")
-#: headers they include (part of the digest; ninja does not see edits to unlisted headers)
+#: headers they include (part of the build's digest)
 HEADERS = ("topk_filtered.h", "topk_filtered.cuh")
 #: constants of topk_filtered.h (checked against the built module in load_topk_extension)
 MAX_CANDIDATES = 8192  # the radix select's largest shared candidate buffer (entries)
@@ -27,63 +18,16 @@ FAST_CANDIDATES = 1024  # the fast path's largest threshold bin
 TOPK = 2048
 PAGE_SIZE = 64
 
-
-class TopkBuildError(RuntimeError):
-    """The CUDA top-k cannot be built or loaded here."""
-
-
-def nvcc_path() -> str | None:
-    """The nvcc torch would use (``$CUDA_HOME/bin/nvcc``, else the one on PATH), or None."""
-    from torch.utils.cpp_extension import CUDA_HOME
-
-    if CUDA_HOME:
-        candidate = Path(CUDA_HOME) / "bin" / "nvcc"
-        if candidate.is_file():
-            return str(candidate)
-    return shutil.which("nvcc")
-
-
-def source_digest() -> str:
-    digest = hashlib.sha256()
-    for name in (*SOURCES, *HEADERS):
-        digest.update(name.encode() + b"\0" + (HERE / name).read_bytes() + b"\0")
-    return digest.hexdigest()[:12]
-
-
 _module: ModuleType | None = None
 
 
 def load_topk_extension(verbose: bool | None = None) -> ModuleType:
-    """The compiled extension (built on first use); raises TopkBuildError with the reason."""
+    """The compiled extension (built on first use); raises cuda_build.CudaBuildError with the reason."""
     global _module
-    if _module is not None:
-        return _module
-    if not torch.cuda.is_available():
-        raise TopkBuildError(
-            "the CUDA filtered top-k needs a CUDA GPU, but torch.cuda.is_available() is False "
-            f"(torch {torch.__version__}, CUDA build {torch.version.cuda})"
-        )
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise TopkBuildError(
-            "the CUDA filtered top-k is compiled just in time, but nvcc was not found: install the CUDA "
-            "toolkit matching torch's CUDA " + str(torch.version.cuda) + ", or point CUDA_HOME at it"
-        )
-    from torch.utils.cpp_extension import load
-
-    if verbose is None:
-        verbose = bool(os.environ.get("DSA_BENCH_VERBOSE_BUILD"))
-    try:
-        _module = load(
-            name=f"dsa_topk_filtered_{source_digest()}",
-            sources=[str(HERE / s) for s in SOURCES],
-            extra_cflags=["-O3"],
-            extra_cuda_cflags=["-O3"],
-            verbose=verbose,
-        )
-    except Exception as exc:  # compiler errors arrive as RuntimeError/CalledProcessError with the log
-        raise TopkBuildError(f"building the CUDA filtered top-k with {nvcc} failed: {exc}") from exc
-    assert (_module.TOPK, _module.PAGE_SIZE, _module.MAX_CANDIDATES, _module.FAST_CANDIDATES) == (TOPK, PAGE_SIZE, MAX_CANDIDATES, FAST_CANDIDATES)
+    if _module is None:
+        module = build_extension("dsa_topk_filtered", "the CUDA filtered top-k", SOURCES, HEADERS, verbose)
+        assert (module.TOPK, module.PAGE_SIZE, module.MAX_CANDIDATES, module.FAST_CANDIDATES) == (TOPK, PAGE_SIZE, MAX_CANDIDATES, FAST_CANDIDATES)
+        _module = module
     return _module
 
 

@@ -1,0 +1,100 @@
+"""The hand-written CUDA sparse attention (attention_sm90.cu): its build and a checked entry.
+
+``run`` checks every argument in Python before the binding sees it (the binding's own checks
+only guard the pointers it hands on; see topk_ext for why bad input must never first reach an
+extension on the H200 machine's toolchain).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+
+from .cuda_build import build_extension
+
+SOURCES = ("attention_binding.cpp", "attention_sm90.cu")
+HEADERS = ("attention_sm90.h",)
+#: constants of attention_sm90.h (checked against the built module on load)
+HEADS, D_CKV, D_KPE, TOPK, PAGE_SIZE = 16, 512, 64, 2048, 64
+MIN_SPLITS, MAX_SPLITS = 8, 64
+TILE_SLOTS = 64  # slots a program gathers and scores together (attention_sm90.cu)
+MAX_TOKENS = 65535  # the grid's y dimension
+#: barrier words per token, and the sense word's offset among them (count is word 0)
+SYNC_STRIDE, SENSE_OFFSET = 32, 16
+#: launches, as the binding returns them
+FUSED, TWO_LAUNCH = 0, 1
+
+_module: ModuleType | None = None
+
+
+def load_attention_extension(verbose: bool | None = None) -> ModuleType:
+    """The compiled extension (built on first use); raises cuda_build.CudaBuildError with the reason."""
+    global _module
+    if _module is None:
+        module = build_extension("dsa_sparse_attention_sm90", "the CUDA sparse attention", SOURCES, HEADERS, verbose)
+        names = ("HEADS", "D_CKV", "D_KPE", "TOPK", "PAGE_SIZE", "MIN_SPLITS", "MAX_SPLITS", "SYNC_STRIDE", "SENSE_OFFSET")
+        mismatched = [n for n in names if getattr(module, n) != globals()[n]]
+        assert not mismatched, f"attention_ext.py and attention_sm90.h disagree on {mismatched}"
+        _module = module
+    return _module
+
+
+def resident_programs() -> int:
+    """Programs of the split kernel the current device keeps resident at once."""
+    return int(load_attention_extension().resident_programs())
+
+
+def _aligned(t: torch.Tensor, name: str, problems: list[str]) -> None:
+    """cp.async copies 16-byte chunks: the base and every row stride must be 16-byte multiples."""
+    if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
+        problems.append(f"{name} must be 16-byte aligned with strides that are multiples of 8 elements, got strides {tuple(t.stride())}")
+
+
+def run(
+    q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor, sparse_indices: torch.Tensor,
+    sm_scale: float, output: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor, sync: torch.Tensor,
+    splits: int, force_two_launch: bool = False,
+) -> int:
+    """Launch the attention (shapes: sparse_attention.py's docstring); returns FUSED or TWO_LAUNCH.
+
+    ``part_out`` [>= T*splits*16*512] bf16 and ``part_lse`` [>= T*splits*16] fp32 are scratch;
+    ``sync`` [>= T*SYNC_STRIDE] int32 are the barrier words (zeroed once, reused by every call on a stream).
+    """
+    T = q_nope.shape[0]
+    problems = []
+    want = {
+        "q_nope": (q_nope, torch.bfloat16, (T, HEADS, D_CKV)), "q_pe": (q_pe, torch.bfloat16, (T, HEADS, D_KPE)),
+        "ckv_cache": (ckv_cache, torch.bfloat16, (ckv_cache.shape[0], PAGE_SIZE, D_CKV)),
+        "kpe_cache": (kpe_cache, torch.bfloat16, (ckv_cache.shape[0], PAGE_SIZE, D_KPE)),
+        "sparse_indices": (sparse_indices, torch.int32, (T, TOPK)), "output": (output, torch.bfloat16, (T, HEADS, D_CKV)),
+        "lse": (lse, torch.float32, (T, HEADS)), "part_out": (part_out, torch.bfloat16, None),
+        "part_lse": (part_lse, torch.float32, None), "sync": (sync, torch.int32, None),
+    }  # fmt: skip
+    for name, (t, dtype, shape) in want.items():
+        if not isinstance(t, torch.Tensor) or not t.is_cuda or t.device != q_nope.device:
+            problems.append(f"{name} must be a CUDA tensor on {q_nope.device}")
+            continue
+        if t.dtype != dtype or (shape is not None and tuple(t.shape) != shape):
+            problems.append(f"{name} must be {dtype} {list(shape) if shape else ''}, got {t.dtype} {list(t.shape)}")
+        elif t.stride(-1) != 1:
+            problems.append(f"{name} must be contiguous in its last dimension")
+    if problems:
+        raise ValueError("; ".join(problems))
+    for name in ("q_nope", "q_pe", "ckv_cache", "kpe_cache"):
+        _aligned(want[name][0], name, problems)
+    if not (MIN_SPLITS <= splits <= MAX_SPLITS and splits & (splits - 1) == 0):
+        problems.append(f"splits must be a power of two in [{MIN_SPLITS}, {MAX_SPLITS}], got {splits}")
+    if T > MAX_TOKENS:
+        problems.append(f"at most {MAX_TOKENS} tokens per call, got {T}")
+    if part_out.numel() < T * splits * HEADS * D_CKV or part_lse.numel() < T * splits * HEADS or sync.numel() < T * SYNC_STRIDE:
+        problems.append("part_out, part_lse or sync is too small for this call")
+    if not (part_out.is_contiguous() and part_lse.is_contiguous() and sync.is_contiguous()):
+        problems.append("part_out, part_lse and sync must be contiguous")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return int(
+        load_attention_extension().sparse_attention(
+            q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, float(sm_scale), output, lse, part_out, part_lse, sync, splits, force_two_launch
+        )
+    )
