@@ -67,7 +67,7 @@ def build_extension(stem: str, what: str, sources: tuple[str, ...], headers: tup
             name=f"{stem}_{source_digest(sources + headers)}",
             sources=[str(HERE / s) for s in sources],
             extra_cflags=["-O3"],
-            extra_cuda_cflags=["-O3"],
+            extra_cuda_cflags=["-O3", "-lineinfo"],  # line info: profilers map stalls to source lines
             verbose=verbose,
         )
     except Exception as exc:  # compiler errors arrive as RuntimeError/CalledProcessError with the log
