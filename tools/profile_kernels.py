@@ -6,6 +6,7 @@
     python tools/profile_kernels.py locality [--iterations 30]
     python tools/profile_kernels.py cache [--case ...] [--iterations 30]
     python tools/profile_kernels.py topk [--iterations 30]
+    python tools/profile_kernels.py phases [--case attention_18_t8_full ...] [--iterations 30]
 
 ``ncu`` mode builds each case's inputs with the harness generator, calls the solution entry
 twice outside any range (compilation, CUDA-graph capture), then once more, with its kernels
@@ -16,6 +17,8 @@ that range sees exactly one call per case.
 workload's full-row cases twice: with the generated indices (slots spread over 8462 pages,
 624 MB), and with the same indices folded onto the first 64 pages (4.7 MB). The difference is
 what scattered pages cost beyond the bytes moved (DRAM page and TLB misses).
+
+``phases`` mode reads the CUDA attention kernel's own phase stamps (run_attention_phases).
 
 ``cache`` mode times the solution entry per case cold (L2 flushed), code-warm (flushed, then
 one call on another input set of the same shapes) and warm (no flush): how much of a call is
@@ -188,9 +191,52 @@ def run_topk_costs(iterations: int, device: torch.device) -> int:
     return 0
 
 
+PHASES = ("ids", "first tile", "attend", "partial", "barrier", "combine")
+
+
+def run_attention_phases(cases: list[str], iterations: int, device: torch.device) -> int:
+    """The CUDA attention kernel's own phase stamps (attention_sm90.h, PhaseSlot), cold L2.
+
+    Per case: each phase's length in µs (SM cycles at the clock the stamps imply), the median
+    and the slowest over programs and iterations; when programs start after the first one; and
+    the span from the first start to the last exit. Stamps are taken by thread 0 of each
+    program, so a phase ends when that thread passes it.
+    """
+    sa = solution_module(attn.NAME)
+    ext = sa.attention_ext
+    flusher = L2Flusher(device)
+    print(f"CUDA attention phases, cold L2, {iterations} calls per case; per phase: median / slowest program, µs")
+    for case_id in cases:
+        definition, axes, inputs = case_inputs(case_id, device)
+        T = axes["num_tokens"]
+        plan = sa.default_plan(T, device)
+        outputs = definition.allocate_outputs(axes, device)
+        part_out = torch.empty(T * plan.splits * 16 * 512, dtype=torch.bfloat16, device=device)
+        part_lse = torch.empty(T * plan.splits * 16, dtype=torch.float32, device=device)
+        sync = sa._sync_words_for(device).get(device, T)
+        stamps = torch.zeros((iterations, T * plan.splits, ext.PHASE_SLOTS), dtype=torch.int64, device=device)
+        args = definition.input_args(inputs)
+        for i in range(iterations + 2):
+            flusher.flush()
+            ext.run(*args, outputs["output"], outputs["lse"], part_out, part_lse, sync, plan.splits, plan.path == "cuda_two_launch",
+                    stamps[max(i - 2, 0)])  # fmt: skip
+        torch.cuda.synchronize()
+        st = stamps.cpu().double()
+        cycles = st[..., 1:8]  # entry, then the end of each phase
+        ns = st[..., 8] - st[..., 0]
+        ghz = float(((cycles[..., -1] - cycles[..., 0]) / ns.clamp(min=1)).median())
+        lengths = (cycles[..., 1:] - cycles[..., :-1]) / ghz / 1e3  # µs
+        start = (st[..., 0] - st[..., 0].min(dim=1, keepdim=True).values) / 1e3
+        span = (st[..., 8].max(dim=1).values - st[..., 0].min(dim=1).values) / 1e3
+        cells = [f"{name} {float(lengths[..., k].median()):5.2f}/{float(lengths[..., k].max()):5.2f}" for k, name in enumerate(PHASES)]
+        print(f"{case_id:24s} S={plan.splits:2d} {ghz:.2f} GHz  " + "  ".join(cells)
+              + f"  start +{float(start.median()):.2f}/{float(start.max()):.2f}  span {float(span.median()):.2f}", flush=True)  # fmt: skip
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=("ncu", "locality", "cache", "topk"))
+    p.add_argument("mode", choices=("ncu", "locality", "cache", "topk", "phases"))
     p.add_argument("--case", action="append", default=[], help="case id (repeatable; ncu mode)")
     p.add_argument("--iterations", type=int, default=30)
     args = p.parse_args()
@@ -202,6 +248,9 @@ def main() -> int:
         return run_ncu(args.case or DEFAULT_CASES, device)
     if args.mode == "topk":
         return run_topk_costs(args.iterations, device)
+    if args.mode == "phases":
+        phase_cases = ["attention_02_t1_sparse", "attention_00_t1_full", "attention_20_t8_sparse", "attention_18_t8_full"]
+        return run_attention_phases(args.case or phase_cases, args.iterations, device)
     if args.mode == "cache":
         return run_cache_states(args.case or DEFAULT_CASES, args.iterations, device)
     return run_locality(args.iterations, device)

@@ -29,7 +29,7 @@ T* pointer(const at::Tensor& t) {
 // was launched separately.
 int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& ckv, const at::Tensor& kpe,
                          const at::Tensor& indices, double sm_scale, at::Tensor& out, at::Tensor& lse, at::Tensor& part_out,
-                         at::Tensor& part_lse, at::Tensor& sync, int64_t splits, bool force_two_launch) {
+                         at::Tensor& part_lse, at::Tensor& sync, int64_t splits, bool force_two_launch, at::Tensor& phase_clocks) {
   const at::Device device = q_nope.device();
   check(q_nope, "q_nope", at::kBFloat16, device);
   check(q_pe, "q_pe", at::kBFloat16, device);
@@ -45,6 +45,11 @@ int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const
   TORCH_CHECK(part_out.numel() >= tokens * splits * dsa_attention::kHeads * dsa_attention::kDCkv, "part_out too small");
   TORCH_CHECK(part_lse.numel() >= tokens * splits * dsa_attention::kHeads, "part_lse too small");
   TORCH_CHECK(sync.numel() >= tokens * dsa_attention::kSyncStride, "sync too small");
+  const bool timed = phase_clocks.numel() > 0;  // empty: no profiling stamps
+  if (timed) {
+    check(phase_clocks, "phase_clocks", at::kLong, device);
+    TORCH_CHECK(phase_clocks.numel() >= tokens * splits * dsa_attention::kPhaseSlots, "phase_clocks too small");
+  }
   if (tokens == 0) return 0;
 
   const c10::cuda::CUDAGuard guard(device);
@@ -71,6 +76,7 @@ int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const
   a.out_t = out.stride(0);
   a.out_h = out.stride(1);
   a.lse_t = lse.stride(0);
+  a.phase_clocks = timed ? phase_clocks.data_ptr<int64_t>() : nullptr;
   a.qk_scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
   a.tokens = static_cast<int>(tokens);
   a.splits = static_cast<int>(splits);
@@ -99,4 +105,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("SENSE_OFFSET") = dsa_attention::kSenseOffset;
   m.attr("MIN_SPLITS") = dsa_attention::kMinSplits;
   m.attr("MAX_SPLITS") = dsa_attention::kMaxSplits;
+  m.attr("PHASE_SLOTS") = static_cast<int>(dsa_attention::kPhaseSlots);
 }

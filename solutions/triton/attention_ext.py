@@ -22,6 +22,8 @@ TILE_SLOTS = 64  # slots a program gathers and scores together (attention_sm90.c
 MAX_TOKENS = 65535  # the grid's y dimension
 #: barrier words per token, and the sense word's offset among them (count is word 0)
 SYNC_STRIDE, SENSE_OFFSET = 32, 16
+#: int64 phase stamps per program when profiling (attention_sm90.h, PhaseSlot)
+PHASE_SLOTS = 9
 #: launches, as the binding returns them
 FUSED, TWO_LAUNCH = 0, 1
 
@@ -33,7 +35,7 @@ def load_attention_extension(verbose: bool | None = None) -> ModuleType:
     global _module
     if _module is None:
         module = build_extension("dsa_sparse_attention_sm90", "the CUDA sparse attention", SOURCES, HEADERS, verbose)
-        names = ("HEADS", "D_CKV", "D_KPE", "TOPK", "PAGE_SIZE", "MIN_SPLITS", "MAX_SPLITS", "SYNC_STRIDE", "SENSE_OFFSET")
+        names = ("HEADS", "D_CKV", "D_KPE", "TOPK", "PAGE_SIZE", "MIN_SPLITS", "MAX_SPLITS", "SYNC_STRIDE", "SENSE_OFFSET", "PHASE_SLOTS")
         mismatched = [n for n in names if getattr(module, n) != globals()[n]]
         assert not mismatched, f"attention_ext.py and attention_sm90.h disagree on {mismatched}"
         _module = module
@@ -54,12 +56,14 @@ def _aligned(t: torch.Tensor, name: str, problems: list[str]) -> None:
 def run(
     q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor, sparse_indices: torch.Tensor,
     sm_scale: float, output: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor, sync: torch.Tensor,
-    splits: int, force_two_launch: bool = False,
+    splits: int, force_two_launch: bool = False, phase_clocks: torch.Tensor | None = None,
 ) -> int:
     """Launch the attention (shapes: sparse_attention.py's docstring); returns FUSED or TWO_LAUNCH.
 
     ``part_out`` [>= T*splits*16*512] bf16 and ``part_lse`` [>= T*splits*16] fp32 are scratch;
     ``sync`` [>= T*SYNC_STRIDE] int32 are the barrier words (zeroed once, reused by every call on a stream).
+    ``phase_clocks`` (profiling only) [>= T*splits*PHASE_SLOTS] int64 receives each program's
+    phase stamps (attention_sm90.h, PhaseSlot).
     """
     T = q_nope.shape[0]
     problems = []
@@ -91,10 +95,17 @@ def run(
         problems.append("part_out, part_lse or sync is too small for this call")
     if not (part_out.is_contiguous() and part_lse.is_contiguous() and sync.is_contiguous()):
         problems.append("part_out, part_lse and sync must be contiguous")
+    if phase_clocks is not None and (
+        not phase_clocks.is_cuda or phase_clocks.device != q_nope.device or phase_clocks.dtype != torch.int64
+        or not phase_clocks.is_contiguous() or phase_clocks.numel() < T * splits * PHASE_SLOTS
+    ):  # fmt: skip
+        problems.append(f"phase_clocks must be a contiguous int64 CUDA tensor of >= T * splits * {PHASE_SLOTS} elements")
     if problems:
         raise ValueError("; ".join(problems))
+    stamps = phase_clocks if phase_clocks is not None else sync.new_empty(0, dtype=torch.int64)
     return int(
         load_attention_extension().sparse_attention(
-            q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, float(sm_scale), output, lse, part_out, part_lse, sync, splits, force_two_launch
+            q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, float(sm_scale), output, lse, part_out, part_lse, sync, splits,
+            force_two_launch, stamps,
         )
     )

@@ -78,6 +78,19 @@ struct CombineShared {
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
+__device__ __forceinline__ int64_t global_ns() {
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return static_cast<int64_t>(ns);
+}
+
+// Profiling stamp (see PhaseSlot): thread 0 of the program, only when the caller asked.
+__device__ __forceinline__ void stamp(const AttentionArgs& a, int t, int s, PhaseSlot slot) {
+  if (a.phase_clocks == nullptr || threadIdx.x != 0) return;
+  const bool wall = slot == kPhaseEntryNs || slot == kPhaseExitNs;
+  a.phase_clocks[(static_cast<int64_t>(t) * a.splits + s) * kPhaseSlots + slot] = wall ? global_ns() : static_cast<int64_t>(clock64());
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
 
 // 16-byte global -> shared copy; `bytes` 0 zero-fills the destination without reading.
@@ -284,6 +297,7 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
   for (int i = 0; i < kMaxTiles; ++i) {
     if (i < tiles && __syncthreads_or(ids[i] >= 0)) active = i + 1;
   }
+  stamp(a, t, s, kPhaseIdsCycles);
 
   if (active > 0) {
     for (int c = threadIdx.x; c < kHeads * kRowChunks; c += kThreads) {
@@ -314,6 +328,7 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
       cp_async_wait<0>();
     }
     __syncthreads();
+    if (tile == 0) stamp(a, t, s, kPhaseFirstTileCycles);
     attend_tile(sh, stage, a.qk_scale_log2, st, o);
     if (tile + kStages < active) {
       int id = -1;
@@ -323,6 +338,8 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
       cp_async_commit();
     }
   }
+
+  stamp(a, t, s, kPhaseAttendedCycles);
 
   // Partial: output / l in bf16 (0 without a valid slot), lse = m + log2 l (-inf without one).
   const int lane = threadIdx.x % kWarpSize;
@@ -344,6 +361,7 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
     a.part_lse[part * kHeads + g] = st.l[0] > 0.f ? st.m[0] + log2f(st.l[0]) : neg_inf();
     a.part_lse[part * kHeads + g + 8] = st.l[1] > 0.f ? st.m[1] + log2f(st.l[1]) : neg_inf();
   }
+  stamp(a, t, s, kPhasePartialCycles);
 }
 
 // Program s's share of token t's combine: flat outputs [s * 8192 / S, (s + 1) * 8192 / S) of the
@@ -425,10 +443,15 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, boo
   int* sense_word = count + kSenseOffset;
   int sense = 0;
   // Read before arriving: nobody flips it until every split of this token has arrived.
+  stamp(a, t, s, kPhaseEntryNs);
+  stamp(a, t, s, kPhaseEntryCycles);
   if (fused && threadIdx.x == 0) sense = atomicAdd(sense_word, 0);
 
   attend_split(sh, a, t, s);
-  if (!fused) return;
+  if (!fused) {
+    stamp(a, t, s, kPhaseExitNs);
+    return;
+  }
 
   // Sense-reversing barrier per token: the block's partial stores, then one gpu-scope arrival.
   // The last program to arrive resets the count (so the words need no memset between calls and
@@ -447,7 +470,10 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, boo
     __threadfence();
   }
   __syncthreads();
+  stamp(a, t, s, kPhaseReleasedCycles);
   combine_share(*reinterpret_cast<CombineShared*>(&sh.kv[0][0][0]), a, t, s);  // the gather buffers are free now
+  stamp(a, t, s, kPhaseCombinedCycles);
+  stamp(a, t, s, kPhaseExitNs);
 }
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(AttentionArgs a) {

@@ -34,9 +34,26 @@ struct AttentionArgs {
   int64_t q_nope_t, q_nope_h, q_pe_t, q_pe_h;      // strides in elements (last dims contiguous)
   int64_t ckv_page, ckv_slot, kpe_page, kpe_slot;
   int64_t indices_t, out_t, out_h, lse_t;
+  int64_t* phase_clocks;    // profiling only, else null: [T * splits * kPhaseSlots] per program,
+                            // see kPhase* below (tools/profile_kernels.py phases reads them)
   float qk_scale_log2;      // sm_scale * log2(e)
   int tokens;
   int splits;               // slot splits per token: a power of two in [kMinSplits, kMaxSplits]
+};
+
+// Phase stamps of one program (thread 0), when phase_clocks is set: the global timer (ns) at
+// entry and exit, and the SM clock (cycles) at entry and at the end of each phase.
+enum PhaseSlot : int {
+  kPhaseEntryNs = 0,
+  kPhaseEntryCycles,
+  kPhaseIdsCycles,         // slot ids loaded, active tiles known
+  kPhaseFirstTileCycles,   // first tile's rows in shared memory
+  kPhaseAttendedCycles,    // every tile scored and folded into the output
+  kPhasePartialCycles,     // partial stores issued
+  kPhaseReleasedCycles,    // past the token's barrier (fused launch)
+  kPhaseCombinedCycles,    // combine share written (fused launch)
+  kPhaseExitNs,
+  kPhaseSlots
 };
 
 constexpr int kMinSplits = 8;

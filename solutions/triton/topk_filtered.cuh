@@ -275,7 +275,10 @@ __device__ __forceinline__ unsigned warp_reduce(unsigned v, bool take_max) {
 // the calling thread's). `warp_totals` is block-shared scratch of kMaxWarps ints; one barrier
 // inside, so every thread must call it and the scratch may be reused only after the caller's
 // next barrier.
+template <int kThreads>
 __device__ __forceinline__ int block_inclusive_sum(int value, int lane, int warp, int* warp_totals) {
+  constexpr int kWarps = kThreads / kWarpSize;
+  static_assert(kWarps <= kWarpSize, "one lane per warp total");
   int inclusive = value;
   for (int offset = 1; offset < kWarpSize; offset <<= 1) {
     const int v = __shfl_up_sync(kFullMask, inclusive, offset);
@@ -283,8 +286,11 @@ __device__ __forceinline__ int block_inclusive_sum(int value, int lane, int warp
   }
   if (lane == kWarpSize - 1) warp_totals[warp] = inclusive;
   __syncthreads();
-  for (int w = 0; w < warp; ++w) inclusive += warp_totals[w];
-  return inclusive;
+  // The earlier warps' totals: lane w reads warp w's (all lanes at once), then a warp sum,
+  // instead of a chain of up to 31 dependent shared loads in the last warp.
+  int earlier = lane < warp ? warp_totals[lane] : 0;  // lane < warp < kWarps
+  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) earlier += __shfl_xor_sync(kFullMask, earlier, offset);
+  return inclusive + earlier;
 }
 
 // Finds the bin t of f.hist with count(bins > t) < need <= count(bins >= t) and stores t and
@@ -302,7 +308,7 @@ __device__ __forceinline__ void fast_threshold(FastState& f, int need) {
   const int top = kFastBins - tid * kBinsPerThread;  // one past this thread's highest bin
   int mine = 0;
   for (int b = 0; b < kBinsPerThread; ++b) mine += f.hist[top - 1 - b];
-  const int inclusive = block_inclusive_sum(mine, lane, warp, f.warp_totals);
+  const int inclusive = block_inclusive_sum<kThreads>(mine, lane, warp, f.warp_totals);
   int running = inclusive - mine;  // keys in bins above this thread's
   if (running < need && inclusive >= need) {  // exactly one thread: the threshold bin is here
     for (int b = top - 1;; --b) {
@@ -345,10 +351,9 @@ __device__ bool fast_select(const CachedRow<kThreads>& row, int max_candidates, 
     f.warp_hi[warp] = hi;
   }
   __syncthreads();
-  for (int w = 0; w < kWarps; ++w) {
-    lo = f.warp_lo[w] < lo ? f.warp_lo[w] : lo;
-    hi = f.warp_hi[w] > hi ? f.warp_hi[w] : hi;
-  }
+  // Lane w reads warp w's extremes, then a warp reduction (no chain of kWarps shared loads).
+  lo = warp_reduce(lane < kWarps ? f.warp_lo[lane] : 0xffffffffu, false);
+  hi = warp_reduce(lane < kWarps ? f.warp_hi[lane] : 0u, true);
   // Level-1 bin = (key - lo) >> shift < kFastBins: the shift keeps the top kFastBinBits of the range.
   const unsigned range = hi - lo;
   const int range_bits = range == 0 ? 0 : kKeyBits - __clz(range);
@@ -379,7 +384,7 @@ __device__ bool fast_select(const CachedRow<kThreads>& row, int max_candidates, 
     n_tie += bin == threshold;
   });
   const int packed = n_above | (n_tie << 16);
-  const int exclusive = block_inclusive_sum(packed, lane, warp, f.warp_totals) - packed;
+  const int exclusive = block_inclusive_sum<kThreads>(packed, lane, warp, f.warp_totals) - packed;
   int out_at = exclusive & 0xffff;
   int tie_at = exclusive >> 16;
 
