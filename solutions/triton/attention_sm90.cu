@@ -49,7 +49,11 @@ constexpr int kChunksPerThread = kRowChunks / kThreadsPerRow;
 constexpr int kSlotsPerWarp = kTileSlots / kWarps;       // one mma n-tile of logits per warp
 constexpr int kColsPerWarp = kDCkv / kWarps;             // value columns per warp
 constexpr int kColTiles = kColsPerWarp / 8;              // mma n-tiles of output per warp
-constexpr int kCombineSplitsPerThread = 16;              // partials one combining thread reads
+constexpr int kQSteps = kDQk / 16;                       // mma k-steps of a logit row
+// Partials are stored in the accumulators' own order (see store_partial): one 8-byte unit per
+// (warp, output n-tile, lane) holds a bf16 pair of head g and one of head g + 8.
+constexpr int kUnits = kWarps * kColTiles * kWarpSize;   // units per token
+constexpr int kCombineSplitsPerThread = 8;               // partials one combining thread reads
 
 static_assert(kHeads == 16, "the heads are the M = 16 rows of every mma");
 static_assert(kSlotsPerWarp == 8, "a warp scores one 8-slot n-tile");
@@ -59,7 +63,10 @@ static_assert(kColTiles % 2 == 0, "ldmatrix.x4.trans loads two value n-tiles");
 static_assert(kTileSlots % 16 == 0, "P.V k-steps of 16 slots");
 static_assert((kRowStride * 2) % 16 == 0 && (kPStride * 2) % 16 == 0, "16-byte aligned shared rows");
 static_assert(kTopK % kMaxSplits == 0 && (kTopK / kMaxSplits) % kSlotsPerWarp == 0, "splits hold whole n-tiles");
-static_assert(kMaxSplits <= 2 * kWarpSize, "the combine's per-head reduction gives each lane two splits");
+static_assert(kUnits * 4 == kHeads * kDCkv, "a unit holds 4 outputs");
+static_assert(kUnits / kMaxSplits * (kMaxSplits / kCombineSplitsPerThread) == kThreads &&
+              kUnits / kMinSplits * (kMinSplits / kCombineSplitsPerThread) == kThreads,
+              "every split count gives each combining thread one unit and kCombineSplitsPerThread splits");
 
 struct Shared {
   uint16_t q[kHeads][kRowStride];
@@ -68,12 +75,6 @@ struct Shared {
   float tile_max[kWarps][kHeads];
   float tile_sum[kWarps][kHeads];
   int32_t slot_ids[kStages][kTileSlots];
-};
-
-struct CombineShared {
-  float weight[kMaxSplits * kHeads];  // [split][head]: lse, then 2^(lse - max)
-  float head_scale[kHeads];           // 1 / sum of the weights (0 when the token has no slot)
-  float head_lse[kHeads];
 };
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
@@ -168,34 +169,31 @@ struct RowState {
 };
 
 // One tile: logits, online softmax step, P.V into `o` (this warp's 16 x 64 output columns).
-__device__ __forceinline__ void attend_tile(Shared& sh, int stage, float qk_scale_log2, RowState& st, float (&o)[kColTiles][4]) {
+__device__ __forceinline__ void attend_tile(Shared& sh, int stage, float qk_scale_log2, const uint32_t (&q)[kQSteps][4], RowState& st,
+                                            float (&o)[kColTiles][4]) {
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int g = lane / 4;    // accumulator row (head g and g + 8)
   const int tig = lane % 4;  // accumulator column pair
 
-  // Logits of slots 8w..8w+7: A = Q rows (lane -> row lane % 16, column half lane / 16), B =
-  // slot rows (lane -> slot lane % 8, k offset 8 * (lane / 8): four k-chunks = two k-steps).
-  const uint32_t q_addr = smem_addr(&sh.q[lane % 16][(lane / 16) * 8]);
+  // Logits of slots 8w..8w+7: A = this thread's Q fragments (registers, loaded once per
+  // program: re-reading Q from shared memory in every warp would move 8 x 18 KB per tile),
+  // B = slot rows (lane -> slot lane % 8, k offset 8 * (lane / 8): four k-chunks = two k-steps).
   const uint32_t k_addr = smem_addr(&sh.kv[stage][warp * kSlotsPerWarp + lane % 8][(lane / 8) * 8]);
   float nope_even[4] = {0.f, 0.f, 0.f, 0.f}, nope_odd[4] = {0.f, 0.f, 0.f, 0.f}, pe[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-  for (int k0 = 0; k0 < kDCkv; k0 += 32) {  // two independent chains: half the mma latency
-    uint32_t a0[4], a1[4], b[4];
-    ldmatrix_x4(a0, q_addr + k0 * 2);
-    ldmatrix_x4(a1, q_addr + (k0 + 16) * 2);
-    ldmatrix_x4(b, k_addr + k0 * 2);
-    mma_bf16(nope_even, a0, b[0], b[1]);
-    mma_bf16(nope_odd, a1, b[2], b[3]);
+  for (int i = 0; i < kDCkv / 16; i += 2) {  // two independent chains: half the mma latency
+    uint32_t b[4];
+    ldmatrix_x4(b, k_addr + i * 16 * 2);
+    mma_bf16(nope_even, q[i], b[0], b[1]);
+    mma_bf16(nope_odd, q[i + 1], b[2], b[3]);
   }
 #pragma unroll
-  for (int k0 = kDCkv; k0 < kDQk; k0 += 32) {
-    uint32_t a0[4], a1[4], b[4];
-    ldmatrix_x4(a0, q_addr + k0 * 2);
-    ldmatrix_x4(a1, q_addr + (k0 + 16) * 2);
-    ldmatrix_x4(b, k_addr + k0 * 2);
-    mma_bf16(pe, a0, b[0], b[1]);
-    mma_bf16(pe, a1, b[2], b[3]);
+  for (int i = kDCkv / 16; i < kQSteps; i += 2) {
+    uint32_t b[4];
+    ldmatrix_x4(b, k_addr + i * 16 * 2);
+    mma_bf16(pe, q[i], b[0], b[1]);
+    mma_bf16(pe, q[i + 1], b[2], b[3]);
   }
   const int slot = warp * kSlotsPerWarp + 2 * tig;
   const bool valid0 = sh.slot_ids[stage][slot] >= 0;
@@ -284,6 +282,16 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
   const int row = threadIdx.x / kThreadsPerRow;
   const int32_t* idx_row = a.indices + t * a.indices_t;
 
+  // Q does not depend on the slot ids: its copy (group 0) overlaps their loads.
+  for (int c = threadIdx.x; c < kHeads * kRowChunks; c += kThreads) {
+    const int h = c / kRowChunks;
+    const int chunk = c % kRowChunks;
+    const uint16_t* src = chunk < kCkvChunks ? a.q_nope + t * a.q_nope_t + h * a.q_nope_h + chunk * kChunk
+                                             : a.q_pe + t * a.q_pe_t + h * a.q_pe_h + (chunk - kCkvChunks) * kChunk;
+    cp_async16(&sh.q[h][chunk * kChunk], src, 16);
+  }
+  cp_async_commit();
+
   // This thread's slot id in every tile, all loads issued together.
   int ids[kMaxTiles];
 #pragma unroll
@@ -299,49 +307,43 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
   }
   stamp(a, t, s, kPhaseIdsCycles);
 
-  if (active > 0) {
-    for (int c = threadIdx.x; c < kHeads * kRowChunks; c += kThreads) {
-      const int h = c / kRowChunks;
-      const int chunk = c % kRowChunks;
-      const uint16_t* src = chunk < kCkvChunks ? a.q_nope + t * a.q_nope_t + h * a.q_nope_h + chunk * kChunk
-                                               : a.q_pe + t * a.q_pe_t + h * a.q_pe_h + (chunk - kCkvChunks) * kChunk;
-      cp_async16(&sh.q[h][chunk * kChunk], src, 16);
-    }
-    issue_tile(sh, a, ids[0], 0);
-    cp_async_commit();  // group 0: Q and tile 0
-    if (active > 1) {
-      issue_tile(sh, a, ids[1], 1);
-      cp_async_commit();
-    }
-  }
+  if (active > 0) issue_tile(sh, a, ids[0], 0);
+  cp_async_commit();  // group 1: tile 0 (empty without active tiles)
+  if (active > 1) issue_tile(sh, a, ids[1], 1);
+  cp_async_commit();  // group 2: tile 1 (possibly empty)
 
   RowState st{{neg_inf(), neg_inf()}, {0.f, 0.f}};
   float o[kColTiles][4];
 #pragma unroll
   for (int j = 0; j < kColTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  uint32_t q[kQSteps][4];  // A fragments of Q: lane -> row lane % 16, column half lane / 16
 
+  // Before tile i, groups up to tile i + 1 are committed: waiting for all but one leaves
+  // tile i (and everything older) complete.
   for (int tile = 0; tile < active; ++tile) {
     const int stage = tile % kStages;
-    if (tile + 1 < active) {
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+    cp_async_wait<1>();
     __syncthreads();
-    if (tile == 0) stamp(a, t, s, kPhaseFirstTileCycles);
-    attend_tile(sh, stage, a.qk_scale_log2, st, o);
-    if (tile + kStages < active) {
-      int id = -1;
+    if (tile == 0) {
+      stamp(a, t, s, kPhaseFirstTileCycles);
+      const uint32_t q_addr = smem_addr(&sh.q[threadIdx.x % kWarpSize % 16][(threadIdx.x % kWarpSize / 16) * 8]);
 #pragma unroll
-      for (int i = 0; i < kMaxTiles; ++i) id = i == tile + kStages ? ids[i] : id;
-      issue_tile(sh, a, id, stage);
-      cp_async_commit();
+      for (int i = 0; i < kQSteps; ++i) ldmatrix_x4(q[i], q_addr + i * 16 * 2);
     }
+    attend_tile(sh, stage, a.qk_scale_log2, q, st, o);
+    int id = -1;
+#pragma unroll
+    for (int i = 0; i < kMaxTiles; ++i) id = i == tile + kStages ? ids[i] : id;
+    if (tile + kStages < active) issue_tile(sh, a, id, stage);
+    cp_async_commit();  // always one group per tile, so the wait count above holds
   }
-
+  cp_async_wait<0>();  // nothing may land in shared memory after this program moves on
   stamp(a, t, s, kPhaseAttendedCycles);
 
-  // Partial: output / l in bf16 (0 without a valid slot), lse = m + log2 l (-inf without one).
+  // Partial, in the accumulators' own order so that every store is coalesced: unit
+  // (warp, n-tile j, lane) = {bf16 pair of head g, bf16 pair of head g + 8} at columns
+  // 64 * warp + 8 * j + 2 * tig, divided by l (0 without a valid slot); lse = m + log2 l
+  // (-inf without a valid slot).
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int g = lane / 4;
@@ -350,12 +352,10 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
   float inv_l[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) inv_l[r] = st.l[r] > 0.f ? 1.f / st.l[r] : 0.f;
-  uint16_t* out_lo = a.part_out + (part * kHeads + g) * kDCkv + warp * kColsPerWarp + 2 * tig;
-  uint16_t* out_hi = out_lo + 8 * kDCkv;
+  uint2* units = reinterpret_cast<uint2*>(a.part_out) + part * kUnits + warp * kColTiles * kWarpSize + lane;
 #pragma unroll
   for (int j = 0; j < kColTiles; ++j) {
-    *reinterpret_cast<uint32_t*>(out_lo + j * 8) = pack_bf16x2(o[j][0] * inv_l[0], o[j][1] * inv_l[0]);
-    *reinterpret_cast<uint32_t*>(out_hi + j * 8) = pack_bf16x2(o[j][2] * inv_l[1], o[j][3] * inv_l[1]);
+    units[j * kWarpSize] = make_uint2(pack_bf16x2(o[j][0] * inv_l[0], o[j][1] * inv_l[0]), pack_bf16x2(o[j][2] * inv_l[1], o[j][3] * inv_l[1]));
   }
   if (warp == 0 && tig == 0) {
     a.part_lse[part * kHeads + g] = st.l[0] > 0.f ? st.m[0] + log2f(st.l[0]) : neg_inf();
@@ -364,75 +364,85 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
   stamp(a, t, s, kPhasePartialCycles);
 }
 
-// Program s's share of token t's combine: flat outputs [s * 8192 / S, (s + 1) * 8192 / S) of the
-// token's 16 x 512, each the weighted mean of the S partials (weights 2^(lse_split - lse_max)).
-// Partials come from other SMs of this launch: read through L2 (ld.cg), never a stale L1 line.
-__device__ __forceinline__ void combine_share(CombineShared& cs, const AttentionArgs& a, int t, int s) {
+// Program s's share of token t's combine: units [s * kUnits / S, (s + 1) * kUnits / S), each the
+// weighted mean of the S partials (weights 2^(lse_split - lse_max) per head). `group` adjacent
+// threads share a unit, each loading kCombineSplitsPerThread splits' units and lse values at
+// once (one round trip, no shared memory, no barrier); shuffles merge the group. Partials come
+// from other SMs of this launch: read through L2 (ld.cg), never a stale L1 line.
+__device__ __forceinline__ void combine_share(const AttentionArgs& a, int t, int s) {
   const int splits = a.splits;
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  const float* lse_t = a.part_lse + static_cast<int64_t>(t) * splits * kHeads;
-  for (int i = threadIdx.x; i < splits * kHeads; i += kThreads) cs.weight[i] = __ldcg(lse_t + i);
-  __syncthreads();
-  for (int h = warp; h < kHeads; h += kWarps) {  // one warp per head, two splits per lane
-    float v0 = lane < splits ? cs.weight[lane * kHeads + h] : neg_inf();
-    float v1 = lane + kWarpSize < splits ? cs.weight[(lane + kWarpSize) * kHeads + h] : neg_inf();
-    float top = fmaxf(v0, v1);
-    for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) top = fmaxf(top, __shfl_xor_sync(kFullMask, top, offset));
-    const float ref = top == neg_inf() ? 0.f : top;
-    v0 = exp2f(v0 - ref);  // 0 for a split without valid slots
-    v1 = exp2f(v1 - ref);
-    if (lane < splits) cs.weight[lane * kHeads + h] = v0;
-    if (lane + kWarpSize < splits) cs.weight[(lane + kWarpSize) * kHeads + h] = v1;
-    float total = v0 + v1;
-    for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) total += __shfl_xor_sync(kFullMask, total, offset);
-    if (lane == 0) {
-      cs.head_scale[h] = total > 0.f ? 1.f / total : 0.f;
-      cs.head_lse[h] = total > 0.f ? ref + log2f(total) : neg_inf();
-    }
-  }
-  __syncthreads();
+  const int group = splits / kCombineSplitsPerThread;  // 1..8 adjacent lanes
+  const int unit = s * (kUnits / splits) + static_cast<int>(threadIdx.x) / group;
+  const int member = static_cast<int>(threadIdx.x) % group;
+  const int lane = unit % kWarpSize;  // the unit's accumulator lane, warp and n-tile
+  const int col_tile = unit / kWarpSize % kColTiles;
+  const int warp = unit / (kWarpSize * kColTiles);
+  const int g = lane / 4;
+  const int d = warp * kColsPerWarp + col_tile * 8 + 2 * (lane % 4);
+  const int64_t first = static_cast<int64_t>(t) * splits;
+  const uint2* units = reinterpret_cast<const uint2*>(a.part_out);
 
-  // `group` threads (adjacent lanes) share one bf16 pair, each reading every group-th split.
-  const int group = splits > kCombineSplitsPerThread ? splits / kCombineSplitsPerThread : 1;
-  const int pairs = kHeads * kDCkv / 2 / splits;
-  const uint16_t* part_t = a.part_out + static_cast<int64_t>(t) * splits * kHeads * kDCkv;
-  for (int first = 0; first < pairs * group; first += kThreads) {  // the same trip count everywhere
-    const int i = first + static_cast<int>(threadIdx.x);
-    const int pair = i / group;
-    const int member = i % group;
-    const bool active = pair < pairs;
-    const int flat = (s * pairs + (active ? pair : 0)) * 2;
-    const int h = flat / kDCkv;
-    const int d = flat % kDCkv;
-    uint32_t bits[kCombineSplitsPerThread];
+  uint2 bits[kCombineSplitsPerThread];
+  float lse_lo[kCombineSplitsPerThread], lse_hi[kCombineSplitsPerThread];
 #pragma unroll
-    for (int k = 0; k < kCombineSplitsPerThread; ++k) {
-      const int sp = member + k * group;
-      bits[k] = active && sp < splits ? __ldcg(reinterpret_cast<const unsigned int*>(part_t + (static_cast<int64_t>(sp) * kHeads + h) * kDCkv + d)) : 0u;
-    }
-    float acc0 = 0.f, acc1 = 0.f;
+  for (int k = 0; k < kCombineSplitsPerThread; ++k) {
+    const int64_t part = first + member + k * group;
+    bits[k] = __ldcg(units + part * kUnits + unit);
+    lse_lo[k] = __ldcg(a.part_lse + part * kHeads + g);
+    lse_hi[k] = __ldcg(a.part_lse + part * kHeads + g + 8);
+  }
+  float top_lo = neg_inf(), top_hi = neg_inf();
 #pragma unroll
-    for (int k = 0; k < kCombineSplitsPerThread; ++k) {
-      const int sp = member + k * group;
-      if (active && sp < splits) {
-        const float w = cs.weight[sp * kHeads + h];
-        const float2 v = unpack_bf16x2(bits[k]);
-        acc0 += w * v.x;
-        acc1 += w * v.y;
-      }
-    }
-    for (int offset = 1; offset < group; offset <<= 1) {
-      acc0 += __shfl_xor_sync(kFullMask, acc0, offset);
-      acc1 += __shfl_xor_sync(kFullMask, acc1, offset);
-    }
-    if (active && member == 0) {
-      const float scale = cs.head_scale[h];
-      *reinterpret_cast<uint32_t*>(a.out + t * a.out_t + h * a.out_h + d) = pack_bf16x2(acc0 * scale, acc1 * scale);
-      if (d == 0) a.lse[t * a.lse_t + h] = cs.head_lse[h];
-    }
+  for (int k = 0; k < kCombineSplitsPerThread; ++k) {
+    top_lo = fmaxf(top_lo, lse_lo[k]);
+    top_hi = fmaxf(top_hi, lse_hi[k]);
+  }
+  for (int offset = 1; offset < group; offset <<= 1) {
+    top_lo = fmaxf(top_lo, __shfl_xor_sync(kFullMask, top_lo, offset));
+    top_hi = fmaxf(top_hi, __shfl_xor_sync(kFullMask, top_hi, offset));
+  }
+  // A head without any valid slot has max -inf: 0 as the reference keeps every weight 0, not NaN.
+  const float ref_lo = top_lo == neg_inf() ? 0.f : top_lo;
+  const float ref_hi = top_hi == neg_inf() ? 0.f : top_hi;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f}, total_lo = 0.f, total_hi = 0.f;
+#pragma unroll
+  for (int k = 0; k < kCombineSplitsPerThread; ++k) {
+    const float w_lo = exp2f(lse_lo[k] - ref_lo);
+    const float w_hi = exp2f(lse_hi[k] - ref_hi);
+    const float2 lo = unpack_bf16x2(bits[k].x);
+    const float2 hi = unpack_bf16x2(bits[k].y);
+    acc[0] += w_lo * lo.x;
+    acc[1] += w_lo * lo.y;
+    acc[2] += w_hi * hi.x;
+    acc[3] += w_hi * hi.y;
+    total_lo += w_lo;
+    total_hi += w_hi;
+  }
+  for (int offset = 1; offset < group; offset <<= 1) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[i] += __shfl_xor_sync(kFullMask, acc[i], offset);
+    total_lo += __shfl_xor_sync(kFullMask, total_lo, offset);
+    total_hi += __shfl_xor_sync(kFullMask, total_hi, offset);
+  }
+  if (member != 0) return;
+  const float scale_lo = total_lo > 0.f ? 1.f / total_lo : 0.f;
+  const float scale_hi = total_hi > 0.f ? 1.f / total_hi : 0.f;
+  uint16_t* out_lo = a.out + t * a.out_t + g * a.out_h + d;
+  *reinterpret_cast<uint32_t*>(out_lo) = pack_bf16x2(acc[0] * scale_lo, acc[1] * scale_lo);
+  *reinterpret_cast<uint32_t*>(out_lo + 8 * a.out_h) = pack_bf16x2(acc[2] * scale_hi, acc[3] * scale_hi);
+  if (d == 0) {
+    a.lse[t * a.lse_t + g] = total_lo > 0.f ? ref_lo + log2f(total_lo) : neg_inf();
+    a.lse[t * a.lse_t + g + 8] = total_hi > 0.f ? ref_hi + log2f(total_hi) : neg_inf();
   }
 }
+
+__device__ __forceinline__ int load_acquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, bool fused) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
@@ -445,7 +455,7 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, boo
   // Read before arriving: nobody flips it until every split of this token has arrived.
   stamp(a, t, s, kPhaseEntryNs);
   stamp(a, t, s, kPhaseEntryCycles);
-  if (fused && threadIdx.x == 0) sense = atomicAdd(sense_word, 0);
+  if (fused && threadIdx.x == 0) sense = load_acquire(sense_word);
 
   attend_split(sh, a, t, s);
   if (!fused) {
@@ -456,30 +466,31 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, boo
   // Sense-reversing barrier per token: the block's partial stores, then one gpu-scope arrival.
   // The last program to arrive resets the count (so the words need no memset between calls and
   // stay in [0, S] and {0, 1}) and flips the sense, which releases the others.
+  // The fences are acq_rel at gpu scope: the block barrier orders every thread's partial
+  // stores before thread 0's fence, which makes them visible before its arrival; the acquire
+  // load that sees the flip, then the block barrier, order the combine's loads after it.
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
+    fence_acq_rel();
     const int ticket = atomicAdd(count, 1);
     if (ticket == a.splits - 1) {
       atomicExch(count, 0);
-      __threadfence();
+      fence_acq_rel();
       atomicExch(sense_word, 1 - sense);
     } else {
-      while (atomicAdd(sense_word, 0) == sense) __nanosleep(32);
+      while (load_acquire(sense_word) == sense) {
+      }
     }
-    __threadfence();
+    fence_acq_rel();
   }
   __syncthreads();
   stamp(a, t, s, kPhaseReleasedCycles);
-  combine_share(*reinterpret_cast<CombineShared*>(&sh.kv[0][0][0]), a, t, s);  // the gather buffers are free now
+  combine_share(a, t, s);
   stamp(a, t, s, kPhaseCombinedCycles);
   stamp(a, t, s, kPhaseExitNs);
 }
 
-__global__ void __launch_bounds__(kThreads) combine_kernel(AttentionArgs a) {
-  __shared__ CombineShared cs;
-  combine_share(cs, a, blockIdx.y, blockIdx.x);
-}
+__global__ void __launch_bounds__(kThreads) combine_kernel(AttentionArgs a) { combine_share(a, blockIdx.y, blockIdx.x); }
 
 constexpr int kMaxDevices = 64;
 
@@ -491,8 +502,6 @@ cudaError_t prepare(int device) {
   if (err == cudaSuccess && device >= 0 && device < kMaxDevices) done[device] = true;
   return err;
 }
-
-static_assert(sizeof(CombineShared) <= sizeof(Shared::kv), "the combine reuses the gather buffers");
 
 }  // namespace
 
