@@ -148,10 +148,10 @@ def test_cuda_policy_keeps_grids_coresident():
         plan.validate()
         assert plan.path == "cuda" and plan.block_n == 64
         if tokens * sa.attention_ext.MIN_SPLITS <= sms:
-            assert tokens * plan.splits <= sms < tokens * plan.splits * 2 or plan.splits == sa.attention_ext.MAX_SPLITS
+            assert tokens * plan.splits <= sms and (plan.splits == sa.CUDA_POLICY_MAX_SPLITS or tokens * plan.splits * 2 > sms)
         else:
             assert plan.splits == sa.attention_ext.MIN_SPLITS  # the launcher takes two launches then
-    assert [sa.cuda_plan(t, sms).splits for t in (1, 2, 3, 4, 5, 8, 16, 17)] == [64, 64, 32, 32, 16, 16, 8, 8]
+    assert [sa.cuda_plan(t, sms).splits for t in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [16] * 6 + [8] * 3
     assert sa.cuda_plan(8, sms, force_two_launch=True).path == "cuda_two_launch"
     with pytest.raises(AssertionError, match="power-of-two splits"):
         sa.Plan("cuda", splits=4, block_n=64, partial_dtype=torch.bfloat16).validate()

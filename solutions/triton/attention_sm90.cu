@@ -67,6 +67,7 @@ static_assert(kUnits * 4 == kHeads * kDCkv, "a unit holds 4 outputs");
 static_assert(kUnits / kMaxSplits * (kMaxSplits / kCombineSplitsPerThread) == kThreads &&
               kUnits / kMinSplits * (kMinSplits / kCombineSplitsPerThread) == kThreads,
               "every split count gives each combining thread one unit and kCombineSplitsPerThread splits");
+static_assert(kUnits / kMaxSplits >= kWarpSize, "a warp's combine loads cover consecutive units of one split");
 
 struct Shared {
   uint16_t q[kHeads][kRowStride];
@@ -282,7 +283,15 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
   const int row = threadIdx.x / kThreadsPerRow;
   const int32_t* idx_row = a.indices + t * a.indices_t;
 
-  // Q does not depend on the slot ids: its copy (group 0) overlaps their loads.
+  // This thread's slot id in every tile, all loads issued together and first: they are the
+  // head of the longest dependent chain (ids -> row addresses -> gather).
+  int ids[kMaxTiles];
+#pragma unroll
+  for (int i = 0; i < kMaxTiles; ++i) {
+    const int j = i * kTileSlots + row;
+    ids[i] = i < tiles && j < split_slots ? __ldg(idx_row + static_cast<int64_t>(j) * splits + s) : -1;
+  }
+  // Q does not depend on the ids: its copy (group 0) is issued while they are in flight.
   for (int c = threadIdx.x; c < kHeads * kRowChunks; c += kThreads) {
     const int h = c / kRowChunks;
     const int chunk = c % kRowChunks;
@@ -291,14 +300,6 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
     cp_async16(&sh.q[h][chunk * kChunk], src, 16);
   }
   cp_async_commit();
-
-  // This thread's slot id in every tile, all loads issued together.
-  int ids[kMaxTiles];
-#pragma unroll
-  for (int i = 0; i < kMaxTiles; ++i) {
-    const int j = i * kTileSlots + row;
-    ids[i] = i < tiles && j < split_slots ? __ldg(idx_row + static_cast<int64_t>(j) * splits + s) : -1;
-  }
   // Tiles after the last one holding a valid slot are skipped (block-uniform).
   int active = 0;
 #pragma unroll
@@ -364,29 +365,38 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
   stamp(a, t, s, kPhasePartialCycles);
 }
 
+// Scratch of the combine when several threads share a unit (fewer units than threads).
+struct CombineScratch {
+  float top[kThreads][2];        // each thread's largest lse of heads g and g + 8
+  float sums[kThreads][6];       // each thread's weighted outputs (4) and weight totals (2)
+};
+
 // Program s's share of token t's combine: units [s * kUnits / S, (s + 1) * kUnits / S), each the
-// weighted mean of the S partials (weights 2^(lse_split - lse_max) per head). `group` adjacent
-// threads share a unit, each loading kCombineSplitsPerThread splits' units and lse values at
-// once (one round trip, no shared memory, no barrier); shuffles merge the group. Partials come
-// from other SMs of this launch: read through L2 (ld.cg), never a stale L1 line.
-__device__ __forceinline__ void combine_share(const AttentionArgs& a, int t, int s) {
+// weighted mean of the S partials (weights 2^(lse_split - lse_max) per head). Thread i takes
+// unit i % (kUnits / S) over the kCombineSplitsPerThread splits of block i / (kUnits / S), so
+// each warp-wide load reads 32 consecutive units of one split (coalesced); the blocks are
+// merged through shared memory. Partials come from other SMs of this launch: read through L2
+// (ld.cg), never a stale L1 line.
+__device__ __forceinline__ void combine_share(CombineScratch& scratch, const AttentionArgs& a, int t, int s) {
   const int splits = a.splits;
-  const int group = splits / kCombineSplitsPerThread;  // 1..8 adjacent lanes
-  const int unit = s * (kUnits / splits) + static_cast<int>(threadIdx.x) / group;
-  const int member = static_cast<int>(threadIdx.x) % group;
+  const int per_program = kUnits / splits;                // units this program combines
+  const int blocks = kThreads / per_program;              // split blocks per unit (S / 8)
+  const int local = static_cast<int>(threadIdx.x) % per_program;
+  const int block = static_cast<int>(threadIdx.x) / per_program;
+  const int unit = s * per_program + local;
   const int lane = unit % kWarpSize;  // the unit's accumulator lane, warp and n-tile
   const int col_tile = unit / kWarpSize % kColTiles;
   const int warp = unit / (kWarpSize * kColTiles);
   const int g = lane / 4;
   const int d = warp * kColsPerWarp + col_tile * 8 + 2 * (lane % 4);
-  const int64_t first = static_cast<int64_t>(t) * splits;
+  const int64_t first = static_cast<int64_t>(t) * splits + block * kCombineSplitsPerThread;
   const uint2* units = reinterpret_cast<const uint2*>(a.part_out);
 
   uint2 bits[kCombineSplitsPerThread];
   float lse_lo[kCombineSplitsPerThread], lse_hi[kCombineSplitsPerThread];
 #pragma unroll
   for (int k = 0; k < kCombineSplitsPerThread; ++k) {
-    const int64_t part = first + member + k * group;
+    const int64_t part = first + k;
     bits[k] = __ldcg(units + part * kUnits + unit);
     lse_lo[k] = __ldcg(a.part_lse + part * kHeads + g);
     lse_hi[k] = __ldcg(a.part_lse + part * kHeads + g + 8);
@@ -397,42 +407,50 @@ __device__ __forceinline__ void combine_share(const AttentionArgs& a, int t, int
     top_lo = fmaxf(top_lo, lse_lo[k]);
     top_hi = fmaxf(top_hi, lse_hi[k]);
   }
-  for (int offset = 1; offset < group; offset <<= 1) {
-    top_lo = fmaxf(top_lo, __shfl_xor_sync(kFullMask, top_lo, offset));
-    top_hi = fmaxf(top_hi, __shfl_xor_sync(kFullMask, top_hi, offset));
+  if (blocks > 1) {  // block-uniform
+    scratch.top[threadIdx.x][0] = top_lo;
+    scratch.top[threadIdx.x][1] = top_hi;
+    __syncthreads();
+    for (int b = 0; b < blocks; ++b) {
+      top_lo = fmaxf(top_lo, scratch.top[b * per_program + local][0]);
+      top_hi = fmaxf(top_hi, scratch.top[b * per_program + local][1]);
+    }
   }
   // A head without any valid slot has max -inf: 0 as the reference keeps every weight 0, not NaN.
   const float ref_lo = top_lo == neg_inf() ? 0.f : top_lo;
   const float ref_hi = top_hi == neg_inf() ? 0.f : top_hi;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f}, total_lo = 0.f, total_hi = 0.f;
+  float sums[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};  // outputs lo.x, lo.y, hi.x, hi.y; totals lo, hi
 #pragma unroll
   for (int k = 0; k < kCombineSplitsPerThread; ++k) {
     const float w_lo = exp2f(lse_lo[k] - ref_lo);
     const float w_hi = exp2f(lse_hi[k] - ref_hi);
     const float2 lo = unpack_bf16x2(bits[k].x);
     const float2 hi = unpack_bf16x2(bits[k].y);
-    acc[0] += w_lo * lo.x;
-    acc[1] += w_lo * lo.y;
-    acc[2] += w_hi * hi.x;
-    acc[3] += w_hi * hi.y;
-    total_lo += w_lo;
-    total_hi += w_hi;
+    sums[0] += w_lo * lo.x;
+    sums[1] += w_lo * lo.y;
+    sums[2] += w_hi * hi.x;
+    sums[3] += w_hi * hi.y;
+    sums[4] += w_lo;
+    sums[5] += w_hi;
   }
-  for (int offset = 1; offset < group; offset <<= 1) {
+  if (blocks > 1) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[i] += __shfl_xor_sync(kFullMask, acc[i], offset);
-    total_lo += __shfl_xor_sync(kFullMask, total_lo, offset);
-    total_hi += __shfl_xor_sync(kFullMask, total_hi, offset);
+    for (int i = 0; i < 6; ++i) scratch.sums[threadIdx.x][i] = sums[i];
+    __syncthreads();
+    if (block != 0) return;
+    for (int b = 1; b < blocks; ++b) {
+#pragma unroll
+      for (int i = 0; i < 6; ++i) sums[i] += scratch.sums[b * per_program + local][i];
+    }
   }
-  if (member != 0) return;
-  const float scale_lo = total_lo > 0.f ? 1.f / total_lo : 0.f;
-  const float scale_hi = total_hi > 0.f ? 1.f / total_hi : 0.f;
+  const float scale_lo = sums[4] > 0.f ? 1.f / sums[4] : 0.f;
+  const float scale_hi = sums[5] > 0.f ? 1.f / sums[5] : 0.f;
   uint16_t* out_lo = a.out + t * a.out_t + g * a.out_h + d;
-  *reinterpret_cast<uint32_t*>(out_lo) = pack_bf16x2(acc[0] * scale_lo, acc[1] * scale_lo);
-  *reinterpret_cast<uint32_t*>(out_lo + 8 * a.out_h) = pack_bf16x2(acc[2] * scale_hi, acc[3] * scale_hi);
+  *reinterpret_cast<uint32_t*>(out_lo) = pack_bf16x2(sums[0] * scale_lo, sums[1] * scale_lo);
+  *reinterpret_cast<uint32_t*>(out_lo + 8 * a.out_h) = pack_bf16x2(sums[2] * scale_hi, sums[3] * scale_hi);
   if (d == 0) {
-    a.lse[t * a.lse_t + g] = total_lo > 0.f ? ref_lo + log2f(total_lo) : neg_inf();
-    a.lse[t * a.lse_t + g + 8] = total_hi > 0.f ? ref_hi + log2f(total_hi) : neg_inf();
+    a.lse[t * a.lse_t + g] = sums[4] > 0.f ? ref_lo + log2f(sums[4]) : neg_inf();
+    a.lse[t * a.lse_t + g + 8] = sums[5] > 0.f ? ref_hi + log2f(sums[5]) : neg_inf();
   }
 }
 
@@ -485,12 +503,17 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, boo
   }
   __syncthreads();
   stamp(a, t, s, kPhaseReleasedCycles);
-  combine_share(a, t, s);
+  combine_share(*reinterpret_cast<CombineScratch*>(&sh.kv[0][0][0]), a, t, s);  // the gather buffers are free now
   stamp(a, t, s, kPhaseCombinedCycles);
   stamp(a, t, s, kPhaseExitNs);
 }
 
-__global__ void __launch_bounds__(kThreads) combine_kernel(AttentionArgs a) { combine_share(a, blockIdx.y, blockIdx.x); }
+__global__ void __launch_bounds__(kThreads) combine_kernel(AttentionArgs a) {
+  __shared__ CombineScratch scratch;
+  combine_share(scratch, a, blockIdx.y, blockIdx.x);
+}
+
+static_assert(sizeof(CombineScratch) <= sizeof(Shared::kv), "the fused combine reuses the gather buffers");
 
 constexpr int kMaxDevices = 64;
 

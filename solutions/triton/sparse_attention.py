@@ -16,9 +16,9 @@ Entry point (destination-passing style)::
 On a GPU the entry runs the hand-written kernel of ``attention_sm90.cu`` (path ``cuda``, built
 just in time by ``attention_ext``): strided split-K over the slots in tiles of 64 with cp.async
 gathers and mma.sync, bf16 partials, and the combine in the same launch behind a per-token
-barrier whenever the grid is co-resident (else a second launch). Splits per token: as many as
-keep T * S within the programs the GPU holds at once (64 for T <= 2, 32 for T <= 4, 16 for
-T <= 8). Its design is described at the top of that file.
+barrier whenever the grid is co-resident (else a second launch). Splits per token: 16 while
+T * 16 fits the programs the GPU holds at once (T <= 8 on an H200), else 8 (``cuda_plan``).
+Its design is described at the top of that file.
 
 The Triton kernels below run under the interpreter (``TRITON_INTERPRET=1``, CPU tensors), where
 the CUDA kernel cannot, and on a GPU only when a plan asks for them (the benchmark's variants
@@ -507,11 +507,18 @@ def default_plan(num_tokens: int, device: torch.device) -> Plan:
     return cuda_plan(num_tokens, resident, force_two_launch=os.environ.get("DSA_ATTN_TWO_LAUNCH") == "1")
 
 
+#: Most splits per token the GPU policy uses. Measured on the H200 (benchmarks/h200/
+#: attention_variants.log): 16 beat 64 at every T (the combine reads S partials; 64 cost
+#: 2.6 µs there against 1.3 at 16) and tied 32 on the T <= 2 cases (32 better on full rows,
+#: 16 on sparse ones, which the host cannot tell apart).
+CUDA_POLICY_MAX_SPLITS = 16
+
+
 def cuda_plan(num_tokens: int, resident: int, force_two_launch: bool = False) -> Plan:
-    """GPU policy: the CUDA kernel with the most splits that keep the grid co-resident
-    (``resident``: programs the GPU holds at once), so every SM gathers and the combine can be
-    fused; past that, the fewest splits and two launches."""
-    splits = attention_ext.MAX_SPLITS
+    """GPU policy: the CUDA kernel with the most splits (up to CUDA_POLICY_MAX_SPLITS) that
+    keep the grid co-resident (``resident``: programs the GPU holds at once), so every SM can
+    gather and the combine can be fused; past that, the fewest splits and two launches."""
+    splits = CUDA_POLICY_MAX_SPLITS
     while splits > attention_ext.MIN_SPLITS and num_tokens * splits > resident:
         splits //= 2
     path = "cuda_two_launch" if force_two_launch else "cuda"
