@@ -101,13 +101,16 @@ for stage in "$@"; do
         step gpu_tests_kernels 150 python3 -m pytest -q -m gpu tests/test_triton_indexer.py tests/test_triton_attention.py
         ;;
     final1)  # the recorded runs of this revision, part 1 (part 2: the indexer workload run)
-        step gpu_tests 220 python3 -m pytest -q -m gpu
-        step attention_run 90 python3 -m dsa_bench run -w sparse_attention_h16 --save "$WORK/sparse_attention_h16.json"
+        step gpu_tests 200 python3 -m pytest -q -m gpu
+        step attention_run 100 python3 -m dsa_bench run -w sparse_attention_h16 --save "$WORK/sparse_attention_h16.json"
         step topk_costs 40 python3 tools/profile_kernels.py topk --iterations 20
-        step indexer_pipelines 150 python3 tools/bench_indexer.py --warmup 2 --iterations 10 --trials 1 --no-variants --no-reference --out "$WORK/indexer_pipelines.json"
+        step indexer_pipelines 100 python3 tools/bench_indexer.py --warmup 1 --iterations 5 --trials 1 --no-variants --no-reference --out "$WORK/indexer_pipelines.json"
+        step attention_variants 50 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
+            --variant default --variant cuda_s8 --variant cuda_s16 --variant cuda_s32 --variant cuda_s64 --variant triton
+        step attention_phases 30 python3 tools/profile_kernels.py phases --iterations 20
         ;;
     final2)
-        step indexer_run 400 python3 -m dsa_bench run -w indexer_h64 --warmup 4 --iterations 10 --trials 2 --save "$WORK/indexer_h64.json"
+        step indexer_run 540 python3 -m dsa_bench run -w indexer_h64 --warmup 2 --iterations 8 --trials 2 --save "$WORK/indexer_h64.json"
         ;;
     *)
         echo "unknown stage $stage"; exit 2 ;;
