@@ -18,7 +18,7 @@ import torch
 
 from dsa_bench import worker as worker_mod
 from dsa_bench.checking import judge, worst
-from dsa_bench.definitions.base import CheckResult, Status
+from dsa_bench.definitions.base import CheckResult, Status, Tolerance
 from dsa_bench.results import CaseRecord, ResultsFile, Timing
 from dsa_bench.solutions import Solution
 from dsa_bench.workloads import Case, RunSettings, Workload, build_inputs, derive_seed
@@ -149,6 +149,7 @@ class _CaseContext:
     workload: Workload
     case: Case
     device: torch.device
+    tolerance: Tolerance
     _cache: dict[int, tuple[Any, Any]] = field(default_factory=dict)
 
     def get(self, seed: int) -> tuple[Any, Any]:
@@ -166,7 +167,7 @@ class _CaseContext:
             inputs = {**inputs, **{k: v.to(self.device) for k, v in redrawn.items()}}
             expected = definition.expect(inputs)
         axes = definition.axes(self.case.axes)
-        return judge(definition, axes, inputs, outputs, expected, self.workload.settings.tolerance, self.device)
+        return judge(definition, axes, inputs, outputs, expected, self.tolerance, self.device)
 
 
 def correctness_seeds(settings: RunSettings, case: Case) -> tuple[int, ...]:
@@ -185,7 +186,7 @@ def trial_seeds(settings: RunSettings, case: Case) -> tuple[tuple[int, ...], ...
 
 def run_one(handle: WorkerHandle, ctx: _CaseContext, options: RunOptions) -> CaseRecord:
     """One solution on one case: correctness on every input set, then (GPU) timing."""
-    settings = ctx.workload.settings
+    settings = options.settings  # the run's settings: the workload's, with the command line's overrides
     case = ctx.case
     seeds = correctness_seeds(settings, case)
     record = CaseRecord(case=case.id, solution=handle.solution.name, axes=dict(case.axes), status=Status.PASSED, seeds={"correctness": list(seeds)})
@@ -241,7 +242,7 @@ def run_workload(
     records: list[CaseRecord] = []
     try:
         for case in cases:
-            ctx = _CaseContext(workload, case, options.device)
+            ctx = _CaseContext(workload, case, options.device, options.settings.tolerance)
             reference_ms: float | None = None
             for solution in solutions:
                 record = run_one(handles[solution.name], ctx, options)

@@ -23,6 +23,21 @@ def test_run_smoke_workloads_with_reference(tmp_path):
         assert all(len(r["seeds"]["correctness"]) == 2 for r in doc["records"])
 
 
+def test_command_line_settings_are_the_ones_used(tmp_path):
+    # --seed and --input-sets must reach the runner, not only the results file's header: the
+    # records' seeds are derived from them (the same holds for the timing protocol on a GPU).
+    from dsa_bench.workloads import derive_seed
+
+    save = tmp_path / "run.json"
+    proc = run_cli("run", "-w", "indexer_smoke", "-s", "reference", "-c", "smoke_passthrough*", "--seed", "77", "--input-sets", "3",
+                   "--warmup", "1", "--iterations", "4", "--trials", "2", "--save", str(save))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    doc = json.loads(save.read_text())
+    assert doc["settings"]["seed"] == 77 and doc["settings"]["iterations"] == 4
+    (record,) = doc["records"]
+    assert record["seeds"]["correctness"] == [derive_seed(77, record["case"], "check", s) for s in range(3)]
+
+
 def test_failing_solution_marks_cases_and_run_goes_on(tmp_path):
     save = tmp_path / "r.json"
     proc = run_cli(

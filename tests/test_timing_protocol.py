@@ -36,7 +36,7 @@ def time_with(fn, trials: int = 2, iterations: int = 6):
     job = TimingJob(case, trial_seeds(settings, case), warmup=2, iterations=iterations, sample_seed=11)
     runner = _CaseRunner(indexer.DEFINITION, CPU, fn, dps=True)
     result = runner.time(job, HostClockTimer(), NoFlush(), None)
-    ctx = _CaseContext(workload, case, CPU)
+    ctx = _CaseContext(workload, case, CPU, settings.tolerance)
     checks = [ctx.check(c.seed, c.outputs, c.redrawn_inputs) for c in result.checked]
     return result, checks
 
