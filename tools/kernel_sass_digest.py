@@ -3,8 +3,9 @@
 
     python tools/kernel_sass_digest.py
 
-Needs no GPU: the sparse-attention kernels of the default plans are compiled ahead of time with
-Triton's bundled ptxas, the CUDA top-k with ``nvcc -arch=sm_90a -cubin``, and each cubin is
+Needs no GPU: the Triton sparse-attention kernels of their default plans are compiled ahead of
+time with Triton's bundled ptxas, the CUDA top-k and the CUDA attention kernel with
+``nvcc -arch=sm_90a -cubin``, and each cubin is
 disassembled with ``cuobjdump -sass``. Only instruction lines are hashed (line tables and source
 positions are left out), so two source revisions that print the same digests compile to the same
 kernels, and a measurement of one holds for the other. benchmarks/README.md uses it that way.
@@ -65,13 +66,18 @@ def main() -> int:
             print(f"attention {label:10s} S={plan.splits:<3d} BN={plan.block_n:<4d} {partial[1:]:5s} {count:5d} instructions  {digest}")
     nvcc = shutil.which("nvcc")
     if nvcc is None:
-        print("top-k: no nvcc on PATH, skipped")
+        print("top-k: no nvcc on PATH, skipped (and the CUDA attention)")
         return 0
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "topk.cubin"
-        subprocess.run([nvcc, "-arch=sm_90a", "-std=c++17", "-O3", "-cubin", "-o", str(cubin), str(SOLUTION / "topk_filtered.cu")], check=True)
-        count, digest = sass_digest(cuobjdump, cubin.read_bytes())
-    print(f"top-k      filtered_topk_kernel<512, 1024>            {count:5d} instructions  {digest}")
+    cuda_sources = (
+        ("top-k      filtered_topk_kernel<512, 1024>         ", "topk_filtered.cu"),
+        ("attention  CUDA split_kernel + combine_kernel      ", "attention_sm90.cu"),
+    )
+    for label, source in cuda_sources:
+        with tempfile.TemporaryDirectory() as tmp:
+            cubin = Path(tmp) / "kernel.cubin"
+            subprocess.run([nvcc, "-arch=sm_90a", "-std=c++17", "-O3", "-cubin", "-o", str(cubin), str(SOLUTION / source)], check=True)
+            count, digest = sass_digest(cuobjdump, cubin.read_bytes())
+        print(f"{label}   {count:5d} instructions  {digest}")
     return 0
 
 
