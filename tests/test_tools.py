@@ -47,7 +47,7 @@ def test_bench_attention_variants_lists_plans_without_a_gpu():
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
-@pytest.mark.parametrize("script,args", [("profile_kernels.py", ["topk"]), ("bench_attention_variants.py", [])])
+@pytest.mark.parametrize("script,args", [("profile_kernels.py", ["topk"]), ("profile_kernels.py", ["phases"]), ("bench_attention_variants.py", [])])
 def test_gpu_tools_refuse_without_cuda(script, args):
     proc = run_tool(script, *args)
     assert proc.returncode == 2 and "GPU" in proc.stderr
@@ -88,4 +88,28 @@ def test_kernel_sass_digest_is_stable_and_covers_every_kernel():
     lines = runs[0].stdout.splitlines()
     assert any(line.startswith("attention fused") for line in lines) and any(line.startswith("attention combine") for line in lines)
     assert any(line.startswith("top-k") for line in lines) or "no nvcc" in runs[0].stdout
+    assert any(line.startswith("attention  CUDA") for line in lines) or "no nvcc" in runs[0].stdout
     assert all(re.search(r" [0-9a-f]{16}$", line) for line in lines if not line.startswith("top-k: no nvcc"))
+
+
+def test_attention_phase_summary_reads_stamps_and_leaves_out_skipped_tiles():
+    # Synthetic stamps of 2 calls x 3 programs at 2 GHz: entry ns/cycles, six phase ends, exit ns.
+    # Program 2 of call 1 had no valid slot: its first-tile stamp stays 0.
+    sys.path.insert(0, str(ROOT / "tools"))
+    import profile_kernels
+    import torch
+
+    def program(start_ns: int, phase_us: list[float]) -> list[int]:
+        cycles = [10_000]
+        for us in phase_us:
+            cycles.append(cycles[-1] + int(us * 2000))
+        return [start_ns, *cycles, start_ns + int(sum(phase_us) * 1000)]
+
+    lengths = [1.0, 2.0, 3.0, 0.5, 1.5, 1.0]
+    calls = [[program(0, lengths), program(100, lengths), program(200, lengths)] for _ in range(2)]
+    calls[1][2][3] = 0  # no first-tile stamp
+    p = profile_kernels.phase_summary(torch.tensor(calls, dtype=torch.int64))
+    assert abs(p["ghz"] - 2.0) < 1e-3
+    for name, us in zip(profile_kernels.PHASES, lengths):
+        assert abs(p[name] - us) < 1e-3 and abs(p[f"{name} max"] - us) < 1e-3, name
+    assert abs(p["start max"] - 0.2) < 1e-9 and abs(p["span"] - (sum(lengths) + 0.2)) < 1e-3

@@ -165,6 +165,16 @@ def test_cuda_path_is_refused_under_interpreter():
         run_solution(axes, inputs, sa.Plan("cuda", splits=16, block_n=64, partial_dtype=torch.bfloat16))
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="checks the refusal of CPU tensors on a machine without CUDA")
+def test_cuda_entry_refuses_cpu_tensors_before_the_binding():
+    axes, inputs = make_inputs([3, 0], num_pages=8)
+    outputs = attn.DEFINITION.allocate_outputs(axes, CPU)
+    scratch = torch.empty(2 * 16 * 16 * 512, dtype=torch.bfloat16), torch.empty(2 * 16 * 16), torch.zeros(64, dtype=torch.int32)
+    with pytest.raises(ValueError, match="q_nope must be a CUDA tensor") as info:
+        sa.attention_ext.run(*attn.DEFINITION.input_args(inputs), outputs["output"], outputs["lse"], *scratch, 16)
+    assert "sync must be a CUDA tensor" in str(info.value)  # every bad argument is named, not just the first
+
+
 def test_cuda_source_compiles_alone_with_nvcc(tmp_path):
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
     if nvcc is None:

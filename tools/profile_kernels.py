@@ -194,13 +194,37 @@ def run_topk_costs(iterations: int, device: torch.device) -> int:
 PHASES = ("ids", "first tile", "attend", "partial", "barrier", "combine")
 
 
-def run_attention_phases(cases: list[str], iterations: int, device: torch.device) -> int:
-    """The CUDA attention kernel's own phase stamps (attention_sm90.h, PhaseSlot), cold L2.
+def phase_summary(stamps: torch.Tensor) -> dict[str, float]:
+    """Statistics of the CUDA attention kernel's stamps ``[calls, programs, PHASE_SLOTS]`` int64.
 
-    Per case: each phase's length in µs (SM cycles at the clock the stamps imply), the median
-    and the slowest over programs and iterations; when programs start after the first one; and
-    the span from the first start to the last exit. Stamps are taken by thread 0 of each
-    program, so a phase ends when that thread passes it.
+    Slots (attention_sm90.h, PhaseSlot): 0 entry ns, 1 entry cycles, 2..7 cycles at the end of
+    each phase, 8 exit ns. Returns the SM clock the stamps imply (GHz), each phase's median and
+    slowest length in µs ("<phase>" and "<phase> max"), the median and latest program start after
+    the call's first ("start", "start max") and the median span of a call ("span"), in µs. A
+    program whose split holds no valid slot skips the tile phases and leaves their stamp 0: the
+    phases around such a stamp are left out (NaN), not counted as huge.
+    """
+    st = stamps.double()
+    cycles = st[..., 1:8]  # entry, then the end of each phase
+    ns = st[..., 8] - st[..., 0]
+    ghz = float(((cycles[..., -1] - cycles[..., 0]) / ns.clamp(min=1)).median())
+    lengths = (cycles[..., 1:] - cycles[..., :-1]) / ghz / 1e3  # µs
+    ran = cycles != 0
+    lengths[~(ran[..., 1:] & ran[..., :-1])] = float("nan")
+    start = (st[..., 0] - st[..., 0].min(dim=1, keepdim=True).values) / 1e3
+    span = (st[..., 8].max(dim=1).values - st[..., 0].min(dim=1).values) / 1e3
+    summary = {"ghz": ghz, "start": float(start.median()), "start max": float(start.max()), "span": float(span.median())}
+    for k, name in enumerate(PHASES):
+        summary[name] = float(lengths[..., k].nanmedian())
+        summary[f"{name} max"] = float(lengths[..., k].nan_to_num(-1.0).max())
+    return summary
+
+
+def run_attention_phases(cases: list[str], iterations: int, device: torch.device) -> int:
+    """The CUDA attention kernel's own phase stamps (``phase_summary``) per case, cold L2: each
+    phase's length in µs, the median and the slowest over programs and calls; when programs
+    start after the first one; and the span from the first start to the last exit. Stamps are
+    taken by thread 0 of each program, so a phase ends when that thread passes it.
     """
     sa = solution_module(attn.NAME)
     ext = sa.attention_ext
@@ -221,20 +245,10 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
             ext.run(*args, outputs["output"], outputs["lse"], part_out, part_lse, sync, plan.splits, plan.path == "cuda_two_launch",
                     stamps[max(i - 2, 0)])  # fmt: skip
         torch.cuda.synchronize()
-        st = stamps.cpu().double()
-        cycles = st[..., 1:8]  # entry, then the end of each phase
-        ns = st[..., 8] - st[..., 0]
-        ghz = float(((cycles[..., -1] - cycles[..., 0]) / ns.clamp(min=1)).median())
-        lengths = (cycles[..., 1:] - cycles[..., :-1]) / ghz / 1e3  # µs
-        # A program whose split holds no valid slot skips the tile phases and leaves that stamp
-        # 0: its phases around it are not measured (NaN, left out of the statistics).
-        ran = cycles != 0
-        lengths[~(ran[..., 1:] & ran[..., :-1])] = float("nan")
-        start = (st[..., 0] - st[..., 0].min(dim=1, keepdim=True).values) / 1e3
-        span = (st[..., 8].max(dim=1).values - st[..., 0].min(dim=1).values) / 1e3
-        cells = [f"{name} {float(lengths[..., k].nanmedian()):5.2f}/{float(lengths[..., k].nan_to_num(-1.0).max()):5.2f}" for k, name in enumerate(PHASES)]
-        print(f"{case_id:24s} S={plan.splits:2d} {ghz:.2f} GHz  " + "  ".join(cells)
-              + f"  start +{float(start.median()):.2f}/{float(start.max()):.2f}  span {float(span.median()):.2f}", flush=True)  # fmt: skip
+        p = phase_summary(stamps.cpu())
+        cells = [f"{name} {p[name]:5.2f}/{p[name + ' max']:5.2f}" for name in PHASES]
+        print(f"{case_id:24s} S={plan.splits:2d} {p['ghz']:.2f} GHz  " + "  ".join(cells)
+              + f"  start +{p['start']:.2f}/{p['start max']:.2f}  span {p['span']:.2f}", flush=True)  # fmt: skip
     return 0
 
 
