@@ -47,6 +47,29 @@ def resident_programs() -> int:
     return int(load_attention_extension().resident_programs())
 
 
+def check_io(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse) -> int:
+    """The contract's shapes, dtypes, contiguous last dimensions and one device, checked from
+    metadata only (both kernels' entry, CPU or GPU); raises ValueError naming the tensor. Returns T."""
+    T = q_nope.shape[0]
+    expected = {
+        "q_nope": (q_nope, (T, HEADS, D_CKV), torch.bfloat16),
+        "q_pe": (q_pe, (T, HEADS, D_KPE), torch.bfloat16),
+        "ckv_cache": (ckv_cache, (ckv_cache.shape[0], PAGE_SIZE, D_CKV), torch.bfloat16),
+        "kpe_cache": (kpe_cache, (ckv_cache.shape[0], PAGE_SIZE, D_KPE), torch.bfloat16),
+        "sparse_indices": (sparse_indices, (T, TOPK), torch.int32),
+        "output": (output, (T, HEADS, D_CKV), torch.bfloat16),
+        "lse": (lse, (T, HEADS), torch.float32),
+    }
+    for name, (tensor, shape, dtype) in expected.items():
+        if tuple(tensor.shape) != shape or tensor.dtype != dtype:
+            raise ValueError(f"{name}: expected {dtype} {list(shape)}, got {tensor.dtype} {list(tensor.shape)}")
+        if tensor.stride(-1) != 1:
+            raise ValueError(f"{name}: the last dimension must be contiguous (stride {tensor.stride(-1)})")
+        if tensor.device != q_nope.device:
+            raise ValueError(f"{name} is on {tensor.device}, q_nope on {q_nope.device}")
+    return T
+
+
 def _aligned(t: torch.Tensor, name: str, problems: list[str]) -> None:
     """cp.async copies 16-byte chunks: the base and every row stride must be 16-byte multiples."""
     if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
@@ -65,28 +88,22 @@ def run(
     ``phase_clocks`` (profiling only) [>= T*splits*PHASE_SLOTS] int64 receives each program's
     phase stamps (attention_sm90.h, PhaseSlot).
     """
-    T = q_nope.shape[0]
-    problems = []
-    want = {
-        "q_nope": (q_nope, torch.bfloat16, (T, HEADS, D_CKV)), "q_pe": (q_pe, torch.bfloat16, (T, HEADS, D_KPE)),
-        "ckv_cache": (ckv_cache, torch.bfloat16, (ckv_cache.shape[0], PAGE_SIZE, D_CKV)),
-        "kpe_cache": (kpe_cache, torch.bfloat16, (ckv_cache.shape[0], PAGE_SIZE, D_KPE)),
-        "sparse_indices": (sparse_indices, torch.int32, (T, TOPK)), "output": (output, torch.bfloat16, (T, HEADS, D_CKV)),
-        "lse": (lse, torch.float32, (T, HEADS)), "part_out": (part_out, torch.bfloat16, None),
-        "part_lse": (part_lse, torch.float32, None), "sync": (sync, torch.int32, None),
+    tensors = {
+        "q_nope": q_nope, "q_pe": q_pe, "ckv_cache": ckv_cache, "kpe_cache": kpe_cache, "sparse_indices": sparse_indices,
+        "output": output, "lse": lse, "part_out": part_out, "part_lse": part_lse, "sync": sync,
     }  # fmt: skip
-    for name, (t, dtype, shape) in want.items():
-        if not isinstance(t, torch.Tensor) or not t.is_cuda or t.device != q_nope.device:
-            problems.append(f"{name} must be a CUDA tensor on {q_nope.device}")
-            continue
-        if t.dtype != dtype or (shape is not None and tuple(t.shape) != shape):
-            problems.append(f"{name} must be {dtype} {list(shape) if shape else ''}, got {t.dtype} {list(t.shape)}")
-        elif t.stride(-1) != 1:
-            problems.append(f"{name} must be contiguous in its last dimension")
+    problems = [
+        f"{name} must be a CUDA tensor on {q_nope.device}"
+        for name, t in tensors.items()
+        if not isinstance(t, torch.Tensor) or not t.is_cuda or t.device != q_nope.device
+    ]
     if problems:
         raise ValueError("; ".join(problems))
+    T = check_io(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse)
+    scratch = {"part_out": torch.bfloat16, "part_lse": torch.float32, "sync": torch.int32}
+    problems = [f"{name} must be {dtype}, got {tensors[name].dtype}" for name, dtype in scratch.items() if tensors[name].dtype != dtype]
     for name in ("q_nope", "q_pe", "ckv_cache", "kpe_cache"):
-        _aligned(want[name][0], name, problems)
+        _aligned(tensors[name], name, problems)
     if not (MIN_SPLITS <= splits <= MAX_SPLITS and splits & (splits - 1) == 0):
         problems.append(f"splits must be a power of two in [{MIN_SPLITS}, {MAX_SPLITS}], got {splits}")
     if T > MAX_TOKENS:

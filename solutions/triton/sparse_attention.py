@@ -213,6 +213,20 @@ def _attend_block(
 
 
 @triton.jit
+def _store_slice(
+    acc, m, l, t, d_slice, heads, slice_cols, out_ptr, lse_ptr, stride_out_t, stride_out_h, stride_lse_t, INTERPRETED: tl.constexpr,
+):
+    """Writes output[t, :, slice_cols] = acc / l (0 where l == 0) and, from slice 0 only,
+    lse[t] = m + log2 l (-inf where l == 0: a token without valid slots)."""
+    empty = l == 0.0
+    out = acc / tl.where(empty, 1.0, l)[:, None]
+    tl.store(out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + slice_cols[None, :], _to_storage(out, out_ptr.dtype.element_ty, INTERPRETED))
+    lse = tl.where(empty, float("-inf"), m + tl.log2(tl.where(empty, 1.0, l)))
+    if d_slice == 0:
+        tl.store(lse_ptr + t * stride_lse_t + heads, lse)
+
+
+@triton.jit
 def _dsplit_kernel(
     q_nope_ptr, q_pe_ptr, ckv_ptr, kpe_ptr, idx_ptr, out_ptr, lse_ptr,
     qk_scale_log2,
@@ -258,12 +272,7 @@ def _dsplit_kernel(
         v = tl.load(ckv_rows[:, None] + slice_cols[None, :], mask=valid[:, None], other=0.0)
         acc = _dot(_to_storage(p, v.dtype, INTERPRETED), v, acc, INTERPRETED)
 
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    tl.store(out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + slice_cols[None, :], _to_storage(out, out_ptr.dtype.element_ty, INTERPRETED))
-    lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-    if d_slice == 0:
-        tl.store(lse_ptr + t * stride_lse_t + heads, lse)
+    _store_slice(acc, m_i, l_i, t, d_slice, heads, slice_cols, out_ptr, lse_ptr, stride_out_t, stride_out_h, stride_lse_t, INTERPRETED)
 
 
 @triton.jit
@@ -292,12 +301,7 @@ def _combine_slice(
     acc_ptrs = part_acc_ptr + (part[:, None, None] * H + heads[None, :, None]) * D_CKV + slice_cols[None, None, :]
     acc = tl.load(acc_ptrs, cache_modifier=".cg").to(tl.float32)  # [S, H, SLICE_D]
     acc = tl.sum(acc * weight[:, :, None], axis=0)  # [H, SLICE_D]
-    empty = l_tot == 0.0
-    out = acc / tl.where(empty, 1.0, l_tot)[:, None]
-    tl.store(out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + slice_cols[None, :], _to_storage(out, out_ptr.dtype.element_ty, INTERPRETED))
-    lse = tl.where(empty, float("-inf"), m_ref + tl.log2(tl.where(empty, 1.0, l_tot)))
-    if d_slice == 0:
-        tl.store(lse_ptr + t * stride_lse_t + heads, lse)
+    _store_slice(acc, m_ref, l_tot, t, d_slice, heads, slice_cols, out_ptr, lse_ptr, stride_out_t, stride_out_h, stride_lse_t, INTERPRETED)
 
 
 @triton.jit
@@ -585,29 +589,9 @@ def _sync_words_for(device: torch.device) -> _SyncWords:
     return _SYNC[key]
 
 
-def _check_args(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse) -> int:
-    T = q_nope.shape[0]
-    expected = {
-        "q_nope": (q_nope, (T, NUM_HEADS, D_CKV), torch.bfloat16),
-        "q_pe": (q_pe, (T, NUM_HEADS, D_KPE), torch.bfloat16),
-        "ckv_cache": (ckv_cache, (ckv_cache.shape[0], PAGE_SIZE, D_CKV), torch.bfloat16),
-        "kpe_cache": (kpe_cache, (ckv_cache.shape[0], PAGE_SIZE, D_KPE), torch.bfloat16),
-        "sparse_indices": (sparse_indices, (T, TOPK), torch.int32),
-        "output": (output, (T, NUM_HEADS, D_CKV), torch.bfloat16),
-        "lse": (lse, (T, NUM_HEADS), torch.float32),
-    }
-    for name, (tensor, shape, dtype) in expected.items():
-        if tuple(tensor.shape) != shape or tensor.dtype != dtype:
-            raise ValueError(f"{name}: expected {dtype} {list(shape)}, got {tensor.dtype} {list(tensor.shape)}")
-        if tensor.stride(-1) != 1:
-            raise ValueError(f"{name}: the last dimension must be contiguous (stride {tensor.stride(-1)})")
-        if tensor.device != q_nope.device:
-            raise ValueError(f"{name} is on {tensor.device}, q_nope on {q_nope.device}")
-    return T
-
-
-def _launch_cuda(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse) -> int:
-    """The CUDA kernel for T >= 1 tokens; returns attention_ext.FUSED or TWO_LAUNCH."""
+def _launch_cuda(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, phase_clocks=None) -> int:
+    """The CUDA kernel for T >= 1 tokens; returns attention_ext.FUSED or TWO_LAUNCH.
+    ``phase_clocks``: profiling only (attention_ext.run; tools/profile_kernels.py phases)."""
     T = q_nope.shape[0]
     device = q_nope.device
     # Scratch per call, as for the Triton paths (a host-side lookup in the caching allocator).
@@ -616,7 +600,7 @@ def _launch_cuda(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices,
     sync = _sync_words_for(device).get(device, T)
     return attention_ext.run(
         q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, part_out, part_lse, sync,
-        plan.splits, force_two_launch=plan.path == "cuda_two_launch",
+        plan.splits, force_two_launch=plan.path == "cuda_two_launch", phase_clocks=phase_clocks,
     )
 
 
@@ -686,7 +670,7 @@ def _graphs_for(plan: Plan) -> LaunchGraphs:
 
 def sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, plan: Plan | None = None) -> Plan:
     """Write ``output`` and ``lse`` (see the module docstring for shapes). Returns the plan used."""
-    T = _check_args(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse)
+    T = attention_ext.check_io(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse)
     device = q_nope.device
     plan = plan or default_plan(T, device)
     plan.validate()
