@@ -40,7 +40,8 @@ def test_bench_indexer_cpu_dry_run_checks_and_reports(tmp_path):
 def test_bench_attention_variants_lists_plans_without_a_gpu():
     proc = run_tool("bench_attention_variants.py", "--list", "--variant", "default", "--variant", "triton")
     assert proc.returncode == 0, proc.stderr
-    assert "T=1: Plan(path='cuda', splits=16, block_n=64" in proc.stdout
+    assert "T=1: Plan(path='cuda', splits=32, block_n=64" in proc.stdout
+    assert "T=6: Plan(path='cuda_cluster', splits=16, block_n=64" in proc.stdout
     assert "T=8: Plan(path='cuda', splits=16, block_n=64" in proc.stdout
     assert "T=1: Plan(path='two_launch', splits=64" in proc.stdout
     assert "T=8: Plan(path='fused', splits=16, block_n=64" in proc.stdout

@@ -142,17 +142,23 @@ def test_fused_path_is_refused_under_interpreter():
 
 
 def test_cuda_policy_keeps_grids_coresident():
-    sms = 132
+    sms, clusters = 132, 7  # the H200: 132 programs, 7 clusters of 16
     for tokens in range(1, 200):
-        plan = sa.cuda_plan(tokens, sms)
+        plan = sa.cuda_plan(tokens, sms, clusters)
         plan.validate()
-        assert plan.path == "cuda" and plan.block_n == 64
-        if tokens * sa.attention_ext.MIN_SPLITS <= sms:
-            assert tokens * plan.splits <= sms and (plan.splits == sa.CUDA_POLICY_MAX_SPLITS or tokens * plan.splits * 2 > sms)
+        assert plan.block_n == 64 and plan.num_stages == 2
+        if plan.path == "cuda_cluster":
+            assert tokens <= clusters and plan.splits == sa.CUDA_POLICY_CLUSTER_SPLITS
+        elif tokens * sa.attention_ext.MIN_SPLITS <= sms:
+            assert plan.path == "cuda" and tokens * plan.splits <= sms
         else:
-            assert plan.splits == sa.attention_ext.MIN_SPLITS  # the launcher takes two launches then
-    assert [sa.cuda_plan(t, sms).splits for t in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [16] * 6 + [8] * 3
-    assert sa.cuda_plan(8, sms, force_two_launch=True).path == "cuda_two_launch"
+            assert plan.path == "cuda" and plan.splits == sa.attention_ext.MIN_SPLITS  # the launcher takes two launches then
+    assert [(p.path, p.splits) for p in (sa.cuda_plan(t, sms, clusters) for t in (1, 2, 3, 7, 8, 9, 16, 17))] == [
+        ("cuda", 32), ("cuda", 32), *[("cuda_cluster", 16)] * 2, ("cuda", 16), *[("cuda", 8)] * 3]
+    assert sa.cuda_plan(3, sms).path == "cuda", "no cluster of 16 fits: the barrier"
+    assert sa.cuda_plan(2, 40, clusters) == sa.cuda_kernel_plan("cuda_cluster", 16), "32 splits only while co-resident"
+    forced = sa.cuda_plan(8, sms, clusters, force_two_launch=True)
+    assert forced.path == "cuda_two_launch" and sa.cuda_plan(1, sms, clusters, force_two_launch=True).path == "cuda_two_launch"
     with pytest.raises(AssertionError, match="power-of-two splits"):
         sa.Plan("cuda", splits=4, block_n=64, partial_dtype=torch.bfloat16).validate()
     with pytest.raises(AssertionError, match="tile is 64"):
@@ -274,18 +280,21 @@ def fused_plan(tokens: int, device: torch.device):
 def test_gpu_default_plan(cuda, counts, padding):
     _, used = check(counts, padding, GPU_CONTEST_PAGES, seed=11, device=cuda)
     assert used == sa.default_plan(len(counts), cuda)
-    assert used.path == "cuda" and len(counts) * used.splits <= sa.attention_ext.resident_programs(), "T <= 8 fits one co-resident launch"
+    resident = sa.attention_ext.resident_programs() if used.path == "cuda" else sa.attention_ext.resident_clusters(used.splits) * used.splits
+    assert len(counts) * used.splits <= resident, "T <= 8 fits one co-resident launch"
 
 
-def run_cuda(axes, inputs, splits: int, force_two_launch: bool, device) -> tuple[dict, int]:
-    """The CUDA kernel through its checked entry, with fresh NaN-poisoned scratch and outputs."""
+def run_cuda(axes, inputs, splits: int, combine: str, device, gather_depth: int = 2) -> tuple[dict, int]:
+    """The CUDA kernel through its checked entry, with fresh NaN-poisoned scratch and outputs
+    (no scratch for the cluster combine, which must not need any)."""
     T = axes["num_tokens"]
     outputs = attn.DEFINITION.allocate_outputs(axes, device)
-    part_out = torch.full((T * splits * 16 * 512,), float("nan"), dtype=torch.bfloat16, device=device)
-    part_lse = torch.full((T * splits * 16,), float("nan"), dtype=torch.float32, device=device)
-    sync = sa._sync_words_for(device).get(device, T)
+    scratch = 0 if combine == "cluster" else T * splits
+    part_out = torch.full((scratch * 16 * 512,), float("nan"), dtype=torch.bfloat16, device=device)
+    part_lse = torch.full((scratch * 16,), float("nan"), dtype=torch.float32, device=device)
+    sync = sa._sync_words_for(device, "cuda").get(device, T)
     args = attn.DEFINITION.input_args(inputs)
-    launch = sa.attention_ext.run(*args, outputs["output"], outputs["lse"], part_out, part_lse, sync, splits, force_two_launch)
+    launch = sa.attention_ext.run(*args, outputs["output"], outputs["lse"], part_out, part_lse, sync, splits, combine, gather_depth)
     torch.cuda.synchronize()
     return outputs, launch
 
@@ -293,18 +302,32 @@ def run_cuda(axes, inputs, splits: int, force_two_launch: bool, device) -> tuple
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts,padding", GPU_CASES, ids=_ids)
 def test_gpu_cuda_kernel_every_split_count(cuda, counts, padding):
+    """Every split count with every combine and both gather depths."""
     axes, inputs = make_inputs(counts, padding, GPU_CONTEST_PAGES, seed=13, device=cuda)
     expected = attn.expect(inputs)
     resident = sa.attention_ext.resident_programs()
-    for splits in (8, 16, 32, 64):
-        for force_two_launch in (False, True):
-            outputs, launch = run_cuda(axes, inputs, splits, force_two_launch, cuda)
-            fused = not force_two_launch and len(counts) * splits <= resident
-            assert launch == (sa.attention_ext.FUSED if fused else sa.attention_ext.TWO_LAUNCH)
-            result = judge(attn.DEFINITION, axes, inputs, outputs, expected, Tolerance(), cuda)
-            assert result.passed, f"splits={splits} two_launch={force_two_launch}: {result.status.value}: {result.message}"
-            empty = [t for t, n in enumerate(counts) if n == 0]
-            assert torch.isneginf(outputs["lse"][empty]).all() and outputs["output"][empty].eq(0).all()
+    ext = sa.attention_ext
+    runs = [(splits, combine, depth) for splits in (8, 16, 32, 64) for combine in ("barrier", "two_launch") for depth in ext.GATHER_DEPTHS]
+    runs += [(splits, "cluster", depth) for splits in (8, 16) for depth in ext.GATHER_DEPTHS]
+    for splits, combine, depth in runs:
+        outputs, launch = run_cuda(axes, inputs, splits, combine, cuda, depth)
+        fused = combine == "barrier" and len(counts) * splits <= resident
+        assert launch == (ext.CLUSTER if combine == "cluster" else ext.FUSED if fused else ext.TWO_LAUNCH)
+        result = judge(attn.DEFINITION, axes, inputs, outputs, expected, Tolerance(), cuda)
+        assert result.passed, f"splits={splits} combine={combine} depth={depth}: {result.status.value}: {result.message}"
+        empty = [t for t, n in enumerate(counts) if n == 0]
+        assert torch.isneginf(outputs["lse"][empty]).all() and outputs["output"][empty].eq(0).all()
+
+
+@pytest.mark.gpu
+def test_gpu_cluster_combine_is_schedulable_and_refuses_large_clusters(cuda):
+    ext = sa.attention_ext
+    assert ext.resident_clusters(8) >= 1 and ext.resident_clusters(16) >= 1, "clusters of 8 and 16 programs must fit the H200"
+    axes, inputs = make_inputs([FULL, 3], "scattered", 64, seed=15, device=cuda)
+    with pytest.raises(ValueError, match=r"splits must be a power of two in \[8, 16\] for the cluster combine"):
+        run_cuda(axes, inputs, 32, "cluster", cuda)
+    with pytest.raises(ValueError, match="gather_depth must be one of"):
+        run_cuda(axes, inputs, 16, "cluster", cuda, gather_depth=3)
 
 
 @pytest.mark.gpu
@@ -373,25 +396,29 @@ def test_gpu_every_path(cuda, counts, padding):
         assert result.passed, f"{plan}: {result.status.value}: {result.message}"
 
 
-def cuda_plan_for(tokens: int, device: torch.device):
-    return sa.cuda_plan(tokens, sa.attention_ext.resident_programs())
+def cuda_barrier_plan(tokens: int, device: torch.device):
+    """The CUDA kernel with its global-memory barrier (most splits up to 16 that stay co-resident)."""
+    splits = 16
+    while tokens * splits > sa.attention_ext.resident_programs():
+        splits //= 2
+    return sa.cuda_kernel_plan("cuda", splits)
+
+
+BARRIER_ROWS = [[FULL] * 8, [1, 0, 2047], [FULL], [64, 65, 0, 1, 5, 7], [300] * 4, [0, 0, 0]]
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("make_plan", [fused_plan, cuda_plan_for], ids=["triton", "cuda"])
-def test_gpu_barrier_counters_survive_many_calls(cuda, make_plan):
-    """Hundreds of fused calls with changing T reuse the same counter words: each call leaves
-    count = 0 and flips sense once per token, and every result stays correct."""
-    rows = [[FULL] * 8, [1, 0, 2047], [FULL], [64, 65, 0, 1, 5, 7], [300] * 4, [0, 0, 0]]
-    cases = [make_inputs(counts, "tail", 1024, seed=20 + i, device=cuda) for i, counts in enumerate(rows)]
+def test_gpu_triton_barrier_counters_survive_many_calls(cuda):
+    """Hundreds of fused Triton calls with changing T reuse the same counter words: each call
+    leaves count = 0 and flips sense once per token, and every result stays correct."""
+    cases = [make_inputs(counts, "tail", 1024, seed=20 + i, device=cuda) for i, counts in enumerate(BARRIER_ROWS)]
     expected = [attn.expect(inputs) for _, inputs in cases]
-    buffers = sa._sync_words_for(cuda)
+    buffers = sa._sync_words_for(cuda, "triton")
     for call in range(600):
         axes, inputs = cases[call % len(cases)]
         T = axes["num_tokens"]
-        plan = make_plan(T, cuda)
         before = None if buffers.words is None else buffers.words.clone()
-        outputs, _ = run_solution(axes, inputs, plan, cuda)
+        outputs, _ = run_solution(axes, inputs, fused_plan(T, cuda), cuda)
         sync = buffers.words.view(-1, sa.SYNC_STRIDE)
         assert sync[:, 0].eq(0).all(), "every count returns to 0"
         if before is not None and before.numel() == buffers.words.numel():
@@ -401,6 +428,35 @@ def test_gpu_barrier_counters_survive_many_calls(cuda, make_plan):
         if call % 7 == 0 or call >= 590:
             result = judge(attn.DEFINITION, axes, inputs, outputs, expected[call % len(cases)], Tolerance(), cuda)
             assert result.passed, f"call {call}: {result.message}"
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_ticket_barrier_survives_many_calls_and_wraps(cuda):
+    """Hundreds of CUDA calls with changing T and split counts reuse the same ticket words: each
+    call advances its tokens' words by TICKETS_PER_CALL whatever its S and leaves the others
+    alone, through the wrap at 2^32 (the words start just below it), and every result stays
+    correct (a call misaligned by an earlier call's S would hang or pass its barrier early)."""
+    cases = [make_inputs(counts, "tail", 1024, seed=20 + i, device=cuda) for i, counts in enumerate(BARRIER_ROWS)]
+    expected = [attn.expect(inputs) for _, inputs in cases]
+    buffers = sa._sync_words_for(cuda, "cuda")
+    words = buffers.get(cuda, 8).view(-1, sa.SYNC_STRIDE)
+    per_call = sa.attention_ext.TICKETS_PER_CALL
+    words[:, 0] = -2 * per_call  # 2^32 - 128 as the kernel's unsigned: the first calls wrap around
+    wrapped = torch.zeros(words.shape[0], dtype=torch.bool, device=cuda)
+    for call in range(600):
+        axes, inputs = cases[call % len(cases)]
+        T = axes["num_tokens"]
+        plan = cuda_barrier_plan(T, cuda) if call % 3 else sa.cuda_kernel_plan("cuda", 8)  # split counts change
+        before = words[:, 0].clone()
+        outputs, _ = run_solution(axes, inputs, plan, cuda)
+        assert buffers.words.view(-1, sa.SYNC_STRIDE) is not None and words.data_ptr() == buffers.words.data_ptr(), "same words reused"
+        step = (words[:, 0].long() - before.long()) % 2**32
+        assert step[:T].eq(per_call).all() and step[T:].eq(0).all(), f"call {call}: tickets advance for the call's tokens only"
+        wrapped |= (before < 0) & (words[:, 0] >= 0)
+        if call % 7 == 0 or call >= 590:
+            result = judge(attn.DEFINITION, axes, inputs, outputs, expected[call % len(cases)], Tolerance(), cuda)
+            assert result.passed, f"call {call}: {result.message}"
+    assert wrapped[:8].all(), "every token's word went through the wrap"
 
 
 @pytest.mark.gpu
@@ -443,8 +499,13 @@ def test_gpu_many_tokens_fall_back_to_two_launch(cuda):
     axes, inputs = make_inputs(counts, "tail", GPU_CONTEST_PAGES, seed=33, device=cuda)
     plan = sa.default_plan(len(counts), cuda)
     assert plan.splits == 8 and len(counts) * plan.splits > sa.attention_ext.resident_programs()
-    outputs, launch = run_cuda(axes, inputs, plan.splits, False, cuda)
+    outputs, launch = run_cuda(axes, inputs, plan.splits, "barrier", cuda)
     assert launch == sa.attention_ext.TWO_LAUNCH
+    assert_correct(axes, inputs, outputs, cuda)
+    # clusters need no co-residency with each other: more than fit at once still finish correctly
+    assert len(counts) > sa.attention_ext.resident_clusters(8)
+    outputs, launch = run_cuda(axes, inputs, 8, "cluster", cuda)
+    assert launch == sa.attention_ext.CLUSTER
     assert_correct(axes, inputs, outputs, cuda)
     check(counts, "tail", GPU_CONTEST_PAGES, seed=33, device=cuda, plan=sa.triton_gpu_plan(len(counts), 132))
 

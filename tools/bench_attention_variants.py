@@ -51,11 +51,13 @@ def load_solution():
     return import_entry(load_solution_folder(ROOT / "solutions" / "triton"), attn.NAME)[1]
 
 
-def variants(sa, coresident: int) -> dict[str, Callable[[int], object]]:
+def variants(sa, coresident: int, clusters: int = 7) -> dict[str, Callable[[int], object]]:
     """name -> (T -> Plan, or None where the variant does not apply).
 
-    ``default`` is the entry's GPU policy (the CUDA kernel); ``cuda_s*`` fix its split count
-    (a grid that is not co-resident launches the combine separately); ``triton*`` and
+    ``default`` is the entry's GPU policy (the CUDA kernel; ``clusters``: clusters of 16 the GPU
+    holds at once, 7 on the H200); ``cuda_s*`` fix its split count
+    (a grid that is not co-resident launches the combine separately), ``cluster_s*`` its split
+    count with the cluster combine, ``*_d1`` its gather depth 1; ``triton*`` and
     ``dsplit*`` are the Triton kernels, ``triton`` with their own GPU policy.
     """
     Plan = sa.Plan
@@ -75,16 +77,21 @@ def variants(sa, coresident: int) -> dict[str, Callable[[int], object]]:
     def fixed(plan):
         return lambda T: plan
 
-    def cuda(splits: int, path: str = "cuda"):
-        return fixed(Plan(path, splits, 64, 8, partial_dtype=torch.bfloat16))
+    def cuda(splits: int, path: str = "cuda", depth: int = 2):
+        return fixed(sa.cuda_kernel_plan(path, splits, depth))
 
     return {
-        "default": lambda T: sa.cuda_plan(T, coresident),
+        "default": lambda T: sa.cuda_plan(T, coresident, clusters),
         "cuda_two_launch": lambda T: sa.cuda_plan(T, coresident, force_two_launch=True),
         "cuda_s8": cuda(8),
         "cuda_s16": cuda(16),
         "cuda_s32": cuda(32),
         "cuda_s64": cuda(64),
+        "cuda_s16_d1": cuda(16, depth=1),
+        "cluster_s8": cuda(8, "cuda_cluster"),
+        "cluster_s16": cuda(16, "cuda_cluster"),
+        "cluster_s8_d1": cuda(8, "cuda_cluster", 1),
+        "cluster_s16_d1": cuda(16, "cuda_cluster", 1),
         "triton": lambda T: sa.triton_gpu_plan(T, coresident),
         "triton_fused_bn64_bf16": split_plan("fused", triton_policy, 64, dtype=torch.bfloat16),
         "triton_g2l_s64": fixed(Plan("two_launch", 64, 32, 8, 2, graph=True)),
@@ -93,7 +100,7 @@ def variants(sa, coresident: int) -> dict[str, Callable[[int], object]]:
 
 
 def list_plans(sa, coresident: int, names: list[str], tokens: list[int]) -> None:
-    table = variants(sa, coresident)
+    table = variants(sa, coresident)  # the H200's 7 clusters of 16
     for name in names:
         print(name)
         for T in tokens:
@@ -127,7 +134,8 @@ def main() -> int:
     device = torch.device("cuda")
     sa = load_solution()
     coresident = sa._max_coresident_programs(device)
-    all_variants = variants(sa, coresident)
+    clusters = sa.attention_ext.resident_clusters(sa.CUDA_POLICY_CLUSTER_SPLITS)
+    all_variants = variants(sa, coresident, clusters)
     chosen = {k: v for k, v in all_variants.items() if not args.variant or k in args.variant}
     unknown = set(args.variant) - set(all_variants)
     if unknown:
@@ -140,8 +148,9 @@ def main() -> int:
         print(f"warning: {warning}")
     timer = make_timer(timer_name)
     flusher = L2Flusher(device)
-    print(f"{torch.cuda.get_device_name(device)}, {coresident} co-resident programs, timer {timer.name}, "
-          f"{args.iterations} iterations (median), cold L2")
+    print(f"{torch.cuda.get_device_name(device)}, {coresident} co-resident programs, "
+          f"resident clusters {({s: sa.attention_ext.resident_clusters(s) for s in (8, 16)})}, "
+          f"timer {timer.name}, {args.iterations} iterations (median), cold L2")
 
     results: dict[str, dict[str, float | str]] = {}
     for case in cases:

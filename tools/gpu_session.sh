@@ -10,6 +10,8 @@
 #   bash tools/gpu_session.sh setup stalls       # cache states and ncu stall reasons of both solutions' kernels
 #   bash tools/gpu_session.sh setup tune         # GPU kernel tests, attention variants, indexer stages
 #   bash tools/gpu_session.sh setup dev          # a new kernel's tests first, then stage benchmarks and all kernel tests
+#   bash tools/gpu_session.sh setup cluster      # the cluster combine and gather depths: tests, variants, phases
+#   bash tools/gpu_session.sh setup final        # an attention change's records: GPU tests, both workloads, variants, phases
 #   bash tools/gpu_session.sh setup final1       # the recorded runs: every GPU test, attention workload, top-k costs, pipelines
 #   bash tools/gpu_session.sh setup final2       # the recorded indexer workload run (reference + triton)
 #
@@ -99,6 +101,23 @@ for stage in "$@"; do
         step indexer_variants 90 python3 tools/bench_indexer.py --warmup 2 --iterations 10 --trials 1 --no-reference --out "$WORK/indexer_variants.json" \
             --case 'indexer_069*' --case 'indexer_086*' --case 'indexer_110*' --case 'indexer_127*'
         step gpu_tests_kernels 150 python3 -m pytest -q -m gpu tests/test_triton_indexer.py tests/test_triton_attention.py
+        ;;
+    cluster)  # the cluster combine and gather depths: their tests, the variants, phase stamps
+        step attention_cuda_tests 150 python3 -m pytest -q -m gpu -x tests/test_triton_attention.py -k "cuda or cluster"
+        step attention_variants 100 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
+            --variant default --variant cuda_s16 --variant cuda_s32 --variant cuda_s16_d1 --variant cluster_s8 --variant cluster_s16
+        step attention_phases_cluster16 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda_cluster:16:2
+        step attention_phases_barrier16 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda:16:2
+        step attention_phases_barrier32 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda:32:2
+        ;;
+    final)  # the recorded runs of an attention change (the indexer's kernels unchanged): every GPU
+            # test, both workloads (the solution's hash changed), the attention variants and phases
+        step gpu_tests 240 python3 -m pytest -q -m gpu
+        step attention_run 100 python3 -m dsa_bench run -w sparse_attention_h16 --save "$WORK/sparse_attention_h16.json"
+        step attention_variants 60 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
+            --variant default --variant cuda_s16 --variant cuda_s32 --variant cluster_s8 --variant cluster_s16 --variant triton
+        step attention_phases 30 python3 tools/profile_kernels.py phases --iterations 20
+        step indexer_run 200 python3 -m dsa_bench run -w indexer_h64 --warmup 2 --iterations 8 --trials 2 --save "$WORK/indexer_h64.json"
         ;;
     final1)  # the recorded runs of this revision, part 1 (part 2: the indexer workload run)
         step gpu_tests 200 python3 -m pytest -q -m gpu

@@ -220,11 +220,12 @@ def phase_summary(stamps: torch.Tensor) -> dict[str, float]:
     return summary
 
 
-def run_attention_phases(cases: list[str], iterations: int, device: torch.device) -> int:
+def run_attention_phases(cases: list[str], iterations: int, device: torch.device, plan_spec: str | None = None) -> int:
     """The CUDA attention kernel's own phase stamps (``phase_summary``) per case, cold L2: each
     phase's length in µs, the median and the slowest over programs and calls; when programs
     start after the first one; and the span from the first start to the last exit. Stamps are
     taken by thread 0 of each program, so a phase ends when that thread passes it.
+    ``plan_spec`` ``PATH:SPLITS:DEPTH`` (e.g. ``cuda_cluster:16:1``) replaces the default plan.
     """
     sa = solution_module(attn.NAME)
     ext = sa.attention_ext
@@ -233,7 +234,11 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
     for case_id in cases:
         definition, axes, inputs = case_inputs(case_id, device)
         T = axes["num_tokens"]
-        plan = sa.default_plan(T, device)
+        if plan_spec:
+            path, splits, depth = plan_spec.split(":")
+            plan = sa.cuda_kernel_plan(path, int(splits), int(depth))
+        else:
+            plan = sa.default_plan(T, device)
         outputs = definition.allocate_outputs(axes, device)
         stamps = torch.zeros((iterations, T * plan.splits, ext.PHASE_SLOTS), dtype=torch.int64, device=device)
         args = definition.input_args(inputs)
@@ -243,7 +248,7 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
         torch.cuda.synchronize()
         p = phase_summary(stamps.cpu())
         cells = [f"{name} {p[name]:5.2f}/{p[name + ' max']:5.2f}" for name in PHASES]
-        print(f"{case_id:24s} S={plan.splits:2d} {p['ghz']:.2f} GHz  " + "  ".join(cells)
+        print(f"{case_id:24s} {plan.path} S={plan.splits:2d} depth {plan.num_stages} {p['ghz']:.2f} GHz  " + "  ".join(cells)
               + f"  start +{p['start']:.2f}/{p['start max']:.2f}  span {p['span']:.2f}", flush=True)  # fmt: skip
     return 0
 
@@ -253,6 +258,7 @@ def main() -> int:
     p.add_argument("mode", choices=("ncu", "locality", "cache", "topk", "phases"))
     p.add_argument("--case", action="append", default=[], help="case id (repeatable; ncu mode)")
     p.add_argument("--iterations", type=int, default=30)
+    p.add_argument("--plan", help="phases mode: PATH:SPLITS:DEPTH of the CUDA kernel instead of the default plan")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("profile_kernels: needs a CUDA GPU", file=sys.stderr)
@@ -264,7 +270,7 @@ def main() -> int:
         return run_topk_costs(args.iterations, device)
     if args.mode == "phases":
         phase_cases = ["attention_02_t1_sparse", "attention_00_t1_full", "attention_20_t8_sparse", "attention_18_t8_full"]
-        return run_attention_phases(args.case or phase_cases, args.iterations, device)
+        return run_attention_phases(args.case or phase_cases, args.iterations, device, args.plan)
     if args.mode == "cache":
         return run_cache_states(args.case or DEFAULT_CASES, args.iterations, device)
     return run_locality(args.iterations, device)

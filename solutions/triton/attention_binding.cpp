@@ -25,11 +25,12 @@ T* pointer(const at::Tensor& t) {
 
 }  // namespace
 
-// Shapes: see attention_sm90.h. Returns 0 when the combine ran in the same launch, 1 when it
-// was launched separately.
+// Shapes: see attention_sm90.h. `combine` is a dsa_attention::Combine; returns the
+// dsa_attention::Launch used (0 fused, 1 two launches, 2 cluster).
 int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& ckv, const at::Tensor& kpe,
                          const at::Tensor& indices, double sm_scale, at::Tensor& out, at::Tensor& lse, at::Tensor& part_out,
-                         at::Tensor& part_lse, at::Tensor& sync, int64_t splits, bool force_two_launch, at::Tensor& phase_clocks) {
+                         at::Tensor& part_lse, at::Tensor& sync, int64_t splits, int64_t combine, int64_t gather_depth,
+                         at::Tensor& phase_clocks) {
   const at::Device device = q_nope.device();
   check(q_nope, "q_nope", at::kBFloat16, device);
   check(q_pe, "q_pe", at::kBFloat16, device);
@@ -42,9 +43,13 @@ int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const
   check(part_lse, "part_lse", at::kFloat, device);
   check(sync, "sync", at::kInt, device);
   const int64_t tokens = q_nope.size(0);
-  TORCH_CHECK(part_out.numel() >= tokens * splits * dsa_attention::kHeads * dsa_attention::kDCkv, "part_out too small");
-  TORCH_CHECK(part_lse.numel() >= tokens * splits * dsa_attention::kHeads, "part_lse too small");
-  TORCH_CHECK(sync.numel() >= tokens * dsa_attention::kSyncStride, "sync too small");
+  TORCH_CHECK(combine >= 0 && combine <= static_cast<int64_t>(dsa_attention::Combine::kCluster), "unknown combine ", combine);
+  const auto how = static_cast<dsa_attention::Combine>(combine);
+  if (how != dsa_attention::Combine::kCluster) {  // the cluster combine needs no global scratch
+    TORCH_CHECK(part_out.numel() >= tokens * splits * dsa_attention::kHeads * dsa_attention::kDCkv, "part_out too small");
+    TORCH_CHECK(part_lse.numel() >= tokens * splits * dsa_attention::kHeads, "part_lse too small");
+    TORCH_CHECK(sync.numel() >= tokens * dsa_attention::kSyncStride, "sync too small");
+  }
   const bool timed = phase_clocks.numel() > 0;  // empty: no profiling stamps
   if (timed) {
     check(phase_clocks, "phase_clocks", at::kLong, device);
@@ -80,8 +85,9 @@ int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const
   a.qk_scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
   a.tokens = static_cast<int>(tokens);
   a.splits = static_cast<int>(splits);
+  a.gather_depth = static_cast<int>(gather_depth);
   dsa_attention::Launch used = dsa_attention::Launch::kFused;
-  const cudaError_t err = dsa_attention::launch_sparse_attention(a, force_two_launch, c10::cuda::getCurrentCUDAStream(device.index()).stream(), &used);
+  const cudaError_t err = dsa_attention::launch_sparse_attention(a, how, c10::cuda::getCurrentCUDAStream(device.index()).stream(), &used);
   TORCH_CHECK(err == cudaSuccess, "sparse attention launch failed: ", cudaGetErrorString(err));
   return static_cast<int64_t>(used);
 }
@@ -93,17 +99,26 @@ int64_t resident_programs() {
   return programs;
 }
 
+int64_t resident_clusters(int64_t splits) {
+  int clusters = 0;
+  const cudaError_t err = dsa_attention::resident_clusters(static_cast<int>(splits), &clusters);
+  TORCH_CHECK(err == cudaSuccess, "cluster occupancy query failed: ", cudaGetErrorString(err));
+  return clusters;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("sparse_attention", &sparse_attention, "Sparse MLA attention: split-K, combine fused behind a per-token barrier");
+  m.def("sparse_attention", &sparse_attention, "Sparse MLA attention: split-K, then the combine (barrier, second launch or cluster)");
   m.def("resident_programs", &resident_programs, "Programs of the split kernel resident at once on the current device");
+  m.def("resident_clusters", &resident_clusters, "Clusters of `splits` programs resident at once on the current device");
   m.attr("HEADS") = dsa_attention::kHeads;
   m.attr("D_CKV") = dsa_attention::kDCkv;
   m.attr("D_KPE") = dsa_attention::kDKpe;
   m.attr("TOPK") = dsa_attention::kTopK;
   m.attr("PAGE_SIZE") = dsa_attention::kPageSize;
   m.attr("SYNC_STRIDE") = dsa_attention::kSyncStride;
-  m.attr("SENSE_OFFSET") = dsa_attention::kSenseOffset;
+  m.attr("TICKETS_PER_CALL") = static_cast<int64_t>(dsa_attention::kTicketsPerCall);
   m.attr("MIN_SPLITS") = dsa_attention::kMinSplits;
   m.attr("MAX_SPLITS") = dsa_attention::kMaxSplits;
+  m.attr("MAX_CLUSTER_SPLITS") = dsa_attention::kMaxClusterSplits;
   m.attr("PHASE_SLOTS") = static_cast<int>(dsa_attention::kPhaseSlots);
 }

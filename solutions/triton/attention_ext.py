@@ -18,14 +18,23 @@ HEADERS = ("attention_sm90.h",)
 #: constants of attention_sm90.h (checked against the built module on load)
 HEADS, D_CKV, D_KPE, TOPK, PAGE_SIZE = 16, 512, 64, 2048, 64
 MIN_SPLITS, MAX_SPLITS = 8, 64
+MAX_CLUSTER_SPLITS = 16  # the cluster combine: one thread-block cluster per token
 TILE_SLOTS = 64  # slots a program gathers and scores together (attention_sm90.cu)
 MAX_TOKENS = 65535  # the grid's y dimension
-#: barrier words per token, and the sense word's offset among them (count is word 0)
-SYNC_STRIDE, SENSE_OFFSET = 32, 16
+#: barrier words per token (the ticket word is word 0; attention_sm90.cu, split_kernel), and
+#: how far each fused call advances a token's ticket word, whatever its split count
+SYNC_STRIDE, TICKETS_PER_CALL = 32, 64
 #: int64 phase stamps per program when profiling (attention_sm90.h, PhaseSlot)
 PHASE_SLOTS = 9
+#: how a token's splits are combined (attention_sm90.h, Combine): "barrier" in the same launch
+#: behind a global-memory barrier when the grid is co-resident (else a second launch),
+#: "two_launch" always a second launch, "cluster" in the same launch through distributed shared
+#: memory, the token's programs forming one thread-block cluster
+COMBINES = {"barrier": 0, "two_launch": 1, "cluster": 2}
 #: launches, as the binding returns them
-FUSED, TWO_LAUNCH = 0, 1
+FUSED, TWO_LAUNCH, CLUSTER = 0, 1, 2
+#: tiles a program's gathers keep in flight (attention_sm90.h, AttentionArgs::gather_depth)
+GATHER_DEPTHS = (1, 2)
 
 _module: ModuleType | None = None
 
@@ -35,7 +44,8 @@ def load_attention_extension(verbose: bool | None = None) -> ModuleType:
     global _module
     if _module is None:
         module = build_extension("dsa_sparse_attention_sm90", "the CUDA sparse attention", SOURCES, HEADERS, verbose)
-        names = ("HEADS", "D_CKV", "D_KPE", "TOPK", "PAGE_SIZE", "MIN_SPLITS", "MAX_SPLITS", "SYNC_STRIDE", "SENSE_OFFSET", "PHASE_SLOTS")
+        names = ("HEADS", "D_CKV", "D_KPE", "TOPK", "PAGE_SIZE", "MIN_SPLITS", "MAX_SPLITS", "MAX_CLUSTER_SPLITS", "SYNC_STRIDE",
+                 "TICKETS_PER_CALL", "PHASE_SLOTS")
         mismatched = [n for n in names if getattr(module, n) != globals()[n]]
         assert not mismatched, f"attention_ext.py and attention_sm90.h disagree on {mismatched}"
         _module = module
@@ -45,6 +55,12 @@ def load_attention_extension(verbose: bool | None = None) -> ModuleType:
 def resident_programs() -> int:
     """Programs of the split kernel the current device keeps resident at once."""
     return int(load_attention_extension().resident_programs())
+
+
+def resident_clusters(splits: int) -> int:
+    """Clusters of ``splits`` programs (the cluster combine) the current device keeps resident at
+    once; 0 when it cannot schedule one at all."""
+    return int(load_attention_extension().resident_clusters(splits))
 
 
 def check_io(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse) -> int:
@@ -79,12 +95,16 @@ def _aligned(t: torch.Tensor, name: str, problems: list[str]) -> None:
 def run(
     q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor, sparse_indices: torch.Tensor,
     sm_scale: float, output: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor, sync: torch.Tensor,
-    splits: int, force_two_launch: bool = False, phase_clocks: torch.Tensor | None = None,
+    splits: int, combine: str = "barrier", gather_depth: int = 2, phase_clocks: torch.Tensor | None = None,
 ) -> int:
-    """Launch the attention (shapes: sparse_attention.py's docstring); returns FUSED or TWO_LAUNCH.
+    """Launch the attention (shapes: sparse_attention.py's docstring); returns FUSED, TWO_LAUNCH or CLUSTER.
 
+    ``combine``: a key of COMBINES; ``gather_depth``: one of GATHER_DEPTHS.
     ``part_out`` [>= T*splits*16*512] bf16 and ``part_lse`` [>= T*splits*16] fp32 are scratch;
-    ``sync`` [>= T*SYNC_STRIDE] int32 are the barrier words (zeroed once, reused by every call on a stream).
+    ``sync`` [>= T*SYNC_STRIDE] int32 are the barrier words (zeroed once, reused by every call on
+    a stream; each fused call advances a token's ticket word by TICKETS_PER_CALL, modulo 2^32,
+    so the words must start at a multiple of it: zeros). The cluster
+    combine uses none of the three (they may then be empty).
     ``phase_clocks`` (profiling only) [>= T*splits*PHASE_SLOTS] int64 receives each program's
     phase stamps (attention_sm90.h, PhaseSlot).
     """
@@ -104,11 +124,18 @@ def run(
     problems = [f"{name} must be {dtype}, got {tensors[name].dtype}" for name, dtype in scratch.items() if tensors[name].dtype != dtype]
     for name in ("q_nope", "q_pe", "ckv_cache", "kpe_cache"):
         _aligned(tensors[name], name, problems)
-    if not (MIN_SPLITS <= splits <= MAX_SPLITS and splits & (splits - 1) == 0):
-        problems.append(f"splits must be a power of two in [{MIN_SPLITS}, {MAX_SPLITS}], got {splits}")
+    if combine not in COMBINES:
+        problems.append(f"combine must be one of {list(COMBINES)}, got {combine!r}")
+    most = MAX_CLUSTER_SPLITS if combine == "cluster" else MAX_SPLITS
+    if not (MIN_SPLITS <= splits <= most and splits & (splits - 1) == 0):
+        problems.append(f"splits must be a power of two in [{MIN_SPLITS}, {most}] for the {combine} combine, got {splits}")
+    if gather_depth not in GATHER_DEPTHS:
+        problems.append(f"gather_depth must be one of {GATHER_DEPTHS}, got {gather_depth}")
     if T > MAX_TOKENS:
         problems.append(f"at most {MAX_TOKENS} tokens per call, got {T}")
-    if part_out.numel() < T * splits * HEADS * D_CKV or part_lse.numel() < T * splits * HEADS or sync.numel() < T * SYNC_STRIDE:
+    if combine != "cluster" and (
+        part_out.numel() < T * splits * HEADS * D_CKV or part_lse.numel() < T * splits * HEADS or sync.numel() < T * SYNC_STRIDE
+    ):
         problems.append("part_out, part_lse or sync is too small for this call")
     if not (part_out.is_contiguous() and part_lse.is_contiguous() and sync.is_contiguous()):
         problems.append("part_out, part_lse and sync must be contiguous")
@@ -123,6 +150,6 @@ def run(
     return int(
         load_attention_extension().sparse_attention(
             q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, float(sm_scale), output, lse, part_out, part_lse, sync, splits,
-            force_two_launch, stamps,
+            COMBINES[combine], gather_depth, stamps,
         )
     )

@@ -6,22 +6,30 @@
 // Grid (S splits, T tokens), 8 warps per program. Program (s, t) owns the slots s, s + S,
 // s + 2S, ... of token t (strided: valid slots cluster at the front of a row) and walks them in
 // tiles of 64 slots:
-//   gather  cp.async copies each slot's ckv row (1024 B) and kpe row (128 B) into one shared row;
-//           two tiles are in flight at once, padding slots are zero-filled without a read.
+//   gather  bulk copies (TMA) bring each slot's ckv row (1024 B) and kpe row (128 B) into one
+//           shared row, completing on the stage's mbarrier; padding slots are zeroed without a
+//           read. Two stages: both first tiles requested at once (gather depth 2), or each
+//           once the one before it has landed (depth 1).
 //   logits  warp w scores slots 8w..8w+7 of the tile against the 16 heads with mma.sync
 //           m16n8k16 (bf16 in, fp32 accumulate): q_nope.ckv and q_pe.kpe in separate accumulators.
 //   softmax log2 domain (scale pre-multiplied by log2 e); the tile's row maxima and sums go
 //           through shared memory, so every warp holds the same running (m, l) per head.
 //   P.V     P (bf16) from shared memory times the tile's ckv rows; warp w owns value columns
 //           64w..64w+63 (8 accumulator tiles), so the 16 x 512 output is spread over the block.
-// Then the program writes its partial (output / l in bf16, lse = m + log2 l) and, in the fused
-// launch, waits at the token's barrier; after it, program s combines its 1/S share of the token's
-// 16 x 512 outputs from all S partials. The barrier needs every program of the grid resident at
-// once (the host checks with the occupancy calculator; else it launches the combine separately).
+// Then the program writes its partial (output / l in bf16, lse = m + log2 l), and program s
+// combines its 1/S share of the token's 16 x 512 outputs from all S partials, in one of three ways:
+//   split_kernel, fused    partials in global memory, then a per-token ticket barrier; needs every
+//                          program of the grid resident at once (the host checks with the occupancy
+//                          calculator)
+//   split_kernel + combine_kernel   the same partials, the combine in a second launch
+//   cluster_kernel         the token's S <= 16 programs form one thread-block cluster: partials are
+//                          bulk-copied into their owners' shared memory and combined there (see
+//                          "cluster combine" below).
 #include "attention_sm90.h"
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <cooperative_groups.h>
 
 #include <cstdint>
 
@@ -44,8 +52,8 @@ constexpr int kPStride = kTileSlots + kRowPad;           // bf16 per shared row 
 constexpr int kChunk = 8;                                // bf16 per 16-byte cp.async
 constexpr int kCkvChunks = kDCkv / kChunk;
 constexpr int kRowChunks = kDQk / kChunk;
-constexpr int kThreadsPerRow = kThreads / kTileSlots;    // threads gathering one slot row
-constexpr int kChunksPerThread = kRowChunks / kThreadsPerRow;
+constexpr int kThreadsPerRow = kThreads / kTileSlots;    // threads sharing one slot row's gather
+constexpr uint32_t kRowBytes = kDQk * 2;                 // bytes bulk-copied per valid slot
 constexpr int kSlotsPerWarp = kTileSlots / kWarps;       // one mma n-tile of logits per warp
 constexpr int kColsPerWarp = kDCkv / kWarps;             // value columns per warp
 constexpr int kColTiles = kColsPerWarp / 8;              // mma n-tiles of output per warp
@@ -58,7 +66,8 @@ constexpr int kCombineSplitsPerThread = 8;               // partials one combini
 static_assert(kHeads == 16, "the heads are the M = 16 rows of every mma");
 static_assert(kSlotsPerWarp == 8, "a warp scores one 8-slot n-tile");
 static_assert(kDCkv % 32 == 0 && kDKpe % 32 == 0, "logit k-loops take two 16-wide k-steps at a time");
-static_assert(kThreads % kTileSlots == 0 && kRowChunks % kThreadsPerRow == 0, "whole rows per thread group");
+static_assert(kThreads % kTileSlots == 0 && kCkvChunks % kThreadsPerRow == 0, "whole rows per thread group");
+static_assert((kDCkv * 2) % 16 == 0 && (kDKpe * 2) % 16 == 0, "bulk copies move multiples of 16 bytes");
 static_assert(kColTiles % 2 == 0, "ldmatrix.x4.trans loads two value n-tiles");
 static_assert(kTileSlots % 16 == 0, "P.V k-steps of 16 slots");
 static_assert((kRowStride * 2) % 16 == 0 && (kPStride * 2) % 16 == 0, "16-byte aligned shared rows");
@@ -69,6 +78,11 @@ static_assert(kUnits / kMaxSplits * (kMaxSplits / kCombineSplitsPerThread) == kT
               "every split count gives each combining thread one unit and kCombineSplitsPerThread splits");
 static_assert(kUnits / kMaxSplits >= kWarpSize, "a warp's combine loads cover consecutive units of one split");
 
+// Cluster combine: a split's partial of one program's share is its kUnits / S units, then its
+// kHeads lse (kLseUnits 8-byte units), one contiguous slice.
+constexpr int kLseUnits = kHeads * 4 / 8;
+constexpr int kInboxUnits = kUnits + kMaxClusterSplits * kLseUnits;
+
 struct Shared {
   uint16_t q[kHeads][kRowStride];
   uint16_t kv[kStages][kTileSlots][kRowStride];
@@ -76,6 +90,12 @@ struct Shared {
   float tile_max[kWarps][kHeads];
   float tile_sum[kWarps][kHeads];
   int32_t slot_ids[kStages][kTileSlots];
+  uint64_t full[kStages];  // mbarrier per gather stage
+  // Cluster combine only: every program of the cluster copies in its partial of this
+  // program's share (see ClusterInbox), and the copies complete their bytes on inbox_full.
+  // Apart from the gather buffers: a fast program pushes while a slow one still gathers.
+  uint2 inbox[kInboxUnits];
+  uint64_t inbox_full;
 };
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
@@ -103,6 +123,40 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// mbarrier of a gather stage: every thread arrives once per tile, and the tile's bulk copies
+// complete their bytes on it (expect_tx), so a completed phase means every row has landed.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
+}
+__device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(parity)
+      : "memory");
+}
+// Orders this thread's earlier generic-proxy accesses to shared memory (as ordered by block
+// barriers) before its following bulk copies, which write through the async proxy.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Bulk (TMA) copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to
+// this program's shared memory, completing its bytes on `bar`.
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
@@ -143,24 +197,35 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(kFullMask, v, 2);
 }
 
-// Issues the copies of one tile's slot rows into stage `stage` (this thread: row tid / 4, every
-// 4th 16-byte chunk of it) and records the row's id for the masks.
+// Issues one tile's gather into stage `stage`. The kThreadsPerRow threads of row tid / 4 share
+// it: for a valid slot the first one bulk-copies the ckv row (1024 B) and the kpe row (128 B)
+// (bulk copies keep far more bytes in flight per SM than 16-byte cp.async, which capped the
+// random gather at about 2.8 TB/s); for padding they zero the row's value part instead (P is 0
+// there, but 0 * NaN from stale bits would not be; the key part only feeds masked logits).
+// Every thread then arrives on the stage's mbarrier, so its phase completes when all rows,
+// zeroed or copied, are in place.
 __device__ __forceinline__ void issue_tile(Shared& sh, const AttentionArgs& a, int id, int stage) {
   const int row = threadIdx.x / kThreadsPerRow;
   const int part = threadIdx.x % kThreadsPerRow;
-  if (part == 0) sh.slot_ids[stage][row] = id;
-  const bool valid = id >= 0;
-  const int64_t page = valid ? id / kPageSize : 0;
-  const int64_t slot = valid ? id % kPageSize : 0;
-  const uint16_t* ckv_row = a.ckv + page * a.ckv_page + slot * a.ckv_slot;
-  const uint16_t* kpe_row = a.kpe + page * a.kpe_page + slot * a.kpe_slot;
   uint16_t* dst = sh.kv[stage][row];
+  uint64_t* bar = &sh.full[stage];
+  if (part == 0) sh.slot_ids[stage][row] = id;
+  if (id >= 0) {
+    if (part == 0) {
+      const uint16_t* ckv_row = a.ckv + static_cast<int64_t>(id / kPageSize) * a.ckv_page + static_cast<int64_t>(id % kPageSize) * a.ckv_slot;
+      const uint16_t* kpe_row = a.kpe + static_cast<int64_t>(id / kPageSize) * a.kpe_page + static_cast<int64_t>(id % kPageSize) * a.kpe_slot;
+      fence_proxy_async();
+      mbarrier_arrive_expect_tx(bar, kRowBytes);
+      bulk_copy(dst, ckv_row, kDCkv * 2, bar);
+      bulk_copy(dst + kDCkv, kpe_row, kDKpe * 2, bar);
+      return;
+    }
+  } else {
+    uint4* value = reinterpret_cast<uint4*>(dst);
 #pragma unroll
-  for (int k = 0; k < kChunksPerThread; ++k) {
-    const int c = part + k * kThreadsPerRow;
-    const uint16_t* src = c < kCkvChunks ? ckv_row + c * kChunk : kpe_row + (c - kCkvChunks) * kChunk;
-    cp_async16(dst + c * kChunk, src, valid ? 16 : 0);
+    for (int c = part; c < kCkvChunks; c += kThreadsPerRow) value[c] = make_uint4(0, 0, 0, 0);
   }
+  mbarrier_arrive(bar);
 }
 
 // Running softmax state of the two heads (rows g and g + 8) this thread's accumulators hold.
@@ -275,8 +340,22 @@ __device__ __forceinline__ void attend_tile(Shared& sh, int stage, float qk_scal
   __syncthreads();  // the stage, P and the tile maxima are free for the next tile
 }
 
-// Program (s, t): token t over slots s, s + S, ...; writes the split's partial.
-__device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a, int t, int s) {
+// The id of tile `tile` from the per-tile ids (a register array: unrolled select, no local memory).
+__device__ __forceinline__ int tile_id(const int (&ids)[kMaxTiles], int tile) {
+  int id = -1;
+#pragma unroll
+  for (int i = 0; i < kMaxTiles; ++i) id = i == tile ? ids[i] : id;
+  return id;
+}
+
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+
+// Program (s, t): token t over slots s, s + S, ...; leaves the split's softmax state in `st` and
+// its unnormalised output in `o` (this warp's 16 x 64 columns, accumulator layout).
+// `cluster_handshake`: finish the cluster barrier phase the caller arrived at, while the slot
+// ids are in flight (its wait is hidden behind their round trip).
+__device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a, int t, int s, RowState& st, float (&o)[kColTiles][4],
+                                             bool cluster_handshake) {
   const int splits = a.splits;
   const int split_slots = kTopK / splits;
   const int tiles = (split_slots + kTileSlots - 1) / kTileSlots;
@@ -291,7 +370,7 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
     const int j = i * kTileSlots + row;
     ids[i] = i < tiles && j < split_slots ? __ldg(idx_row + static_cast<int64_t>(j) * splits + s) : -1;
   }
-  // Q does not depend on the ids: its copy (group 0) is issued while they are in flight.
+  // Q does not depend on the ids: its copy (one cp.async group) is issued while they are in flight.
   for (int c = threadIdx.x; c < kHeads * kRowChunks; c += kThreads) {
     const int h = c / kRowChunks;
     const int chunk = c % kRowChunks;
@@ -300,7 +379,13 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
     cp_async16(&sh.q[h][chunk * kChunk], src, 16);
   }
   cp_async_commit();
-  // Tiles after the last one holding a valid slot are skipped (block-uniform).
+  if (cluster_handshake) cluster_wait();
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) mbarrier_init(&sh.full[i], kThreads);
+    fence_mbarrier_init();
+  }
+  // Tiles after the last one holding a valid slot are skipped (block-uniform). The block
+  // barriers here also publish the mbarrier initialisation (tiles >= 1, so there is one).
   int active = 0;
 #pragma unroll
   for (int i = 0; i < kMaxTiles; ++i) {
@@ -308,61 +393,79 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
   }
   stamp(a, t, s, kPhaseIdsCycles);
 
+  // Gather depth 2: tiles 0 and 1 are requested together (latency-bound calls: both land after
+  // one round trip). Depth 1: each tile is requested once the one before it has landed, so on a
+  // bandwidth-bound call every program's first tile lands after its share of the bandwidth
+  // instead of with everything else, and its math overlaps the next tile's gather.
+  const bool deep = a.gather_depth > 1;
   if (active > 0) issue_tile(sh, a, ids[0], 0);
-  cp_async_commit();  // group 1: tile 0 (empty without active tiles)
-  if (active > 1) issue_tile(sh, a, ids[1], 1);
-  cp_async_commit();  // group 2: tile 1 (possibly empty)
+  if (deep && active > 1) issue_tile(sh, a, ids[1], 1);
 
-  RowState st{{neg_inf(), neg_inf()}, {0.f, 0.f}};
-  float o[kColTiles][4];
+  st = RowState{{neg_inf(), neg_inf()}, {0.f, 0.f}};
 #pragma unroll
   for (int j = 0; j < kColTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
   uint32_t q[kQSteps][4];  // A fragments of Q: lane -> row lane % 16, column half lane / 16
 
-  // Before tile i, groups up to tile i + 1 are committed: waiting for all but one leaves
-  // tile i (and everything older) complete.
+  // Tile i is the (i / kStages)-th use of its stage: that use's mbarrier phase has parity
+  // (i / kStages) % 2. A stage is reissued only after the block barrier that ends the tile
+  // before it, so no warp still reads it.
+  // Q's fragments move to registers while the first tile is still on its way (the 8 warps'
+  // 8 x 18 KB of shared-memory reads would otherwise follow its arrival).
+  cp_async_wait<0>();
+  __syncthreads();  // every thread's Q chunks visible to every warp
+  if (active > 0) {
+    const uint32_t q_addr = smem_addr(&sh.q[threadIdx.x % kWarpSize % 16][(threadIdx.x % kWarpSize / 16) * 8]);
+#pragma unroll
+    for (int i = 0; i < kQSteps; ++i) ldmatrix_x4(q[i], q_addr + i * 16 * 2);
+  }
   for (int tile = 0; tile < active; ++tile) {
     const int stage = tile % kStages;
-    cp_async_wait<1>();
-    __syncthreads();
-    if (tile == 0) {
-      stamp(a, t, s, kPhaseFirstTileCycles);
-      const uint32_t q_addr = smem_addr(&sh.q[threadIdx.x % kWarpSize % 16][(threadIdx.x % kWarpSize / 16) * 8]);
-#pragma unroll
-      for (int i = 0; i < kQSteps; ++i) ldmatrix_x4(q[i], q_addr + i * 16 * 2);
-    }
+    mbarrier_wait(&sh.full[stage], (tile / kStages) % 2);
+    if (tile == 0) stamp(a, t, s, kPhaseFirstTileCycles);
+    if (!deep && tile + 1 < active) issue_tile(sh, a, tile_id(ids, tile + 1), (tile + 1) % kStages);
     attend_tile(sh, stage, a.qk_scale_log2, q, st, o);
-    int id = -1;
-#pragma unroll
-    for (int i = 0; i < kMaxTiles; ++i) id = i == tile + kStages ? ids[i] : id;
-    if (tile + kStages < active) issue_tile(sh, a, id, stage);
-    cp_async_commit();  // always one group per tile, so the wait count above holds
+    if (deep && tile + kStages < active) issue_tile(sh, a, tile_id(ids, tile + kStages), stage);
   }
-  cp_async_wait<0>();  // nothing may land in shared memory after this program moves on
   stamp(a, t, s, kPhaseAttendedCycles);
+}
 
-  // Partial, in the accumulators' own order so that every store is coalesced: unit
-  // (warp, n-tile j, lane) = {bf16 pair of head g, bf16 pair of head g + 8} at columns
-  // 64 * warp + 8 * j + 2 * tig, divided by l (0 without a valid slot); lse = m + log2 l
-  // (-inf without a valid slot).
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  const int g = lane / 4;
-  const int tig = lane % 4;
-  const int64_t part = static_cast<int64_t>(t) * splits + s;
+// Accumulator position of this thread: warp, row g (heads g and g + 8), column pair tig.
+struct Fragment {
+  int lane, warp, g, tig;
+  __device__ Fragment()
+      : lane(threadIdx.x % kWarpSize), warp(threadIdx.x / kWarpSize), g(threadIdx.x % kWarpSize / 4), tig(threadIdx.x % 4) {}
+  // Index of this thread's n-tile j among the token's kUnits accumulator units.
+  __device__ int unit(int j) const { return (warp * kColTiles + j) * kWarpSize + lane; }
+};
+
+// Where a split's partial goes: global memory (read back by the combine through L2).
+struct GlobalSink {
+  uint2* units;  // this split's kUnits units
+  float* lse;    // this split's kHeads lse
+  __device__ GlobalSink(const AttentionArgs& a, int t, int s)
+      : units(reinterpret_cast<uint2*>(a.part_out) + (static_cast<int64_t>(t) * a.splits + s) * kUnits),
+        lse(a.part_lse + (static_cast<int64_t>(t) * a.splits + s) * kHeads) {}
+  __device__ void put_unit(int unit, uint2 bits) const { units[unit] = bits; }
+  __device__ void put_lse(int head, float value) const { lse[head] = value; }
+};
+
+// The partial, in the accumulators' own order so that every store is coalesced: unit (warp,
+// n-tile j, lane) = {bf16 pair of head g, bf16 pair of head g + 8} at columns 64 * warp + 8 * j
+// + 2 * tig, divided by l (0 without a valid slot); lse = m + log2 l (-inf without a valid slot).
+template <class Sink>
+__device__ __forceinline__ void store_partial(const Sink& sink, const RowState& st, const float (&o)[kColTiles][4]) {
+  const Fragment f;
   float inv_l[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) inv_l[r] = st.l[r] > 0.f ? 1.f / st.l[r] : 0.f;
-  uint2* units = reinterpret_cast<uint2*>(a.part_out) + part * kUnits + warp * kColTiles * kWarpSize + lane;
 #pragma unroll
   for (int j = 0; j < kColTiles; ++j) {
-    units[j * kWarpSize] = make_uint2(pack_bf16x2(o[j][0] * inv_l[0], o[j][1] * inv_l[0]), pack_bf16x2(o[j][2] * inv_l[1], o[j][3] * inv_l[1]));
+    sink.put_unit(f.unit(j), make_uint2(pack_bf16x2(o[j][0] * inv_l[0], o[j][1] * inv_l[0]), pack_bf16x2(o[j][2] * inv_l[1], o[j][3] * inv_l[1])));
   }
-  if (warp == 0 && tig == 0) {
-    a.part_lse[part * kHeads + g] = st.l[0] > 0.f ? st.m[0] + log2f(st.l[0]) : neg_inf();
-    a.part_lse[part * kHeads + g + 8] = st.l[1] > 0.f ? st.m[1] + log2f(st.l[1]) : neg_inf();
+  if (f.warp == 0 && f.tig == 0) {
+    sink.put_lse(f.g, st.l[0] > 0.f ? st.m[0] + log2f(st.l[0]) : neg_inf());
+    sink.put_lse(f.g + 8, st.l[1] > 0.f ? st.m[1] + log2f(st.l[1]) : neg_inf());
   }
-  stamp(a, t, s, kPhasePartialCycles);
 }
 
 // Scratch of the combine when several threads share a unit (fewer units than threads).
@@ -371,13 +474,25 @@ struct CombineScratch {
   float sums[kThreads][6];       // each thread's weighted outputs (4) and weight totals (2)
 };
 
+// Where the combine reads the token's partials: global memory, written by other SMs of this
+// launch or of the previous one, so read through L2 (ld.cg), never a stale L1 line.
+struct GlobalSource {
+  const uint2* units;  // the token's S x kUnits units
+  const float* lse;    // the token's S x kHeads lse
+  __device__ GlobalSource(const AttentionArgs& a, int t)
+      : units(reinterpret_cast<const uint2*>(a.part_out) + static_cast<int64_t>(t) * a.splits * kUnits),
+        lse(a.part_lse + static_cast<int64_t>(t) * a.splits * kHeads) {}
+  __device__ uint2 unit(int split, int unit, int /*local*/) const { return __ldcg(units + split * kUnits + unit); }
+  __device__ float split_lse(int split, int head) const { return __ldcg(lse + split * kHeads + head); }
+};
+
 // Program s's share of token t's combine: units [s * kUnits / S, (s + 1) * kUnits / S), each the
 // weighted mean of the S partials (weights 2^(lse_split - lse_max) per head). Thread i takes
 // unit i % (kUnits / S) over the kCombineSplitsPerThread splits of block i / (kUnits / S), so
 // each warp-wide load reads 32 consecutive units of one split (coalesced); the blocks are
-// merged through shared memory. Partials come from other SMs of this launch: read through L2
-// (ld.cg), never a stale L1 line.
-__device__ __forceinline__ void combine_share(CombineScratch& scratch, const AttentionArgs& a, int t, int s) {
+// merged through shared memory.
+template <class Source>
+__device__ __forceinline__ void combine_share(CombineScratch& scratch, const AttentionArgs& a, int t, int s, const Source& source) {
   const int splits = a.splits;
   const int per_program = kUnits / splits;                // units this program combines
   const int blocks = kThreads / per_program;              // split blocks per unit (S / 8)
@@ -389,17 +504,15 @@ __device__ __forceinline__ void combine_share(CombineScratch& scratch, const Att
   const int warp = unit / (kWarpSize * kColTiles);
   const int g = lane / 4;
   const int d = warp * kColsPerWarp + col_tile * 8 + 2 * (lane % 4);
-  const int64_t first = static_cast<int64_t>(t) * splits + block * kCombineSplitsPerThread;
-  const uint2* units = reinterpret_cast<const uint2*>(a.part_out);
+  const int first = block * kCombineSplitsPerThread;
 
   uint2 bits[kCombineSplitsPerThread];
   float lse_lo[kCombineSplitsPerThread], lse_hi[kCombineSplitsPerThread];
 #pragma unroll
   for (int k = 0; k < kCombineSplitsPerThread; ++k) {
-    const int64_t part = first + k;
-    bits[k] = __ldcg(units + part * kUnits + unit);
-    lse_lo[k] = __ldcg(a.part_lse + part * kHeads + g);
-    lse_hi[k] = __ldcg(a.part_lse + part * kHeads + g + 8);
+    bits[k] = source.unit(first + k, unit, local);
+    lse_lo[k] = source.split_lse(first + k, g);
+    lse_hi[k] = source.split_lse(first + k, g + 8);
   }
   float top_lo = neg_inf(), top_hi = neg_inf();
 #pragma unroll
@@ -454,9 +567,9 @@ __device__ __forceinline__ void combine_share(CombineScratch& scratch, const Att
   }
 }
 
-__device__ __forceinline__ int load_acquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
@@ -467,72 +580,201 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, boo
   Shared& sh = *reinterpret_cast<Shared*>(shared_bytes);
   const int s = blockIdx.x;
   const int t = blockIdx.y;
-  int* count = a.sync + static_cast<int64_t>(t) * kSyncStride;
-  int* sense_word = count + kSenseOffset;
-  int sense = 0;
-  // Read before arriving: nobody flips it until every split of this token has arrived.
+  unsigned* ticket_word = reinterpret_cast<unsigned*>(a.sync) + static_cast<int64_t>(t) * kSyncStride;
   stamp(a, t, s, kPhaseEntryNs);
   stamp(a, t, s, kPhaseEntryCycles);
-  if (fused && threadIdx.x == 0) sense = load_acquire(sense_word);
 
-  attend_split(sh, a, t, s);
+  RowState st;
+  float o[kColTiles][4];
+  attend_split(sh, a, t, s, st, o, false);
+  store_partial(GlobalSink(a, t, s), st, o);
+  stamp(a, t, s, kPhasePartialCycles);
   if (!fused) {
     stamp(a, t, s, kPhaseExitNs);
     return;
   }
 
-  // Sense-reversing barrier per token: the block's partial stores, then one gpu-scope arrival.
-  // The last program to arrive resets the count (so the words need no memset between calls and
-  // stay in [0, S] and {0, 1}) and flips the sense, which releases the others.
-  // The fences are acq_rel at gpu scope: the block barrier orders every thread's partial
-  // stores before thread 0's fence, which makes them visible before its arrival; the acquire
-  // load that sees the flip, then the block barrier, order the combine's loads after it.
+  // Ticket barrier per token: one word that only grows (modulo 2^32), never reset. Every call
+  // advances it by kTicketsPerCall in all, each of its S programs by kTicketsPerCall / S, so a
+  // call starts on a multiple of kTicketsPerCall whatever the split counts of earlier calls,
+  // and each program knows the value that ends its call's episode: the next multiple above
+  // its ticket. It waits until the word reaches it: one atomic round trip and then loads, no
+  // last-arriver reset and release. kTicketsPerCall divides 2^32, so wrapping around keeps
+  // episodes aligned; calls on a stream run one after another, so episodes never interleave.
+  // The fence is acq_rel at gpu scope: the block barrier orders every thread's partial stores
+  // before thread 0's fence, which makes them visible before its arrival; the acquire load that
+  // sees the episode end, then the block barrier, order the combine's loads after it.
   __syncthreads();
   if (threadIdx.x == 0) {
     fence_acq_rel();
-    const int ticket = atomicAdd(count, 1);
-    if (ticket == a.splits - 1) {
-      atomicExch(count, 0);
-      fence_acq_rel();
-      atomicExch(sense_word, 1 - sense);
-    } else {
-      while (load_acquire(sense_word) == sense) {
-      }
+    const unsigned ticket = atomicAdd(ticket_word, kTicketsPerCall / static_cast<unsigned>(a.splits));
+    const unsigned episode_end = (ticket / kTicketsPerCall + 1u) * kTicketsPerCall;
+    while (static_cast<int>(load_acquire(ticket_word) - episode_end) < 0) {
     }
-    fence_acq_rel();
   }
   __syncthreads();
   stamp(a, t, s, kPhaseReleasedCycles);
-  combine_share(*reinterpret_cast<CombineScratch*>(&sh.kv[0][0][0]), a, t, s);  // the gather buffers are free now
+  combine_share(*reinterpret_cast<CombineScratch*>(&sh.kv[0][0][0]), a, t, s, GlobalSource(a, t));  // the gather buffers are free now
   stamp(a, t, s, kPhaseCombinedCycles);
   stamp(a, t, s, kPhaseExitNs);
 }
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(AttentionArgs a) {
   __shared__ CombineScratch scratch;
-  combine_share(scratch, a, blockIdx.y, blockIdx.x);
+  combine_share(scratch, a, blockIdx.y, blockIdx.x, GlobalSource(a, blockIdx.y));
 }
 
 static_assert(sizeof(CombineScratch) <= sizeof(Shared::kv), "the fused combine reuses the gather buffers");
 
+// ---------------------------------------------------------------- cluster combine
+// The token's S programs are one thread-block cluster (S <= kMaxClusterSplits). A program that
+// has attended its slots writes its partial (as the global path stores it: bf16 units, lse)
+// into its own shared memory, grouped by owner (unit u belongs to program u / (kUnits / S)), and
+// bulk-copies each group into its owner's inbox (distributed shared memory, one TMA copy per
+// owner). Each owner's inbox mbarrier expects all S slices' bytes, so waiting on it replaces
+// the global-memory barrier; the combine then reads only local shared memory. Copies from fast
+// programs land while slow ones still gather.
+
+__device__ __forceinline__ uint32_t cluster_addr(const void* p, int rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(p)), "r"(rank));
+  return remote;
+}
+// Bulk copy of `bytes` from this program's shared memory into program `rank`'s (dst and bar are
+// this program's addresses of the same objects, mapped to `rank`).
+__device__ __forceinline__ void bulk_copy_to_peer(const void* dst, const void* src, uint32_t bytes, const uint64_t* bar, int rank) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(cluster_addr(dst, rank)),
+               "r"(smem_addr(src)), "r"(bytes), "r"(cluster_addr(bar, rank))
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+
+// Slices of the cluster combine: split `split`'s partial of one program's share.
+struct ClusterSlices {
+  uint2* base;      // kUnits + S * kLseUnits units
+  int per_program;  // units each program combines
+  __device__ ClusterSlices(uint2* b, int S) : base(b), per_program(kUnits / S) {}
+  __device__ int slice_units() const { return per_program + kLseUnits; }
+  __device__ uint2* slice(int i) const { return base + i * slice_units(); }
+  __device__ float* lse(int i) const { return reinterpret_cast<float*>(slice(i) + per_program); }
+};
+
+// Writes the partial into the outgoing slices (slice i: owner i's units and this split's lse).
+struct StagingSink {
+  ClusterSlices out;
+  int splits;
+  __device__ StagingSink(uint2* staging, int S) : out(staging, S), splits(S) {}
+  __device__ void put_unit(int unit, uint2 bits) const { out.slice(unit / out.per_program)[unit % out.per_program] = bits; }
+  __device__ void put_lse(int head, float value) const {
+    for (int owner = 0; owner < splits; ++owner) out.lse(owner)[head] = value;
+  }
+};
+
+// Reads this program's share from its inbox (slice i: split i's partial).
+struct ClusterInbox {
+  ClusterSlices in;
+  __device__ ClusterInbox(Shared& sh, int S) : in(sh.inbox, S) {}
+  __device__ uint2 unit(int split, int /*unit*/, int local) const { return in.slice(split)[local]; }
+  __device__ float split_lse(int split, int head) const { return in.lse(split)[head]; }
+};
+
+static_assert(kUnits / kMaxClusterSplits * (kMaxClusterSplits / kCombineSplitsPerThread) == kThreads,
+              "the largest cluster gives each combining thread one unit and kCombineSplitsPerThread splits");
+static_assert((kUnits / kMaxClusterSplits + kLseUnits) * 8 % 16 == 0 && (kUnits / kMinSplits + kLseUnits) * 8 % 16 == 0,
+              "slices are whole 16-byte bulk-copy units");
+static_assert(kInboxUnits * sizeof(uint2) + sizeof(CombineScratch) <= sizeof(Shared::kv), "staging and combine scratch fit the gather buffers");
+
+// Hardware cluster barrier, split in its two halves (every thread of every program takes part).
+__device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
+
+// Grid (S, T) in clusters of (S, 1): cluster t is token t, its rank s the split.
+__global__ void __launch_bounds__(kThreads, 1) cluster_kernel(AttentionArgs a) {
+  extern __shared__ __align__(16) unsigned char shared_bytes[];
+  Shared& sh = *reinterpret_cast<Shared*>(shared_bytes);
+  const int s = blockIdx.x;
+  const int t = blockIdx.y;
+  const int splits = a.splits;
+  stamp(a, t, s, kPhaseEntryNs);
+  stamp(a, t, s, kPhaseEntryCycles);
+  const ClusterSlices inbox(sh.inbox, splits);
+  if (threadIdx.x == 0) {  // the inbox completes when all S slices have landed
+    mbarrier_init(&sh.inbox_full, 1);
+    mbarrier_arrive_expect_tx(&sh.inbox_full, splits * inbox.slice_units() * sizeof(uint2));
+    fence_mbarrier_init();
+  }
+  // Peers may copy into this program only once it runs and its inbox barrier is initialised:
+  // the cluster barrier's phase says so (arrived now, waited for inside attend_split, behind
+  // the slot ids' round trip).
+  cluster_arrive_relaxed();
+  RowState st;
+  float o[kColTiles][4];
+  attend_split(sh, a, t, s, st, o, true);
+
+  // The gather buffers are free: the outgoing slices, then the combine's scratch, go there.
+  uint2* staging = reinterpret_cast<uint2*>(&sh.kv[0][0][0]);
+  const ClusterSlices out(staging, splits);
+  store_partial(StagingSink(staging, splits), st, o);
+  fence_proxy_async();  // the slices' generic writes, before the bulk copies read them
+  __syncthreads();
+  if (threadIdx.x < splits) {
+    const int owner = threadIdx.x;
+    bulk_copy_to_peer(inbox.slice(s), out.slice(owner), out.slice_units() * sizeof(uint2), &sh.inbox_full, owner);
+    bulk_commit();
+  }
+  stamp(a, t, s, kPhasePartialCycles);
+  mbarrier_wait(&sh.inbox_full, 0);
+  stamp(a, t, s, kPhaseReleasedCycles);
+  CombineScratch& scratch = *reinterpret_cast<CombineScratch*>(staging + kInboxUnits);
+  combine_share(scratch, a, t, s, ClusterInbox(sh, splits));
+  stamp(a, t, s, kPhaseCombinedCycles);
+  if (threadIdx.x < splits) bulk_wait_read();  // the slices stay until the copies have read them
+  stamp(a, t, s, kPhaseExitNs);
+}
+
 constexpr int kMaxDevices = 64;
 
-// Opts the split kernel in to its dynamic shared memory (once per device).
+// Opts the kernels in to their dynamic shared memory and the cluster kernel to clusters of 16
+// (beyond the portable 8), once per device.
 cudaError_t prepare(int device) {
   static bool done[kMaxDevices] = {false};
   if (device >= 0 && device < kMaxDevices && done[device]) return cudaSuccess;
-  const cudaError_t err = cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(sizeof(Shared)));
+  const int bytes = static_cast<int>(sizeof(Shared));
+  cudaError_t err = cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err == cudaSuccess) err = cudaFuncSetAttribute(cluster_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   if (err == cudaSuccess && device >= 0 && device < kMaxDevices) done[device] = true;
   return err;
 }
+
+cudaError_t current_device_prepared(int* device) {
+  cudaError_t err = cudaGetDevice(device);
+  return err == cudaSuccess ? prepare(*device) : err;
+}
+
+// Launch configuration of the cluster kernel (`attribute` must outlive `config`).
+cudaLaunchConfig_t cluster_config(int splits, int tokens, cudaStream_t stream, cudaLaunchAttribute* attribute) {
+  attribute->id = cudaLaunchAttributeClusterDimension;
+  attribute->val.clusterDim.x = static_cast<unsigned>(splits);
+  attribute->val.clusterDim.y = 1;
+  attribute->val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(splits, tokens);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = sizeof(Shared);
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
+bool valid_splits(int splits, int most) { return splits >= kMinSplits && splits <= most && (splits & (splits - 1)) == 0; }
 
 }  // namespace
 
 cudaError_t resident_programs(int* programs) {
   int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  err = prepare(device);
+  cudaError_t err = current_device_prepared(&device);
   if (err != cudaSuccess) return err;
   int sms = 0;
   err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -544,13 +786,33 @@ cudaError_t resident_programs(int* programs) {
   return cudaSuccess;
 }
 
-cudaError_t launch_sparse_attention(const AttentionArgs& args, bool force_two_launch, cudaStream_t stream, Launch* used) {
-  if (args.splits < kMinSplits || args.splits > kMaxSplits || (args.splits & (args.splits - 1)) != 0) return cudaErrorInvalidValue;
+cudaError_t resident_clusters(int splits, int* clusters) {
+  if (!valid_splits(splits, kMaxClusterSplits)) return cudaErrorInvalidValue;
+  int device = 0;
+  const cudaError_t err = current_device_prepared(&device);
+  if (err != cudaSuccess) return err;
+  cudaLaunchAttribute attribute;
+  const cudaLaunchConfig_t config = cluster_config(splits, 1, nullptr, &attribute);
+  return cudaOccupancyMaxActiveClusters(clusters, cluster_kernel, &config);
+}
+
+cudaError_t launch_sparse_attention(const AttentionArgs& args, Combine combine, cudaStream_t stream, Launch* used) {
+  const int most = combine == Combine::kCluster ? kMaxClusterSplits : kMaxSplits;
+  if (!valid_splits(args.splits, most) || (args.gather_depth != 1 && args.gather_depth != 2)) return cudaErrorInvalidValue;
   if (args.tokens <= 0) return cudaSuccess;
+  if (combine == Combine::kCluster) {
+    int device = 0;
+    const cudaError_t err = current_device_prepared(&device);
+    if (err != cudaSuccess) return err;
+    cudaLaunchAttribute attribute;
+    const cudaLaunchConfig_t config = cluster_config(args.splits, args.tokens, stream, &attribute);
+    *used = Launch::kCluster;
+    return cudaLaunchKernelEx(&config, cluster_kernel, args);
+  }
   int resident = 0;
   const cudaError_t err = resident_programs(&resident);
   if (err != cudaSuccess) return err;
-  const bool fused = !force_two_launch && static_cast<long long>(args.tokens) * args.splits <= resident;
+  const bool fused = combine == Combine::kBarrier && static_cast<long long>(args.tokens) * args.splits <= resident;
   const dim3 grid(args.splits, args.tokens);
   split_kernel<<<grid, kThreads, sizeof(Shared), stream>>>(args, fused);
   if (!fused) combine_kernel<<<grid, kThreads, 0, stream>>>(args);

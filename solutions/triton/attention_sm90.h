@@ -16,9 +16,8 @@ constexpr int kDKpe = 64;   // RoPE key width
 constexpr int kTopK = 2048;
 constexpr int kPageSize = 64;
 
-// Barrier words per token (count at 0, sense at kSenseOffset): 128 bytes, one cache line each.
+// Barrier words per token: the ticket word at 0, alone in its 128-byte cache line.
 constexpr int kSyncStride = 32;
-constexpr int kSenseOffset = 16;
 
 struct AttentionArgs {
   const uint16_t* q_nope;   // [T, 16, 512] bf16 bits
@@ -30,7 +29,8 @@ struct AttentionArgs {
   float* lse;               // [T, 16]
   uint16_t* part_out;       // [T, splits, 16, 512] bf16: each split's normalised output
   float* part_lse;          // [T, splits, 16]: each split's log2-sum-exp (-inf: no valid slot)
-  int32_t* sync;            // [>= T * kSyncStride] barrier words, zeroed once, left at count 0
+  int32_t* sync;            // [>= T * kSyncStride] barrier words: zeroed once, then only ever
+                            // advanced (by kTicketsPerCall per call and token, modulo 2^32)
   int64_t q_nope_t, q_nope_h, q_pe_t, q_pe_h;      // strides in elements (last dims contiguous)
   int64_t ckv_page, ckv_slot, kpe_page, kpe_slot;
   int64_t indices_t, out_t, out_h, lse_t;
@@ -39,6 +39,8 @@ struct AttentionArgs {
   float qk_scale_log2;      // sm_scale * log2(e)
   int tokens;
   int splits;               // slot splits per token: a power of two in [kMinSplits, kMaxSplits]
+  int gather_depth;         // tiles in flight: 2 = the first two requested together, 1 = each
+                            // tile requested once the one before it has landed
 };
 
 // Phase stamps of one program (thread 0), when phase_clocks is set: the global timer (ns) at
@@ -49,25 +51,41 @@ enum PhaseSlot : int {
   kPhaseIdsCycles,         // slot ids loaded, active tiles known
   kPhaseFirstTileCycles,   // first tile's rows in shared memory
   kPhaseAttendedCycles,    // every tile scored and folded into the output
-  kPhasePartialCycles,     // partial stores issued
-  kPhaseReleasedCycles,    // past the token's barrier (fused launch)
-  kPhaseCombinedCycles,    // combine share written (fused launch)
+  kPhasePartialCycles,     // partial stores issued (to global memory, or to shared in a cluster)
+  kPhaseReleasedCycles,    // past the token's barrier (fused or cluster launch)
+  kPhaseCombinedCycles,    // combine share written (fused or cluster launch)
   kPhaseExitNs,
   kPhaseSlots
 };
 
 constexpr int kMinSplits = 8;
 constexpr int kMaxSplits = 64;
+constexpr int kMaxClusterSplits = 16;  // a token's programs form one thread-block cluster
+// Each call advances a token's ticket word by this much in all (kTicketsPerCall / S per
+// program), whatever its split count S; a power of two, so it divides 2^32.
+constexpr unsigned kTicketsPerCall = kMaxSplits;
+
+// How the splits of a token are combined.
+enum class Combine : int {
+  kBarrier = 0,    // same launch, behind a per-token barrier in global memory when the grid is
+                   // co-resident, else a second launch (part_out / part_lse / sync are used)
+  kTwoLaunch = 1,  // always a second launch
+  kCluster = 2,    // same launch: the token's programs are one cluster and combine through
+                   // distributed shared memory (splits <= kMaxClusterSplits; no scratch used)
+};
 
 // How a call was launched.
-enum class Launch : int { kFused = 0, kTwoLaunch = 1 };
+enum class Launch : int { kFused = 0, kTwoLaunch = 1, kCluster = 2 };
 
-// Launches the attention on `stream`: one launch with the combine behind a per-token barrier
-// when every program of the grid can be resident at once and `force_two_launch` is false, else
-// the split kernel and then the combine kernel. Returns the CUDA error (cudaSuccess when fine).
-cudaError_t launch_sparse_attention(const AttentionArgs& args, bool force_two_launch, cudaStream_t stream, Launch* used);
+// Launches the attention on `stream` with the requested combine. Returns the CUDA error
+// (cudaSuccess when fine).
+cudaError_t launch_sparse_attention(const AttentionArgs& args, Combine combine, cudaStream_t stream, Launch* used);
 
 // Programs of the split kernel the current device keeps resident at once (occupancy x SMs).
 cudaError_t resident_programs(int* programs);
+
+// Clusters of `splits` programs (the cluster kernel) the current device keeps resident at once;
+// 0 when such a cluster cannot be scheduled at all.
+cudaError_t resident_clusters(int splits, int* clusters);
 
 }  // namespace dsa_attention

@@ -13,12 +13,14 @@ Entry point (destination-passing style)::
     output          [T, 16, 512]  bf16   written: softmax(logits) @ ckv rows, 0 for a token without slots
     lse             [T, 16]       f32    written: log2(sum(exp(logits))), -inf for a token without slots
 
-On a GPU the entry runs the hand-written kernel of ``attention_sm90.cu`` (path ``cuda``, built
-just in time by ``attention_ext``): strided split-K over the slots in tiles of 64 with cp.async
-gathers and mma.sync, bf16 partials, and the combine in the same launch behind a per-token
-barrier whenever the grid is co-resident (else a second launch). Splits per token: 16 while
-T * 16 fits the programs the GPU holds at once (T <= 8 on an H200), else 8 (``cuda_plan``).
-Its design is described at the top of that file.
+On a GPU the entry runs the hand-written kernel of ``attention_sm90.cu`` (built just in time by
+``attention_ext``): strided split-K over the slots in tiles of 64 with bulk-copy (TMA) gathers
+and mma.sync, bf16 partials, and the combine in the same launch, in one of two ways (``cuda_plan``):
+path ``cuda`` behind a per-token ticket barrier in global memory whenever the grid is
+co-resident (else a second launch), or path ``cuda_cluster`` with each token's programs forming
+one thread-block cluster that combines through distributed shared memory. On an H200: T <= 2
+takes 32 splits with the barrier, T <= 7 (clusters of 16 resident at once) the cluster, T = 8
+16 splits with the barrier. Its design is described at the top of that file.
 
 The Triton kernels below run under the interpreter (``TRITON_INTERPRET=1``, CPU tensors), where
 the CUDA kernel cannot, and on a GPU only when a plan asks for them (the benchmark's variants
@@ -42,7 +44,8 @@ products as two separate ``tl.dot``, P rounded to bf16 for the P·V product):
   what is co-resident, when forced by ``DSA_ATTN_TWO_LAUNCH=1``, and under the Triton
   interpreter (programs run one after another there, so a spin would never end).
 
-Barrier counters (fused path): per token two int32 words that persist across calls, ``count``
+Barrier counters (Triton fused path; the CUDA kernel's ticket barrier is described in
+attention_sm90.cu): per token two int32 words that persist across calls, ``count``
 and ``sense``. A program reads ``sense`` before it arrives, arrives with ``atomic_add(count, 1)``;
 the program that draws ticket S - 1 is the last one: it resets ``count`` to 0 and flips
 ``sense``, which releases the others spinning on it. ``count`` stays in [0, S] and ``sense`` in
@@ -74,10 +77,11 @@ TOPK = 2048
 PAGE_SIZE = 64
 LOG2_E = 1.4426950408889634
 
-#: Words per token in the barrier buffer (both kernels' layout): count at 0, sense at
-#: SENSE_OFFSET. 32 int32 words = 128 bytes, so different tokens' barriers never share a cache line.
+#: Words per token in the barrier buffers (both kernels): 32 int32 words = 128 bytes, so
+#: different tokens' barriers never share a cache line. The Triton fused kernel keeps its count
+#: at word 0 and its sense at SENSE_OFFSET (the CUDA kernel, its ticket at word 0).
 SYNC_STRIDE = attention_ext.SYNC_STRIDE
-SENSE_OFFSET = attention_ext.SENSE_OFFSET
+SENSE_OFFSET = 16
 
 #: Largest token count sent to the value-split (dsplit) kernel by default. Each dsplit program
 #: gathers its token's whole row (up to 2048 x 1152 B = 2.36 MB) through one SM: on the H200 a
@@ -400,10 +404,13 @@ def _combine_kernel(
 
 # --------------------------------------------------------------------------- host side
 
-#: Triton paths, then the CUDA kernel's: ``cuda`` fuses the combine when the grid is co-resident
-#: (its launcher checks), ``cuda_two_launch`` always launches the combine separately.
-PATHS = ("dsplit", "fused", "two_launch", "cuda", "cuda_two_launch")
-CUDA_PATHS = ("cuda", "cuda_two_launch")
+#: Triton paths, then the CUDA kernel's, each with its combine (attention_ext.COMBINES):
+#: ``cuda`` behind a global-memory barrier when the grid is co-resident (its launcher checks),
+#: ``cuda_two_launch`` always in a second launch, ``cuda_cluster`` through distributed shared
+#: memory within the token's thread-block cluster.
+PATHS = ("dsplit", "fused", "two_launch", "cuda", "cuda_two_launch", "cuda_cluster")
+CUDA_COMBINES = {"cuda": "barrier", "cuda_two_launch": "two_launch", "cuda_cluster": "cluster"}
+CUDA_PATHS = tuple(CUDA_COMBINES)
 
 
 @dataclass(frozen=True)
@@ -412,6 +419,9 @@ class Plan:
 
     ``splits``: for ``dsplit`` the number of value slices (each SLICE_D = 512 / splits columns);
     for ``fused`` / ``two_launch`` the number of slot splits S (each of 2048 / S slots, strided).
+    ``num_stages``: Triton's software-pipeline stages; for the CUDA kernel its gather depth
+    (attention_ext.GATHER_DEPTHS: 2 requests the first two tiles together, 1 requests each tile
+    once the one before it has landed).
     ``partial_dtype``: storage of the split paths' partial acc (m and l are always fp32).
     ``graph``: (``two_launch`` on a GPU) replay the two launches as one CUDA graph per argument
     set, so the combine starts as soon as the split kernel ends instead of after the host's
@@ -430,10 +440,14 @@ class Plan:
         """Tiling relations, checked on the host too so a bad plan fails with a clear message."""
         assert self.path in PATHS, f"unknown path {self.path!r}"
         if self.path in CUDA_PATHS:
-            lo, hi = attention_ext.MIN_SPLITS, attention_ext.MAX_SPLITS
-            assert _is_pow2(self.splits) and lo <= self.splits <= hi, f"{self}: the CUDA kernel takes power-of-two splits in [{lo}, {hi}]"
+            lo = attention_ext.MIN_SPLITS
+            hi = attention_ext.MAX_CLUSTER_SPLITS if self.path == "cuda_cluster" else attention_ext.MAX_SPLITS
+            assert _is_pow2(self.splits) and lo <= self.splits <= hi, f"{self}: the CUDA kernel takes power-of-two splits in [{lo}, {hi}] here"
             assert self.block_n == attention_ext.TILE_SLOTS, f"{self}: the CUDA kernel's tile is {attention_ext.TILE_SLOTS} slots"
-            assert self.partial_dtype == torch.bfloat16 and not self.graph, f"{self}: the CUDA kernel keeps bf16 partials and is not graphed"
+            assert self.num_stages in attention_ext.GATHER_DEPTHS, f"{self}: the CUDA kernel's gather depth is one of {attention_ext.GATHER_DEPTHS}"
+            # partials: bf16 in global memory, fp32 in shared memory for the cluster combine
+            partial = torch.float32 if self.path == "cuda_cluster" else torch.bfloat16
+            assert self.partial_dtype == partial and not self.graph, f"{self}: this CUDA path keeps {partial} partials and is not graphed"
             return
         assert _is_pow2(self.splits) and _is_pow2(self.block_n), f"{self}: splits and block_n must be powers of two"
         assert self.block_n >= 16, f"{self}: tl.dot needs blocks of at least 16 slots"
@@ -506,27 +520,52 @@ def default_plan(num_tokens: int, device: torch.device) -> Plan:
     """The plan ``kernel`` uses for ``num_tokens`` tokens on ``device``."""
     if _interpreted(device):
         return interpreter_plan(num_tokens)
-    with torch.cuda.device(device):
-        resident = attention_ext.resident_programs()
-    return cuda_plan(num_tokens, resident, force_two_launch=os.environ.get("DSA_ATTN_TWO_LAUNCH") == "1")
+    resident, clusters = _cuda_residency(_device_index(device))
+    return cuda_plan(num_tokens, resident, clusters, force_two_launch=os.environ.get("DSA_ATTN_TWO_LAUNCH") == "1")
 
 
-#: Most splits per token the GPU policy uses. Measured on the H200 (benchmarks/h200/
-#: attention_variants.log): 16 beat 64 at every T (the combine reads S partials; 64 cost
-#: 2.6 µs there against 1.3 at 16) and tied 32 on the T <= 2 cases (32 better on full rows,
-#: 16 on sparse ones, which the host cannot tell apart).
+@functools.lru_cache(maxsize=None)
+def _cuda_residency(device_index: int) -> tuple[int, int]:
+    """(programs, clusters of CUDA_POLICY_CLUSTER_SPLITS programs) the CUDA kernel keeps
+    resident at once on the device: fixed per device, so asked once."""
+    with torch.cuda.device(device_index):
+        return attention_ext.resident_programs(), attention_ext.resident_clusters(CUDA_POLICY_CLUSTER_SPLITS)
+
+
+#: The GPU policy's split counts, measured on the H200 (benchmarks/h200/attention_variants.log).
+#: T <= CUDA_POLICY_WIDE_TOKENS: 32 splits with the global-memory barrier (more SMs share a full
+#: row's gather; a cluster holds at most 16 programs). Up to one cluster per token resident at
+#: once: clusters of 16 with the cluster combine. Beyond: the barrier with the most splits up
+#: to CUDA_POLICY_MAX_SPLITS that keep the grid co-resident (16 beat 64 at every T: the combine
+#: reads S partials), and past that the fewest splits and two launches.
+CUDA_POLICY_WIDE_TOKENS = 2
+CUDA_POLICY_WIDE_SPLITS = 32
+CUDA_POLICY_CLUSTER_SPLITS = 16
 CUDA_POLICY_MAX_SPLITS = 16
 
 
-def cuda_plan(num_tokens: int, resident: int, force_two_launch: bool = False) -> Plan:
-    """GPU policy: the CUDA kernel with the most splits (up to CUDA_POLICY_MAX_SPLITS) that
-    keep the grid co-resident (``resident``: programs the GPU holds at once), so every SM can
-    gather and the combine can be fused; past that, the fewest splits and two launches."""
+def cuda_plan(num_tokens: int, resident: int, resident_clusters: int = 0, force_two_launch: bool = False) -> Plan:
+    """GPU policy (see CUDA_POLICY_*): ``resident`` programs and ``resident_clusters`` clusters
+    of CUDA_POLICY_CLUSTER_SPLITS programs fit the GPU at once; ``force_two_launch`` takes the
+    barrier policy's split count with the combine always launched separately."""
+    if not force_two_launch:
+        if num_tokens <= CUDA_POLICY_WIDE_TOKENS and num_tokens * CUDA_POLICY_WIDE_SPLITS <= resident:
+            return cuda_kernel_plan("cuda", CUDA_POLICY_WIDE_SPLITS)
+        if num_tokens <= resident_clusters:
+            return cuda_kernel_plan("cuda_cluster", CUDA_POLICY_CLUSTER_SPLITS)
     splits = CUDA_POLICY_MAX_SPLITS
     while splits > attention_ext.MIN_SPLITS and num_tokens * splits > resident:
         splits //= 2
-    path = "cuda_two_launch" if force_two_launch else "cuda"
-    return Plan(path, splits=splits, block_n=attention_ext.TILE_SLOTS, num_warps=8, partial_dtype=torch.bfloat16)
+    return cuda_kernel_plan("cuda_two_launch" if force_two_launch else "cuda", splits)
+
+
+def cuda_kernel_plan(path: str, splits: int, gather_depth: int = 2) -> Plan:
+    """A validated plan of the CUDA kernel: ``path`` one of CUDA_PATHS (its combine), ``splits``
+    per token, ``gather_depth`` one of attention_ext.GATHER_DEPTHS."""
+    partial = torch.float32 if path == "cuda_cluster" else torch.bfloat16
+    plan = Plan(path, splits=splits, block_n=attention_ext.TILE_SLOTS, num_warps=8, num_stages=gather_depth, partial_dtype=partial)
+    plan.validate()
+    return plan
 
 
 def interpreter_plan(num_tokens: int) -> Plan:
@@ -561,15 +600,17 @@ def triton_gpu_plan(num_tokens: int, coresident: int, force_two_launch: bool = F
 
 
 class _SyncWords:
-    """The fused path's barrier words, kept per (device, stream) for the process's lifetime."""
+    """One kernel's barrier words, kept per (kernel, device, stream) for the process's lifetime.
+    The Triton fused kernel (count and sense) and the CUDA kernel (a ticket word) keep
+    different invariants in them, so each has its own buffer."""
 
     def __init__(self) -> None:
         self.words: torch.Tensor | None = None
 
     def get(self, device: torch.device, tokens: int) -> torch.Tensor:
         if self.words is None or self.words.numel() < tokens * SYNC_STRIDE:
-            # Zeroed once here; afterwards the barrier itself leaves count = 0 after every call.
-            # Growing replaces the buffer: a call still in flight on this stream keeps the old
+            # Zeroed once here; afterwards each barrier keeps its own invariant (see the module
+            # docstring and attention_sm90.cu's split_kernel). Growing replaces the buffer: a call still in flight on this stream keeps the old
             # one alive through the caching allocator's stream ordering.
             self.words = torch.zeros(max(tokens, 64) * SYNC_STRIDE, dtype=torch.int32, device=device)
         return self.words
@@ -578,29 +619,33 @@ class _SyncWords:
 _SYNC: dict[tuple, _SyncWords] = {}
 
 
-def _sync_words_for(device: torch.device) -> _SyncWords:
+def _sync_words_for(device: torch.device, kernel: str = "triton") -> _SyncWords:
+    """The barrier words of ``kernel`` ("triton" or "cuda") on ``device``'s current stream."""
     if device.type == "cuda":
         index = _device_index(device)
-        key = (f"cuda:{index}", torch.cuda.current_stream(index).cuda_stream)
+        key = (kernel, f"cuda:{index}", torch.cuda.current_stream(index).cuda_stream)
     else:
-        key = (str(device), 0)
+        key = (kernel, str(device), 0)
     if key not in _SYNC:
         _SYNC[key] = _SyncWords()
     return _SYNC[key]
 
 
 def _launch_cuda(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, phase_clocks=None) -> int:
-    """The CUDA kernel for T >= 1 tokens; returns attention_ext.FUSED or TWO_LAUNCH.
+    """The CUDA kernel for T >= 1 tokens; returns attention_ext.FUSED, TWO_LAUNCH or CLUSTER.
     ``phase_clocks``: profiling only (attention_ext.run; tools/profile_kernels.py phases)."""
     T = q_nope.shape[0]
     device = q_nope.device
-    # Scratch per call, as for the Triton paths (a host-side lookup in the caching allocator).
-    part_out = torch.empty(T * plan.splits * NUM_HEADS * D_CKV, dtype=torch.bfloat16, device=device)
-    part_lse = torch.empty(T * plan.splits * NUM_HEADS, dtype=torch.float32, device=device)
-    sync = _sync_words_for(device).get(device, T)
+    combine = CUDA_COMBINES[plan.path]
+    # Scratch per call, as for the Triton paths (a host-side lookup in the caching allocator);
+    # the cluster combine keeps its partials in shared memory and needs none.
+    scratch = 0 if combine == "cluster" else T * plan.splits
+    part_out = torch.empty(scratch * NUM_HEADS * D_CKV, dtype=torch.bfloat16, device=device)
+    part_lse = torch.empty(scratch * NUM_HEADS, dtype=torch.float32, device=device)
+    sync = _sync_words_for(device, "cuda").get(device, T) if combine != "cluster" else part_lse.new_empty(0, dtype=torch.int32)
     return attention_ext.run(
         q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, part_out, part_lse, sync,
-        plan.splits, force_two_launch=plan.path == "cuda_two_launch", phase_clocks=phase_clocks,
+        plan.splits, combine=combine, gather_depth=plan.num_stages, phase_clocks=phase_clocks,
     )
 
 
@@ -696,9 +741,10 @@ def solution_notes() -> str:
             "larger T strided split-K with a separate combine launch; the CUDA kernel (GPU only) is not used on this machine"
         )
     return (
-        "sparse attention: hand-written CUDA kernel (attention_sm90.cu; cp.async gathers, mma.sync bf16), strided split-K "
-        "in 64-slot tiles, the combine in the same launch behind a per-token barrier when the grid is co-resident, "
-        "else a second launch"
+        "sparse attention: hand-written CUDA kernel (attention_sm90.cu; bulk-copy (TMA) gathers, mma.sync bf16), strided "
+        "split-K in 64-slot tiles, the combine in the same launch: T <= 2 with 32 splits behind a per-token ticket barrier, "
+        "T <= 7 with 16 splits as one thread-block cluster per token (distributed shared memory), T = 8 with 16 splits "
+        "behind the barrier; a second launch when the grid cannot be co-resident"
     )
 
 
