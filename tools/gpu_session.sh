@@ -12,6 +12,7 @@
 #   bash tools/gpu_session.sh setup dev          # a new kernel's tests first, then stage benchmarks and all kernel tests
 #   bash tools/gpu_session.sh setup cluster      # the cluster combine and gather depths: tests, variants, phases
 #   bash tools/gpu_session.sh setup final        # an attention change's records: GPU tests, both workloads, variants, phases
+#   bash tools/gpu_session.sh setup final_attention  # the same after a change to the attention kernel alone
 #   bash tools/gpu_session.sh setup final1       # the recorded runs: every GPU test, attention workload, top-k costs, pipelines
 #   bash tools/gpu_session.sh setup final2       # the recorded indexer workload run (reference + triton)
 #
@@ -116,6 +117,14 @@ for stage in "$@"; do
         step attention_run 100 python3 -m dsa_bench run -w sparse_attention_h16 --save "$WORK/sparse_attention_h16.json"
         step attention_variants 60 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
             --variant default --variant cuda_s16 --variant cuda_s32 --variant cluster_s8 --variant cluster_s16 --variant triton
+        step attention_phases 30 python3 tools/profile_kernels.py phases --iterations 20
+        step indexer_run 200 python3 -m dsa_bench run -w indexer_h64 --warmup 2 --iterations 8 --trials 2 --save "$WORK/indexer_h64.json"
+        ;;
+    final_attention)  # records of a change to the attention kernel alone, after its GPU tests
+        step gpu_tests_attention 130 python3 -m pytest -q -m gpu -x tests/test_triton_attention.py
+        step attention_run 100 python3 -m dsa_bench run -w sparse_attention_h16 --save "$WORK/sparse_attention_h16.json"
+        step attention_variants 60 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
+            --variant default --variant cuda_s16 --variant cuda_s32 --variant cluster_s8 --variant cluster_s16
         step attention_phases 30 python3 tools/profile_kernels.py phases --iterations 20
         step indexer_run 200 python3 -m dsa_bench run -w indexer_h64 --warmup 2 --iterations 8 --trials 2 --save "$WORK/indexer_h64.json"
         ;;

@@ -62,6 +62,7 @@ constexpr int kQSteps = kDQk / 16;                       // mma k-steps of a log
 // (warp, output n-tile, lane) holds a bf16 pair of head g and one of head g + 8.
 constexpr int kUnits = kWarps * kColTiles * kWarpSize;   // units per token
 constexpr int kCombineSplitsPerThread = 8;               // partials one combining thread reads
+constexpr int kUnitsLog2 = 11;
 
 static_assert(kHeads == 16, "the heads are the M = 16 rows of every mma");
 static_assert(kSlotsPerWarp == 8, "a warp scores one 8-slot n-tile");
@@ -73,6 +74,7 @@ static_assert(kTileSlots % 16 == 0, "P.V k-steps of 16 slots");
 static_assert((kRowStride * 2) % 16 == 0 && (kPStride * 2) % 16 == 0, "16-byte aligned shared rows");
 static_assert(kTopK % kMaxSplits == 0 && (kTopK / kMaxSplits) % kSlotsPerWarp == 0, "splits hold whole n-tiles");
 static_assert(kUnits * 4 == kHeads * kDCkv, "a unit holds 4 outputs");
+static_assert(kUnits == 1 << kUnitsLog2, "units per token are a power of two");
 static_assert(kUnits / kMaxSplits * (kMaxSplits / kCombineSplitsPerThread) == kThreads &&
               kUnits / kMinSplits * (kMinSplits / kCombineSplitsPerThread) == kThreads,
               "every split count gives each combining thread one unit and kCombineSplitsPerThread splits");
@@ -99,6 +101,10 @@ struct Shared {
 };
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+// log2 of the units each program combines, kUnits / S (S is a power of two known only at run
+// time: the share arithmetic uses shifts and masks instead of integer divisions).
+__device__ __forceinline__ int share_shift(int splits) { return kUnitsLog2 - (__ffs(splits) - 1); }
 
 __device__ __forceinline__ int64_t global_ns() {
   uint64_t ns;
@@ -352,8 +358,8 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 
 // Program (s, t): token t over slots s, s + S, ...; leaves the split's softmax state in `st` and
 // its unnormalised output in `o` (this warp's 16 x 64 columns, accumulator layout).
-// `cluster_handshake`: finish the cluster barrier phase the caller arrived at, while the slot
-// ids are in flight (its wait is hidden behind their round trip).
+// `cluster_handshake`: finish the cluster barrier phase the caller arrived at while the first
+// tiles are in flight (its wait is hidden behind their round trip).
 __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a, int t, int s, RowState& st, float (&o)[kColTiles][4],
                                              bool cluster_handshake) {
   const int splits = a.splits;
@@ -379,7 +385,6 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
     cp_async16(&sh.q[h][chunk * kChunk], src, 16);
   }
   cp_async_commit();
-  if (cluster_handshake) cluster_wait();
   if (threadIdx.x == 0) {
     for (int i = 0; i < kStages; ++i) mbarrier_init(&sh.full[i], kThreads);
     fence_mbarrier_init();
@@ -400,6 +405,7 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
   const bool deep = a.gather_depth > 1;
   if (active > 0) issue_tile(sh, a, ids[0], 0);
   if (deep && active > 1) issue_tile(sh, a, ids[1], 1);
+  if (cluster_handshake) cluster_wait();
 
   st = RowState{{neg_inf(), neg_inf()}, {0.f, 0.f}};
 #pragma unroll
@@ -493,12 +499,12 @@ struct GlobalSource {
 // merged through shared memory.
 template <class Source>
 __device__ __forceinline__ void combine_share(CombineScratch& scratch, const AttentionArgs& a, int t, int s, const Source& source) {
-  const int splits = a.splits;
-  const int per_program = kUnits / splits;                // units this program combines
-  const int blocks = kThreads / per_program;              // split blocks per unit (S / 8)
-  const int local = static_cast<int>(threadIdx.x) % per_program;
-  const int block = static_cast<int>(threadIdx.x) / per_program;
-  const int unit = s * per_program + local;
+  const int shift = share_shift(a.splits);
+  const int per_program = 1 << shift;                     // units this program combines
+  const int blocks = kThreads >> shift;                   // split blocks per unit (S / 8)
+  const int local = static_cast<int>(threadIdx.x) & (per_program - 1);
+  const int block = static_cast<int>(threadIdx.x) >> shift;
+  const int unit = (s << shift) + local;
   const int lane = unit % kWarpSize;  // the unit's accumulator lane, warp and n-tile
   const int col_tile = unit / kWarpSize % kColTiles;
   const int warp = unit / (kWarpSize * kColTiles);
@@ -573,7 +579,15 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   return v;
 }
 
-__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+__device__ __forceinline__ unsigned load_relaxed(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 
 __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, bool fused) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
@@ -583,6 +597,16 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, boo
   unsigned* ticket_word = reinterpret_cast<unsigned*>(a.sync) + static_cast<int64_t>(t) * kSyncStride;
   stamp(a, t, s, kPhaseEntryNs);
   stamp(a, t, s, kPhaseEntryCycles);
+  // Ticket barrier per token: one word that only grows (modulo 2^32), never reset. Every call
+  // advances it by kTicketsPerCall in all, each of its S programs by kTicketsPerCall / S, so a
+  // call starts on a multiple of kTicketsPerCall whatever the split counts of earlier calls,
+  // and its episode ends at the next multiple. Read here, before this program's arrival, the
+  // word holds the call's start plus fewer than kTicketsPerCall arrivals, so rounding it down
+  // gives the start (the read is relaxed and consumed only at the barrier: nothing waits on it).
+  // kTicketsPerCall divides 2^32, so wrapping around keeps episodes aligned; calls on a stream
+  // run one after another, so episodes never interleave.
+  unsigned episode_end = 0;
+  if (fused && threadIdx.x == 0) episode_end = (load_relaxed(ticket_word) / kTicketsPerCall + 1u) * kTicketsPerCall;
 
   RowState st;
   float o[kColTiles][4];
@@ -594,21 +618,13 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, boo
     return;
   }
 
-  // Ticket barrier per token: one word that only grows (modulo 2^32), never reset. Every call
-  // advances it by kTicketsPerCall in all, each of its S programs by kTicketsPerCall / S, so a
-  // call starts on a multiple of kTicketsPerCall whatever the split counts of earlier calls,
-  // and each program knows the value that ends its call's episode: the next multiple above
-  // its ticket. It waits until the word reaches it: one atomic round trip and then loads, no
-  // last-arriver reset and release. kTicketsPerCall divides 2^32, so wrapping around keeps
-  // episodes aligned; calls on a stream run one after another, so episodes never interleave.
-  // The fence is acq_rel at gpu scope: the block barrier orders every thread's partial stores
-  // before thread 0's fence, which makes them visible before its arrival; the acquire load that
-  // sees the episode end, then the block barrier, order the combine's loads after it.
+  // Arrival: a release reduction (no reply to wait for), then loads until the episode ends. The
+  // block barrier orders every thread's partial stores before thread 0's release, which makes
+  // them visible before its arrival; the acquire load that sees the episode end, then the block
+  // barrier, order the combine's loads after everyone's arrival.
   __syncthreads();
   if (threadIdx.x == 0) {
-    fence_acq_rel();
-    const unsigned ticket = atomicAdd(ticket_word, kTicketsPerCall / static_cast<unsigned>(a.splits));
-    const unsigned episode_end = (ticket / kTicketsPerCall + 1u) * kTicketsPerCall;
+    add_release(ticket_word, kTicketsPerCall / static_cast<unsigned>(a.splits));
     while (static_cast<int>(load_acquire(ticket_word) - episode_end) < 0) {
     }
   }
@@ -653,8 +669,9 @@ __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.w
 // Slices of the cluster combine: split `split`'s partial of one program's share.
 struct ClusterSlices {
   uint2* base;      // kUnits + S * kLseUnits units
+  int shift;        // log2 of per_program
   int per_program;  // units each program combines
-  __device__ ClusterSlices(uint2* b, int S) : base(b), per_program(kUnits / S) {}
+  __device__ ClusterSlices(uint2* b, int S) : base(b), shift(share_shift(S)), per_program(1 << share_shift(S)) {}
   __device__ int slice_units() const { return per_program + kLseUnits; }
   __device__ uint2* slice(int i) const { return base + i * slice_units(); }
   __device__ float* lse(int i) const { return reinterpret_cast<float*>(slice(i) + per_program); }
@@ -665,7 +682,7 @@ struct StagingSink {
   ClusterSlices out;
   int splits;
   __device__ StagingSink(uint2* staging, int S) : out(staging, S), splits(S) {}
-  __device__ void put_unit(int unit, uint2 bits) const { out.slice(unit / out.per_program)[unit % out.per_program] = bits; }
+  __device__ void put_unit(int unit, uint2 bits) const { out.slice(unit >> out.shift)[unit & (out.per_program - 1)] = bits; }
   __device__ void put_lse(int head, float value) const {
     for (int owner = 0; owner < splits; ++owner) out.lse(owner)[head] = value;
   }
@@ -705,7 +722,7 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_kernel(AttentionArgs a) {
   }
   // Peers may copy into this program only once it runs and its inbox barrier is initialised:
   // the cluster barrier's phase says so (arrived now, waited for inside attend_split, behind
-  // the slot ids' round trip).
+  // the first tiles' round trip).
   cluster_arrive_relaxed();
   RowState st;
   float o[kColTiles][4];
