@@ -159,6 +159,13 @@ def test_cuda_policy_keeps_grids_coresident():
     assert sa.cuda_plan(2, 40, clusters) == sa.cuda_kernel_plan("cuda_cluster", 16), "32 splits only while co-resident"
     forced = sa.cuda_plan(8, sms, clusters, force_two_launch=True)
     assert forced.path == "cuda_two_launch" and sa.cuda_plan(1, sms, clusters, force_two_launch=True).path == "cuda_two_launch"
+    with pytest.raises(AssertionError, match=r"power-of-two splits in \[8, 16\]"):
+        sa.cuda_kernel_plan("cuda_cluster", 32)  # a cluster holds at most 16 programs
+    with pytest.raises(AssertionError, match="gather depth"):
+        sa.cuda_kernel_plan("cuda", 16, gather_depth=3)
+    with pytest.raises(AssertionError, match="float32 partials"):
+        sa.Plan("cuda_cluster", 16, 64, 8, 2, partial_dtype=torch.bfloat16).validate()
+    assert sa.cuda_kernel_plan("cuda_cluster", 8, 1).partial_dtype == torch.float32
     with pytest.raises(AssertionError, match="power-of-two splits"):
         sa.Plan("cuda", splits=4, block_n=64, partial_dtype=torch.bfloat16).validate()
     with pytest.raises(AssertionError, match="tile is 64"):
