@@ -14,6 +14,7 @@ empty row must give output 0 and lse exactly -inf.
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -170,6 +171,36 @@ def test_cuda_policy_keeps_grids_coresident():
         sa.Plan("cuda", splits=4, block_n=64, partial_dtype=torch.bfloat16).validate()
     with pytest.raises(AssertionError, match="tile is 64"):
         sa.Plan("cuda", splits=16, block_n=32, partial_dtype=torch.bfloat16).validate()
+
+
+def test_ticket_barrier_arithmetic_releases_exactly_at_the_last_arrival():
+    """A model of the CUDA kernel's ticket barrier (split_kernel: entry read, rounded down;
+    arrival adds TICKETS_PER_CALL / S; wait until the word reaches the episode end), run over
+    random split counts and interleavings from just below 2^32: no program may be released
+    before the call's last arrival, every one must be released by it, and each call must leave
+    the word on a multiple of TICKETS_PER_CALL. (The kernel itself runs in the GPU tests.)"""
+    per_call, wrap = sa.attention_ext.TICKETS_PER_CALL, 2**32
+    rng = random.Random(7)
+    word = wrap - 3 * per_call
+    for _ in range(400):
+        splits = rng.choice([8, 16, 32, 64])
+        pending = {p: ["read", "arrive"] for p in range(splits)}  # a program reads before it arrives
+        episode_end: dict[int, int] = {}
+        arrived = 0
+        while pending:
+            program = rng.choice(list(pending))
+            step = pending[program].pop(0)
+            if not pending[program]:
+                del pending[program]
+            if step == "read":
+                episode_end[program] = (word // per_call * per_call + per_call) % wrap
+                continue
+            word = (word + per_call // splits) % wrap
+            arrived += 1
+            # the programs a poll would release now (the kernel compares as a signed difference)
+            released = [p for p, e in episode_end.items() if (word - e + 2**31) % wrap - 2**31 >= 0]
+            assert released == [] if arrived < splits else len(released) == splits
+        assert word % per_call == 0
 
 
 def test_cuda_path_is_refused_under_interpreter():
