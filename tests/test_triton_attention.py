@@ -232,6 +232,8 @@ def test_cuda_source_compiles_alone_with_nvcc(tmp_path):
     assert obj.stat().st_size > 0
     assert "spill stores" in proc.stderr, "ptxas -v reports spills"
     assert not re.search(r"[1-9]\d* bytes spill stores", proc.stderr), proc.stderr
+    compiled = re.findall(r"Compiling entry function '\w*?(split_kernel|combine_kernel|cluster_kernel)\w*'", proc.stderr)
+    assert sorted(compiled) == ["cluster_kernel", "combine_kernel", "split_kernel"], proc.stderr
 
 
 def test_triton_gpu_policy_keeps_fused_grids_coresident():
