@@ -51,11 +51,10 @@ def load_solution():
     return import_entry(load_solution_folder(ROOT / "solutions" / "triton"), attn.NAME)[1]
 
 
-def variants(sa, coresident: int, clusters: int = 7) -> dict[str, Callable[[int], object]]:
+def variants(sa, coresident: int, default: Callable[[int], object]) -> dict[str, Callable[[int], object]]:
     """name -> (T -> Plan, or None where the variant does not apply).
 
-    ``default`` is the entry's GPU policy (the CUDA kernel; ``clusters``: clusters of 16 the GPU
-    holds at once, 7 on the H200); ``cuda_s*`` fix its split count
+    ``default`` is the entry's GPU policy (the CUDA kernel), given by the caller; ``cuda_s*`` fix its split count
     (a grid that is not co-resident launches the combine separately), ``cluster_s*`` its split
     count with the cluster combine, ``*_d1`` its gather depth 1; ``triton*`` and
     ``dsplit*`` are the Triton kernels, ``triton`` with their own GPU policy.
@@ -81,7 +80,7 @@ def variants(sa, coresident: int, clusters: int = 7) -> dict[str, Callable[[int]
         return fixed(sa.cuda_kernel_plan(path, splits, depth))
 
     return {
-        "default": lambda T: sa.cuda_plan(T, coresident, clusters),
+        "default": default,
         "cuda_two_launch": lambda T: sa.cuda_plan(T, coresident, force_two_launch=True),
         "cuda_s8": cuda(8),
         "cuda_s16": cuda(16),
@@ -99,8 +98,8 @@ def variants(sa, coresident: int, clusters: int = 7) -> dict[str, Callable[[int]
     }
 
 
-def list_plans(sa, coresident: int, names: list[str], tokens: list[int]) -> None:
-    table = variants(sa, coresident)  # the H200's 7 clusters of 16
+def list_plans(sa, coresident: int, default: Callable[[int], object], names: list[str], tokens: list[int]) -> None:
+    table = variants(sa, coresident, default)
     for name in names:
         print(name)
         for T in tokens:
@@ -125,8 +124,11 @@ def main() -> int:
     args = parse_args()
     if args.list:
         sa = load_solution()
-        names = args.variant or list(variants(sa, 132))
-        list_plans(sa, sa._max_coresident_programs(torch.device("cuda")) if torch.cuda.is_available() else 132, names, [1, 2, 6, 7, 8])
+        if torch.cuda.is_available():
+            coresident, default = sa._max_coresident_programs(torch.device("cuda")), lambda T: sa.default_plan(T, torch.device("cuda"))
+        else:  # the H200's figures: 132 programs, 7 clusters of 16
+            coresident, default = 132, lambda T: sa.cuda_plan(T, 132, 7)
+        list_plans(sa, coresident, default, args.variant or list(variants(sa, coresident, default)), [1, 2, 6, 7, 8])
         return 0
     if not torch.cuda.is_available():
         print("bench_attention_variants: needs a CUDA GPU (--list works without one)", file=sys.stderr)
@@ -134,8 +136,7 @@ def main() -> int:
     device = torch.device("cuda")
     sa = load_solution()
     coresident = sa._max_coresident_programs(device)
-    clusters = sa.attention_ext.resident_clusters(sa.CUDA_POLICY_CLUSTER_SPLITS)
-    all_variants = variants(sa, coresident, clusters)
+    all_variants = variants(sa, coresident, lambda T: sa.default_plan(T, device))
     chosen = {k: v for k, v in all_variants.items() if not args.variant or k in args.variant}
     unknown = set(args.variant) - set(all_variants)
     if unknown:

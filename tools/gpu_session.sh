@@ -41,6 +41,14 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $WORK/NA
     return 0
 }
 
+attention_records() {  # attention_records [EXTRA VARIANT ARGS]: both workloads' recorded runs, attention variants and phases
+    step attention_run 100 python3 -m dsa_bench run -w sparse_attention_h16 --save "$WORK/sparse_attention_h16.json"
+    step attention_variants 60 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
+        --variant default --variant cuda_s16 --variant cuda_s32 --variant cluster_s8 --variant cluster_s16 "$@"
+    step attention_phases 30 python3 tools/profile_kernels.py phases --iterations 20
+    step indexer_run 200 python3 -m dsa_bench run -w indexer_h64 --warmup 2 --iterations 8 --trials 2 --save "$WORK/indexer_h64.json"
+}
+
 for stage in "$@"; do
     case $stage in
     setup)
@@ -114,19 +122,11 @@ for stage in "$@"; do
     final)  # the recorded runs of an attention change (the indexer's kernels unchanged): every GPU
             # test, both workloads (the solution's hash changed), the attention variants and phases
         step gpu_tests 240 python3 -m pytest -q -m gpu
-        step attention_run 100 python3 -m dsa_bench run -w sparse_attention_h16 --save "$WORK/sparse_attention_h16.json"
-        step attention_variants 60 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
-            --variant default --variant cuda_s16 --variant cuda_s32 --variant cluster_s8 --variant cluster_s16 --variant triton
-        step attention_phases 30 python3 tools/profile_kernels.py phases --iterations 20
-        step indexer_run 200 python3 -m dsa_bench run -w indexer_h64 --warmup 2 --iterations 8 --trials 2 --save "$WORK/indexer_h64.json"
+        attention_records --variant triton
         ;;
     final_attention)  # records of a change to the attention kernel alone, after its GPU tests
         step gpu_tests_attention 130 python3 -m pytest -q -m gpu -x tests/test_triton_attention.py
-        step attention_run 100 python3 -m dsa_bench run -w sparse_attention_h16 --save "$WORK/sparse_attention_h16.json"
-        step attention_variants 60 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
-            --variant default --variant cuda_s16 --variant cuda_s32 --variant cluster_s8 --variant cluster_s16
-        step attention_phases 30 python3 tools/profile_kernels.py phases --iterations 20
-        step indexer_run 200 python3 -m dsa_bench run -w indexer_h64 --warmup 2 --iterations 8 --trials 2 --save "$WORK/indexer_h64.json"
+        attention_records
         ;;
     final1)  # the recorded runs of this revision, part 1 (part 2: the indexer workload run)
         step gpu_tests 200 python3 -m pytest -q -m gpu

@@ -70,7 +70,7 @@ def main() -> int:
         return 0
     cuda_sources = (
         ("top-k      filtered_topk_kernel<512, 1024>         ", "topk_filtered.cu"),
-        ("attention  CUDA split_kernel + combine_kernel      ", "attention_sm90.cu"),
+        ("attention  CUDA split, combine and cluster kernels ", "attention_sm90.cu"),
     )
     for label, source in cuda_sources:
         with tempfile.TemporaryDirectory() as tmp:

@@ -412,9 +412,6 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
   for (int j = 0; j < kColTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
   uint32_t q[kQSteps][4];  // A fragments of Q: lane -> row lane % 16, column half lane / 16
 
-  // Tile i is the (i / kStages)-th use of its stage: that use's mbarrier phase has parity
-  // (i / kStages) % 2. A stage is reissued only after the block barrier that ends the tile
-  // before it, so no warp still reads it.
   // Q's fragments move to registers while the first tile is still on its way (the 8 warps'
   // 8 x 18 KB of shared-memory reads would otherwise follow its arrival).
   cp_async_wait<0>();
@@ -424,6 +421,9 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
 #pragma unroll
     for (int i = 0; i < kQSteps; ++i) ldmatrix_x4(q[i], q_addr + i * 16 * 2);
   }
+  // Tile i is the (i / kStages)-th use of its stage: that use's mbarrier phase has parity
+  // (i / kStages) % 2. A stage is reissued only after the block barrier that ends the tile
+  // before it, so no warp still reads it.
   for (int tile = 0; tile < active; ++tile) {
     const int stage = tile % kStages;
     mbarrier_wait(&sh.full[stage], (tile / kStages) % 2);
@@ -691,7 +691,7 @@ struct StagingSink {
 // Reads this program's share from its inbox (slice i: split i's partial).
 struct ClusterInbox {
   ClusterSlices in;
-  __device__ ClusterInbox(Shared& sh, int S) : in(sh.inbox, S) {}
+  __device__ explicit ClusterInbox(const ClusterSlices& slices) : in(slices) {}
   __device__ uint2 unit(int split, int /*unit*/, int local) const { return in.slice(split)[local]; }
   __device__ float split_lse(int split, int head) const { return in.lse(split)[head]; }
 };
@@ -743,7 +743,7 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_kernel(AttentionArgs a) {
   mbarrier_wait(&sh.inbox_full, 0);
   stamp(a, t, s, kPhaseReleasedCycles);
   CombineScratch& scratch = *reinterpret_cast<CombineScratch*>(staging + kInboxUnits);
-  combine_share(scratch, a, t, s, ClusterInbox(sh, splits));
+  combine_share(scratch, a, t, s, ClusterInbox(inbox));
   stamp(a, t, s, kPhaseCombinedCycles);
   if (threadIdx.x < splits) bulk_wait_read();  // the slices stay until the copies have read them
   stamp(a, t, s, kPhaseExitNs);

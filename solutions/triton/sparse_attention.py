@@ -445,8 +445,7 @@ class Plan:
             assert _is_pow2(self.splits) and lo <= self.splits <= hi, f"{self}: the CUDA kernel takes power-of-two splits in [{lo}, {hi}] here"
             assert self.block_n == attention_ext.TILE_SLOTS, f"{self}: the CUDA kernel's tile is {attention_ext.TILE_SLOTS} slots"
             assert self.num_stages in attention_ext.GATHER_DEPTHS, f"{self}: the CUDA kernel's gather depth is one of {attention_ext.GATHER_DEPTHS}"
-            # partials: bf16 in global memory, fp32 in shared memory for the cluster combine
-            partial = torch.float32 if self.path == "cuda_cluster" else torch.bfloat16
+            partial = _cuda_partial_dtype(self.path)
             assert self.partial_dtype == partial and not self.graph, f"{self}: this CUDA path keeps {partial} partials and is not graphed"
             return
         assert _is_pow2(self.splits) and _is_pow2(self.block_n), f"{self}: splits and block_n must be powers of two"
@@ -462,6 +461,12 @@ class Plan:
             assert self.block_n <= split_size, f"{self}: block_n {self.block_n} > split size {split_size} would read out of range"
             assert split_size % self.block_n == 0, f"{self}: block_n must divide the split size {split_size}"
             assert D_CKV % self.splits == 0, f"{self}: the combine slices {D_CKV} columns per split"
+
+
+def _cuda_partial_dtype(path: str) -> torch.dtype:
+    """How the CUDA kernel keeps a split's partial acc on ``path``: bf16 in global memory, except
+    the cluster combine's fp32 in shared memory."""
+    return torch.float32 if path == "cuda_cluster" else torch.bfloat16
 
 
 def _is_pow2(n: int) -> bool:
@@ -562,8 +567,8 @@ def cuda_plan(num_tokens: int, resident: int, resident_clusters: int = 0, force_
 def cuda_kernel_plan(path: str, splits: int, gather_depth: int = 2) -> Plan:
     """A validated plan of the CUDA kernel: ``path`` one of CUDA_PATHS (its combine), ``splits``
     per token, ``gather_depth`` one of attention_ext.GATHER_DEPTHS."""
-    partial = torch.float32 if path == "cuda_cluster" else torch.bfloat16
-    plan = Plan(path, splits=splits, block_n=attention_ext.TILE_SLOTS, num_warps=8, num_stages=gather_depth, partial_dtype=partial)
+    plan = Plan(path, splits=splits, block_n=attention_ext.TILE_SLOTS, num_warps=8, num_stages=gather_depth,
+                partial_dtype=_cuda_partial_dtype(path))
     plan.validate()
     return plan
 
