@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import re
 import statistics
 import sys
 from collections.abc import Callable
@@ -51,13 +52,35 @@ def load_solution():
     return import_entry(load_solution_folder(ROOT / "solutions" / "triton"), attn.NAME)[1]
 
 
+#: The CUDA kernel's fixed plans listed by default (cuda_variant_plan builds any other such name).
+CUDA_VARIANTS = (
+    "cuda_s8", "cuda_s16", "cuda_s32", "cuda_s64", "cuda_s16_lag2000", "cuda_s16_landed",
+    "cluster_s8", "cluster_s16", "cluster_s16_lag2000", "cluster_s16_landed",
+)
+_CUDA_VARIANT = re.compile(r"(cuda|cluster)_s(\d+)(?:_lag(\d+)|_(landed))?")
+
+
+def cuda_variant_plan(sa, name: str):
+    """The plan a CUDA variant name spells: ``cuda_s16`` (barrier, 16 splits), ``cluster_s8``,
+    ``cuda_s16_lag2000`` (gather lag of 2000 cycles), ``cluster_s16_landed``; None when the name
+    is not one."""
+    match = _CUDA_VARIANT.fullmatch(name)
+    if match is None:
+        return None
+    kind, splits, lag, landed = match.groups()
+    gather_lag = sa.attention_ext.GATHER_LAG_ON_LANDING if landed else int(lag or 0)
+    return sa.cuda_kernel_plan("cuda" if kind == "cuda" else "cuda_cluster", int(splits), gather_lag)
+
+
 def variants(sa, coresident: int, default: Callable[[int], object]) -> dict[str, Callable[[int], object]]:
     """name -> (T -> Plan, or None where the variant does not apply).
 
     ``default`` is the entry's GPU policy (the CUDA kernel), given by the caller; ``cuda_s*`` fix its split count
     (a grid that is not co-resident launches the combine separately), ``cluster_s*`` its split
-    count with the cluster combine, ``*_d1`` its gather depth 1; ``triton*`` and
-    ``dsplit*`` are the Triton kernels, ``triton`` with their own GPU policy.
+    count with the cluster combine, ``*_lagN`` its gather lag (N cycles; ``landed``: each tile
+    once the one before has landed). Any such name is accepted, not only those of
+    CUDA_VARIANTS (see cuda_variant_plan). ``triton*`` and ``dsplit*`` are the Triton kernels,
+    ``triton`` with their own GPU policy.
     """
     Plan = sa.Plan
 
@@ -76,21 +99,10 @@ def variants(sa, coresident: int, default: Callable[[int], object]) -> dict[str,
     def fixed(plan):
         return lambda T: plan
 
-    def cuda(splits: int, path: str = "cuda", depth: int = 2):
-        return fixed(sa.cuda_kernel_plan(path, splits, depth))
-
-    return {
-        "default": default,
-        "cuda_two_launch": lambda T: sa.cuda_plan(T, coresident, force_two_launch=True),
-        "cuda_s8": cuda(8),
-        "cuda_s16": cuda(16),
-        "cuda_s32": cuda(32),
-        "cuda_s64": cuda(64),
-        "cuda_s16_d1": cuda(16, depth=1),
-        "cluster_s8": cuda(8, "cuda_cluster"),
-        "cluster_s16": cuda(16, "cuda_cluster"),
-        "cluster_s8_d1": cuda(8, "cuda_cluster", 1),
-        "cluster_s16_d1": cuda(16, "cuda_cluster", 1),
+    table = {"default": default, "cuda_two_launch": lambda T: sa.cuda_plan(T, coresident, force_two_launch=True)}
+    for name in CUDA_VARIANTS:
+        table[name] = fixed(cuda_variant_plan(sa, name))
+    return table | {
         "triton": lambda T: sa.triton_gpu_plan(T, coresident),
         "triton_fused_bn64_bf16": split_plan("fused", triton_policy, 64, dtype=torch.bfloat16),
         "triton_g2l_s64": fixed(Plan("two_launch", 64, 32, 8, 2, graph=True)),
@@ -98,8 +110,14 @@ def variants(sa, coresident: int, default: Callable[[int], object]) -> dict[str,
     }
 
 
+def with_named(sa, table: dict[str, Callable[[int], object]], names: list[str]) -> dict[str, Callable[[int], object]]:
+    """``table`` plus the CUDA variants among ``names`` it lacks (cuda_variant_plan); unknown names are left out."""
+    extra = {name: cuda_variant_plan(sa, name) for name in names if name not in table}
+    return table | {name: (lambda T, plan=plan: plan) for name, plan in extra.items() if plan is not None}
+
+
 def list_plans(sa, coresident: int, default: Callable[[int], object], names: list[str], tokens: list[int]) -> None:
-    table = variants(sa, coresident, default)
+    table = with_named(sa, variants(sa, coresident, default), names)
     for name in names:
         print(name)
         for T in tokens:
@@ -136,7 +154,7 @@ def main() -> int:
     device = torch.device("cuda")
     sa = load_solution()
     coresident = sa._max_coresident_programs(device)
-    all_variants = variants(sa, coresident, lambda T: sa.default_plan(T, device))
+    all_variants = with_named(sa, variants(sa, coresident, lambda T: sa.default_plan(T, device)), args.variant)
     chosen = {k: v for k, v in all_variants.items() if not args.variant or k in args.variant}
     unknown = set(args.variant) - set(all_variants)
     if unknown:

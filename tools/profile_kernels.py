@@ -235,8 +235,8 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
         definition, axes, inputs = case_inputs(case_id, device)
         T = axes["num_tokens"]
         if plan_spec:
-            path, splits, depth = plan_spec.split(":")
-            plan = sa.cuda_kernel_plan(path, int(splits), int(depth))
+            path, splits, lag = plan_spec.split(":")
+            plan = sa.cuda_kernel_plan(path, int(splits), int(lag))
         else:
             plan = sa.default_plan(T, device)
         outputs = definition.allocate_outputs(axes, device)
@@ -248,7 +248,7 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
         torch.cuda.synchronize()
         p = phase_summary(stamps.cpu())
         cells = [f"{name} {p[name]:5.2f}/{p[name + ' max']:5.2f}" for name in PHASES]
-        print(f"{case_id:24s} {plan.path} S={plan.splits:2d} depth {plan.num_stages} {p['ghz']:.2f} GHz  " + "  ".join(cells)
+        print(f"{case_id:24s} {plan.path} S={plan.splits:2d} lag {plan.gather_lag} {p['ghz']:.2f} GHz  " + "  ".join(cells)
               + f"  start +{p['start']:.2f}/{p['start max']:.2f}  span {p['span']:.2f}", flush=True)  # fmt: skip
     return 0
 

@@ -33,8 +33,12 @@ PHASE_SLOTS = 9
 COMBINES = {"barrier": 0, "two_launch": 1, "cluster": 2}
 #: launches, as the binding returns them
 FUSED, TWO_LAUNCH, CLUSTER = 0, 1, 2
-#: tiles a program's gathers keep in flight (attention_sm90.h, AttentionArgs::gather_depth)
-GATHER_DEPTHS = (1, 2)
+#: gather stages (tiles in flight at most) of a program
+STAGES = 2
+#: AttentionArgs::gather_lag (SM cycles): a tile is requested once the tile before it has landed
+#: or this long after that one was requested; 0 requests two at once, GATHER_LAG_ON_LANDING
+#: only once the one before has landed
+GATHER_LAG_ON_LANDING = 2**31 - 1
 
 _module: ModuleType | None = None
 
@@ -45,7 +49,7 @@ def load_attention_extension(verbose: bool | None = None) -> ModuleType:
     if _module is None:
         module = build_extension("dsa_sparse_attention_sm90", "the CUDA sparse attention", SOURCES, HEADERS, verbose)
         names = ("HEADS", "D_CKV", "D_KPE", "TOPK", "PAGE_SIZE", "MIN_SPLITS", "MAX_SPLITS", "MAX_CLUSTER_SPLITS", "SYNC_STRIDE",
-                 "TICKETS_PER_CALL", "PHASE_SLOTS")
+                 "TICKETS_PER_CALL", "PHASE_SLOTS", "STAGES", "GATHER_LAG_ON_LANDING")
         mismatched = [n for n in names if getattr(module, n) != globals()[n]]
         assert not mismatched, f"attention_ext.py and attention_sm90.h disagree on {mismatched}"
         _module = module
@@ -95,11 +99,11 @@ def _aligned(t: torch.Tensor, name: str, problems: list[str]) -> None:
 def run(
     q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor, sparse_indices: torch.Tensor,
     sm_scale: float, output: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor, sync: torch.Tensor,
-    splits: int, combine: str = "barrier", gather_depth: int = 2, phase_clocks: torch.Tensor | None = None,
+    splits: int, combine: str = "barrier", gather_lag: int = 0, phase_clocks: torch.Tensor | None = None,
 ) -> int:
     """Launch the attention (shapes: sparse_attention.py's docstring); returns FUSED, TWO_LAUNCH or CLUSTER.
 
-    ``combine``: a key of COMBINES; ``gather_depth``: one of GATHER_DEPTHS.
+    ``combine``: a key of COMBINES; ``gather_lag``: SM cycles in [0, GATHER_LAG_ON_LANDING].
     ``part_out`` [>= T*splits*16*512] bf16 and ``part_lse`` [>= T*splits*16] fp32 are scratch;
     ``sync`` [>= T*SYNC_STRIDE] int32 are the barrier words (zeroed once, reused by every call on
     a stream; each fused call advances a token's ticket word by TICKETS_PER_CALL, modulo 2^32,
@@ -129,8 +133,8 @@ def run(
     most = MAX_CLUSTER_SPLITS if combine == "cluster" else MAX_SPLITS
     if not (MIN_SPLITS <= splits <= most and splits & (splits - 1) == 0):
         problems.append(f"splits must be a power of two in [{MIN_SPLITS}, {most}] for the {combine} combine, got {splits}")
-    if gather_depth not in GATHER_DEPTHS:
-        problems.append(f"gather_depth must be one of {GATHER_DEPTHS}, got {gather_depth}")
+    if not (isinstance(gather_lag, int) and 0 <= gather_lag <= GATHER_LAG_ON_LANDING):
+        problems.append(f"gather_lag must be an int number of cycles in [0, {GATHER_LAG_ON_LANDING}], got {gather_lag!r}")
     if T > MAX_TOKENS:
         problems.append(f"at most {MAX_TOKENS} tokens per call, got {T}")
     if combine != "cluster" and (
@@ -150,6 +154,6 @@ def run(
     return int(
         load_attention_extension().sparse_attention(
             q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, float(sm_scale), output, lse, part_out, part_lse, sync, splits,
-            COMBINES[combine], gather_depth, stamps,
+            COMBINES[combine], gather_lag, stamps,
         )
     )

@@ -8,8 +8,8 @@
 // tiles of 64 slots:
 //   gather  bulk copies (TMA) bring each slot's ckv row (1024 B) and kpe row (128 B) into one
 //           shared row, completing on the stage's mbarrier; padding slots are zeroed without a
-//           read. Two stages: both first tiles requested at once (gather depth 2), or each
-//           once the one before it has landed (depth 1).
+//           read. Two stages: a tile is requested once the one before it has landed or
+//           `gather_lag` cycles after that one was requested (0: both at once).
 //   logits  warp w scores slots 8w..8w+7 of the tile against the 16 heads with mma.sync
 //           m16n8k16 (bf16 in, fp32 accumulate): q_nope.ckv and q_pe.kpe in separate accumulators.
 //   softmax log2 domain (scale pre-multiplied by log2 e); the tile's row maxima and sums go
@@ -42,7 +42,7 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kDQk = kDCkv + kDKpe;                      // 576: one gathered slot row
 constexpr int kTileSlots = 64;                           // slots gathered and scored together
-constexpr int kStages = 2;                               // tiles in flight
+constexpr int kStages = kGatherStages;
 constexpr int kMaxTiles = kTopK / kMinSplits / kTileSlots;  // tiles of the longest split
 // 16 bytes of padding per shared row: rows 1168 B apart put the 8 rows of one ldmatrix in 8
 // different 16-byte bank groups (unpadded, 1152 B = 9 x 128 B would make it an 8-way conflict).
@@ -153,6 +153,20 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
       "}\n" ::"r"(smem_addr(bar)),
       "r"(parity)
       : "memory");
+}
+// Whether the phase of `parity` has completed, without waiting.
+__device__ __forceinline__ bool mbarrier_done(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
 }
 // Orders this thread's earlier generic-proxy accesses to shared memory (as ordered by block
 // barriers) before its following bulk copies, which write through the async proxy.
@@ -398,13 +412,28 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
   }
   stamp(a, t, s, kPhaseIdsCycles);
 
-  // Gather depth 2: tiles 0 and 1 are requested together (latency-bound calls: both land after
-  // one round trip). Depth 1: each tile is requested once the one before it has landed, so on a
-  // bandwidth-bound call every program's first tile lands after its share of the bandwidth
-  // instead of with everything else, and its math overlaps the next tile's gather.
-  const bool deep = a.gather_depth > 1;
-  if (active > 0) issue_tile(sh, a, ids[0], 0);
-  if (deep && active > 1) issue_tile(sh, a, ids[1], 1);
+  // Tile k is requested once its stage is free (tile k - 2 scored) and either tile k - 1 has
+  // landed or gather_lag cycles have passed since tile k - 1 was requested. Lag 0 puts two
+  // tiles in flight at once (latency-bound calls: both land after one round trip). On a
+  // bandwidth-bound call every program's tiles land together at the end of the whole gather,
+  // and their math follows it; a lag lets the first tile take the bandwidth first, so its
+  // math overlaps the next tile's gather. Each thread decides by its own clock: requesting is
+  // per-thread work (its row's copy and its arrival), so no block barrier is needed.
+  int requested = 0;           // tiles this thread has requested
+  long long last_request = 0;  // when it requested the latest one (SM cycles)
+  auto request_due = [&](int scored) {
+    while (requested < active && requested <= scored + 1) {
+      if (requested > 0) {
+        const int prev = requested - 1;
+        const bool landed = mbarrier_done(&sh.full[prev % kStages], (prev / kStages) % 2);
+        if (!landed && clock64() - last_request < a.gather_lag) return;
+      }
+      issue_tile(sh, a, tile_id(ids, requested), requested % kStages);
+      last_request = clock64();
+      ++requested;
+    }
+  };
+  request_due(0);
   if (cluster_handshake) cluster_wait();
 
   st = RowState{{neg_inf(), neg_inf()}, {0.f, 0.f}};
@@ -426,11 +455,12 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
   // before it, so no warp still reads it.
   for (int tile = 0; tile < active; ++tile) {
     const int stage = tile % kStages;
-    mbarrier_wait(&sh.full[stage], (tile / kStages) % 2);
+    const uint32_t parity = (tile / kStages) % 2;
+    while (requested == tile + 1 && requested < active && !mbarrier_done(&sh.full[stage], parity)) request_due(tile);
+    mbarrier_wait(&sh.full[stage], parity);
     if (tile == 0) stamp(a, t, s, kPhaseFirstTileCycles);
-    if (!deep && tile + 1 < active) issue_tile(sh, a, tile_id(ids, tile + 1), (tile + 1) % kStages);
+    request_due(tile);
     attend_tile(sh, stage, a.qk_scale_log2, q, st, o);
-    if (deep && tile + kStages < active) issue_tile(sh, a, tile_id(ids, tile + kStages), stage);
   }
   stamp(a, t, s, kPhaseAttendedCycles);
 }
@@ -815,7 +845,7 @@ cudaError_t resident_clusters(int splits, int* clusters) {
 
 cudaError_t launch_sparse_attention(const AttentionArgs& args, Combine combine, cudaStream_t stream, Launch* used) {
   const int most = combine == Combine::kCluster ? kMaxClusterSplits : kMaxSplits;
-  if (!valid_splits(args.splits, most) || (args.gather_depth != 1 && args.gather_depth != 2)) return cudaErrorInvalidValue;
+  if (!valid_splits(args.splits, most) || args.gather_lag < 0) return cudaErrorInvalidValue;
   if (args.tokens <= 0) return cudaSuccess;
   if (combine == Combine::kCluster) {
     int device = 0;

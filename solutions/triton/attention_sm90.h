@@ -39,9 +39,14 @@ struct AttentionArgs {
   float qk_scale_log2;      // sm_scale * log2(e)
   int tokens;
   int splits;               // slot splits per token: a power of two in [kMinSplits, kMaxSplits]
-  int gather_depth;         // tiles in flight: 2 = the first two requested together, 1 = each
-                            // tile requested once the one before it has landed
+  int gather_lag;           // SM cycles: a tile is requested once the tile before it has landed
+                            // or this long after that one was requested, whichever comes first
+                            // (0: together with it, two tiles in flight; kGatherLagOnLanding:
+                            // only once it has landed)
 };
+
+constexpr int kGatherLagOnLanding = 0x7fffffff;
+constexpr int kGatherStages = 2;  // tiles a program holds in shared memory (at most two in flight)
 
 // Phase stamps of one program (thread 0), when phase_clocks is set: the global timer (ns) at
 // entry and exit, and the SM clock (cycles) at entry and at the end of each phase.

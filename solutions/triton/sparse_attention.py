@@ -419,9 +419,11 @@ class Plan:
 
     ``splits``: for ``dsplit`` the number of value slices (each SLICE_D = 512 / splits columns);
     for ``fused`` / ``two_launch`` the number of slot splits S (each of 2048 / S slots, strided).
-    ``num_stages``: Triton's software-pipeline stages; for the CUDA kernel its gather depth
-    (attention_ext.GATHER_DEPTHS: 2 requests the first two tiles together, 1 requests each tile
-    once the one before it has landed).
+    ``num_stages``: Triton's software-pipeline stages; for the CUDA kernel its gather stages
+    (attention_ext.STAGES, fixed).
+    ``gather_lag``: CUDA kernel only, SM cycles: a tile is requested once the tile before it has
+    landed or this long after that one was requested (0: two tiles in flight at once;
+    attention_ext.GATHER_LAG_ON_LANDING: only once the one before has landed).
     ``partial_dtype``: storage of the split paths' partial acc (m and l are always fp32).
     ``graph``: (``two_launch`` on a GPU) replay the two launches as one CUDA graph per argument
     set, so the combine starts as soon as the split kernel ends instead of after the host's
@@ -435,6 +437,7 @@ class Plan:
     num_stages: int = 1
     partial_dtype: torch.dtype = torch.float32
     graph: bool = False
+    gather_lag: int = 0
 
     def validate(self) -> None:
         """Tiling relations, checked on the host too so a bad plan fails with a clear message."""
@@ -444,10 +447,13 @@ class Plan:
             hi = attention_ext.MAX_CLUSTER_SPLITS if self.path == "cuda_cluster" else attention_ext.MAX_SPLITS
             assert _is_pow2(self.splits) and lo <= self.splits <= hi, f"{self}: the CUDA kernel takes power-of-two splits in [{lo}, {hi}] here"
             assert self.block_n == attention_ext.TILE_SLOTS, f"{self}: the CUDA kernel's tile is {attention_ext.TILE_SLOTS} slots"
-            assert self.num_stages in attention_ext.GATHER_DEPTHS, f"{self}: the CUDA kernel's gather depth is one of {attention_ext.GATHER_DEPTHS}"
+            assert self.num_stages == attention_ext.STAGES, f"{self}: the CUDA kernel has {attention_ext.STAGES} gather stages"
+            lag_max = attention_ext.GATHER_LAG_ON_LANDING
+            assert 0 <= self.gather_lag <= lag_max, f"{self}: the gather lag is in [0, {lag_max}] cycles"
             partial = _cuda_partial_dtype(self.path)
             assert self.partial_dtype == partial and not self.graph, f"{self}: this CUDA path keeps {partial} partials and is not graphed"
             return
+        assert self.gather_lag == 0, f"{self}: only the CUDA kernel has a gather lag"
         assert _is_pow2(self.splits) and _is_pow2(self.block_n), f"{self}: splits and block_n must be powers of two"
         assert self.block_n >= 16, f"{self}: tl.dot needs blocks of at least 16 slots"
         assert self.partial_dtype in (torch.float32, torch.bfloat16), f"{self}: partials are fp32 or bf16"
@@ -564,11 +570,11 @@ def cuda_plan(num_tokens: int, resident: int, resident_clusters: int = 0, force_
     return cuda_kernel_plan("cuda_two_launch" if force_two_launch else "cuda", splits)
 
 
-def cuda_kernel_plan(path: str, splits: int, gather_depth: int = 2) -> Plan:
+def cuda_kernel_plan(path: str, splits: int, gather_lag: int = 0) -> Plan:
     """A validated plan of the CUDA kernel: ``path`` one of CUDA_PATHS (its combine), ``splits``
-    per token, ``gather_depth`` one of attention_ext.GATHER_DEPTHS."""
-    plan = Plan(path, splits=splits, block_n=attention_ext.TILE_SLOTS, num_warps=8, num_stages=gather_depth,
-                partial_dtype=_cuda_partial_dtype(path))
+    per token, ``gather_lag`` in SM cycles (see Plan)."""
+    plan = Plan(path, splits=splits, block_n=attention_ext.TILE_SLOTS, num_warps=8, num_stages=attention_ext.STAGES,
+                partial_dtype=_cuda_partial_dtype(path), gather_lag=gather_lag)
     plan.validate()
     return plan
 
@@ -650,7 +656,7 @@ def _launch_cuda(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices,
     sync = _sync_words_for(device, "cuda").get(device, T) if combine != "cluster" else part_lse.new_empty(0, dtype=torch.int32)
     return attention_ext.run(
         q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, part_out, part_lse, sync,
-        plan.splits, combine=combine, gather_depth=plan.num_stages, phase_clocks=phase_clocks,
+        plan.splits, combine=combine, gather_lag=plan.gather_lag, phase_clocks=phase_clocks,
     )
 
 
