@@ -122,9 +122,10 @@ for stage in "$@"; do
         ;;
     lagflag)  # the gather lag and the flagged combine: variants (each checked), phases, then their tests
         step attention_variants 300 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
-            --variant default --variant cuda_s32 --variant cuda_s16_lag2000 --variant flagged_s16 --variant flagged_s32 \
-            --variant flagged_s16_lag2000 --variant flagged_s16_lag3000 --variant cluster_s16 --variant cluster_s16_lag2000
-        for plan in cuda_flagged:16:0 cuda_flagged:16:2000 cuda_flagged:32:0; do
+            --variant default --variant cuda_s16 --variant cuda_s32 --variant flagged_s16 --variant flagged_s32 \
+            --variant cuda_s16_lag1000 --variant cuda_s16_lag2000 --variant cuda_s16_lag3000 --variant flagged_s16_lag2000 \
+            --variant cuda_s16_landed --variant cluster_s16 --variant cluster_s16_lag1000 --variant cluster_s16_lag2000
+        for plan in cuda:16:0 cuda:16:2000 cuda_flagged:16:0 cuda_flagged:16:2000 cuda_flagged:32:0; do
             step "attention_phases_${plan//:/_}" 30 python3 tools/profile_kernels.py phases --iterations 20 --plan "$plan" \
                 --case attention_18_t8_full --case attention_02_t1_sparse --case attention_06_t2_full
         done

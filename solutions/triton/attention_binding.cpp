@@ -50,7 +50,7 @@ int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const
     check(flagged, "flagged", at::kLong, device);
     TORCH_CHECK(flagged.numel() >= tokens * splits * dsa_attention::kFlaggedWords, "flagged too small");
   }
-  if (how == dsa_attention::Combine::kBarrier || how == dsa_attention::Combine::kTwoLaunch) {  // the cluster and flagged combines need none
+  if (how != dsa_attention::Combine::kCluster) {  // the cluster combine needs no global scratch
     TORCH_CHECK(part_out.numel() >= tokens * splits * dsa_attention::kHeads * dsa_attention::kDCkv, "part_out too small");
     TORCH_CHECK(part_lse.numel() >= tokens * splits * dsa_attention::kHeads, "part_lse too small");
     TORCH_CHECK(sync.numel() >= tokens * dsa_attention::kSyncStride, "sync too small");
