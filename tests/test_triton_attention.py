@@ -328,22 +328,16 @@ def test_gpu_default_plan(cuda, counts, padding):
 
 def run_cuda(axes, inputs, splits: int, combine: str, device, gather_lag: int = 0) -> tuple[dict, int]:
     """The CUDA kernel through its checked entry, with fresh NaN-poisoned scratch and outputs
-    (no scratch for the cluster and flagged combines, which must not need any). The flagged
-    combine's words must be all empty again after the call."""
+    (no scratch for the cluster combine, which must not need any)."""
     T = axes["num_tokens"]
     outputs = attn.DEFINITION.allocate_outputs(axes, device)
-    scratch = T * splits if combine in ("barrier", "two_launch") else 0
+    scratch = 0 if combine == "cluster" else T * splits
     part_out = torch.full((scratch * 16 * 512,), float("nan"), dtype=torch.bfloat16, device=device)
     part_lse = torch.full((scratch * 16,), float("nan"), dtype=torch.float32, device=device)
-    sync = sa._stream_words(device, "cuda").get(device, T)
+    sync = sa._sync_words_for(device, "cuda").get(device, T)
     args = attn.DEFINITION.input_args(inputs)
-    flagged = sa._stream_words(device, "flagged").get(device, T * splits) if combine == "flagged" else None
-    launch = sa.attention_ext.run(
-        *args, outputs["output"], outputs["lse"], part_out, part_lse, sync, splits, combine, gather_lag, flagged=flagged,
-    )
+    launch = sa.attention_ext.run(*args, outputs["output"], outputs["lse"], part_out, part_lse, sync, splits, combine, gather_lag)
     torch.cuda.synchronize()
-    if flagged is not None:
-        assert flagged.eq(sa.attention_ext.EMPTY_FLAGGED_WORD).all(), "the flagged combine leaves every word empty"
     return outputs, launch
 
 
@@ -357,11 +351,11 @@ def test_gpu_cuda_kernel_every_split_count(cuda, counts, padding):
     resident = sa.attention_ext.resident_programs()
     ext = sa.attention_ext
     lags = (0, 1500, ext.GATHER_LAG_ON_LANDING)
-    runs = [(splits, combine, lag) for splits in (8, 16, 32, 64) for combine in ("barrier", "two_launch", "flagged") for lag in lags]
+    runs = [(splits, combine, lag) for splits in (8, 16, 32, 64) for combine in ("barrier", "two_launch") for lag in lags]
     runs += [(splits, "cluster", lag) for splits in (8, 16) for lag in lags]
     for splits, combine, lag in runs:
         outputs, launch = run_cuda(axes, inputs, splits, combine, cuda, lag)
-        fused = combine in ("barrier", "flagged") and len(counts) * splits <= resident
+        fused = combine == "barrier" and len(counts) * splits <= resident
         assert launch == (ext.CLUSTER if combine == "cluster" else ext.FUSED if fused else ext.TWO_LAUNCH)
         result = judge(attn.DEFINITION, axes, inputs, outputs, expected, Tolerance(), cuda)
         assert result.passed, f"splits={splits} combine={combine} lag={lag}: {result.status.value}: {result.message}"
@@ -378,10 +372,6 @@ def test_gpu_cluster_combine_is_schedulable_and_refuses_large_clusters(cuda):
         run_cuda(axes, inputs, 32, "cluster", cuda)
     with pytest.raises(ValueError, match="gather_lag must be an int number of cycles"):
         run_cuda(axes, inputs, 16, "cluster", cuda, gather_lag=-5)
-    outputs = attn.DEFINITION.allocate_outputs(axes, cuda)
-    no_scratch = [torch.empty(0, dtype=dtype, device=cuda) for dtype in (torch.bfloat16, torch.float32, torch.int32)]
-    with pytest.raises(ValueError, match="the flagged combine needs `flagged`"):
-        sa.attention_ext.run(*attn.DEFINITION.input_args(inputs), outputs["output"], outputs["lse"], *no_scratch, 16, "flagged")
 
 
 @pytest.mark.gpu
@@ -467,7 +457,7 @@ def test_gpu_triton_barrier_counters_survive_many_calls(cuda):
     leaves count = 0 and flips sense once per token, and every result stays correct."""
     cases = [make_inputs(counts, "tail", 1024, seed=20 + i, device=cuda) for i, counts in enumerate(BARRIER_ROWS)]
     expected = [attn.expect(inputs) for _, inputs in cases]
-    buffers = sa._stream_words(cuda, "triton")
+    buffers = sa._sync_words_for(cuda, "triton")
     for call in range(600):
         axes, inputs = cases[call % len(cases)]
         T = axes["num_tokens"]
@@ -492,7 +482,7 @@ def test_gpu_cuda_ticket_barrier_survives_many_calls_and_wraps(cuda):
     correct (a call misaligned by an earlier call's S would hang or pass its barrier early)."""
     cases = [make_inputs(counts, "tail", 1024, seed=20 + i, device=cuda) for i, counts in enumerate(BARRIER_ROWS)]
     expected = [attn.expect(inputs) for _, inputs in cases]
-    buffers = sa._stream_words(cuda, "cuda")
+    buffers = sa._sync_words_for(cuda, "cuda")
     words = buffers.get(cuda, 8).view(-1, sa.SYNC_STRIDE)
     per_call = sa.attention_ext.TICKETS_PER_CALL
     words[:, 0] = -2 * per_call  # 2^32 - 128 as the kernel's unsigned: the first calls wrap around
@@ -514,31 +504,6 @@ def test_gpu_cuda_ticket_barrier_survives_many_calls_and_wraps(cuda):
 
 
 @pytest.mark.gpu
-def test_gpu_cuda_flagged_words_stay_empty_between_many_calls(cuda):
-    """Hundreds of flagged calls with changing T and split counts, fused and in two launches,
-    reuse the same words: after every call all of them are empty again (so no call can mistake
-    an earlier call's word for its own), and every result stays correct."""
-    cases = [make_inputs(counts, "tail", 1024, seed=40 + i, device=cuda) for i, counts in enumerate(BARRIER_ROWS)]
-    expected = [attn.expect(inputs) for _, inputs in cases]
-    buffers = sa._stream_words(cuda, "flagged")
-    empty = sa.attention_ext.EMPTY_FLAGGED_WORD
-    resident = sa.attention_ext.resident_programs()
-    launches = set()
-    for call in range(300):
-        axes, inputs = cases[call % len(cases)]
-        T = axes["num_tokens"]
-        splits = (8, 16, 32, 64)[call % 4]
-        outputs, launch = run_cuda(axes, inputs, splits, "flagged", cuda)  # checks the words are empty after it
-        launches.add(launch)
-        assert launch == (sa.attention_ext.FUSED if T * splits <= resident else sa.attention_ext.TWO_LAUNCH)
-        if call % 5 == 0 or call >= 295:
-            result = judge(attn.DEFINITION, axes, inputs, outputs, expected[call % len(cases)], Tolerance(), cuda)
-            assert result.passed, f"call {call} (T={T}, S={splits}): {result.message}"
-    assert buffers.words.eq(empty).all()
-    assert launches == {sa.attention_ext.FUSED, sa.attention_ext.TWO_LAUNCH}, "both launch shapes exercised"
-
-
-@pytest.mark.gpu
 def test_gpu_back_to_back_calls_without_sync(cuda):
     """Queued launches (no host sync between them) must not disturb each other's barriers."""
     axes, inputs = make_inputs([FULL] * 8, "tail", 1024, seed=30, device=cuda)
@@ -557,10 +522,10 @@ def test_gpu_side_stream_has_its_own_buffers(cuda):
     torch.cuda.synchronize()
     with torch.cuda.stream(side):
         on_side = [run_solution(axes, inputs, fused_plan(4, cuda), cuda)[0] for _ in range(20)]
-        side_buffers = sa._stream_words(cuda)
+        side_buffers = sa._sync_words_for(cuda)
     on_main = [run_solution(axes, inputs, fused_plan(4, cuda), cuda)[0] for _ in range(20)]
     torch.cuda.synchronize()
-    assert side_buffers is not sa._stream_words(cuda)
+    assert side_buffers is not sa._sync_words_for(cuda)
     for outputs in on_side[-1:] + on_main[-1:]:
         assert judge(attn.DEFINITION, axes, inputs, outputs, expected, Tolerance(), cuda).passed
 

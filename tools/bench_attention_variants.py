@@ -55,14 +55,13 @@ def load_solution():
 #: The CUDA kernel's fixed plans listed by default (cuda_variant_plan builds any other such name).
 CUDA_VARIANTS = (
     "cuda_s8", "cuda_s16", "cuda_s32", "cuda_s64", "cuda_s16_lag2000", "cuda_s16_landed",
-    "cluster_s8", "cluster_s16", "cluster_s16_lag2000", "cluster_s16_landed", "flagged_s16", "flagged_s32",
+    "cluster_s8", "cluster_s16", "cluster_s16_lag2000", "cluster_s16_landed",
 )
-_CUDA_VARIANT = re.compile(r"(cuda|cluster|flagged)_s(\d+)(?:_lag(\d+)|_(landed))?")
-_CUDA_VARIANT_PATHS = {"cuda": "cuda", "cluster": "cuda_cluster", "flagged": "cuda_flagged"}
+_CUDA_VARIANT = re.compile(r"(cuda|cluster)_s(\d+)(?:_lag(\d+)|_(landed))?")
 
 
 def cuda_variant_plan(sa, name: str):
-    """The plan a CUDA variant name spells: ``cuda_s16`` (barrier, 16 splits), ``cluster_s8``, ``flagged_s32``,
+    """The plan a CUDA variant name spells: ``cuda_s16`` (barrier, 16 splits), ``cluster_s8``,
     ``cuda_s16_lag2000`` (gather lag of 2000 cycles), ``cluster_s16_landed``; None when the name
     is not one."""
     match = _CUDA_VARIANT.fullmatch(name)
@@ -70,7 +69,7 @@ def cuda_variant_plan(sa, name: str):
         return None
     kind, splits, lag, landed = match.groups()
     gather_lag = sa.attention_ext.GATHER_LAG_ON_LANDING if landed else int(lag or 0)
-    return sa.cuda_kernel_plan(_CUDA_VARIANT_PATHS[kind], int(splits), gather_lag)
+    return sa.cuda_kernel_plan("cuda" if kind == "cuda" else "cuda_cluster", int(splits), gather_lag)
 
 
 def variants(sa, coresident: int, default: Callable[[int], object]) -> dict[str, Callable[[int], object]]:
@@ -78,7 +77,7 @@ def variants(sa, coresident: int, default: Callable[[int], object]) -> dict[str,
 
     ``default`` is the entry's GPU policy (the CUDA kernel), given by the caller; ``cuda_s*`` fix its split count
     (a grid that is not co-resident launches the combine separately), ``cluster_s*`` its split
-    count with the cluster combine, ``flagged_s*`` with the flagged combine, ``*_lagN`` its gather lag (N cycles; ``landed``: each tile
+    count with the cluster combine, ``*_lagN`` its gather lag (N cycles; ``landed``: each tile
     once the one before has landed). Any such name is accepted, not only those of
     CUDA_VARIANTS (see cuda_variant_plan). ``triton*`` and ``dsplit*`` are the Triton kernels,
     ``triton`` with their own GPU policy.

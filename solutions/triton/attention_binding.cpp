@@ -30,7 +30,7 @@ T* pointer(const at::Tensor& t) {
 int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& ckv, const at::Tensor& kpe,
                          const at::Tensor& indices, double sm_scale, at::Tensor& out, at::Tensor& lse, at::Tensor& part_out,
                          at::Tensor& part_lse, at::Tensor& sync, int64_t splits, int64_t combine, int64_t gather_lag,
-                         at::Tensor& flagged, at::Tensor& phase_clocks) {
+                         at::Tensor& phase_clocks) {
   const at::Device device = q_nope.device();
   check(q_nope, "q_nope", at::kBFloat16, device);
   check(q_pe, "q_pe", at::kBFloat16, device);
@@ -43,13 +43,8 @@ int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const
   check(part_lse, "part_lse", at::kFloat, device);
   check(sync, "sync", at::kInt, device);
   const int64_t tokens = q_nope.size(0);
-  TORCH_CHECK(combine >= 0 && combine <= static_cast<int64_t>(dsa_attention::Combine::kFlagged), "unknown combine ", combine);
+  TORCH_CHECK(combine >= 0 && combine <= static_cast<int64_t>(dsa_attention::Combine::kCluster), "unknown combine ", combine);
   const auto how = static_cast<dsa_attention::Combine>(combine);
-  const bool flagged_combine = how == dsa_attention::Combine::kFlagged;
-  if (flagged_combine) {
-    check(flagged, "flagged", at::kLong, device);
-    TORCH_CHECK(flagged.numel() >= tokens * splits * dsa_attention::kFlaggedWords, "flagged too small");
-  }
   if (how != dsa_attention::Combine::kCluster) {  // the cluster combine needs no global scratch
     TORCH_CHECK(part_out.numel() >= tokens * splits * dsa_attention::kHeads * dsa_attention::kDCkv, "part_out too small");
     TORCH_CHECK(part_lse.numel() >= tokens * splits * dsa_attention::kHeads, "part_lse too small");
@@ -74,7 +69,6 @@ int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const
   a.part_out = pointer<uint16_t>(part_out);
   a.part_lse = pointer<float>(part_lse);
   a.sync = pointer<int32_t>(sync);
-  a.flagged = flagged_combine ? pointer<uint64_t>(flagged) : nullptr;
   a.q_nope_t = q_nope.stride(0);
   a.q_nope_h = q_nope.stride(1);
   a.q_pe_t = q_pe.stride(0);
@@ -129,6 +123,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("MAX_CLUSTER_SPLITS") = dsa_attention::kMaxClusterSplits;
   m.attr("STAGES") = dsa_attention::kGatherStages;
   m.attr("GATHER_LAG_ON_LANDING") = dsa_attention::kGatherLagOnLanding;
-  m.attr("FLAGGED_WORDS") = dsa_attention::kFlaggedWords;
   m.attr("PHASE_SLOTS") = static_cast<int>(dsa_attention::kPhaseSlots);
 }

@@ -29,12 +29,8 @@ PHASE_SLOTS = 9
 #: how a token's splits are combined (attention_sm90.h, Combine): "barrier" in the same launch
 #: behind a global-memory barrier when the grid is co-resident (else a second launch),
 #: "two_launch" always a second launch, "cluster" in the same launch through distributed shared
-#: memory, the token's programs forming one thread-block cluster, "flagged" as "barrier" but
-#: with no barrier: the combine polls partials kept in self-validating words
-COMBINES = {"barrier": 0, "two_launch": 1, "cluster": 2, "flagged": 3}
-#: int64 words of the flagged combine per split, and the empty word (all bits set) they hold
-#: before and after every call
-FLAGGED_WORDS, EMPTY_FLAGGED_WORD = 16 * 512 // 2, -1
+#: memory, the token's programs forming one thread-block cluster
+COMBINES = {"barrier": 0, "two_launch": 1, "cluster": 2}
 #: launches, as the binding returns them
 FUSED, TWO_LAUNCH, CLUSTER = 0, 1, 2
 #: gather stages (tiles in flight at most) of a program
@@ -53,7 +49,7 @@ def load_attention_extension(verbose: bool | None = None) -> ModuleType:
     if _module is None:
         module = build_extension("dsa_sparse_attention_sm90", "the CUDA sparse attention", SOURCES, HEADERS, verbose)
         names = ("HEADS", "D_CKV", "D_KPE", "TOPK", "PAGE_SIZE", "MIN_SPLITS", "MAX_SPLITS", "MAX_CLUSTER_SPLITS", "SYNC_STRIDE",
-                 "TICKETS_PER_CALL", "PHASE_SLOTS", "STAGES", "GATHER_LAG_ON_LANDING", "FLAGGED_WORDS")
+                 "TICKETS_PER_CALL", "PHASE_SLOTS", "STAGES", "GATHER_LAG_ON_LANDING")
         mismatched = [n for n in names if getattr(module, n) != globals()[n]]
         assert not mismatched, f"attention_ext.py and attention_sm90.h disagree on {mismatched}"
         _module = module
@@ -104,7 +100,6 @@ def run(
     q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor, sparse_indices: torch.Tensor,
     sm_scale: float, output: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor, sync: torch.Tensor,
     splits: int, combine: str = "barrier", gather_lag: int = 0, phase_clocks: torch.Tensor | None = None,
-    flagged: torch.Tensor | None = None,
 ) -> int:
     """Launch the attention (shapes: sparse_attention.py's docstring); returns FUSED, TWO_LAUNCH or CLUSTER.
 
@@ -114,8 +109,6 @@ def run(
     a stream; each fused call advances a token's ticket word by TICKETS_PER_CALL, modulo 2^32,
     so the words must start at a multiple of it: zeros). The cluster
     combine uses none of the three (they may then be empty).
-    ``flagged`` (the flagged combine only, which uses it instead of the three) [>= T*splits*
-    FLAGGED_WORDS] int64: all EMPTY_FLAGGED_WORD before the call, and so again after it.
     ``phase_clocks`` (profiling only) [>= T*splits*PHASE_SLOTS] int64 receives each program's
     phase stamps (attention_sm90.h, PhaseSlot).
     """
@@ -144,12 +137,7 @@ def run(
         problems.append(f"gather_lag must be an int number of cycles in [0, {GATHER_LAG_ON_LANDING}], got {gather_lag!r}")
     if T > MAX_TOKENS:
         problems.append(f"at most {MAX_TOKENS} tokens per call, got {T}")
-    if combine == "flagged" and (
-        not isinstance(flagged, torch.Tensor) or not flagged.is_cuda or flagged.device != q_nope.device
-        or flagged.dtype != torch.int64 or not flagged.is_contiguous() or flagged.numel() < T * splits * FLAGGED_WORDS
-    ):  # fmt: skip
-        problems.append(f"the flagged combine needs `flagged`: a contiguous int64 CUDA tensor of >= T * splits * {FLAGGED_WORDS} words")
-    if combine not in ("cluster", "flagged") and (
+    if combine != "cluster" and (
         part_out.numel() < T * splits * HEADS * D_CKV or part_lse.numel() < T * splits * HEADS or sync.numel() < T * SYNC_STRIDE
     ):
         problems.append("part_out, part_lse or sync is too small for this call")
@@ -163,10 +151,9 @@ def run(
     if problems:
         raise ValueError("; ".join(problems))
     stamps = phase_clocks if phase_clocks is not None else sync.new_empty(0, dtype=torch.int64)
-    words = flagged if combine == "flagged" else sync.new_empty(0, dtype=torch.int64)
     return int(
         load_attention_extension().sparse_attention(
             q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, float(sm_scale), output, lse, part_out, part_lse, sync, splits,
-            COMBINES[combine], gather_lag, words, stamps,
+            COMBINES[combine], gather_lag, stamps,
         )
     )

@@ -62,7 +62,6 @@ constexpr int kQSteps = kDQk / 16;                       // mma k-steps of a log
 // (warp, output n-tile, lane) holds a bf16 pair of head g and one of head g + 8.
 constexpr int kUnits = kWarps * kColTiles * kWarpSize;   // units per token
 constexpr int kCombineSplitsPerThread = 8;               // partials one combining thread reads
-constexpr int kPollPauseNs = 64;                         // between a flagged combine's polls
 constexpr int kUnitsLog2 = 11;
 
 static_assert(kHeads == 16, "the heads are the M = 16 rows of every mma");
@@ -482,7 +481,7 @@ struct GlobalSink {
   __device__ GlobalSink(const AttentionArgs& a, int t, int s)
       : units(reinterpret_cast<uint2*>(a.part_out) + (static_cast<int64_t>(t) * a.splits + s) * kUnits),
         lse(a.part_lse + (static_cast<int64_t>(t) * a.splits + s) * kHeads) {}
-  __device__ void put_unit(int unit, uint2 bits, const float (&/*unit_lse*/)[2]) const { units[unit] = bits; }
+  __device__ void put_unit(int unit, uint2 bits) const { units[unit] = bits; }
   __device__ void put_lse(int head, float value) const { lse[head] = value; }
 };
 
@@ -492,20 +491,16 @@ struct GlobalSink {
 template <class Sink>
 __device__ __forceinline__ void store_partial(const Sink& sink, const RowState& st, const float (&o)[kColTiles][4]) {
   const Fragment f;
-  float inv_l[2], lse[2];
+  float inv_l[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    inv_l[r] = st.l[r] > 0.f ? 1.f / st.l[r] : 0.f;
-    lse[r] = st.l[r] > 0.f ? st.m[r] + log2f(st.l[r]) : neg_inf();
-  }
+  for (int r = 0; r < 2; ++r) inv_l[r] = st.l[r] > 0.f ? 1.f / st.l[r] : 0.f;
 #pragma unroll
   for (int j = 0; j < kColTiles; ++j) {
-    sink.put_unit(f.unit(j), make_uint2(pack_bf16x2(o[j][0] * inv_l[0], o[j][1] * inv_l[0]), pack_bf16x2(o[j][2] * inv_l[1], o[j][3] * inv_l[1])),
-                  lse);
+    sink.put_unit(f.unit(j), make_uint2(pack_bf16x2(o[j][0] * inv_l[0], o[j][1] * inv_l[0]), pack_bf16x2(o[j][2] * inv_l[1], o[j][3] * inv_l[1])));
   }
   if (f.warp == 0 && f.tig == 0) {
-    sink.put_lse(f.g, lse[0]);
-    sink.put_lse(f.g + 8, lse[1]);
+    sink.put_lse(f.g, st.l[0] > 0.f ? st.m[0] + log2f(st.l[0]) : neg_inf());
+    sink.put_lse(f.g + 8, st.l[1] > 0.f ? st.m[1] + log2f(st.l[1]) : neg_inf());
   }
 }
 
@@ -515,28 +510,16 @@ struct CombineScratch {
   float sums[kThreads][6];       // each thread's weighted outputs (4) and weight totals (2)
 };
 
-// One split's partial of one unit, as the combine reads it.
-struct SplitPartial {
-  uint2 bits;       // bf16 pairs of heads g and g + 8
-  float lse[2];     // the split's lse of heads g and g + 8
-};
-
 // Where the combine reads the token's partials: global memory, written by other SMs of this
-// launch or of the previous one, so read through L2 (ld.cg), never a stale L1 line. Sources
-// tell whether a partial may not have arrived yet (kMayWait: take() then returns false).
+// launch or of the previous one, so read through L2 (ld.cg), never a stale L1 line.
 struct GlobalSource {
-  static constexpr bool kMayWait = false;
   const uint2* units;  // the token's S x kUnits units
   const float* lse;    // the token's S x kHeads lse
   __device__ GlobalSource(const AttentionArgs& a, int t)
       : units(reinterpret_cast<const uint2*>(a.part_out) + static_cast<int64_t>(t) * a.splits * kUnits),
         lse(a.part_lse + static_cast<int64_t>(t) * a.splits * kHeads) {}
-  __device__ bool take(int split, int unit, int /*local*/, int g, SplitPartial& p) const {
-    p.bits = __ldcg(units + split * kUnits + unit);
-    p.lse[0] = __ldcg(lse + split * kHeads + g);
-    p.lse[1] = __ldcg(lse + split * kHeads + g + 8);
-    return true;
-  }
+  __device__ uint2 unit(int split, int unit, int /*local*/) const { return __ldcg(units + split * kUnits + unit); }
+  __device__ float split_lse(int split, int head) const { return __ldcg(lse + split * kHeads + head); }
 };
 
 // Program s's share of token t's combine: units [s * kUnits / S, (s + 1) * kUnits / S), each the
@@ -559,28 +542,13 @@ __device__ __forceinline__ void combine_share(CombineScratch& scratch, const Att
   const int d = warp * kColsPerWarp + col_tile * 8 + 2 * (lane % 4);
   const int first = block * kCombineSplitsPerThread;
 
-  // All kCombineSplitsPerThread requests in flight at once; a flagged source's partials that
-  // have not landed yet are then polled one by one (most have landed by then).
-  SplitPartial part[kCombineSplitsPerThread];
-  bool landed[kCombineSplitsPerThread];
-#pragma unroll
-  for (int k = 0; k < kCombineSplitsPerThread; ++k) landed[k] = source.take(first + k, unit, local, g, part[k]);
-  if constexpr (Source::kMayWait) {
-#pragma unroll
-    for (int k = 0; k < kCombineSplitsPerThread; ++k) {
-      while (!landed[k]) {
-        __nanosleep(kPollPauseNs);  // a light poll: slower programs may still be gathering
-        landed[k] = source.take(first + k, unit, local, g, part[k]);
-      }
-    }
-  }
   uint2 bits[kCombineSplitsPerThread];
   float lse_lo[kCombineSplitsPerThread], lse_hi[kCombineSplitsPerThread];
 #pragma unroll
   for (int k = 0; k < kCombineSplitsPerThread; ++k) {
-    bits[k] = part[k].bits;
-    lse_lo[k] = part[k].lse[0];
-    lse_hi[k] = part[k].lse[1];
+    bits[k] = source.unit(first + k, unit, local);
+    lse_lo[k] = source.split_lse(first + k, g);
+    lse_hi[k] = source.split_lse(first + k, g + 8);
   }
   float top_lo = neg_inf(), top_hi = neg_inf();
 #pragma unroll
@@ -651,60 +619,6 @@ __device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// ---------------------------------------------------------------- flagged partials
-// The flagged combine needs no barrier: every 8-byte word of a partial says whether it has
-// been written. Word = (the lse of its head, as bits) << 32 | (a bf16 pair of that head); a
-// word whose high half is kEmptyLse has not. The host fills the buffer with empty words once;
-// each word is then written once per call by its split and taken once by its combining
-// thread, which empties it again. So every call finds the buffer empty, whatever the token and
-// split counts of the calls before (no counter that could wrap, nothing to reset per call).
-// The combine polls the very words it needs: no release fence and no barrier round trip
-// between a slow split's stores and its readers. Each 8-byte word is one single-copy-atomic
-// access (a naturally aligned 64-bit element, relaxed at gpu scope).
-constexpr uint32_t kEmptyLse = 0xffffffffu;     // a NaN pattern no stored lse has
-constexpr uint32_t kCanonicalNan = 0x7fc00000u;  // what a NaN lse (NaN inputs) is stored as
-constexpr uint64_t kEmptyWord = kEmptyFlaggedWord;
-static_assert(kFlaggedWords == kUnits * 2, "two words per unit");
-static_assert(static_cast<uint32_t>(kEmptyWord >> 32) == kEmptyLse, "an empty word's high half is kEmptyLse");
-
-__device__ __forceinline__ uint64_t flagged_word(uint32_t data, float lse) {
-  const uint32_t bits = isnan(lse) ? kCanonicalNan : __float_as_uint(lse);
-  return (static_cast<uint64_t>(bits) << 32) | data;
-}
-__device__ __forceinline__ void store_word_pair(uint64_t* p, uint64_t lo, uint64_t hi) {
-  asm volatile("st.relaxed.gpu.global.v2.b64 [%0], {%1, %2};\n" ::"l"(p), "l"(lo), "l"(hi) : "memory");
-}
-__device__ __forceinline__ void load_word_pair(const uint64_t* p, uint64_t& lo, uint64_t& hi) {
-  asm volatile("ld.relaxed.gpu.global.v2.b64 {%0, %1}, [%2];\n" : "=l"(lo), "=l"(hi) : "l"(p) : "memory");
-}
-
-// Split s's words: unit u at 2u (head g) and 2u + 1 (head g + 8).
-struct FlaggedSink {
-  uint64_t* words;
-  __device__ FlaggedSink(const AttentionArgs& a, int t, int s) : words(a.flagged + (static_cast<int64_t>(t) * a.splits + s) * kFlaggedWords) {}
-  __device__ void put_unit(int unit, uint2 bits, const float (&unit_lse)[2]) const {
-    store_word_pair(words + unit * 2, flagged_word(bits.x, unit_lse[0]), flagged_word(bits.y, unit_lse[1]));
-  }
-  __device__ void put_lse(int /*head*/, float /*value*/) const {}  // every word carries it
-};
-
-struct FlaggedSource {
-  static constexpr bool kMayWait = true;
-  uint64_t* words;  // the token's S x kUnits x 2 words
-  __device__ FlaggedSource(const AttentionArgs& a, int t) : words(a.flagged + static_cast<int64_t>(t) * a.splits * kFlaggedWords) {}
-  __device__ bool take(int split, int unit, int /*local*/, int /*g*/, SplitPartial& p) const {
-    uint64_t* pair = words + (static_cast<int64_t>(split) * kUnits + unit) * 2;
-    uint64_t lo, hi;
-    load_word_pair(pair, lo, hi);
-    if (static_cast<uint32_t>(lo >> 32) == kEmptyLse || static_cast<uint32_t>(hi >> 32) == kEmptyLse) return false;
-    store_word_pair(pair, kEmptyWord, kEmptyWord);  // empty again for the next call
-    p.bits = make_uint2(static_cast<uint32_t>(lo), static_cast<uint32_t>(hi));
-    p.lse[0] = __uint_as_float(static_cast<uint32_t>(lo >> 32));
-    p.lse[1] = __uint_as_float(static_cast<uint32_t>(hi >> 32));
-    return true;
-  }
-};
-
 __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, bool fused) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   Shared& sh = *reinterpret_cast<Shared*>(shared_bytes);
@@ -721,28 +635,15 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, boo
   // gives the start (the read is relaxed and consumed only at the barrier: nothing waits on it).
   // kTicketsPerCall divides 2^32, so wrapping around keeps episodes aligned; calls on a stream
   // run one after another, so episodes never interleave.
-  const bool flagged = a.flagged != nullptr;  // the flagged combine: no ticket word
   unsigned episode_end = 0;
-  if (fused && !flagged && threadIdx.x == 0) episode_end = (load_relaxed(ticket_word) / kTicketsPerCall + 1u) * kTicketsPerCall;
+  if (fused && threadIdx.x == 0) episode_end = (load_relaxed(ticket_word) / kTicketsPerCall + 1u) * kTicketsPerCall;
 
   RowState st;
   float o[kColTiles][4];
   attend_split(sh, a, t, s, st, o, false);
-  if (flagged) {
-    store_partial(FlaggedSink(a, t, s), st, o);
-  } else {
-    store_partial(GlobalSink(a, t, s), st, o);
-  }
+  store_partial(GlobalSink(a, t, s), st, o);
   stamp(a, t, s, kPhasePartialCycles);
   if (!fused) {
-    stamp(a, t, s, kPhaseExitNs);
-    return;
-  }
-  CombineScratch& scratch = *reinterpret_cast<CombineScratch*>(&sh.kv[0][0][0]);  // the gather buffers are free now
-  if (flagged) {  // no barrier: the combine's polls wait for each partial it reads
-    stamp(a, t, s, kPhaseReleasedCycles);
-    combine_share(scratch, a, t, s, FlaggedSource(a, t));
-    stamp(a, t, s, kPhaseCombinedCycles);
     stamp(a, t, s, kPhaseExitNs);
     return;
   }
@@ -759,18 +660,14 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, boo
   }
   __syncthreads();
   stamp(a, t, s, kPhaseReleasedCycles);
-  combine_share(scratch, a, t, s, GlobalSource(a, t));
+  combine_share(*reinterpret_cast<CombineScratch*>(&sh.kv[0][0][0]), a, t, s, GlobalSource(a, t));  // the gather buffers are free now
   stamp(a, t, s, kPhaseCombinedCycles);
   stamp(a, t, s, kPhaseExitNs);
 }
 
 __global__ void __launch_bounds__(kThreads) combine_kernel(AttentionArgs a) {
   __shared__ CombineScratch scratch;
-  if (a.flagged != nullptr) {
-    combine_share(scratch, a, blockIdx.y, blockIdx.x, FlaggedSource(a, blockIdx.y));
-  } else {
-    combine_share(scratch, a, blockIdx.y, blockIdx.x, GlobalSource(a, blockIdx.y));
-  }
+  combine_share(scratch, a, blockIdx.y, blockIdx.x, GlobalSource(a, blockIdx.y));
 }
 
 static_assert(sizeof(CombineScratch) <= sizeof(Shared::kv), "the fused combine reuses the gather buffers");
@@ -815,9 +712,7 @@ struct StagingSink {
   ClusterSlices out;
   int splits;
   __device__ StagingSink(uint2* staging, int S) : out(staging, S), splits(S) {}
-  __device__ void put_unit(int unit, uint2 bits, const float (&/*unit_lse*/)[2]) const {
-    out.slice(unit >> out.shift)[unit & (out.per_program - 1)] = bits;
-  }
+  __device__ void put_unit(int unit, uint2 bits) const { out.slice(unit >> out.shift)[unit & (out.per_program - 1)] = bits; }
   __device__ void put_lse(int head, float value) const {
     for (int owner = 0; owner < splits; ++owner) out.lse(owner)[head] = value;
   }
@@ -826,14 +721,9 @@ struct StagingSink {
 // Reads this program's share from its inbox (slice i: split i's partial).
 struct ClusterInbox {
   ClusterSlices in;
-  static constexpr bool kMayWait = false;  // the inbox barrier has completed
   __device__ explicit ClusterInbox(const ClusterSlices& slices) : in(slices) {}
-  __device__ bool take(int split, int /*unit*/, int local, int g, SplitPartial& p) const {
-    p.bits = in.slice(split)[local];
-    p.lse[0] = in.lse(split)[g];
-    p.lse[1] = in.lse(split)[g + 8];
-    return true;
-  }
+  __device__ uint2 unit(int split, int /*unit*/, int local) const { return in.slice(split)[local]; }
+  __device__ float split_lse(int split, int head) const { return in.lse(split)[head]; }
 };
 
 static_assert(kUnits / kMaxClusterSplits * (kMaxClusterSplits / kCombineSplitsPerThread) == kThreads,
@@ -955,8 +845,7 @@ cudaError_t resident_clusters(int splits, int* clusters) {
 
 cudaError_t launch_sparse_attention(const AttentionArgs& args, Combine combine, cudaStream_t stream, Launch* used) {
   const int most = combine == Combine::kCluster ? kMaxClusterSplits : kMaxSplits;
-  const bool flagged = combine == Combine::kFlagged;
-  if (!valid_splits(args.splits, most) || args.gather_lag < 0 || flagged != (args.flagged != nullptr)) return cudaErrorInvalidValue;
+  if (!valid_splits(args.splits, most) || args.gather_lag < 0) return cudaErrorInvalidValue;
   if (args.tokens <= 0) return cudaSuccess;
   if (combine == Combine::kCluster) {
     int device = 0;
@@ -970,7 +859,7 @@ cudaError_t launch_sparse_attention(const AttentionArgs& args, Combine combine, 
   int resident = 0;
   const cudaError_t err = resident_programs(&resident);
   if (err != cudaSuccess) return err;
-  const bool fused = (combine == Combine::kBarrier || flagged) && static_cast<long long>(args.tokens) * args.splits <= resident;
+  const bool fused = combine == Combine::kBarrier && static_cast<long long>(args.tokens) * args.splits <= resident;
   const dim3 grid(args.splits, args.tokens);
   split_kernel<<<grid, kThreads, sizeof(Shared), stream>>>(args, fused);
   if (!fused) combine_kernel<<<grid, kThreads, 0, stream>>>(args);

@@ -31,8 +31,6 @@ struct AttentionArgs {
   float* part_lse;          // [T, splits, 16]: each split's log2-sum-exp (-inf: no valid slot)
   int32_t* sync;            // [>= T * kSyncStride] barrier words: zeroed once, then only ever
                             // advanced (by kTicketsPerCall per call and token, modulo 2^32)
-  uint64_t* flagged;        // Combine::kFlagged only, else null: [>= T * splits * kFlaggedWords]
-                            // words, all kEmptyFlaggedWord before the call and after it
   int64_t q_nope_t, q_nope_h, q_pe_t, q_pe_h;      // strides in elements (last dims contiguous)
   int64_t ckv_page, ckv_slot, kpe_page, kpe_slot;
   int64_t indices_t, out_t, out_h, lse_t;
@@ -65,10 +63,6 @@ enum PhaseSlot : int {
   kPhaseSlots
 };
 
-// The flagged combine's words per split (attention_sm90.cu, "flagged partials").
-constexpr int kFlaggedWords = kHeads * kDCkv / 2;
-constexpr uint64_t kEmptyFlaggedWord = ~0ull;
-
 constexpr int kMinSplits = 8;
 constexpr int kMaxSplits = 64;
 constexpr int kMaxClusterSplits = 16;  // a token's programs form one thread-block cluster
@@ -83,8 +77,6 @@ enum class Combine : int {
   kTwoLaunch = 1,  // always a second launch
   kCluster = 2,    // same launch: the token's programs are one cluster and combine through
                    // distributed shared memory (splits <= kMaxClusterSplits; no scratch used)
-  kFlagged = 3,    // as kBarrier, but no barrier: partials in self-validating words
-                   // (AttentionArgs::flagged), polled by the combine
 };
 
 // How a call was launched.

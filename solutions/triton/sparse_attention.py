@@ -407,10 +407,9 @@ def _combine_kernel(
 #: Triton paths, then the CUDA kernel's, each with its combine (attention_ext.COMBINES):
 #: ``cuda`` behind a global-memory barrier when the grid is co-resident (its launcher checks),
 #: ``cuda_two_launch`` always in a second launch, ``cuda_cluster`` through distributed shared
-#: memory within the token's thread-block cluster, ``cuda_flagged`` as ``cuda`` without the
-#: barrier (its combine polls self-validating partials).
-PATHS = ("dsplit", "fused", "two_launch", "cuda", "cuda_two_launch", "cuda_cluster", "cuda_flagged")
-CUDA_COMBINES = {"cuda": "barrier", "cuda_two_launch": "two_launch", "cuda_cluster": "cluster", "cuda_flagged": "flagged"}
+#: memory within the token's thread-block cluster.
+PATHS = ("dsplit", "fused", "two_launch", "cuda", "cuda_two_launch", "cuda_cluster")
+CUDA_COMBINES = {"cuda": "barrier", "cuda_two_launch": "two_launch", "cuda_cluster": "cluster"}
 CUDA_PATHS = tuple(CUDA_COMBINES)
 
 
@@ -611,59 +610,36 @@ def triton_gpu_plan(num_tokens: int, coresident: int, force_two_launch: bool = F
     )
 
 
-@dataclass(frozen=True)
-class _WordsKind:
-    """What a kernel keeps in its persistent words: their dtype, the value they start at, how
-    many per item (a token, or a program for the flagged combine) and the fewest items
-    allocated."""
+class _SyncWords:
+    """One kernel's barrier words, kept per (kernel, device, stream) for the process's lifetime.
+    The Triton fused kernel (count and sense) and the CUDA kernel (a ticket word) keep
+    different invariants in them, so each has its own buffer."""
 
-    dtype: torch.dtype
-    fill: int
-    per_item: int
-    min_items: int
-
-
-#: "triton": the Triton fused kernel's barrier (count and sense per token); "cuda": the CUDA
-#: kernel's ticket word per token; "flagged": the CUDA flagged combine's words per program,
-#: empty (all bits set) between calls. Each keeps its own invariant, so each has its own buffer.
-_WORDS_KINDS = {
-    "triton": _WordsKind(torch.int32, 0, SYNC_STRIDE, 64),
-    "cuda": _WordsKind(torch.int32, 0, SYNC_STRIDE, 64),
-    "flagged": _WordsKind(torch.int64, attention_ext.EMPTY_FLAGGED_WORD, attention_ext.FLAGGED_WORDS, 128),
-}
-
-
-class _StreamWords:
-    """One kernel's persistent words on one (device, stream), kept for the process's lifetime:
-    filled once, then each kernel keeps its own invariant in them across calls (see the module
-    docstring and attention_sm90.cu's split_kernel and flagged partials)."""
-
-    def __init__(self, kind: _WordsKind) -> None:
-        self.kind = kind
+    def __init__(self) -> None:
         self.words: torch.Tensor | None = None
 
-    def get(self, device: torch.device, items: int) -> torch.Tensor:
-        kind = self.kind
-        if self.words is None or self.words.numel() < items * kind.per_item:
-            # Growing replaces the buffer: a call still in flight on this stream keeps the old
+    def get(self, device: torch.device, tokens: int) -> torch.Tensor:
+        if self.words is None or self.words.numel() < tokens * SYNC_STRIDE:
+            # Zeroed once here; afterwards each barrier keeps its own invariant (see the module
+            # docstring and attention_sm90.cu's split_kernel). Growing replaces the buffer: a call still in flight on this stream keeps the old
             # one alive through the caching allocator's stream ordering.
-            self.words = torch.full((max(items, kind.min_items) * kind.per_item,), kind.fill, dtype=kind.dtype, device=device)
+            self.words = torch.zeros(max(tokens, 64) * SYNC_STRIDE, dtype=torch.int32, device=device)
         return self.words
 
 
-_WORDS: dict[tuple, _StreamWords] = {}
+_SYNC: dict[tuple, _SyncWords] = {}
 
 
-def _stream_words(device: torch.device, kind: str = "triton") -> _StreamWords:
-    """The persistent words of ``kind`` (a key of _WORDS_KINDS) on ``device``'s current stream."""
+def _sync_words_for(device: torch.device, kernel: str = "triton") -> _SyncWords:
+    """The barrier words of ``kernel`` ("triton" or "cuda") on ``device``'s current stream."""
     if device.type == "cuda":
         index = _device_index(device)
-        key = (kind, f"cuda:{index}", torch.cuda.current_stream(index).cuda_stream)
+        key = (kernel, f"cuda:{index}", torch.cuda.current_stream(index).cuda_stream)
     else:
-        key = (kind, str(device), 0)
-    if key not in _WORDS:
-        _WORDS[key] = _StreamWords(_WORDS_KINDS[kind])
-    return _WORDS[key]
+        key = (kernel, str(device), 0)
+    if key not in _SYNC:
+        _SYNC[key] = _SyncWords()
+    return _SYNC[key]
 
 
 def _launch_cuda(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, phase_clocks=None) -> int:
@@ -673,16 +649,14 @@ def _launch_cuda(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices,
     device = q_nope.device
     combine = CUDA_COMBINES[plan.path]
     # Scratch per call, as for the Triton paths (a host-side lookup in the caching allocator);
-    # the cluster combine keeps its partials in shared memory and the flagged one in its
-    # persistent words, and neither needs it.
-    scratch = T * plan.splits if combine in ("barrier", "two_launch") else 0
+    # the cluster combine keeps its partials in shared memory and needs none.
+    scratch = 0 if combine == "cluster" else T * plan.splits
     part_out = torch.empty(scratch * NUM_HEADS * D_CKV, dtype=torch.bfloat16, device=device)
     part_lse = torch.empty(scratch * NUM_HEADS, dtype=torch.float32, device=device)
-    sync = _stream_words(device, "cuda").get(device, T) if scratch else part_lse.new_empty(0, dtype=torch.int32)
-    flagged = _stream_words(device, "flagged").get(device, T * plan.splits) if combine == "flagged" else None
+    sync = _sync_words_for(device, "cuda").get(device, T) if combine != "cluster" else part_lse.new_empty(0, dtype=torch.int32)
     return attention_ext.run(
         q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, part_out, part_lse, sync,
-        plan.splits, combine=combine, gather_lag=plan.gather_lag, phase_clocks=phase_clocks, flagged=flagged,
+        plan.splits, combine=combine, gather_lag=plan.gather_lag, phase_clocks=phase_clocks,
     )
 
 
@@ -717,7 +691,7 @@ def _launch(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_s
     # a captured graph owns its own and calls on different streams never share them.
     part_acc = torch.empty(T * plan.splits * NUM_HEADS * D_CKV, dtype=plan.partial_dtype, device=device)
     part_ml = torch.empty(T * plan.splits * 2 * NUM_HEADS, dtype=torch.float32, device=device)
-    sync = _stream_words(device, "triton").get(device, T) if fused else part_ml  # sync is never touched unfused
+    sync = _sync_words_for(device).get(device, T) if fused else part_ml  # sync is never touched unfused
     split_args = (
         q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse, part_acc, part_ml, sync, qk_scale_log2, *common_strides,
     )
