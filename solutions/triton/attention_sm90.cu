@@ -93,6 +93,7 @@ struct Shared {
   float tile_sum[kWarps][kHeads];
   int32_t slot_ids[kStages][kTileSlots];
   uint64_t full[kStages];  // mbarrier per gather stage
+  uint32_t ticket[4];      // split_kernel, fused: the token's ticket word at entry (a 16-byte copy)
   // Cluster combine only: every program of the cluster copies in its partial of this
   // program's share (see ClusterInbox), and the copies complete their bytes on inbox_full.
   // Apart from the gather buffers: a fast program pushes while a slow one still gathers.
@@ -609,12 +610,6 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   return v;
 }
 
-__device__ __forceinline__ unsigned load_relaxed(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
 __device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -632,11 +627,12 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, boo
   // call starts on a multiple of kTicketsPerCall whatever the split counts of earlier calls,
   // and its episode ends at the next multiple. Read here, before this program's arrival, the
   // word holds the call's start plus fewer than kTicketsPerCall arrivals, so rounding it down
-  // gives the start (the read is relaxed and consumed only at the barrier: nothing waits on it).
+  // gives the start. The word is copied into shared memory with Q's copies (cp.async, through
+  // L2) and read only at the barrier: no thread waits for this cold load before its gathers
+  // (a register load's first use was scheduled right after it, stalling warp 0 for a round trip).
   // kTicketsPerCall divides 2^32, so wrapping around keeps episodes aligned; calls on a stream
   // run one after another, so episodes never interleave.
-  unsigned episode_end = 0;
-  if (fused && threadIdx.x == 0) episode_end = (load_relaxed(ticket_word) / kTicketsPerCall + 1u) * kTicketsPerCall;
+  if (fused && threadIdx.x == 0) cp_async16(sh.ticket, ticket_word, 16);  // joins Q's copy group (attend_split waits for it)
 
   RowState st;
   float o[kColTiles][4];
@@ -655,6 +651,7 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, boo
   __syncthreads();
   if (threadIdx.x == 0) {
     add_release(ticket_word, kTicketsPerCall / static_cast<unsigned>(a.splits));
+    const unsigned episode_end = (sh.ticket[0] / kTicketsPerCall + 1u) * kTicketsPerCall;
     while (static_cast<int>(load_acquire(ticket_word) - episode_end) < 0) {
     }
   }
