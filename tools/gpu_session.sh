@@ -11,6 +11,7 @@
 #   bash tools/gpu_session.sh setup tune         # GPU kernel tests, attention variants, indexer stages
 #   bash tools/gpu_session.sh setup dev          # a new kernel's tests first, then stage benchmarks and all kernel tests
 #   bash tools/gpu_session.sh setup cluster      # the cluster combine and gather depths: tests, variants, phases
+#   bash tools/gpu_session.sh setup lag          # the gather lag: tests, variants over lags, phases
 #   bash tools/gpu_session.sh setup final        # an attention change's records: GPU tests, both workloads, variants, phases
 #   bash tools/gpu_session.sh setup final_attention  # the same after a change to the attention kernel alone
 #   bash tools/gpu_session.sh setup final1       # the recorded runs: every GPU test, attention workload, top-k costs, pipelines
@@ -118,6 +119,14 @@ for stage in "$@"; do
         step attention_phases_cluster16 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda_cluster:16:2
         step attention_phases_barrier16 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda:16:2
         step attention_phases_barrier32 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda:32:2
+        ;;
+    lag)  # the gather lag: the attention GPU tests, variants over lags (each checked), phases
+        step attention_cuda_tests 200 python3 -m pytest -q -m gpu -x tests/test_triton_attention.py
+        step attention_variants 300 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
+            --variant default --variant cuda_s16 --variant cuda_s32 --variant cuda_s16_lag1000 --variant cuda_s16_lag2000 \
+            --variant cuda_s16_lag3000 --variant cluster_s16 --variant cluster_s16_lag1000 --variant cluster_s16_lag2000 \
+            --variant cluster_s16_lag3000 --variant cluster_s8
+        step attention_phases 30 python3 tools/profile_kernels.py phases --iterations 20
         ;;
     final)  # the recorded runs of an attention change (the indexer's kernels unchanged): every GPU
             # test, both workloads (the solution's hash changed), the attention variants and phases
