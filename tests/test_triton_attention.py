@@ -156,8 +156,10 @@ def test_cuda_policy_keeps_grids_coresident():
             assert plan.path == "cuda" and plan.splits == sa.attention_ext.MIN_SPLITS  # the launcher takes two launches then
     assert [(p.path, p.splits) for p in (sa.cuda_plan(t, sms, clusters) for t in (1, 2, 3, 7, 8, 9, 16, 17))] == [
         ("cuda", 32), ("cuda", 32), *[("cuda_cluster", 16)] * 2, ("cuda", 16), *[("cuda", 8)] * 3]
+    lags = [sa.cuda_plan(t, sms, clusters).gather_lag for t in (1, 2, 3, 7, 8, 9)]
+    assert lags == [0, 0, *[sa.CUDA_POLICY_CLUSTER_LAG] * 2, sa.CUDA_POLICY_BARRIER_LAG, 0], "lags only where measured (two tiles per program)"
     assert sa.cuda_plan(3, sms).path == "cuda", "no cluster of 16 fits: the barrier"
-    assert sa.cuda_plan(2, 40, clusters) == sa.cuda_kernel_plan("cuda_cluster", 16), "32 splits only while co-resident"
+    assert sa.cuda_plan(2, 40, clusters) == sa.cuda_kernel_plan("cuda_cluster", 16, sa.CUDA_POLICY_CLUSTER_LAG), "32 splits only while co-resident"
     forced = sa.cuda_plan(8, sms, clusters, force_two_launch=True)
     assert forced.path == "cuda_two_launch" and sa.cuda_plan(1, sms, clusters, force_two_launch=True).path == "cuda_two_launch"
     with pytest.raises(AssertionError, match=r"power-of-two splits in \[8, 16\]"):

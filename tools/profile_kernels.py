@@ -225,7 +225,7 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
     phase's length in µs, the median and the slowest over programs and calls; when programs
     start after the first one; and the span from the first start to the last exit. Stamps are
     taken by thread 0 of each program, so a phase ends when that thread passes it.
-    ``plan_spec`` ``PATH:SPLITS:DEPTH`` (e.g. ``cuda_cluster:16:1``) replaces the default plan.
+    ``plan_spec`` ``PATH:SPLITS:LAG`` (e.g. ``cuda_cluster:16:1000``, the gather lag in SM cycles) replaces the default plan.
     """
     sa = solution_module(attn.NAME)
     ext = sa.attention_ext
@@ -258,7 +258,7 @@ def main() -> int:
     p.add_argument("mode", choices=("ncu", "locality", "cache", "topk", "phases"))
     p.add_argument("--case", action="append", default=[], help="case id (repeatable; ncu mode)")
     p.add_argument("--iterations", type=int, default=30)
-    p.add_argument("--plan", help="phases mode: PATH:SPLITS:DEPTH of the CUDA kernel instead of the default plan")
+    p.add_argument("--plan", help="phases mode: PATH:SPLITS:LAG (gather lag, SM cycles) of the CUDA kernel instead of the default plan")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("profile_kernels: needs a CUDA GPU", file=sys.stderr)

@@ -549,10 +549,17 @@ def _cuda_residency(device_index: int) -> tuple[int, int]:
 #: once: clusters of 16 with the cluster combine. Beyond: the barrier with the most splits up
 #: to CUDA_POLICY_MAX_SPLITS that keep the grid co-resident (16 beat 64 at every T: the combine
 #: reads S partials), and past that the fewest splits and two launches.
+#: Gather lags (SM cycles), measured where a program has two tiles (16 splits): the cluster
+#: combine's CUDA_POLICY_CLUSTER_LAG and the barrier's CUDA_POLICY_BARRIER_LAG (T = 8) let the
+#: first tile take the bandwidth first, so its math overlaps the second tile's gather
+#: (benchmarks/h200/experiments/lag_flagged/). With 32 splits a program has one tile, and
+#: 8 splits (T > 8, four tiles) were not measured: lag 0 there.
 CUDA_POLICY_WIDE_TOKENS = 2
 CUDA_POLICY_WIDE_SPLITS = 32
 CUDA_POLICY_CLUSTER_SPLITS = 16
 CUDA_POLICY_MAX_SPLITS = 16
+CUDA_POLICY_CLUSTER_LAG = 1000
+CUDA_POLICY_BARRIER_LAG = 2000
 
 
 def cuda_plan(num_tokens: int, resident: int, resident_clusters: int = 0, force_two_launch: bool = False) -> Plan:
@@ -563,11 +570,12 @@ def cuda_plan(num_tokens: int, resident: int, resident_clusters: int = 0, force_
         if num_tokens <= CUDA_POLICY_WIDE_TOKENS and num_tokens * CUDA_POLICY_WIDE_SPLITS <= resident:
             return cuda_kernel_plan("cuda", CUDA_POLICY_WIDE_SPLITS)
         if num_tokens <= resident_clusters:
-            return cuda_kernel_plan("cuda_cluster", CUDA_POLICY_CLUSTER_SPLITS)
+            return cuda_kernel_plan("cuda_cluster", CUDA_POLICY_CLUSTER_SPLITS, CUDA_POLICY_CLUSTER_LAG)
     splits = CUDA_POLICY_MAX_SPLITS
     while splits > attention_ext.MIN_SPLITS and num_tokens * splits > resident:
         splits //= 2
-    return cuda_kernel_plan("cuda_two_launch" if force_two_launch else "cuda", splits)
+    lag = CUDA_POLICY_BARRIER_LAG if splits == CUDA_POLICY_MAX_SPLITS else 0
+    return cuda_kernel_plan("cuda_two_launch" if force_two_launch else "cuda", splits, lag)
 
 
 def cuda_kernel_plan(path: str, splits: int, gather_lag: int = 0) -> Plan:
@@ -755,7 +763,7 @@ def solution_notes() -> str:
         "sparse attention: hand-written CUDA kernel (attention_sm90.cu; bulk-copy (TMA) gathers, mma.sync bf16), strided "
         "split-K in 64-slot tiles, the combine in the same launch: T <= 2 with 32 splits behind a per-token ticket barrier, "
         "T <= 7 with 16 splits as one thread-block cluster per token (distributed shared memory), T = 8 with 16 splits "
-        "behind the barrier; a second launch when the grid cannot be co-resident"
+        "behind the barrier, the second tile's gather lagging the first's; a second launch when the grid cannot be co-resident"
     )
 
 
