@@ -171,15 +171,6 @@ __device__ __forceinline__ bool mbarrier_done(uint64_t* bar, uint32_t parity) {
 }
 // Orders this thread's earlier generic-proxy accesses to shared memory (as ordered by block
 // barriers) before its following bulk copies, which write through the async proxy.
-// Requests the line holding `p` into L2. Used at entry on the buffers a program writes or reads
-// only at its end: the request translates the address there, while the slot ids load, instead
-// of the first store or load to that page doing it on the critical path.
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
-
-// The end-of-program buffers of program (s, t), touched at entry (see prefetch_l2): its token's
-// output and lse rows, and, unless `cluster`, its partial (next to the others it combines).
-__device__ __forceinline__ void prefetch_outputs(const AttentionArgs& a, int t, int s, bool cluster);
-
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Bulk (TMA) copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to
 // this program's shared memory, completing its bytes on `bar`.
@@ -623,15 +614,6 @@ __device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-__device__ __forceinline__ void prefetch_outputs(const AttentionArgs& a, int t, int s, bool cluster) {
-  const int64_t partial = static_cast<int64_t>(kUnits) * 4;  // bf16 outputs of one split's partial
-  if (threadIdx.x == 0) prefetch_l2(a.out + t * a.out_t);
-  if (threadIdx.x == 1) prefetch_l2(a.lse + t * a.lse_t);
-  if (cluster) return;
-  if (threadIdx.x == 2) prefetch_l2(a.part_out + (static_cast<int64_t>(t) * a.splits + s) * partial);
-  if (threadIdx.x == 3) prefetch_l2(a.part_lse + (static_cast<int64_t>(t) * a.splits + s) * kHeads);
-}
-
 __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, bool fused) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   Shared& sh = *reinterpret_cast<Shared*>(shared_bytes);
@@ -640,7 +622,6 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, boo
   unsigned* ticket_word = reinterpret_cast<unsigned*>(a.sync) + static_cast<int64_t>(t) * kSyncStride;
   stamp(a, t, s, kPhaseEntryNs);
   stamp(a, t, s, kPhaseEntryCycles);
-  prefetch_outputs(a, t, s, false);
   // Ticket barrier per token: one word that only grows (modulo 2^32), never reset. Every call
   // advances it by kTicketsPerCall in all, each of its S programs by kTicketsPerCall / S, so a
   // call starts on a multiple of kTicketsPerCall whatever the split counts of earlier calls,
@@ -760,7 +741,6 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_kernel(AttentionArgs a) {
   const int splits = a.splits;
   stamp(a, t, s, kPhaseEntryNs);
   stamp(a, t, s, kPhaseEntryCycles);
-  prefetch_outputs(a, t, s, true);
   const ClusterSlices inbox(sh.inbox, splits);
   if (threadIdx.x == 0) {  // the inbox completes when all S slices have landed
     mbarrier_init(&sh.inbox_full, 1);
