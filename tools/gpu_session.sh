@@ -12,6 +12,7 @@
 #   bash tools/gpu_session.sh setup dev          # a new kernel's tests first, then stage benchmarks and all kernel tests
 #   bash tools/gpu_session.sh setup cluster      # the cluster combine and gather depths: tests, variants, phases
 #   bash tools/gpu_session.sh setup lag          # the gather lag: tests, variants over lags, phases
+#   bash tools/gpu_session.sh setup gpu_tests    # every GPU test of the suite
 #   bash tools/gpu_session.sh setup final        # an attention change's records: GPU tests, both workloads, variants, phases
 #   bash tools/gpu_session.sh setup final_attention  # the same after a change to the attention kernel alone
 #   bash tools/gpu_session.sh setup final1       # the recorded runs: every GPU test, attention workload, top-k costs, pipelines
@@ -127,6 +128,9 @@ for stage in "$@"; do
             --variant cuda_s16_lag3000 --variant cluster_s16 --variant cluster_s16_lag1000 --variant cluster_s16_lag2000 \
             --variant cluster_s16_lag3000 --variant cluster_s8
         step attention_phases 30 python3 tools/profile_kernels.py phases --iterations 20
+        ;;
+    gpu_tests)  # every GPU test of the suite
+        step gpu_tests 400 python3 -m pytest -q -m gpu
         ;;
     final)  # the recorded runs of an attention change (the indexer's kernels unchanged): every GPU
             # test, both workloads (the solution's hash changed), the attention variants and phases
