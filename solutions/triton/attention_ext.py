@@ -143,8 +143,6 @@ def run(
         problems.append("part_out, part_lse or sync is too small for this call")
     if not (part_out.is_contiguous() and part_lse.is_contiguous() and sync.is_contiguous()):
         problems.append("part_out, part_lse and sync must be contiguous")
-    if combine != "cluster" and part_lse.data_ptr() % 16:
-        problems.append("part_lse must be 16-byte aligned (the combine reads it 16 bytes at a time)")
     if phase_clocks is not None and (
         not phase_clocks.is_cuda or phase_clocks.device != q_nope.device or phase_clocks.dtype != torch.int64
         or not phase_clocks.is_contiguous() or phase_clocks.numel() < T * splits * PHASE_SLOTS

@@ -505,14 +505,10 @@ __device__ __forceinline__ void store_partial(const Sink& sink, const RowState& 
   }
 }
 
-static_assert(2 * kWarps == kHeads && kMaxSplits % kWarpSize == 0, "the combine's weights: warp w takes heads w and w + 8, lanes the splits");
-
-// Scratch of the combine: the token's lse and normalised weights per (split, head), and each
-// thread's weighted outputs when several threads share a unit (fewer units than threads).
+// Scratch of the combine when several threads share a unit (fewer units than threads).
 struct CombineScratch {
-  float lse[kMaxSplits][kHeads];
-  float weight[kMaxSplits][kHeads];  // 2^(lse - max) / sum over the splits, per head
-  float part[kThreads][4];           // each thread's weighted outputs of its unit
+  float top[kThreads][2];        // each thread's largest lse of heads g and g + 8
+  float sums[kThreads][6];       // each thread's weighted outputs (4) and weight totals (2)
 };
 
 // Where the combine reads the token's partials: global memory, written by other SMs of this
@@ -524,28 +520,17 @@ struct GlobalSource {
       : units(reinterpret_cast<const uint2*>(a.part_out) + static_cast<int64_t>(t) * a.splits * kUnits),
         lse(a.part_lse + static_cast<int64_t>(t) * a.splits * kHeads) {}
   __device__ uint2 unit(int split, int unit, int /*local*/) const { return __ldcg(units + split * kUnits + unit); }
-  // The token's S x kHeads lse into `dst`, 16 bytes per thread: every program of the token
-  // reads the same lines, so few wide requests instead of each thread's 2 x 8 scalar loads.
-  __device__ void stage_lse(float (*dst)[kHeads], int splits) const {
-    for (int i = threadIdx.x; i < splits * kHeads / 4; i += kThreads) {
-      reinterpret_cast<float4*>(dst)[i] = __ldcg(reinterpret_cast<const float4*>(lse) + i);
-    }
-  }
+  __device__ float split_lse(int split, int head) const { return __ldcg(lse + split * kHeads + head); }
 };
 
 // Program s's share of token t's combine: units [s * kUnits / S, (s + 1) * kUnits / S), each the
-// mean of the S partials weighted by 2^(lse_split - lse_max) per head.
-//   1. Thread i requests unit i % (kUnits / S) of the kCombineSplitsPerThread splits of block
-//      i / (kUnits / S) (each warp-wide load reads 32 consecutive units of one split), and the
-//      token's lse is staged in shared memory meanwhile.
-//   2. Warp w turns the lse of heads w and w + 8 into normalised weights (lanes = splits, warp
-//      reductions): one exp2 per (split, head) for the whole program.
-//   3. Each thread weighs its units; blocks of splits are summed in a fixed order through
-//      shared memory (deterministic).
+// weighted mean of the S partials (weights 2^(lse_split - lse_max) per head). Thread i takes
+// unit i % (kUnits / S) over the kCombineSplitsPerThread splits of block i / (kUnits / S), so
+// each warp-wide load reads 32 consecutive units of one split (coalesced); the blocks are
+// merged through shared memory.
 template <class Source>
 __device__ __forceinline__ void combine_share(CombineScratch& scratch, const AttentionArgs& a, int t, int s, const Source& source) {
-  const int splits = a.splits;
-  const int shift = share_shift(splits);
+  const int shift = share_shift(a.splits);
   const int per_program = 1 << shift;                     // units this program combines
   const int blocks = kThreads >> shift;                   // split blocks per unit (S / 8)
   const int local = static_cast<int>(threadIdx.x) & (per_program - 1);
@@ -559,76 +544,64 @@ __device__ __forceinline__ void combine_share(CombineScratch& scratch, const Att
   const int first = block * kCombineSplitsPerThread;
 
   uint2 bits[kCombineSplitsPerThread];
-#pragma unroll
-  for (int k = 0; k < kCombineSplitsPerThread; ++k) bits[k] = source.unit(first + k, unit, local);
-  source.stage_lse(scratch.lse, splits);
-  __syncthreads();
-
-  // Weights: warp w, heads w and w + 8; lane l holds splits l and l + 32.
-  {
-    const int my_lane = static_cast<int>(threadIdx.x) % kWarpSize;
-    const int my_warp = static_cast<int>(threadIdx.x) / kWarpSize;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int h = my_warp + r * kWarps;
-      float v[kMaxSplits / kWarpSize];
-      float top = neg_inf();
-#pragma unroll
-      for (int j = 0; j < kMaxSplits / kWarpSize; ++j) {
-        const int split = my_lane + j * kWarpSize;
-        v[j] = split < splits ? scratch.lse[split][h] : neg_inf();
-        top = fmaxf(top, v[j]);
-      }
-#pragma unroll
-      for (int o = kWarpSize / 2; o > 0; o /= 2) top = fmaxf(top, __shfl_xor_sync(kFullMask, top, o));
-      // A head without any valid slot has max -inf: 0 as the reference keeps every weight 0, not NaN.
-      const float ref = top == neg_inf() ? 0.f : top;
-      float e[kMaxSplits / kWarpSize], total = 0.f;
-#pragma unroll
-      for (int j = 0; j < kMaxSplits / kWarpSize; ++j) {
-        e[j] = exp2f(v[j] - ref);
-        total += e[j];
-      }
-#pragma unroll
-      for (int o = kWarpSize / 2; o > 0; o /= 2) total += __shfl_xor_sync(kFullMask, total, o);
-      const float inv_total = total > 0.f ? 1.f / total : 0.f;
-#pragma unroll
-      for (int j = 0; j < kMaxSplits / kWarpSize; ++j) {
-        const int split = my_lane + j * kWarpSize;
-        if (split < splits) scratch.weight[split][h] = e[j] * inv_total;
-      }
-      if (s == 0 && my_lane == 0) a.lse[t * a.lse_t + h] = total > 0.f ? ref + log2f(total) : neg_inf();
-    }
-  }
-  __syncthreads();
-
-  float sums[4] = {0.f, 0.f, 0.f, 0.f};  // outputs of head g (x, y), then head g + 8
+  float lse_lo[kCombineSplitsPerThread], lse_hi[kCombineSplitsPerThread];
 #pragma unroll
   for (int k = 0; k < kCombineSplitsPerThread; ++k) {
-    const float w_lo = scratch.weight[first + k][g];
-    const float w_hi = scratch.weight[first + k][g + 8];
+    bits[k] = source.unit(first + k, unit, local);
+    lse_lo[k] = source.split_lse(first + k, g);
+    lse_hi[k] = source.split_lse(first + k, g + 8);
+  }
+  float top_lo = neg_inf(), top_hi = neg_inf();
+#pragma unroll
+  for (int k = 0; k < kCombineSplitsPerThread; ++k) {
+    top_lo = fmaxf(top_lo, lse_lo[k]);
+    top_hi = fmaxf(top_hi, lse_hi[k]);
+  }
+  if (blocks > 1) {  // block-uniform
+    scratch.top[threadIdx.x][0] = top_lo;
+    scratch.top[threadIdx.x][1] = top_hi;
+    __syncthreads();
+    for (int b = 0; b < blocks; ++b) {
+      top_lo = fmaxf(top_lo, scratch.top[b * per_program + local][0]);
+      top_hi = fmaxf(top_hi, scratch.top[b * per_program + local][1]);
+    }
+  }
+  // A head without any valid slot has max -inf: 0 as the reference keeps every weight 0, not NaN.
+  const float ref_lo = top_lo == neg_inf() ? 0.f : top_lo;
+  const float ref_hi = top_hi == neg_inf() ? 0.f : top_hi;
+  float sums[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};  // outputs lo.x, lo.y, hi.x, hi.y; totals lo, hi
+#pragma unroll
+  for (int k = 0; k < kCombineSplitsPerThread; ++k) {
+    const float w_lo = exp2f(lse_lo[k] - ref_lo);
+    const float w_hi = exp2f(lse_hi[k] - ref_hi);
     const float2 lo = unpack_bf16x2(bits[k].x);
     const float2 hi = unpack_bf16x2(bits[k].y);
     sums[0] += w_lo * lo.x;
     sums[1] += w_lo * lo.y;
     sums[2] += w_hi * hi.x;
     sums[3] += w_hi * hi.y;
+    sums[4] += w_lo;
+    sums[5] += w_hi;
   }
-  if (blocks > 1) {  // block-uniform
-    *reinterpret_cast<float4*>(scratch.part[threadIdx.x]) = make_float4(sums[0], sums[1], sums[2], sums[3]);
+  if (blocks > 1) {
+#pragma unroll
+    for (int i = 0; i < 6; ++i) scratch.sums[threadIdx.x][i] = sums[i];
     __syncthreads();
     if (block != 0) return;
     for (int b = 1; b < blocks; ++b) {
-      const float4 other = *reinterpret_cast<const float4*>(scratch.part[b * per_program + local]);
-      sums[0] += other.x;
-      sums[1] += other.y;
-      sums[2] += other.z;
-      sums[3] += other.w;
+#pragma unroll
+      for (int i = 0; i < 6; ++i) sums[i] += scratch.sums[b * per_program + local][i];
     }
   }
+  const float scale_lo = sums[4] > 0.f ? 1.f / sums[4] : 0.f;
+  const float scale_hi = sums[5] > 0.f ? 1.f / sums[5] : 0.f;
   uint16_t* out_lo = a.out + t * a.out_t + g * a.out_h + d;
-  *reinterpret_cast<uint32_t*>(out_lo) = pack_bf16x2(sums[0], sums[1]);
-  *reinterpret_cast<uint32_t*>(out_lo + 8 * a.out_h) = pack_bf16x2(sums[2], sums[3]);
+  *reinterpret_cast<uint32_t*>(out_lo) = pack_bf16x2(sums[0] * scale_lo, sums[1] * scale_lo);
+  *reinterpret_cast<uint32_t*>(out_lo + 8 * a.out_h) = pack_bf16x2(sums[2] * scale_hi, sums[3] * scale_hi);
+  if (d == 0) {
+    a.lse[t * a.lse_t + g] = sums[4] > 0.f ? ref_lo + log2f(sums[4]) : neg_inf();
+    a.lse[t * a.lse_t + g + 8] = sums[5] > 0.f ? ref_hi + log2f(sums[5]) : neg_inf();
+  }
 }
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
@@ -747,9 +720,7 @@ struct ClusterInbox {
   ClusterSlices in;
   __device__ explicit ClusterInbox(const ClusterSlices& slices) : in(slices) {}
   __device__ uint2 unit(int split, int /*unit*/, int local) const { return in.slice(split)[local]; }
-  __device__ void stage_lse(float (*dst)[kHeads], int splits) const {
-    for (int i = threadIdx.x; i < splits * kHeads; i += kThreads) dst[i / kHeads][i % kHeads] = in.lse(i / kHeads)[i % kHeads];
-  }
+  __device__ float split_lse(int split, int head) const { return in.lse(split)[head]; }
 };
 
 static_assert(kUnits / kMaxClusterSplits * (kMaxClusterSplits / kCombineSplitsPerThread) == kThreads,
