@@ -116,8 +116,16 @@ def with_named(sa, table: dict[str, Callable[[int], object]], names: list[str]) 
     return table | {name: (lambda T, plan=plan: plan) for name, plan in extra.items() if plan is not None}
 
 
-def list_plans(sa, coresident: int, default: Callable[[int], object], names: list[str], tokens: list[int]) -> None:
-    table = with_named(sa, variants(sa, coresident, default), names)
+def unknown_names(table: dict[str, Callable[[int], object]], names: list[str]) -> int:
+    """0 when every requested name is in ``table``; else says which are not and returns 2."""
+    unknown = sorted(set(names) - set(table))
+    if unknown:
+        print(f"unknown variant(s) {unknown}; known: {', '.join(table)}, or any cuda_sN / cluster_sN [_lagN | _landed]", file=sys.stderr)
+        return 2
+    return 0
+
+
+def list_plans(table: dict[str, Callable[[int], object]], names: list[str], tokens: list[int]) -> None:
     for name in names:
         print(name)
         for T in tokens:
@@ -146,7 +154,10 @@ def main() -> int:
             coresident, default = sa._max_coresident_programs(torch.device("cuda")), lambda T: sa.default_plan(T, torch.device("cuda"))
         else:  # the H200's figures: 132 programs, 7 clusters of 16
             coresident, default = 132, lambda T: sa.cuda_plan(T, 132, 7)
-        list_plans(sa, coresident, default, args.variant or list(variants(sa, coresident, default)), [1, 2, 6, 7, 8])
+        table = with_named(sa, variants(sa, coresident, default), args.variant)
+        if unknown_names(table, args.variant):
+            return 2
+        list_plans(table, args.variant or list(table), [1, 2, 6, 7, 8])
         return 0
     if not torch.cuda.is_available():
         print("bench_attention_variants: needs a CUDA GPU (--list works without one)", file=sys.stderr)
@@ -156,9 +167,7 @@ def main() -> int:
     coresident = sa._max_coresident_programs(device)
     all_variants = with_named(sa, variants(sa, coresident, lambda T: sa.default_plan(T, device)), args.variant)
     chosen = {k: v for k, v in all_variants.items() if not args.variant or k in args.variant}
-    unknown = set(args.variant) - set(all_variants)
-    if unknown:
-        print(f"unknown variant(s) {sorted(unknown)}; known: {', '.join(all_variants)}", file=sys.stderr)
+    if unknown_names(all_variants, args.variant):
         return 2
     workload = load_workload(args.workload)
     cases = [c for c in workload.cases if not args.case or any(fnmatch.fnmatch(c.id, g) for g in args.case)]

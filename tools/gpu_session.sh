@@ -10,7 +10,7 @@
 #   bash tools/gpu_session.sh setup stalls       # cache states and ncu stall reasons of both solutions' kernels
 #   bash tools/gpu_session.sh setup tune         # GPU kernel tests, attention variants, indexer stages
 #   bash tools/gpu_session.sh setup dev          # a new kernel's tests first, then stage benchmarks and all kernel tests
-#   bash tools/gpu_session.sh setup cluster      # the cluster combine and gather depths: tests, variants, phases
+#   bash tools/gpu_session.sh setup cluster      # the cluster combine: tests, variants, phases
 #   bash tools/gpu_session.sh setup lag          # the gather lag: tests, variants over lags, phases
 #   bash tools/gpu_session.sh setup gpu_tests    # every GPU test of the suite
 #   bash tools/gpu_session.sh setup final        # an attention change's records: GPU tests, both workloads, variants, phases
@@ -113,13 +113,13 @@ for stage in "$@"; do
             --case 'indexer_069*' --case 'indexer_086*' --case 'indexer_110*' --case 'indexer_127*'
         step gpu_tests_kernels 150 python3 -m pytest -q -m gpu tests/test_triton_indexer.py tests/test_triton_attention.py
         ;;
-    cluster)  # the cluster combine and gather depths: their tests, the variants, phase stamps
+    cluster)  # the cluster combine: its tests, the variants (with a gather only once landed), phase stamps
         step attention_cuda_tests 150 python3 -m pytest -q -m gpu -x tests/test_triton_attention.py -k "cuda or cluster"
         step attention_variants 100 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
-            --variant default --variant cuda_s16 --variant cuda_s32 --variant cuda_s16_d1 --variant cluster_s8 --variant cluster_s16
-        step attention_phases_cluster16 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda_cluster:16:2
-        step attention_phases_barrier16 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda:16:2
-        step attention_phases_barrier32 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda:32:2
+            --variant default --variant cuda_s16 --variant cuda_s32 --variant cuda_s16_landed --variant cluster_s8 --variant cluster_s16
+        step attention_phases_cluster16 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda_cluster:16:0
+        step attention_phases_barrier16 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda:16:0
+        step attention_phases_barrier32 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda:32:0
         ;;
     lag)  # the gather lag: the attention GPU tests, variants over lags (each checked), phases
         step attention_cuda_tests 200 python3 -m pytest -q -m gpu -x tests/test_triton_attention.py
