@@ -60,6 +60,11 @@ CUDA_VARIANTS = (
 _CUDA_VARIANT = re.compile(r"(cuda|cluster)_s(\d+)(?:_lag(\d+)|_(landed))?")
 
 
+def fixed(plan) -> Callable[[int], object]:
+    """A variant that uses ``plan`` at every token count."""
+    return lambda T: plan
+
+
 def cuda_variant_plan(sa, name: str):
     """The plan a CUDA variant name spells: ``cuda_s16`` (barrier, 16 splits), ``cluster_s8``,
     ``cuda_s16_lag2000`` (gather lag of 2000 cycles), ``cluster_s16_landed``; None when the name
@@ -96,13 +101,8 @@ def variants(sa, coresident: int, default: Callable[[int], object]) -> dict[str,
 
         return make
 
-    def fixed(plan):
-        return lambda T: plan
-
     table = {"default": default, "cuda_two_launch": lambda T: sa.cuda_plan(T, coresident, force_two_launch=True)}
-    for name in CUDA_VARIANTS:
-        table[name] = fixed(cuda_variant_plan(sa, name))
-    return table | {
+    return with_named(sa, table, list(CUDA_VARIANTS)) | {
         "triton": lambda T: sa.triton_gpu_plan(T, coresident),
         "triton_fused_bn64_bf16": split_plan("fused", triton_policy, 64, dtype=torch.bfloat16),
         "triton_g2l_s64": fixed(Plan("two_launch", 64, 32, 8, 2, graph=True)),
@@ -113,7 +113,7 @@ def variants(sa, coresident: int, default: Callable[[int], object]) -> dict[str,
 def with_named(sa, table: dict[str, Callable[[int], object]], names: list[str]) -> dict[str, Callable[[int], object]]:
     """``table`` plus the CUDA variants among ``names`` it lacks (cuda_variant_plan); unknown names are left out."""
     extra = {name: cuda_variant_plan(sa, name) for name in names if name not in table}
-    return table | {name: (lambda T, plan=plan: plan) for name, plan in extra.items() if plan is not None}
+    return table | {name: fixed(plan) for name, plan in extra.items() if plan is not None}
 
 
 def unknown_names(table: dict[str, Callable[[int], object]], names: list[str]) -> int:

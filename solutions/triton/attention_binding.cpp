@@ -45,6 +45,7 @@ int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const
   const int64_t tokens = q_nope.size(0);
   TORCH_CHECK(combine >= 0 && combine <= static_cast<int64_t>(dsa_attention::Combine::kCluster), "unknown combine ", combine);
   const auto how = static_cast<dsa_attention::Combine>(combine);
+  TORCH_CHECK(gather_lag >= 0 && gather_lag <= dsa_attention::kGatherLagOnLanding, "gather_lag out of range");
   if (how != dsa_attention::Combine::kCluster) {  // the cluster combine needs no global scratch
     TORCH_CHECK(part_out.numel() >= tokens * splits * dsa_attention::kHeads * dsa_attention::kDCkv, "part_out too small");
     TORCH_CHECK(part_lse.numel() >= tokens * splits * dsa_attention::kHeads, "part_lse too small");
@@ -85,7 +86,6 @@ int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const
   a.qk_scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
   a.tokens = static_cast<int>(tokens);
   a.splits = static_cast<int>(splits);
-  TORCH_CHECK(gather_lag >= 0 && gather_lag <= dsa_attention::kGatherLagOnLanding, "gather_lag out of range");
   a.gather_lag = static_cast<int>(gather_lag);
   dsa_attention::Launch used = dsa_attention::Launch::kFused;
   const cudaError_t err = dsa_attention::launch_sparse_attention(a, how, c10::cuda::getCurrentCUDAStream(device.index()).stream(), &used);

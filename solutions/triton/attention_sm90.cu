@@ -93,7 +93,7 @@ struct Shared {
   float tile_sum[kWarps][kHeads];
   int32_t slot_ids[kStages][kTileSlots];
   uint64_t full[kStages];  // mbarrier per gather stage
-  uint32_t ticket[4];      // split_kernel, fused: the token's ticket word at entry (a 16-byte copy)
+  alignas(16) uint32_t ticket[4];  // split_kernel, fused: the token's ticket word at entry (a 16-byte cp.async)
   // Cluster combine only: every program of the cluster copies in its partial of this
   // program's share (see ClusterInbox), and the copies complete their bytes on inbox_full.
   // Apart from the gather buffers: a fast program pushes while a slow one still gathers.
