@@ -12,6 +12,7 @@
 #   bash tools/gpu_session.sh setup dev          # a new kernel's tests first, then stage benchmarks and all kernel tests
 #   bash tools/gpu_session.sh setup cluster      # the cluster combine: tests, variants, phases
 #   bash tools/gpu_session.sh setup lag          # the gather lag: tests, variants over lags, phases
+#   bash tools/gpu_session.sh setup gather       # the gather floor of the attention (tools/gather_floor.py)
 #   bash tools/gpu_session.sh setup gpu_tests    # every GPU test of the suite
 #   bash tools/gpu_session.sh setup final        # an attention change's records: GPU tests, both workloads, variants, phases
 #   bash tools/gpu_session.sh setup final_attention  # the same after a change to the attention kernel alone
@@ -128,6 +129,10 @@ for stage in "$@"; do
             --variant cuda_s16_lag3000 --variant cluster_s16 --variant cluster_s16_lag1000 --variant cluster_s16_lag2000 \
             --variant cluster_s16_lag3000 --variant cluster_s8
         step attention_phases 30 python3 tools/profile_kernels.py phases --iterations 20
+        ;;
+    gather)  # the gather floor: gather-only kernels against the solution, ids reordered
+        step gather_floor 200 python3 tools/gather_floor.py --iterations 30 --case attention_18_t8_full --case attention_00_t1_full \
+            --out "$WORK/gather_floor.json"
         ;;
     gpu_tests)  # every GPU test of the suite
         step gpu_tests 400 python3 -m pytest -q -m gpu

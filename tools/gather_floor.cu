@@ -1,0 +1,126 @@
+// Gather-only kernels for tools/gather_floor.py: how fast can the H200 bring a sparse-attention
+// call's selected rows (ckv 1024 B + kpe 128 B per valid slot) into the SMs, without any math?
+//
+// Program (s, t) takes the slots s, s + S, s + 2S, ... of token t (the strided split of the
+// attention kernel) and fetches each valid slot's rows:
+//   bulk  one bulk (TMA) copy per row into shared memory, every row of the program at once, all
+//         completing on one mbarrier
+//   ldg   16-byte loads through L2 (ld.global.cg) by every thread into registers, 8 in flight
+//         per thread, folded into a checksum so the loads are kept
+// The checksum / first shared word goes to `sink` so nothing is optimised away.
+#include <torch/extension.h>
+
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace {
+
+constexpr int kTopK = 2048;
+constexpr int kPageSize = 64;
+constexpr int kCkvBytes = 1024;
+constexpr int kKpeBytes = 128;
+constexpr int kRowBytes = kCkvBytes + kKpeBytes;
+constexpr int kThreads = 256;
+constexpr int kLoadsInFlight = 8;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__global__ void __launch_bounds__(kThreads) bulk_gather(const uint8_t* ckv, const uint8_t* kpe, const int32_t* indices, int splits, bool with_kpe,
+                                                        int32_t* sink) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int s = blockIdx.x, t = blockIdx.y;
+  const int rows = kTopK / splits;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + rows * kRowBytes);
+  if (threadIdx.x == 0) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(kThreads) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  for (int r = threadIdx.x; r < rows; r += kThreads) {
+    const int id = indices[t * kTopK + r * splits + s];
+    if (id < 0) continue;
+    const int64_t page = id / kPageSize, slot = id % kPageSize;
+    const uint32_t bytes = with_kpe ? kRowBytes : kCkvBytes;
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+    uint8_t* dst = smem + r * kRowBytes;
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
+                 "l"(ckv + (page * kPageSize + slot) * kCkvBytes), "r"(kCkvBytes), "r"(smem_addr(bar))
+                 : "memory");
+    if (with_kpe) {
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst + kCkvBytes)),
+                   "l"(kpe + (page * kPageSize + slot) * kKpeBytes), "r"(kKpeBytes), "r"(smem_addr(bar))
+                   : "memory");
+    }
+  }
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(smem_addr(bar))
+      : "memory");
+  if (threadIdx.x == 0) sink[t * splits + s] = *reinterpret_cast<const int32_t*>(smem);
+}
+
+__global__ void __launch_bounds__(kThreads) ldg_gather(const uint8_t* ckv, const uint8_t* kpe, const int32_t* indices, int splits, bool with_kpe,
+                                                       int32_t* sink) {
+  __shared__ int32_t ids[kTopK];
+  const int s = blockIdx.x, t = blockIdx.y;
+  const int rows = kTopK / splits;
+  for (int r = threadIdx.x; r < rows; r += kThreads) ids[r] = indices[t * kTopK + r * splits + s];
+  __syncthreads();
+  const int chunks_per_row = (with_kpe ? kRowBytes : kCkvBytes) / 16;
+  const int chunks = rows * chunks_per_row;
+  uint32_t sum = 0;
+  for (int c0 = threadIdx.x; c0 < chunks; c0 += kThreads * kLoadsInFlight) {
+    uint4 v[kLoadsInFlight];
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) {
+      const int c = c0 + k * kThreads;
+      v[k] = make_uint4(0, 0, 0, 0);
+      if (c >= chunks) continue;
+      const int r = c / chunks_per_row, part = c % chunks_per_row;
+      const int id = ids[r];
+      if (id < 0) continue;
+      const uint8_t* src = part < kCkvBytes / 16 ? ckv + static_cast<int64_t>(id) * kCkvBytes + part * 16
+                                                 : kpe + static_cast<int64_t>(id) * kKpeBytes + (part - kCkvBytes / 16) * 16;
+      v[k] = __ldcg(reinterpret_cast<const uint4*>(src));
+    }
+#pragma unroll
+    for (int k = 0; k < kLoadsInFlight; ++k) sum ^= v[k].x ^ v[k].y ^ v[k].z ^ v[k].w;
+  }
+  if (sum == 0x9e3779b9u) sink[t * splits + s] = sum;  // practically never: keeps the loads
+}
+
+void gather(torch::Tensor ckv, torch::Tensor kpe, torch::Tensor indices, int64_t splits, const std::string& mode, bool with_kpe,
+            torch::Tensor sink) {
+  TORCH_CHECK(indices.dim() == 2 && indices.size(1) == kTopK && indices.is_contiguous(), "indices: [T, 2048] contiguous int32");
+  TORCH_CHECK(kTopK % splits == 0 && splits >= 1, "splits must divide 2048");
+  TORCH_CHECK(sink.numel() >= indices.size(0) * splits, "sink too small");
+  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(indices.size(0)));
+  auto stream = c10::cuda::getCurrentCUDAStream();
+  const auto* ckv_bytes = reinterpret_cast<const uint8_t*>(ckv.data_ptr());
+  const auto* kpe_bytes = reinterpret_cast<const uint8_t*>(kpe.data_ptr());
+  if (mode == "bulk") {
+    const int smem = static_cast<int>(kTopK / splits) * kRowBytes + 16;
+    TORCH_CHECK(smem <= 227 * 1024, "bulk mode: ", kTopK / splits, " rows do not fit in shared memory");
+    cudaFuncSetAttribute(bulk_gather, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    bulk_gather<<<grid, kThreads, smem, stream>>>(ckv_bytes, kpe_bytes, indices.data_ptr<int32_t>(), static_cast<int>(splits), with_kpe,
+                                                  sink.data_ptr<int32_t>());
+  } else if (mode == "ldg") {
+    ldg_gather<<<grid, kThreads, 0, stream>>>(ckv_bytes, kpe_bytes, indices.data_ptr<int32_t>(), static_cast<int>(splits), with_kpe,
+                                              sink.data_ptr<int32_t>());
+  } else {
+    TORCH_CHECK(false, "mode must be bulk or ldg, got ", mode);
+  }
+  const cudaError_t err = cudaGetLastError();
+  TORCH_CHECK(err == cudaSuccess, "gather launch: ", cudaGetErrorString(err));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("gather", &gather, "gather-only kernel (see tools/gather_floor.cu)"); }
