@@ -71,8 +71,9 @@ constexpr int kUnitsLog2 = 11;
 static_assert(kHeads == 16, "the heads are the M = 16 rows of every mma");
 static_assert(kSlotsPerWarp == 8, "a warp scores one 8-slot n-tile");
 static_assert(kDCkv % 32 == 0 && kDKpe % 32 == 0, "logit k-loops take two 16-wide k-steps at a time");
-static_assert(kPoolRows <= kThreads && kPoolRows % kWarpSize == 0, "thread r < kPoolRows owns pool row r; whole warps own rows");
-static_assert(kMaxRows == kThreads, "thread x loads the id of the program's row x");
+constexpr int kOwnersPerWarp = kPoolRows / kWarps;       // lanes of every warp that own a pool row
+static_assert(kPoolRows % kWarps == 0 && kOwnersPerWarp <= kWarpSize, "every warp owns as many pool rows");
+static_assert(kMaxRows == 2 * kPoolRows && kMaxRows == kThreads, "each thread loads the id of one of the program's rows");
 static_assert(kMaxStepRows == kTileSlots, "a step scores at most one tile");
 static_assert(kTileSlots % kStepGrain == 0 && kStepGrain % 16 == 0 && kStepGrain % kSlotsPerWarp == 0,
               "steps are whole P.V k-steps and whole warps' logit n-tiles");
@@ -101,7 +102,7 @@ struct Shared {
   float tile_sum[kWarps][kHeads];
   int32_t ids[kMaxRows];                   // the program's slot ids, row j = slot j * S + s
   int32_t position_row[kTileSlots];        // pool row scored at each position of the current step
-  int32_t landed_in_warp[kPoolRows / kWarpSize];
+  int32_t landed_in_warp[kWarps];
   uint64_t row_full[kPoolRows];            // mbarrier per pool row: its bulk copies' bytes
   alignas(16) uint32_t ticket[4];  // split_kernel, fused: the token's ticket word at entry (a 16-byte cp.async)
   // Cluster combine only: every program of the cluster copies in its partial of this
@@ -225,19 +226,29 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(kFullMask, v, 2);
 }
 
-// One pool row, owned by thread r < kPoolRows: the only thread that requests, tests and hands
-// out pool row r, so its state lives in that thread's registers.
+// The program row whose id thread x loads: lane l < kOwnersPerWarp of warp w owns pool row
+// l * kWarps + w and loads that row's id (its first request); the other lanes load the rows of
+// the second pool's worth the same way. Owners sit in every warp: a warp issues its owners'
+// bulk copies one thread after another, so spreading them keeps every warp's share short.
+__device__ __forceinline__ int loaded_row(int x) {
+  const int lane = x % kWarpSize, warp = x / kWarpSize;
+  return lane < kOwnersPerWarp ? lane * kWarps + warp : kPoolRows + (lane - kOwnersPerWarp) * kWarps + warp;
+}
+
+// One pool row, owned by one thread (see loaded_row): the only thread that requests, tests and
+// hands out that row, so its state lives in that thread's registers.
 struct PoolRow {
   bool pending = false;  // holds a requested row not yet scored
   bool padding = false;  // that row is padding: nothing is copied, positions read the zero row
   uint32_t parity = 0;   // phase parity of the row's next bulk copy on its mbarrier
   int position = kTileSlots;  // where the latest step scores it (kTileSlots: not in that step)
+  int row = -1;               // the pool row this thread owns (-1: none)
 
   // Requests slot `id` into pool row `row`: one bulk copy of the ckv row (1024 B) and one of the
   // kpe row (128 B), completing their bytes on the row's own mbarrier. Bulk copies keep far more
   // bytes in flight per SM than 16-byte cp.async, which capped the random gather at about
   // 2.8 TB/s.
-  __device__ void request(Shared& sh, const AttentionArgs& a, int row, int id) {
+  __device__ void request(Shared& sh, const AttentionArgs& a, int id) {
     pending = true;
     padding = id < 0;
     if (padding) return;
@@ -248,7 +259,7 @@ struct PoolRow {
     bulk_copy(sh.kv[row], ckv_row, kDCkv * 2, &sh.row_full[row]);
     bulk_copy(sh.kv[row] + kDCkv, kpe_row, kDKpe * 2, &sh.row_full[row]);
   }
-  __device__ bool landed(Shared& sh, int row) const { return pending && (padding || mbarrier_done(&sh.row_full[row], parity)); }
+  __device__ bool landed(Shared& sh) const { return pending && (padding || mbarrier_done(&sh.row_full[row], parity)); }
 };
 
 // Waits until `want` of the pool's requested rows have landed, then hands out the first `take`
@@ -260,14 +271,13 @@ struct PoolRow {
 __device__ __forceinline__ int next_step(Shared& sh, PoolRow& mine, int want) {
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
-  const bool owner = threadIdx.x < kPoolRows;
   bool landed;
   unsigned ballot;
   int landed_count;
   for (;;) {
-    landed = owner && mine.landed(sh, threadIdx.x);
+    landed = mine.row >= 0 && mine.landed(sh);
     ballot = __ballot_sync(kFullMask, landed);
-    if (owner && lane == 0) sh.landed_in_warp[warp] = __popc(ballot);
+    if (lane == 0) sh.landed_in_warp[warp] = __popc(ballot);
     landed_count = __syncthreads_count(landed);  // also publishes landed_in_warp
     if (landed_count >= want) break;
   }
@@ -277,7 +287,7 @@ __device__ __forceinline__ int next_step(Shared& sh, PoolRow& mine, int want) {
     int rank = __popc(ballot & ((1u << lane) - 1u));
     for (int w = 0; w < warp; ++w) rank += sh.landed_in_warp[w];
     if (rank < take) {
-      sh.position_row[rank] = mine.padding ? kZeroRow : static_cast<int>(threadIdx.x);
+      sh.position_row[rank] = mine.padding ? kZeroRow : mine.row;
       mine.position = rank;
       mine.pending = false;
       if (!mine.padding) mine.parity ^= 1u;
@@ -422,9 +432,10 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
   const int tiles = (split_slots + kTileSlots - 1) / kTileSlots;
   const int32_t* idx_row = a.indices + t * a.indices_t;
 
-  // Thread x loads the id of row x, first: it heads the longest dependent chain (id -> row
-  // address -> gather).
-  const int my_id = static_cast<int>(threadIdx.x) < split_slots ? __ldg(idx_row + static_cast<int64_t>(threadIdx.x) * splits + s) : -1;
+  // Each thread loads the id of one row (loaded_row), first: it heads the longest dependent
+  // chain (id -> row address -> gather).
+  const int my_row = loaded_row(threadIdx.x);
+  const int my_id = my_row < split_slots ? __ldg(idx_row + static_cast<int64_t>(my_row) * splits + s) : -1;
   // Q does not depend on the ids: its copy (one cp.async group) is issued while they are in flight.
   for (int c = threadIdx.x; c < kHeads * kRowChunks; c += kThreads) {
     const int h = c / kRowChunks;
@@ -434,25 +445,26 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
     cp_async16(&sh.q[h][chunk * kChunk], src, 16);
   }
   cp_async_commit();
-  if (threadIdx.x < kPoolRows) {  // each pool row's owner initialises its mbarrier (one arrival per use)
-    mbarrier_init(&sh.row_full[threadIdx.x], 1);
+  if (threadIdx.x == 0) {  // one arrival per use: the owner's, with the bytes to expect
+    for (int r = 0; r < kPoolRows; ++r) mbarrier_init(&sh.row_full[r], 1);
     fence_mbarrier_init();
   }
   for (int c = threadIdx.x; c < kRowStride * 2 / 16; c += kThreads) reinterpret_cast<uint4*>(sh.kv[kZeroRow])[c] = make_uint4(0, 0, 0, 0);
-  sh.ids[threadIdx.x] = my_id;
+  sh.ids[my_row] = my_id;
   // Tiles after the last one holding a valid slot are skipped (block-uniform). The block
   // barriers here also publish the ids, the zero row and the mbarrier initialisation (tiles >= 1).
   int active = 0;
 #pragma unroll
   for (int i = 0; i < kMaxTiles; ++i) {
-    if (i < tiles && __syncthreads_or(my_id >= 0 && static_cast<int>(threadIdx.x) / kTileSlots == i)) active = i + 1;
+    if (i < tiles && __syncthreads_or(my_id >= 0 && my_row / kTileSlots == i)) active = i + 1;
   }
   stamp(a, t, s, kPhaseIdsCycles);
 
   const int total = active * kTileSlots;           // rows to score
   int requested = min(total, kPoolRows);           // rows requested so far (row r into pool row r)
   PoolRow mine;
-  if (static_cast<int>(threadIdx.x) < requested) mine.request(sh, a, threadIdx.x, my_id);
+  if (my_row < kPoolRows) mine.row = my_row;
+  if (my_row < requested) mine.request(sh, a, my_id);
   if (cluster_handshake) cluster_wait();
 
   st = RowState{{neg_inf(), neg_inf()}, {0.f, 0.f}};
@@ -476,7 +488,7 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
     scored += rows;
     // The step's pool rows (free after attend_step's closing barrier) take the next rows.
     const int refill = min(rows, total - requested);
-    if (mine.position < refill) mine.request(sh, a, threadIdx.x, sh.ids[requested + mine.position]);
+    if (mine.position < refill) mine.request(sh, a, sh.ids[requested + mine.position]);
     requested += refill;
   }
   stamp(a, t, s, kPhaseAttendedCycles);
