@@ -5,6 +5,9 @@
 // attention kernel) and fetches each valid slot's rows:
 //   bulk  one bulk (TMA) copy per row into shared memory, every row of the program at once, all
 //         completing on one mbarrier
+//   rows  the same copies, each row completing on its own mbarrier, and the block polling them
+//         (a non-blocking test per row, then a block-wide count) until every row has landed, as
+//         the attention kernel's landing-order steps do; rows_sleep backs off 100 ns per poll
 //   ldg   16-byte loads through L2 (ld.global.cg) by every thread into registers, 8 in flight
 //         per thread, folded into a checksum so the loads are kept
 // The checksum / first shared word goes to `sink` so nothing is optimised away.
@@ -66,6 +69,58 @@ __global__ void __launch_bounds__(kThreads) bulk_gather(const uint8_t* ckv, cons
   if (threadIdx.x == 0) sink[t * splits + s] = *reinterpret_cast<const int32_t*>(smem);
 }
 
+__device__ __forceinline__ bool mbarrier_done(uint64_t* bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_addr(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+template <bool kSleep>
+__global__ void __launch_bounds__(kThreads) rows_gather(const uint8_t* ckv, const uint8_t* kpe, const int32_t* indices, int splits, bool with_kpe,
+                                                        int32_t* sink) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int s = blockIdx.x, t = blockIdx.y;
+  const int rows = kTopK / splits;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + rows * kRowBytes);
+  if (threadIdx.x == 0) {
+    for (int r = 0; r < rows; ++r) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bars + r)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  bool pending = false;
+  const int r = threadIdx.x;  // one row per thread (rows <= kThreads)
+  if (r < rows) {
+    const int id = indices[t * kTopK + r * splits + s];
+    if (id >= 0) {
+      pending = true;
+      const int64_t page = id / kPageSize, slot = id % kPageSize;
+      const uint32_t bytes = with_kpe ? kRowBytes : kCkvBytes;
+      uint8_t* dst = smem + r * kRowBytes;
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bars + r)), "r"(bytes) : "memory");
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
+                   "l"(ckv + (page * kPageSize + slot) * kCkvBytes), "r"(kCkvBytes), "r"(smem_addr(bars + r))
+                   : "memory");
+      if (with_kpe) {
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst + kCkvBytes)),
+                     "l"(kpe + (page * kPageSize + slot) * kKpeBytes), "r"(kKpeBytes), "r"(smem_addr(bars + r))
+                     : "memory");
+      }
+    }
+  }
+  while (__syncthreads_count(pending && !mbarrier_done(bars + r, 0)) > 0) {
+    if (kSleep) __nanosleep(100);
+  }
+  if (threadIdx.x == 0) sink[t * splits + s] = *reinterpret_cast<const int32_t*>(smem);
+}
+
 __global__ void __launch_bounds__(kThreads) ldg_gather(const uint8_t* ckv, const uint8_t* kpe, const int32_t* indices, int splits, bool with_kpe,
                                                        int32_t* sink) {
   __shared__ int32_t ids[kTopK];
@@ -105,7 +160,15 @@ void gather(torch::Tensor ckv, torch::Tensor kpe, torch::Tensor indices, int64_t
   auto stream = c10::cuda::getCurrentCUDAStream();
   const auto* ckv_bytes = reinterpret_cast<const uint8_t*>(ckv.data_ptr());
   const auto* kpe_bytes = reinterpret_cast<const uint8_t*>(kpe.data_ptr());
-  if (mode == "bulk") {
+  if (mode == "rows" || mode == "rows_sleep") {
+    const int rows = static_cast<int>(kTopK / splits);
+    const int smem = rows * kRowBytes + rows * 8;
+    TORCH_CHECK(rows <= kThreads && smem <= 227 * 1024, "rows mode: ", rows, " rows do not fit");
+    auto kernel = mode == "rows" ? rows_gather<false> : rows_gather<true>;
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    kernel<<<grid, kThreads, smem, stream>>>(ckv_bytes, kpe_bytes, indices.data_ptr<int32_t>(), static_cast<int>(splits), with_kpe,
+                                             sink.data_ptr<int32_t>());
+  } else if (mode == "bulk") {
     const int smem = static_cast<int>(kTopK / splits) * kRowBytes + 16;
     TORCH_CHECK(smem <= 227 * 1024, "bulk mode: ", kTopK / splits, " rows do not fit in shared memory");
     cudaFuncSetAttribute(bulk_gather, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -115,7 +178,7 @@ void gather(torch::Tensor ckv, torch::Tensor kpe, torch::Tensor indices, int64_t
     ldg_gather<<<grid, kThreads, 0, stream>>>(ckv_bytes, kpe_bytes, indices.data_ptr<int32_t>(), static_cast<int>(splits), with_kpe,
                                               sink.data_ptr<int32_t>());
   } else {
-    TORCH_CHECK(false, "mode must be bulk or ldg, got ", mode);
+    TORCH_CHECK(false, "mode must be bulk, rows, rows_sleep or ldg, got ", mode);
   }
   const cudaError_t err = cudaGetLastError();
   TORCH_CHECK(err == cudaSuccess, "gather launch: ", cudaGetErrorString(err));

@@ -8,7 +8,8 @@ generator) it times, cold L2, median over iterations, with the harness's timer:
   - the solution's sparse attention under its default plan (the whole call), also on the ids
     reordered as below (the result is the same: a row's slots may come in any order);
   - gather-only kernels (tools/gather_floor.cu) that fetch exactly the rows that call fetches,
-    by bulk copies (all of a program's rows at once) or by 16-byte loads, with and without the
+    by bulk copies (all of a program's rows at once; on one mbarrier, or one per row polled as
+    the attention kernel does) or by 16-byte loads, with and without the
     kpe rows, at several split counts;
   - the same gathers with the slot ids reordered: each program's slots sorted by address
     ("program-sorted", what a program could do for itself), the token's whole row sorted
@@ -114,7 +115,7 @@ def main() -> int:
         for name, us in row.items():
             print(f"  {name:40s} {us:7.2f} µs")
         for order in ("as-is", "program-sorted", "row-sorted", "contiguous"):
-            for mode, splits in (("bulk", 16), ("bulk", 32), ("bulk", 64), ("ldg", 16), ("ldg", 64)):
+            for mode, splits in (("bulk", 16), ("bulk", 32), ("bulk", 64), ("rows", 16), ("rows_sleep", 16), ("ldg", 16), ("ldg", 64)):
                 ids = {"as-is": indices, "row-sorted": row_sorted(indices), "contiguous": contiguous(indices)}.get(order)
                 ids = program_sorted(indices, splits) if ids is None else ids
                 for with_kpe in (True, False):

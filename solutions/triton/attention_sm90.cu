@@ -72,6 +72,7 @@ static_assert(kHeads == 16, "the heads are the M = 16 rows of every mma");
 static_assert(kSlotsPerWarp == 8, "a warp scores one 8-slot n-tile");
 static_assert(kDCkv % 32 == 0 && kDKpe % 32 == 0, "logit k-loops take two 16-wide k-steps at a time");
 constexpr int kOwnersPerWarp = kPoolRows / kWarps;       // lanes of every warp that own a pool row
+constexpr int kPollBackoffNs = 64;                       // pause between two polls of the pool's rows
 static_assert(kPoolRows % kWarps == 0 && kOwnersPerWarp <= kWarpSize, "every warp owns as many pool rows");
 static_assert(kMaxRows == 2 * kPoolRows && kMaxRows == kThreads, "each thread loads the id of one of the program's rows");
 static_assert(kMaxStepRows == kTileSlots, "a step scores at most one tile");
@@ -262,9 +263,9 @@ struct PoolRow {
   __device__ bool landed(Shared& sh) const { return pending && (padding || mbarrier_done(&sh.row_full[row], parity)); }
 };
 
-// Waits until `want` of the pool's requested rows have landed, then hands out the first `take`
-// landed ones (landed_count rounded down to kStepGrain, at most a tile) as the step's positions,
-// in pool-row order: position_row[p] is the row scored at position p, kZeroRow for padding.
+// Waits until `want` of the pool's requested rows have landed, then hands out `take` landed ones
+// (landed_count rounded down to kStepGrain, at most a tile) as the step's positions:
+// position_row[p] is the row scored at position p, kZeroRow for padding.
 // Rows land in whatever order the memory system serves them; scoring the landed ones first
 // lets the math of early rows overlap the gather of late ones. Every thread calls it (block
 // barriers inside); returns the step's row count, the same in every thread.
@@ -280,12 +281,22 @@ __device__ __forceinline__ int next_step(Shared& sh, PoolRow& mine, int want) {
     if (lane == 0) sh.landed_in_warp[warp] = __popc(ballot);
     landed_count = __syncthreads_count(landed);  // also publishes landed_in_warp
     if (landed_count >= want) break;
+    __nanosleep(kPollBackoffNs);  // polling at full speed slows the landing it waits for
   }
   const int take = min(kTileSlots, landed_count / kStepGrain * kStepGrain);
   mine.position = kTileSlots;
   if (landed) {
-    int rank = __popc(ballot & ((1u << lane) - 1u));
-    for (int w = 0; w < warp; ++w) rank += sh.landed_in_warp[w];
+    // Rank in the order (i, warp), i = the row's index among its warp's landed rows: warp w's
+    // owners hold the pool rows of residue w mod 8, and 8 consecutive positions (one ldmatrix)
+    // then come from different warps where possible, so their rows start in different 16-byte
+    // bank groups (rows 1168 B apart: row r starts in group r mod 8).
+    const int i = __popc(ballot & ((1u << lane) - 1u));
+    int rank = 0;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const int count = sh.landed_in_warp[w];
+      rank += min(i, count) + (w < warp && count > i ? 1 : 0);
+    }
     if (rank < take) {
       sh.position_row[rank] = mine.padding ? kZeroRow : mine.row;
       mine.position = rank;
