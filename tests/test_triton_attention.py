@@ -156,21 +156,21 @@ def test_cuda_policy_keeps_grids_coresident():
             assert plan.path == "cuda" and plan.splits == sa.attention_ext.MIN_SPLITS  # the launcher takes two launches then
     assert [(p.path, p.splits) for p in (sa.cuda_plan(t, sms, clusters) for t in (1, 2, 3, 7, 8, 9, 16, 17))] == [
         ("cuda", 32), ("cuda", 32), *[("cuda_cluster", 16)] * 2, ("cuda", 16), *[("cuda", 8)] * 3]
-    assert {sa.cuda_plan(t, sms, clusters).step_rows for t in (1, 2, 3, 7, 8, 9)} == {sa.CUDA_POLICY_STEP_ROWS}
+    lags = [sa.cuda_plan(t, sms, clusters).gather_lag for t in (1, 2, 3, 7, 8, 9)]
+    assert lags == [0, 0, *[sa.CUDA_POLICY_CLUSTER_LAG] * 2, sa.CUDA_POLICY_BARRIER_LAG, 0], "lags only where measured (two tiles per program)"
     assert sa.cuda_plan(3, sms).path == "cuda", "no cluster of 16 fits: the barrier"
-    assert sa.cuda_plan(2, 40, clusters) == sa.cuda_kernel_plan("cuda_cluster", 16), "32 splits only while co-resident"
+    assert sa.cuda_plan(2, 40, clusters) == sa.cuda_kernel_plan("cuda_cluster", 16, sa.CUDA_POLICY_CLUSTER_LAG), "32 splits only while co-resident"
     forced = sa.cuda_plan(8, sms, clusters, force_two_launch=True)
     assert forced.path == "cuda_two_launch" and sa.cuda_plan(1, sms, clusters, force_two_launch=True).path == "cuda_two_launch"
     with pytest.raises(AssertionError, match=r"power-of-two splits in \[8, 16\]"):
         sa.cuda_kernel_plan("cuda_cluster", 32)  # a cluster holds at most 16 programs
-    for bad in (0, 8, 24, 80, 32.0):
-        with pytest.raises(AssertionError, match=r"step_rows must be a multiple of 16 in \[16, 64\]"):
-            sa.cuda_kernel_plan("cuda", 16, step_rows=bad)
-    with pytest.raises(AssertionError, match="only the CUDA kernel scores in steps"):
-        sa.Plan("fused", 16, 64, 8, 2, step_rows=32).validate()
+    with pytest.raises(AssertionError, match="gather lag"):
+        sa.cuda_kernel_plan("cuda", 16, gather_lag=-1)
+    with pytest.raises(AssertionError, match="only the CUDA kernel has a gather lag"):
+        sa.Plan("fused", 16, 64, 8, 2, gather_lag=1000).validate()
     with pytest.raises(AssertionError, match="float32 partials"):
-        sa.Plan("cuda_cluster", 16, 64, 8, 2, partial_dtype=torch.bfloat16, step_rows=32).validate()
-    assert sa.cuda_kernel_plan("cuda_cluster", 8, 48).partial_dtype == torch.float32
+        sa.Plan("cuda_cluster", 16, 64, 8, 2, partial_dtype=torch.bfloat16).validate()
+    assert sa.cuda_kernel_plan("cuda_cluster", 8, 1000).partial_dtype == torch.float32
     with pytest.raises(AssertionError, match="power-of-two splits"):
         sa.Plan("cuda", splits=4, block_n=64, partial_dtype=torch.bfloat16).validate()
     with pytest.raises(AssertionError, match="tile is 64"):
@@ -210,7 +210,7 @@ def test_ticket_barrier_arithmetic_releases_exactly_at_the_last_arrival():
 def test_cuda_path_is_refused_under_interpreter():
     axes, inputs = make_inputs([3], num_pages=16)
     with pytest.raises(ValueError, match="not the Triton interpreter"):
-        run_solution(axes, inputs, sa.cuda_kernel_plan("cuda", 16))
+        run_solution(axes, inputs, sa.Plan("cuda", splits=16, block_n=64, num_stages=2, partial_dtype=torch.bfloat16))
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal of CPU tensors on a machine without CUDA")
@@ -328,7 +328,7 @@ def test_gpu_default_plan(cuda, counts, padding):
     assert len(counts) * used.splits <= resident, "T <= 8 fits one co-resident launch"
 
 
-def run_cuda(axes, inputs, splits: int, combine: str, device, step_rows: int = 64) -> tuple[dict, int]:
+def run_cuda(axes, inputs, splits: int, combine: str, device, gather_lag: int = 0) -> tuple[dict, int]:
     """The CUDA kernel through its checked entry, with fresh NaN-poisoned scratch and outputs
     (no scratch for the cluster combine, which must not need any)."""
     T = axes["num_tokens"]
@@ -338,7 +338,7 @@ def run_cuda(axes, inputs, splits: int, combine: str, device, step_rows: int = 6
     part_lse = torch.full((scratch * 16,), float("nan"), dtype=torch.float32, device=device)
     sync = sa._sync_words_for(device, "cuda").get(device, T)
     args = attn.DEFINITION.input_args(inputs)
-    launch = sa.attention_ext.run(*args, outputs["output"], outputs["lse"], part_out, part_lse, sync, splits, combine, step_rows)
+    launch = sa.attention_ext.run(*args, outputs["output"], outputs["lse"], part_out, part_lse, sync, splits, combine, gather_lag)
     torch.cuda.synchronize()
     return outputs, launch
 
@@ -346,21 +346,21 @@ def run_cuda(axes, inputs, splits: int, combine: str, device, step_rows: int = 6
 @pytest.mark.gpu
 @pytest.mark.parametrize("counts,padding", GPU_CASES, ids=_ids)
 def test_gpu_cuda_kernel_every_split_count(cuda, counts, padding):
-    """Every split count with every combine and the step rows at both ends and between (steps of
-    16 landed rows: up to four steps per tile, positions beyond a step's rows masked)."""
+    """Every split count with every combine and three gather lags (two tiles at once, a short
+    lag, each tile only once the one before has landed)."""
     axes, inputs = make_inputs(counts, padding, GPU_CONTEST_PAGES, seed=13, device=cuda)
     expected = attn.expect(inputs)
     resident = sa.attention_ext.resident_programs()
     ext = sa.attention_ext
-    steps = (ext.STEP_GRAIN, 32, ext.MAX_STEP_ROWS)
-    runs = [(splits, combine, step) for splits in (8, 16, 32, 64) for combine in ("barrier", "two_launch") for step in steps]
-    runs += [(splits, "cluster", step) for splits in (8, 16) for step in steps]
-    for splits, combine, step in runs:
-        outputs, launch = run_cuda(axes, inputs, splits, combine, cuda, step)
+    lags = (0, 1500, ext.GATHER_LAG_ON_LANDING)
+    runs = [(splits, combine, lag) for splits in (8, 16, 32, 64) for combine in ("barrier", "two_launch") for lag in lags]
+    runs += [(splits, "cluster", lag) for splits in (8, 16) for lag in lags]
+    for splits, combine, lag in runs:
+        outputs, launch = run_cuda(axes, inputs, splits, combine, cuda, lag)
         fused = combine == "barrier" and len(counts) * splits <= resident
         assert launch == (ext.CLUSTER if combine == "cluster" else ext.FUSED if fused else ext.TWO_LAUNCH)
         result = judge(attn.DEFINITION, axes, inputs, outputs, expected, Tolerance(), cuda)
-        assert result.passed, f"splits={splits} combine={combine} step_rows={step}: {result.status.value}: {result.message}"
+        assert result.passed, f"splits={splits} combine={combine} lag={lag}: {result.status.value}: {result.message}"
         empty = [t for t, n in enumerate(counts) if n == 0]
         assert torch.isneginf(outputs["lse"][empty]).all() and outputs["output"][empty].eq(0).all()
 
@@ -372,9 +372,8 @@ def test_gpu_cluster_combine_is_schedulable_and_refuses_large_clusters(cuda):
     axes, inputs = make_inputs([FULL, 3], "scattered", 64, seed=15, device=cuda)
     with pytest.raises(ValueError, match=r"splits must be a power of two in \[8, 16\] for the cluster combine"):
         run_cuda(axes, inputs, 32, "cluster", cuda)
-    for bad in (0, 40, 128):
-        with pytest.raises(ValueError, match=r"step_rows must be a multiple of 16 in \[16, 64\]"):
-            run_cuda(axes, inputs, 16, "cluster", cuda, step_rows=bad)
+    with pytest.raises(ValueError, match="gather_lag must be an int number of cycles"):
+        run_cuda(axes, inputs, 16, "cluster", cuda, gather_lag=-5)
 
 
 @pytest.mark.gpu

@@ -11,7 +11,7 @@
 #   bash tools/gpu_session.sh setup tune         # GPU kernel tests, attention variants, indexer stages
 #   bash tools/gpu_session.sh setup dev          # a new kernel's tests first, then stage benchmarks and all kernel tests
 #   bash tools/gpu_session.sh setup cluster      # the cluster combine: tests, variants, phases
-#   bash tools/gpu_session.sh setup steps        # landing-order steps: tests, variants over step rows, phases
+#   bash tools/gpu_session.sh setup lag          # the gather lag: tests, variants over lags, phases
 #   bash tools/gpu_session.sh setup gather       # the gather floor of the attention (tools/gather_floor.py)
 #   bash tools/gpu_session.sh setup gpu_tests    # every GPU test of the suite
 #   bash tools/gpu_session.sh setup final        # an attention change's records: GPU tests, both workloads, variants, phases
@@ -114,21 +114,21 @@ for stage in "$@"; do
             --case 'indexer_069*' --case 'indexer_086*' --case 'indexer_110*' --case 'indexer_127*'
         step gpu_tests_kernels 150 python3 -m pytest -q -m gpu tests/test_triton_indexer.py tests/test_triton_attention.py
         ;;
-    cluster)  # the cluster combine: its tests, the variants, phase stamps
+    cluster)  # the cluster combine: its tests, the variants (with a gather only once landed), phase stamps
         step attention_cuda_tests 150 python3 -m pytest -q -m gpu -x tests/test_triton_attention.py -k "cuda or cluster"
         step attention_variants 100 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
-            --variant default --variant cuda_s16 --variant cuda_s32 --variant cluster_s8 --variant cluster_s16
-        step attention_phases_cluster16 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda_cluster:16:32
-        step attention_phases_barrier16 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda:16:32
-        step attention_phases_barrier32 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda:32:32
+            --variant default --variant cuda_s16 --variant cuda_s32 --variant cuda_s16_landed --variant cluster_s8 --variant cluster_s16
+        step attention_phases_cluster16 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda_cluster:16:0
+        step attention_phases_barrier16 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda:16:0
+        step attention_phases_barrier32 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda:32:0
         ;;
-    steps)  # landing-order steps: the attention GPU tests, variants over step rows (each checked), phases
+    lag)  # the gather lag: the attention GPU tests, variants over lags (each checked), phases
         step attention_cuda_tests 200 python3 -m pytest -q -m gpu -x tests/test_triton_attention.py
         step attention_variants 300 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
-            --variant default --variant cuda_s16_step16 --variant cuda_s16_step32 --variant cuda_s16_step64 \
-            --variant cuda_s32_step32 --variant cuda_s32_step64 --variant cluster_s16_step32 --variant cluster_s16_step64
+            --variant default --variant cuda_s16 --variant cuda_s32 --variant cuda_s16_lag1000 --variant cuda_s16_lag2000 \
+            --variant cuda_s16_lag3000 --variant cluster_s16 --variant cluster_s16_lag1000 --variant cluster_s16_lag2000 \
+            --variant cluster_s16_lag3000 --variant cluster_s8
         step attention_phases 30 python3 tools/profile_kernels.py phases --iterations 20
-        step gather_floor 150 python3 tools/gather_floor.py --iterations 30 --case attention_18_t8_full --out "$WORK/gather_floor.json"
         ;;
     gather)  # the gather floor: gather-only kernels against the solution, ids reordered
         step gather_floor 200 python3 tools/gather_floor.py --iterations 30 --case attention_18_t8_full --case attention_00_t1_full \

@@ -29,7 +29,7 @@ T* pointer(const at::Tensor& t) {
 // dsa_attention::Launch used (0 fused, 1 two launches, 2 cluster).
 int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& ckv, const at::Tensor& kpe,
                          const at::Tensor& indices, double sm_scale, at::Tensor& out, at::Tensor& lse, at::Tensor& part_out,
-                         at::Tensor& part_lse, at::Tensor& sync, int64_t splits, int64_t combine, int64_t step_rows,
+                         at::Tensor& part_lse, at::Tensor& sync, int64_t splits, int64_t combine, int64_t gather_lag,
                          at::Tensor& phase_clocks) {
   const at::Device device = q_nope.device();
   check(q_nope, "q_nope", at::kBFloat16, device);
@@ -45,9 +45,7 @@ int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const
   const int64_t tokens = q_nope.size(0);
   TORCH_CHECK(combine >= 0 && combine <= static_cast<int64_t>(dsa_attention::Combine::kCluster), "unknown combine ", combine);
   const auto how = static_cast<dsa_attention::Combine>(combine);
-  TORCH_CHECK(step_rows >= dsa_attention::kStepGrain && step_rows <= dsa_attention::kMaxStepRows && step_rows % dsa_attention::kStepGrain == 0,
-              "step_rows must be a multiple of ", dsa_attention::kStepGrain, " in [", dsa_attention::kStepGrain, ", ",
-              dsa_attention::kMaxStepRows, "], got ", step_rows);
+  TORCH_CHECK(gather_lag >= 0 && gather_lag <= dsa_attention::kGatherLagOnLanding, "gather_lag out of range");
   if (how != dsa_attention::Combine::kCluster) {  // the cluster combine needs no global scratch
     TORCH_CHECK(part_out.numel() >= tokens * splits * dsa_attention::kHeads * dsa_attention::kDCkv, "part_out too small");
     TORCH_CHECK(part_lse.numel() >= tokens * splits * dsa_attention::kHeads, "part_lse too small");
@@ -88,7 +86,7 @@ int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const
   a.qk_scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
   a.tokens = static_cast<int>(tokens);
   a.splits = static_cast<int>(splits);
-  a.step_rows = static_cast<int>(step_rows);
+  a.gather_lag = static_cast<int>(gather_lag);
   dsa_attention::Launch used = dsa_attention::Launch::kFused;
   const cudaError_t err = dsa_attention::launch_sparse_attention(a, how, c10::cuda::getCurrentCUDAStream(device.index()).stream(), &used);
   TORCH_CHECK(err == cudaSuccess, "sparse attention launch failed: ", cudaGetErrorString(err));
@@ -123,8 +121,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("MIN_SPLITS") = dsa_attention::kMinSplits;
   m.attr("MAX_SPLITS") = dsa_attention::kMaxSplits;
   m.attr("MAX_CLUSTER_SPLITS") = dsa_attention::kMaxClusterSplits;
-  m.attr("POOL_TILES") = dsa_attention::kPoolTiles;
-  m.attr("STEP_GRAIN") = dsa_attention::kStepGrain;
-  m.attr("MAX_STEP_ROWS") = dsa_attention::kMaxStepRows;
+  m.attr("STAGES") = dsa_attention::kGatherStages;
+  m.attr("GATHER_LAG_ON_LANDING") = dsa_attention::kGatherLagOnLanding;
   m.attr("PHASE_SLOTS") = static_cast<int>(dsa_attention::kPhaseSlots);
 }

@@ -19,7 +19,7 @@ HEADERS = ("attention_sm90.h",)
 HEADS, D_CKV, D_KPE, TOPK, PAGE_SIZE = 16, 512, 64, 2048, 64
 MIN_SPLITS, MAX_SPLITS = 8, 64
 MAX_CLUSTER_SPLITS = 16  # the cluster combine: one thread-block cluster per token
-TILE_SLOTS = 64  # slots of one tile (attention_sm90.cu): a step scores at most one, the row pool holds POOL_TILES
+TILE_SLOTS = 64  # slots a program gathers and scores together (attention_sm90.cu)
 MAX_TOKENS = 65535  # the grid's y dimension
 #: barrier words per token (the ticket word is word 0; attention_sm90.cu, split_kernel), and
 #: how far each fused call advances a token's ticket word, whatever its split count
@@ -33,12 +33,12 @@ PHASE_SLOTS = 9
 COMBINES = {"barrier": 0, "two_launch": 1, "cluster": 2}
 #: launches, as the binding returns them
 FUSED, TWO_LAUNCH, CLUSTER = 0, 1, 2
-#: tiles of 64 rows a program holds in shared memory (its row pool, requested at once)
-POOL_TILES = 2
-#: AttentionArgs::step_rows: a scoring step starts once this many of a program's requested rows
-#: have landed (or all of them) and scores the landed ones; a multiple of STEP_GRAIN in
-#: [STEP_GRAIN, MAX_STEP_ROWS]
-STEP_GRAIN, MAX_STEP_ROWS = 16, 64
+#: gather stages (tiles in flight at most) of a program
+STAGES = 2
+#: AttentionArgs::gather_lag (SM cycles): a tile is requested once the tile before it has landed
+#: or this long after that one was requested; 0 requests two at once, GATHER_LAG_ON_LANDING
+#: only once the one before has landed
+GATHER_LAG_ON_LANDING = 2**31 - 1
 
 _module: ModuleType | None = None
 
@@ -49,7 +49,7 @@ def load_attention_extension(verbose: bool | None = None) -> ModuleType:
     if _module is None:
         module = build_extension("dsa_sparse_attention_sm90", "the CUDA sparse attention", SOURCES, HEADERS, verbose)
         names = ("HEADS", "D_CKV", "D_KPE", "TOPK", "PAGE_SIZE", "MIN_SPLITS", "MAX_SPLITS", "MAX_CLUSTER_SPLITS", "SYNC_STRIDE",
-                 "TICKETS_PER_CALL", "PHASE_SLOTS", "POOL_TILES", "STEP_GRAIN", "MAX_STEP_ROWS")
+                 "TICKETS_PER_CALL", "PHASE_SLOTS", "STAGES", "GATHER_LAG_ON_LANDING")
         mismatched = [n for n in names if getattr(module, n) != globals()[n]]
         assert not mismatched, f"attention_ext.py and attention_sm90.h disagree on {mismatched}"
         _module = module
@@ -99,11 +99,11 @@ def _aligned(t: torch.Tensor, name: str, problems: list[str]) -> None:
 def run(
     q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor, sparse_indices: torch.Tensor,
     sm_scale: float, output: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor, sync: torch.Tensor,
-    splits: int, combine: str = "barrier", step_rows: int = MAX_STEP_ROWS, phase_clocks: torch.Tensor | None = None,
+    splits: int, combine: str = "barrier", gather_lag: int = 0, phase_clocks: torch.Tensor | None = None,
 ) -> int:
     """Launch the attention (shapes: sparse_attention.py's docstring); returns FUSED, TWO_LAUNCH or CLUSTER.
 
-    ``combine``: a key of COMBINES; ``step_rows``: a multiple of STEP_GRAIN in [STEP_GRAIN, MAX_STEP_ROWS].
+    ``combine``: a key of COMBINES; ``gather_lag``: SM cycles in [0, GATHER_LAG_ON_LANDING].
     ``part_out`` [>= T*splits*16*512] bf16 and ``part_lse`` [>= T*splits*16] fp32 are scratch;
     ``sync`` [>= T*SYNC_STRIDE] int32 are the barrier words (zeroed once, reused by every call on
     a stream; each fused call advances a token's ticket word by TICKETS_PER_CALL, modulo 2^32,
@@ -133,8 +133,8 @@ def run(
     most = MAX_CLUSTER_SPLITS if combine == "cluster" else MAX_SPLITS
     if not (MIN_SPLITS <= splits <= most and splits & (splits - 1) == 0):
         problems.append(f"splits must be a power of two in [{MIN_SPLITS}, {most}] for the {combine} combine, got {splits}")
-    if not (isinstance(step_rows, int) and STEP_GRAIN <= step_rows <= MAX_STEP_ROWS and step_rows % STEP_GRAIN == 0):
-        problems.append(f"step_rows must be a multiple of {STEP_GRAIN} in [{STEP_GRAIN}, {MAX_STEP_ROWS}], got {step_rows!r}")
+    if not (isinstance(gather_lag, int) and 0 <= gather_lag <= GATHER_LAG_ON_LANDING):
+        problems.append(f"gather_lag must be an int number of cycles in [0, {GATHER_LAG_ON_LANDING}], got {gather_lag!r}")
     if T > MAX_TOKENS:
         problems.append(f"at most {MAX_TOKENS} tokens per call, got {T}")
     if combine != "cluster" and (
@@ -154,6 +154,6 @@ def run(
     return int(
         load_attention_extension().sparse_attention(
             q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, float(sm_scale), output, lse, part_out, part_lse, sync, splits,
-            COMBINES[combine], step_rows, stamps,
+            COMBINES[combine], gather_lag, stamps,
         )
     )

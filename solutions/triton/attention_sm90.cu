@@ -4,20 +4,17 @@
 // and links into the torch extension next to attention_binding.cpp.
 //
 // Grid (S splits, T tokens), 8 warps per program. Program (s, t) owns the slots s, s + S,
-// s + 2S, ... of token t (strided: valid slots cluster at the front of a row) and scores them in
-// steps of at most 64 rows:
+// s + 2S, ... of token t (strided: valid slots cluster at the front of a row) and walks them in
+// tiles of 64 slots:
 //   gather  bulk copies (TMA) bring each slot's ckv row (1024 B) and kpe row (128 B) into one
-//           row of a pool of 128 shared rows, completing on that row's own mbarrier; the rows are
-//           requested in order, as many at once as the pool holds; padding slots are not read.
-//   steps   a step starts once `step_rows` of the requested rows have landed and scores the
-//           landed ones (a multiple of 16, at most 64) in whatever order they landed: at a
-//           bandwidth-bound call the rows land spread over the whole gather, so the math of the
-//           early ones overlaps the gather of the late ones. Padding positions read a zero row.
-//   logits  warp w scores positions 8w..8w+7 of the step against the 16 heads with mma.sync
+//           shared row, completing on the stage's mbarrier; padding slots are zeroed without a
+//           read. Two stages: a tile is requested once the one before it has landed or
+//           `gather_lag` cycles after that one was requested (0: both at once).
+//   logits  warp w scores slots 8w..8w+7 of the tile against the 16 heads with mma.sync
 //           m16n8k16 (bf16 in, fp32 accumulate): q_nope.ckv and q_pe.kpe in separate accumulators.
-//   softmax log2 domain (scale pre-multiplied by log2 e); the step's row maxima and sums go
+//   softmax log2 domain (scale pre-multiplied by log2 e); the tile's row maxima and sums go
 //           through shared memory, so every warp holds the same running (m, l) per head.
-//   P.V     P (bf16) from shared memory times the step's ckv rows; warp w owns value columns
+//   P.V     P (bf16) from shared memory times the tile's ckv rows; warp w owns value columns
 //           64w..64w+63 (8 accumulator tiles), so the 16 x 512 output is spread over the block.
 // Then the program writes its partial (output / l in bf16, lse = m + log2 l), and program s
 // combines its 1/S share of the token's 16 x 512 outputs from all S partials, in one of three ways:
@@ -45,10 +42,8 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kDQk = kDCkv + kDKpe;                      // 576: one gathered slot row
 constexpr int kTileSlots = 64;                           // slots gathered and scored together
-constexpr int kPoolRows = kPoolTiles * kTileSlots;        // slot rows a program holds in shared memory
-constexpr int kZeroRow = kPoolRows;                      // an all-zero row that padding positions read
-constexpr int kMaxRows = kTopK / kMinSplits;             // rows of the longest split
-constexpr int kMaxTiles = kMaxRows / kTileSlots;         // tiles of the longest split
+constexpr int kStages = kGatherStages;
+constexpr int kMaxTiles = kTopK / kMinSplits / kTileSlots;  // tiles of the longest split
 // 16 bytes of padding per shared row: rows 1168 B apart put the 8 rows of one ldmatrix in 8
 // different 16-byte bank groups (unpadded, 1152 B = 9 x 128 B would make it an 8-way conflict).
 constexpr int kRowPad = 8;
@@ -57,6 +52,7 @@ constexpr int kPStride = kTileSlots + kRowPad;           // bf16 per shared row 
 constexpr int kChunk = 8;                                // bf16 per 16-byte cp.async
 constexpr int kCkvChunks = kDCkv / kChunk;
 constexpr int kRowChunks = kDQk / kChunk;
+constexpr int kThreadsPerRow = kThreads / kTileSlots;    // threads sharing one slot row's gather
 constexpr uint32_t kRowBytes = kDQk * 2;                 // bytes bulk-copied per valid slot
 constexpr int kSlotsPerWarp = kTileSlots / kWarps;       // one mma n-tile of logits per warp
 constexpr int kColsPerWarp = kDCkv / kWarps;             // value columns per warp
@@ -71,13 +67,7 @@ constexpr int kUnitsLog2 = 11;
 static_assert(kHeads == 16, "the heads are the M = 16 rows of every mma");
 static_assert(kSlotsPerWarp == 8, "a warp scores one 8-slot n-tile");
 static_assert(kDCkv % 32 == 0 && kDKpe % 32 == 0, "logit k-loops take two 16-wide k-steps at a time");
-constexpr int kOwnersPerWarp = kPoolRows / kWarps;       // lanes of every warp that own a pool row
-constexpr int kPollBackoffNs = 64;                       // pause between two polls of the pool's rows
-static_assert(kPoolRows % kWarps == 0 && kOwnersPerWarp <= kWarpSize, "every warp owns as many pool rows");
-static_assert(kMaxRows == 2 * kPoolRows && kMaxRows == kThreads, "each thread loads the id of one of the program's rows");
-static_assert(kMaxStepRows == kTileSlots, "a step scores at most one tile");
-static_assert(kTileSlots % kStepGrain == 0 && kStepGrain % 16 == 0 && kStepGrain % kSlotsPerWarp == 0,
-              "steps are whole P.V k-steps and whole warps' logit n-tiles");
+static_assert(kThreads % kTileSlots == 0 && kCkvChunks % kThreadsPerRow == 0, "whole rows per thread group");
 static_assert((kDCkv * 2) % 16 == 0 && (kDKpe * 2) % 16 == 0, "bulk copies move multiples of 16 bytes");
 static_assert(kColTiles % 2 == 0, "ldmatrix.x4.trans loads two value n-tiles");
 static_assert(kTileSlots % 16 == 0, "P.V k-steps of 16 slots");
@@ -97,14 +87,12 @@ constexpr int kInboxUnits = kUnits + kMaxClusterSplits * kLseUnits;
 
 struct Shared {
   uint16_t q[kHeads][kRowStride];
-  uint16_t kv[kPoolRows + 1][kRowStride];  // the row pool, then the zero row (kZeroRow)
+  uint16_t kv[kStages][kTileSlots][kRowStride];
   uint16_t p[kHeads][kPStride];
   float tile_max[kWarps][kHeads];
   float tile_sum[kWarps][kHeads];
-  int32_t ids[kMaxRows];                   // the program's slot ids, row j = slot j * S + s
-  int32_t position_row[kTileSlots];        // pool row scored at each position of the current step
-  int32_t landed_in_warp[kWarps];
-  uint64_t row_full[kPoolRows];            // mbarrier per pool row: its bulk copies' bytes
+  int32_t slot_ids[kStages][kTileSlots];
+  uint64_t full[kStages];  // mbarrier per gather stage
   alignas(16) uint32_t ticket[4];  // split_kernel, fused: the token's ticket word at entry (a 16-byte cp.async)
   // Cluster combine only: every program of the cluster copies in its partial of this
   // program's share (see ClusterInbox), and the copies complete their bytes on inbox_full.
@@ -144,12 +132,15 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// mbarrier of a pool row: its owner arrives once per request with the bytes to expect, and the
-// row's bulk copies complete them, so a completed phase means the row has landed.
+// mbarrier of a gather stage: every thread arrives once per tile, and the tile's bulk copies
+// complete their bytes on it (expect_tx), so a completed phase means every row has landed.
 __device__ __forceinline__ void mbarrier_init(uint64_t* bar, int arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
 }
 __device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
 }
@@ -227,85 +218,35 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(kFullMask, v, 2);
 }
 
-// The program row whose id thread x loads: lane l < kOwnersPerWarp of warp w owns pool row
-// l * kWarps + w and loads that row's id (its first request); the other lanes load the rows of
-// the second pool's worth the same way. Owners sit in every warp: a warp issues its owners'
-// bulk copies one thread after another, so spreading them keeps every warp's share short.
-__device__ __forceinline__ int loaded_row(int x) {
-  const int lane = x % kWarpSize, warp = x / kWarpSize;
-  return lane < kOwnersPerWarp ? lane * kWarps + warp : kPoolRows + (lane - kOwnersPerWarp) * kWarps + warp;
-}
-
-// One pool row, owned by one thread (see loaded_row): the only thread that requests, tests and
-// hands out that row, so its state lives in that thread's registers.
-struct PoolRow {
-  bool pending = false;  // holds a requested row not yet scored
-  bool padding = false;  // that row is padding: nothing is copied, positions read the zero row
-  uint32_t parity = 0;   // phase parity of the row's next bulk copy on its mbarrier
-  int position = kTileSlots;  // where the latest step scores it (kTileSlots: not in that step)
-  int row = -1;               // the pool row this thread owns (-1: none)
-
-  // Requests slot `id` into pool row `row`: one bulk copy of the ckv row (1024 B) and one of the
-  // kpe row (128 B), completing their bytes on the row's own mbarrier. Bulk copies keep far more
-  // bytes in flight per SM than 16-byte cp.async, which capped the random gather at about
-  // 2.8 TB/s.
-  __device__ void request(Shared& sh, const AttentionArgs& a, int id) {
-    pending = true;
-    padding = id < 0;
-    if (padding) return;
-    const uint16_t* ckv_row = a.ckv + static_cast<int64_t>(id / kPageSize) * a.ckv_page + static_cast<int64_t>(id % kPageSize) * a.ckv_slot;
-    const uint16_t* kpe_row = a.kpe + static_cast<int64_t>(id / kPageSize) * a.kpe_page + static_cast<int64_t>(id % kPageSize) * a.kpe_slot;
-    fence_proxy_async();  // earlier generic reads of the row (the last step's math) come first
-    mbarrier_arrive_expect_tx(&sh.row_full[row], kRowBytes);
-    bulk_copy(sh.kv[row], ckv_row, kDCkv * 2, &sh.row_full[row]);
-    bulk_copy(sh.kv[row] + kDCkv, kpe_row, kDKpe * 2, &sh.row_full[row]);
-  }
-  __device__ bool landed(Shared& sh) const { return pending && (padding || mbarrier_done(&sh.row_full[row], parity)); }
-};
-
-// Waits until `want` of the pool's requested rows have landed, then hands out `take` landed ones
-// (landed_count rounded down to kStepGrain, at most a tile) as the step's positions:
-// position_row[p] is the row scored at position p, kZeroRow for padding.
-// Rows land in whatever order the memory system serves them; scoring the landed ones first
-// lets the math of early rows overlap the gather of late ones. Every thread calls it (block
-// barriers inside); returns the step's row count, the same in every thread.
-__device__ __forceinline__ int next_step(Shared& sh, PoolRow& mine, int want) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  bool landed;
-  unsigned ballot;
-  int landed_count;
-  for (;;) {
-    landed = mine.row >= 0 && mine.landed(sh);
-    ballot = __ballot_sync(kFullMask, landed);
-    if (lane == 0) sh.landed_in_warp[warp] = __popc(ballot);
-    landed_count = __syncthreads_count(landed);  // also publishes landed_in_warp
-    if (landed_count >= want) break;
-    __nanosleep(kPollBackoffNs);  // polling at full speed slows the landing it waits for
-  }
-  const int take = min(kTileSlots, landed_count / kStepGrain * kStepGrain);
-  mine.position = kTileSlots;
-  if (landed) {
-    // Rank in the order (i, warp), i = the row's index among its warp's landed rows: warp w's
-    // owners hold the pool rows of residue w mod 8, and 8 consecutive positions (one ldmatrix)
-    // then come from different warps where possible, so their rows start in different 16-byte
-    // bank groups (rows 1168 B apart: row r starts in group r mod 8).
-    const int i = __popc(ballot & ((1u << lane) - 1u));
-    int rank = 0;
+// Issues one tile's gather into stage `stage`. The kThreadsPerRow threads of row tid / 4 share
+// it: for a valid slot the first one bulk-copies the ckv row (1024 B) and the kpe row (128 B)
+// (bulk copies keep far more bytes in flight per SM than 16-byte cp.async, which capped the
+// random gather at about 2.8 TB/s); for padding they zero the row's value part instead (P is 0
+// there, but 0 * NaN from stale bits would not be; the key part only feeds masked logits).
+// Every thread then arrives on the stage's mbarrier, so its phase completes when all rows,
+// zeroed or copied, are in place.
+__device__ __forceinline__ void issue_tile(Shared& sh, const AttentionArgs& a, int id, int stage) {
+  const int row = threadIdx.x / kThreadsPerRow;
+  const int part = threadIdx.x % kThreadsPerRow;
+  uint16_t* dst = sh.kv[stage][row];
+  uint64_t* bar = &sh.full[stage];
+  if (part == 0) sh.slot_ids[stage][row] = id;
+  if (id >= 0) {
+    if (part == 0) {
+      const uint16_t* ckv_row = a.ckv + static_cast<int64_t>(id / kPageSize) * a.ckv_page + static_cast<int64_t>(id % kPageSize) * a.ckv_slot;
+      const uint16_t* kpe_row = a.kpe + static_cast<int64_t>(id / kPageSize) * a.kpe_page + static_cast<int64_t>(id % kPageSize) * a.kpe_slot;
+      fence_proxy_async();
+      mbarrier_arrive_expect_tx(bar, kRowBytes);
+      bulk_copy(dst, ckv_row, kDCkv * 2, bar);
+      bulk_copy(dst + kDCkv, kpe_row, kDKpe * 2, bar);
+      return;
+    }
+  } else {
+    uint4* value = reinterpret_cast<uint4*>(dst);
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const int count = sh.landed_in_warp[w];
-      rank += min(i, count) + (w < warp && count > i ? 1 : 0);
-    }
-    if (rank < take) {
-      sh.position_row[rank] = mine.padding ? kZeroRow : mine.row;
-      mine.position = rank;
-      mine.pending = false;
-      if (!mine.padding) mine.parity ^= 1u;
-    }
+    for (int c = part; c < kCkvChunks; c += kThreadsPerRow) value[c] = make_uint4(0, 0, 0, 0);
   }
-  __syncthreads();  // position_row complete; landed_in_warp read before the next step writes it
-  return take;
+  mbarrier_arrive(bar);
 }
 
 // Running softmax state of the two heads (rows g and g + 8) this thread's accumulators hold.
@@ -314,40 +255,36 @@ struct RowState {
   float l[2];  // running sum of 2^(logit - m)
 };
 
-// One step: the logits of positions [0, rows) (the pool rows position_row names), an online
-// softmax step, P.V into `o` (this warp's 16 x 64 output columns). `rows` is a multiple of
-// kStepGrain in [kStepGrain, kTileSlots]; positions beyond it score -inf and are not read.
-__device__ __forceinline__ void attend_step(Shared& sh, int rows, float qk_scale_log2, const uint32_t (&q)[kQSteps][4], RowState& st,
+// One tile: logits, online softmax step, P.V into `o` (this warp's 16 x 64 output columns).
+__device__ __forceinline__ void attend_tile(Shared& sh, int stage, float qk_scale_log2, const uint32_t (&q)[kQSteps][4], RowState& st,
                                             float (&o)[kColTiles][4]) {
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int g = lane / 4;    // accumulator row (head g and g + 8)
   const int tig = lane % 4;  // accumulator column pair
 
-  // Logits of positions 8w..8w+7: A = this thread's Q fragments (registers, loaded once per
-  // program: re-reading Q from shared memory in every warp would move 8 x 18 KB per step),
-  // B = slot rows (lane -> position lane % 8, k offset 8 * (lane / 8): four k-chunks = two k-steps).
+  // Logits of slots 8w..8w+7: A = this thread's Q fragments (registers, loaded once per
+  // program: re-reading Q from shared memory in every warp would move 8 x 18 KB per tile),
+  // B = slot rows (lane -> slot lane % 8, k offset 8 * (lane / 8): four k-chunks = two k-steps).
+  const uint32_t k_addr = smem_addr(&sh.kv[stage][warp * kSlotsPerWarp + lane % 8][(lane / 8) * 8]);
   float nope_even[4] = {0.f, 0.f, 0.f, 0.f}, nope_odd[4] = {0.f, 0.f, 0.f, 0.f}, pe[4] = {0.f, 0.f, 0.f, 0.f};
-  if (warp * kSlotsPerWarp < rows) {  // warp-uniform
-    const uint32_t k_addr = smem_addr(&sh.kv[sh.position_row[warp * kSlotsPerWarp + lane % 8]][(lane / 8) * 8]);
 #pragma unroll
-    for (int i = 0; i < kDCkv / 16; i += 2) {  // two independent chains: half the mma latency
-      uint32_t b[4];
-      ldmatrix_x4(b, k_addr + i * 16 * 2);
-      mma_bf16(nope_even, q[i], b[0], b[1]);
-      mma_bf16(nope_odd, q[i + 1], b[2], b[3]);
-    }
+  for (int i = 0; i < kDCkv / 16; i += 2) {  // two independent chains: half the mma latency
+    uint32_t b[4];
+    ldmatrix_x4(b, k_addr + i * 16 * 2);
+    mma_bf16(nope_even, q[i], b[0], b[1]);
+    mma_bf16(nope_odd, q[i + 1], b[2], b[3]);
+  }
 #pragma unroll
-    for (int i = kDCkv / 16; i < kQSteps; i += 2) {
-      uint32_t b[4];
-      ldmatrix_x4(b, k_addr + i * 16 * 2);
-      mma_bf16(pe, q[i], b[0], b[1]);
-      mma_bf16(pe, q[i + 1], b[2], b[3]);
-    }
+  for (int i = kDCkv / 16; i < kQSteps; i += 2) {
+    uint32_t b[4];
+    ldmatrix_x4(b, k_addr + i * 16 * 2);
+    mma_bf16(pe, q[i], b[0], b[1]);
+    mma_bf16(pe, q[i + 1], b[2], b[3]);
   }
   const int slot = warp * kSlotsPerWarp + 2 * tig;
-  const bool valid0 = slot < rows && sh.position_row[slot] != kZeroRow;
-  const bool valid1 = slot + 1 < rows && sh.position_row[slot + 1] != kZeroRow;
+  const bool valid0 = sh.slot_ids[stage][slot] >= 0;
+  const bool valid1 = sh.slot_ids[stage][slot + 1] >= 0;
   float s[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -405,25 +342,31 @@ __device__ __forceinline__ void attend_step(Shared& sh, int rows, float qk_scale
     o[j][3] *= alpha[1];
   }
 
-  // P.V: A = P rows (as Q above), B = the step's ckv rows transposed by ldmatrix.trans (lane ->
-  // position k0 + lane % 8 + 8 * ((lane / 8) % 2), column offset 8 * (lane / 16): two n-tiles
-  // per load). Padding positions read the zero row, so P = 0 never meets stale NaN bits.
+  // P.V: A = P rows (as Q above), B = the tile's ckv rows transposed by ldmatrix.trans (lane ->
+  // slot lane % 8 + 8 * ((lane / 8) % 2), column offset 8 * (lane / 16): two n-tiles per load).
   const uint32_t p_addr = smem_addr(&sh.p[lane % 16][(lane / 16) * 8]);
+  const uint32_t v_addr = smem_addr(&sh.kv[stage][lane % 8 + ((lane / 8) % 2) * 8][warp * kColsPerWarp + (lane / 16) * 8]);
 #pragma unroll
   for (int k0 = 0; k0 < kTileSlots; k0 += 16) {
-    if (k0 >= rows) break;
-    const uint32_t v_addr = smem_addr(&sh.kv[sh.position_row[k0 + lane % 8 + ((lane / 8) % 2) * 8]][warp * kColsPerWarp + (lane / 16) * 8]);
     uint32_t a[4];
     ldmatrix_x4(a, p_addr + k0 * 2);
 #pragma unroll
     for (int j = 0; j < kColTiles; j += 2) {
       uint32_t b[4];
-      ldmatrix_x4_trans(b, v_addr + j * 8 * 2);
+      ldmatrix_x4_trans(b, v_addr + (k0 * kRowStride + j * 8) * 2);
       mma_bf16(o[j], a, b[0], b[1]);
       mma_bf16(o[j + 1], a, b[2], b[3]);
     }
   }
-  __syncthreads();  // the step's rows, P and the maxima are free for the next step
+  __syncthreads();  // the stage, P and the tile maxima are free for the next tile
+}
+
+// The id of tile `tile` from the per-tile ids (a register array: unrolled select, no local memory).
+__device__ __forceinline__ int tile_id(const int (&ids)[kMaxTiles], int tile) {
+  int id = -1;
+#pragma unroll
+  for (int i = 0; i < kMaxTiles; ++i) id = i == tile ? ids[i] : id;
+  return id;
 }
 
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
@@ -431,22 +374,23 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 // Program (s, t): token t over slots s, s + S, ...; leaves the split's softmax state in `st` and
 // its unnormalised output in `o` (this warp's 16 x 64 columns, accumulator layout).
 // `cluster_handshake`: finish the cluster barrier phase the caller arrived at while the first
-// rows are in flight (its wait is hidden behind their round trip).
-//
-// The program's rows (row j = slot j * S + s) are requested in order into a pool of kPoolRows
-// shared rows, all at once as far as the pool holds them, and scored in steps of the rows that
-// have landed, in landing order (next_step); a step's pool rows take the next requested rows.
+// tiles are in flight (its wait is hidden behind their round trip).
 __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a, int t, int s, RowState& st, float (&o)[kColTiles][4],
                                              bool cluster_handshake) {
   const int splits = a.splits;
   const int split_slots = kTopK / splits;
   const int tiles = (split_slots + kTileSlots - 1) / kTileSlots;
+  const int row = threadIdx.x / kThreadsPerRow;
   const int32_t* idx_row = a.indices + t * a.indices_t;
 
-  // Each thread loads the id of one row (loaded_row), first: it heads the longest dependent
-  // chain (id -> row address -> gather).
-  const int my_row = loaded_row(threadIdx.x);
-  const int my_id = my_row < split_slots ? __ldg(idx_row + static_cast<int64_t>(my_row) * splits + s) : -1;
+  // This thread's slot id in every tile, all loads issued together and first: they are the
+  // head of the longest dependent chain (ids -> row addresses -> gather).
+  int ids[kMaxTiles];
+#pragma unroll
+  for (int i = 0; i < kMaxTiles; ++i) {
+    const int j = i * kTileSlots + row;
+    ids[i] = i < tiles && j < split_slots ? __ldg(idx_row + static_cast<int64_t>(j) * splits + s) : -1;
+  }
   // Q does not depend on the ids: its copy (one cp.async group) is issued while they are in flight.
   for (int c = threadIdx.x; c < kHeads * kRowChunks; c += kThreads) {
     const int h = c / kRowChunks;
@@ -456,26 +400,41 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
     cp_async16(&sh.q[h][chunk * kChunk], src, 16);
   }
   cp_async_commit();
-  if (threadIdx.x == 0) {  // one arrival per use: the owner's, with the bytes to expect
-    for (int r = 0; r < kPoolRows; ++r) mbarrier_init(&sh.row_full[r], 1);
+  if (threadIdx.x == 0) {
+    for (int i = 0; i < kStages; ++i) mbarrier_init(&sh.full[i], kThreads);
     fence_mbarrier_init();
   }
-  for (int c = threadIdx.x; c < kRowStride * 2 / 16; c += kThreads) reinterpret_cast<uint4*>(sh.kv[kZeroRow])[c] = make_uint4(0, 0, 0, 0);
-  sh.ids[my_row] = my_id;
   // Tiles after the last one holding a valid slot are skipped (block-uniform). The block
-  // barriers here also publish the ids, the zero row and the mbarrier initialisation (tiles >= 1).
+  // barriers here also publish the mbarrier initialisation (tiles >= 1, so there is one).
   int active = 0;
 #pragma unroll
   for (int i = 0; i < kMaxTiles; ++i) {
-    if (i < tiles && __syncthreads_or(my_id >= 0 && my_row / kTileSlots == i)) active = i + 1;
+    if (i < tiles && __syncthreads_or(ids[i] >= 0)) active = i + 1;
   }
   stamp(a, t, s, kPhaseIdsCycles);
 
-  const int total = active * kTileSlots;           // rows to score
-  int requested = min(total, kPoolRows);           // rows requested so far (row r into pool row r)
-  PoolRow mine;
-  if (my_row < kPoolRows) mine.row = my_row;
-  if (my_row < requested) mine.request(sh, a, my_id);
+  // Tile k is requested once its stage is free (tile k - 2 scored) and either tile k - 1 has
+  // landed or gather_lag cycles have passed since tile k - 1 was requested. Lag 0 puts two
+  // tiles in flight at once (latency-bound calls: both land after one round trip). On a
+  // bandwidth-bound call every program's tiles land together at the end of the whole gather,
+  // and their math follows it; a lag lets the first tile take the bandwidth first, so its
+  // math overlaps the next tile's gather. Each thread decides by its own clock: requesting is
+  // per-thread work (its row's copy and its arrival), so no block barrier is needed.
+  int requested = 0;           // tiles this thread has requested
+  long long last_request = 0;  // when it requested the latest one (SM cycles)
+  auto request_due = [&](int scored) {
+    while (requested < active && requested <= scored + 1) {
+      if (requested > 0) {
+        const int prev = requested - 1;
+        const bool landed = mbarrier_done(&sh.full[prev % kStages], (prev / kStages) % 2);
+        if (!landed && clock64() - last_request < a.gather_lag) return;
+      }
+      issue_tile(sh, a, tile_id(ids, requested), requested % kStages);
+      last_request = clock64();
+      ++requested;
+    }
+  };
+  request_due(0);
   if (cluster_handshake) cluster_wait();
 
   st = RowState{{neg_inf(), neg_inf()}, {0.f, 0.f}};
@@ -483,8 +442,8 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
   for (int j = 0; j < kColTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
   uint32_t q[kQSteps][4];  // A fragments of Q: lane -> row lane % 16, column half lane / 16
 
-  // Q's fragments move to registers while the first rows are still on their way (the 8 warps'
-  // 8 x 18 KB of shared-memory reads would otherwise follow their arrival).
+  // Q's fragments move to registers while the first tile is still on its way (the 8 warps'
+  // 8 x 18 KB of shared-memory reads would otherwise follow its arrival).
   cp_async_wait<0>();
   __syncthreads();  // every thread's Q chunks visible to every warp
   if (active > 0) {
@@ -492,15 +451,17 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
 #pragma unroll
     for (int i = 0; i < kQSteps; ++i) ldmatrix_x4(q[i], q_addr + i * 16 * 2);
   }
-  for (int scored = 0; scored < total;) {
-    const int rows = next_step(sh, mine, min(a.step_rows, requested - scored));
-    if (scored == 0) stamp(a, t, s, kPhaseFirstStepCycles);
-    attend_step(sh, rows, a.qk_scale_log2, q, st, o);
-    scored += rows;
-    // The step's pool rows (free after attend_step's closing barrier) take the next rows.
-    const int refill = min(rows, total - requested);
-    if (mine.position < refill) mine.request(sh, a, sh.ids[requested + mine.position]);
-    requested += refill;
+  // Tile i is the (i / kStages)-th use of its stage: that use's mbarrier phase has parity
+  // (i / kStages) % 2. A stage is reissued only after the block barrier that ends the tile
+  // before it, so no warp still reads it.
+  for (int tile = 0; tile < active; ++tile) {
+    const int stage = tile % kStages;
+    const uint32_t parity = (tile / kStages) % 2;
+    while (requested == tile + 1 && requested < active && !mbarrier_done(&sh.full[stage], parity)) request_due(tile);
+    mbarrier_wait(&sh.full[stage], parity);
+    if (tile == 0) stamp(a, t, s, kPhaseFirstTileCycles);
+    request_due(tile);
+    attend_tile(sh, stage, a.qk_scale_log2, q, st, o);
   }
   stamp(a, t, s, kPhaseAttendedCycles);
 }
@@ -696,7 +657,7 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, boo
   }
   __syncthreads();
   stamp(a, t, s, kPhaseReleasedCycles);
-  combine_share(*reinterpret_cast<CombineScratch*>(&sh.kv[0][0]), a, t, s, GlobalSource(a, t));  // the gather buffers are free now
+  combine_share(*reinterpret_cast<CombineScratch*>(&sh.kv[0][0][0]), a, t, s, GlobalSource(a, t));  // the gather buffers are free now
   stamp(a, t, s, kPhaseCombinedCycles);
   stamp(a, t, s, kPhaseExitNs);
 }
@@ -795,7 +756,7 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_kernel(AttentionArgs a) {
   attend_split(sh, a, t, s, st, o, true);
 
   // The gather buffers are free: the outgoing slices, then the combine's scratch, go there.
-  uint2* staging = reinterpret_cast<uint2*>(&sh.kv[0][0]);
+  uint2* staging = reinterpret_cast<uint2*>(&sh.kv[0][0][0]);
   const ClusterSlices out(staging, splits);
   store_partial(StagingSink(staging, splits), st, o);
   fence_proxy_async();  // the slices' generic writes, before the bulk copies read them
@@ -881,8 +842,7 @@ cudaError_t resident_clusters(int splits, int* clusters) {
 
 cudaError_t launch_sparse_attention(const AttentionArgs& args, Combine combine, cudaStream_t stream, Launch* used) {
   const int most = combine == Combine::kCluster ? kMaxClusterSplits : kMaxSplits;
-  if (!valid_splits(args.splits, most) || args.step_rows < kStepGrain || args.step_rows > kMaxStepRows || args.step_rows % kStepGrain != 0)
-    return cudaErrorInvalidValue;
+  if (!valid_splits(args.splits, most) || args.gather_lag < 0) return cudaErrorInvalidValue;
   if (args.tokens <= 0) return cudaSuccess;
   if (combine == Combine::kCluster) {
     int device = 0;

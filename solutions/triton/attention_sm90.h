@@ -39,14 +39,14 @@ struct AttentionArgs {
   float qk_scale_log2;      // sm_scale * log2(e)
   int tokens;
   int splits;               // slot splits per token: a power of two in [kMinSplits, kMaxSplits]
-  int step_rows;            // a scoring step starts once this many of the program's requested
-                            // rows have landed (or all of them): a multiple of kStepGrain in
-                            // [kStepGrain, kMaxStepRows]
+  int gather_lag;           // SM cycles: a tile is requested once the tile before it has landed
+                            // or this long after that one was requested, whichever comes first
+                            // (0: together with it, two tiles in flight; kGatherLagOnLanding:
+                            // only once it has landed)
 };
 
-constexpr int kPoolTiles = 2;      // tiles of 64 rows a program holds in shared memory (its row pool)
-constexpr int kStepGrain = 16;     // rows: steps score multiples of this many
-constexpr int kMaxStepRows = 64;   // rows one step scores at most (8 warps x 8 positions)
+constexpr int kGatherLagOnLanding = 0x7fffffff;
+constexpr int kGatherStages = 2;  // tiles a program holds in shared memory (at most two in flight)
 
 // Phase stamps of one program (thread 0), when phase_clocks is set: the global timer (ns) at
 // entry and exit, and the SM clock (cycles) at entry and at the end of each phase.
@@ -54,7 +54,7 @@ enum PhaseSlot : int {
   kPhaseEntryNs = 0,
   kPhaseEntryCycles,
   kPhaseIdsCycles,         // slot ids loaded, active tiles known
-  kPhaseFirstStepCycles,   // first step's rows in shared memory
+  kPhaseFirstTileCycles,   // first tile's rows in shared memory
   kPhaseAttendedCycles,    // every tile scored and folded into the output
   kPhasePartialCycles,     // partial stores issued (to global memory, or to shared in a cluster)
   kPhaseReleasedCycles,    // past the token's barrier (fused or cluster launch)

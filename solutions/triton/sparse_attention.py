@@ -419,11 +419,11 @@ class Plan:
 
     ``splits``: for ``dsplit`` the number of value slices (each SLICE_D = 512 / splits columns);
     for ``fused`` / ``two_launch`` the number of slot splits S (each of 2048 / S slots, strided).
-    ``num_stages``: Triton's software-pipeline stages; for the CUDA kernel the 64-row tiles of
-    its row pool (attention_ext.POOL_TILES, fixed).
-    ``step_rows``: CUDA kernel only (None elsewhere): a scoring step starts once this many of
-    the program's requested rows have landed, or all of them, and scores the landed ones in
-    landing order (a multiple of attention_ext.STEP_GRAIN up to MAX_STEP_ROWS).
+    ``num_stages``: Triton's software-pipeline stages; for the CUDA kernel its gather stages
+    (attention_ext.STAGES, fixed).
+    ``gather_lag``: CUDA kernel only, SM cycles: a tile is requested once the tile before it has
+    landed or this long after that one was requested (0: two tiles in flight at once;
+    attention_ext.GATHER_LAG_ON_LANDING: only once the one before has landed).
     ``partial_dtype``: storage of the split paths' partial acc (m and l are always fp32).
     ``graph``: (``two_launch`` on a GPU) replay the two launches as one CUDA graph per argument
     set, so the combine starts as soon as the split kernel ends instead of after the host's
@@ -437,7 +437,7 @@ class Plan:
     num_stages: int = 1
     partial_dtype: torch.dtype = torch.float32
     graph: bool = False
-    step_rows: int | None = None
+    gather_lag: int = 0
 
     def validate(self) -> None:
         """Tiling relations, checked on the host too so a bad plan fails with a clear message."""
@@ -447,15 +447,13 @@ class Plan:
             hi = attention_ext.MAX_CLUSTER_SPLITS if self.path == "cuda_cluster" else attention_ext.MAX_SPLITS
             assert _is_pow2(self.splits) and lo <= self.splits <= hi, f"{self}: the CUDA kernel takes power-of-two splits in [{lo}, {hi}] here"
             assert self.block_n == attention_ext.TILE_SLOTS, f"{self}: the CUDA kernel's tile is {attention_ext.TILE_SLOTS} slots"
-            assert self.num_stages == attention_ext.POOL_TILES, f"{self}: the CUDA kernel's row pool holds {attention_ext.POOL_TILES} tiles"
-            grain, most = attention_ext.STEP_GRAIN, attention_ext.MAX_STEP_ROWS
-            assert isinstance(self.step_rows, int) and grain <= self.step_rows <= most and self.step_rows % grain == 0, (
-                f"{self}: step_rows must be a multiple of {grain} in [{grain}, {most}]"
-            )
+            assert self.num_stages == attention_ext.STAGES, f"{self}: the CUDA kernel has {attention_ext.STAGES} gather stages"
+            lag_max = attention_ext.GATHER_LAG_ON_LANDING
+            assert 0 <= self.gather_lag <= lag_max, f"{self}: the gather lag is in [0, {lag_max}] cycles"
             partial = _cuda_partial_dtype(self.path)
             assert self.partial_dtype == partial and not self.graph, f"{self}: this CUDA path keeps {partial} partials and is not graphed"
             return
-        assert self.step_rows is None, f"{self}: only the CUDA kernel scores in steps of landed rows"
+        assert self.gather_lag == 0, f"{self}: only the CUDA kernel has a gather lag"
         assert _is_pow2(self.splits) and _is_pow2(self.block_n), f"{self}: splits and block_n must be powers of two"
         assert self.block_n >= 16, f"{self}: tl.dot needs blocks of at least 16 slots"
         assert self.partial_dtype in (torch.float32, torch.bfloat16), f"{self}: partials are fp32 or bf16"
@@ -551,12 +549,17 @@ def _cuda_residency(device_index: int) -> tuple[int, int]:
 #: once: clusters of 16 with the cluster combine. Beyond: the barrier with the most splits up
 #: to CUDA_POLICY_MAX_SPLITS that keep the grid co-resident (16 beat 64 at every T: the combine
 #: reads S partials), and past that the fewest splits and two launches.
-#: CUDA_POLICY_STEP_ROWS: a scoring step waits for this many landed rows (see Plan.step_rows).
+#: Gather lags (SM cycles), measured where a program has two tiles (16 splits): the cluster
+#: combine's CUDA_POLICY_CLUSTER_LAG and the barrier's CUDA_POLICY_BARRIER_LAG (T = 8) let the
+#: first tile take the bandwidth first, so its math overlaps the second tile's gather
+#: (benchmarks/h200/experiments/lag_flagged/). With 32 splits a program has one tile, and
+#: 8 splits (T > 8, four tiles) were not measured: lag 0 there.
 CUDA_POLICY_WIDE_TOKENS = 2
 CUDA_POLICY_WIDE_SPLITS = 32
 CUDA_POLICY_CLUSTER_SPLITS = 16
 CUDA_POLICY_MAX_SPLITS = 16
-CUDA_POLICY_STEP_ROWS = 32
+CUDA_POLICY_CLUSTER_LAG = 1000
+CUDA_POLICY_BARRIER_LAG = 2000
 
 
 def cuda_plan(num_tokens: int, resident: int, resident_clusters: int = 0, force_two_launch: bool = False) -> Plan:
@@ -567,18 +570,19 @@ def cuda_plan(num_tokens: int, resident: int, resident_clusters: int = 0, force_
         if num_tokens <= CUDA_POLICY_WIDE_TOKENS and num_tokens * CUDA_POLICY_WIDE_SPLITS <= resident:
             return cuda_kernel_plan("cuda", CUDA_POLICY_WIDE_SPLITS)
         if num_tokens <= resident_clusters:
-            return cuda_kernel_plan("cuda_cluster", CUDA_POLICY_CLUSTER_SPLITS)
+            return cuda_kernel_plan("cuda_cluster", CUDA_POLICY_CLUSTER_SPLITS, CUDA_POLICY_CLUSTER_LAG)
     splits = CUDA_POLICY_MAX_SPLITS
     while splits > attention_ext.MIN_SPLITS and num_tokens * splits > resident:
         splits //= 2
-    return cuda_kernel_plan("cuda_two_launch" if force_two_launch else "cuda", splits)
+    lag = CUDA_POLICY_BARRIER_LAG if splits == CUDA_POLICY_MAX_SPLITS else 0
+    return cuda_kernel_plan("cuda_two_launch" if force_two_launch else "cuda", splits, lag)
 
 
-def cuda_kernel_plan(path: str, splits: int, step_rows: int = CUDA_POLICY_STEP_ROWS) -> Plan:
+def cuda_kernel_plan(path: str, splits: int, gather_lag: int = 0) -> Plan:
     """A validated plan of the CUDA kernel: ``path`` one of CUDA_PATHS (its combine), ``splits``
-    per token, ``step_rows`` (see Plan)."""
-    plan = Plan(path, splits=splits, block_n=attention_ext.TILE_SLOTS, num_warps=8, num_stages=attention_ext.POOL_TILES,
-                partial_dtype=_cuda_partial_dtype(path), step_rows=step_rows)
+    per token, ``gather_lag`` in SM cycles (see Plan)."""
+    plan = Plan(path, splits=splits, block_n=attention_ext.TILE_SLOTS, num_warps=8, num_stages=attention_ext.STAGES,
+                partial_dtype=_cuda_partial_dtype(path), gather_lag=gather_lag)
     plan.validate()
     return plan
 
@@ -660,7 +664,7 @@ def _launch_cuda(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices,
     sync = _sync_words_for(device, "cuda").get(device, T) if combine != "cluster" else part_lse.new_empty(0, dtype=torch.int32)
     return attention_ext.run(
         q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, part_out, part_lse, sync,
-        plan.splits, combine=combine, step_rows=plan.step_rows, phase_clocks=phase_clocks,
+        plan.splits, combine=combine, gather_lag=plan.gather_lag, phase_clocks=phase_clocks,
     )
 
 
@@ -759,8 +763,7 @@ def solution_notes() -> str:
         "sparse attention: hand-written CUDA kernel (attention_sm90.cu; bulk-copy (TMA) gathers, mma.sync bf16), strided "
         "split-K in 64-slot tiles, the combine in the same launch: T <= 2 with 32 splits behind a per-token ticket barrier, "
         "T <= 7 with 16 splits as one thread-block cluster per token (distributed shared memory), T = 8 with 16 splits "
-        "behind the barrier; each program requests all its rows at once (two tiles at most) and scores them in steps of the "
-        "rows that have landed, in landing order; a second launch when the grid cannot be co-resident"
+        "behind the barrier, the second tile's gather lagging the first's; a second launch when the grid cannot be co-resident"
     )
 
 
