@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -125,3 +126,45 @@ def test_attention_phase_summary_reads_stamps_and_leaves_out_skipped_tiles():
     for name, us in zip(profile_kernels.PHASES, lengths):
         assert abs(p[name] - us) < 1e-3 and abs(p[f"{name} max"] - us) < 1e-3, name
     assert abs(p["start max"] - 0.2) < 1e-9 and abs(p["span"] - (sum(lengths) + 0.2)) < 1e-3
+
+
+def test_gather_floor_reorderings_keep_each_programs_slots():
+    # The reordered ids the tool times the gathers (and the solution) on: per program the same
+    # ids in ascending order, padding last; per row the same ids ascending; consecutive cache
+    # rows on exactly the valid slots.
+    sys.path.insert(0, str(ROOT / "tools"))
+    import gather_floor
+    import torch
+
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.full((2, 2048), -1, dtype=torch.int32)
+    ids[0, :700] = torch.randperm(50_000, generator=gen)[:700].int()
+    ids[1] = torch.randperm(50_000, generator=gen)[:2048].int()
+    for splits in (16, 64):
+        sorted_ids = gather_floor.program_sorted(ids, splits)
+        for s in range(splits):
+            before, after = ids[:, s::splits], sorted_ids[:, s::splits]
+            for t in range(2):
+                valid = before[t][before[t] >= 0].sort().values
+                assert torch.equal(after[t, : valid.numel()], valid) and (after[t, valid.numel() :] == -1).all()
+    row = gather_floor.row_sorted(ids)
+    assert torch.equal(row[0, :700], ids[0, :700].sort().values) and (row[0, 700:] == -1).all()
+    dense = gather_floor.contiguous(ids)
+    assert torch.equal(dense >= 0, ids >= 0) and torch.equal(dense[1], torch.arange(2048, 4096, dtype=torch.int32))
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
+def test_gather_floor_needs_a_gpu():
+    proc = run_tool("gather_floor.py", "--iterations", "1")
+    assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
+
+
+def test_gather_floor_kernels_compile_alone_with_nvcc(tmp_path):
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
+    if nvcc is None:
+        pytest.skip("nvcc is not installed")
+    proc = subprocess.run([nvcc, "-arch=sm_90a", "-O3", "-Xptxas", "-v", "-c", str(TOOLS / "gather_floor.cu"), "-o", str(tmp_path / "g.o")],
+                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    compiled = re.findall(r"Compiling entry function '(\w+)'", proc.stderr)
+    assert len(compiled) == 3 and all(any(k in name for name in compiled) for k in ("bulk_gather", "rows_gather", "ldg_gather")), compiled

@@ -11,14 +11,15 @@
 //   ldg   16-byte loads through L2 (ld.global.cg) by every thread into registers, 8 in flight
 //         per thread, folded into a checksum so the loads are kept
 // The checksum / first shared word goes to `sink` so nothing is optimised away.
-#include <torch/extension.h>
-
-#include <c10/cuda/CUDAStream.h>
+//
+// Built by torch.utils.cpp_extension (which defines TORCH_EXTENSION_NAME) with its binding;
+// without it only the kernels compile (`nvcc -arch=sm_90a -c tools/gather_floor.cu`, the CPU
+// tests' check).
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
-namespace {
+namespace gather_floor {
 
 constexpr int kTopK = 2048;
 constexpr int kPageSize = 64;
@@ -83,9 +84,8 @@ __device__ __forceinline__ bool mbarrier_done(uint64_t* bar, uint32_t parity) {
   return done != 0;
 }
 
-template <bool kSleep>
 __global__ void __launch_bounds__(kThreads) rows_gather(const uint8_t* ckv, const uint8_t* kpe, const int32_t* indices, int splits, bool with_kpe,
-                                                        int32_t* sink) {
+                                                        bool sleep, int32_t* sink) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int s = blockIdx.x, t = blockIdx.y;
   const int rows = kTopK / splits;
@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(kThreads) rows_gather(const uint8_t* ckv, cons
     }
   }
   while (__syncthreads_count(pending && !mbarrier_done(bars + r, 0)) > 0) {
-    if (kSleep) __nanosleep(100);
+    if (sleep) __nanosleep(100);
   }
   if (threadIdx.x == 0) sink[t * splits + s] = *reinterpret_cast<const int32_t*>(smem);
 }
@@ -151,6 +151,17 @@ __global__ void __launch_bounds__(kThreads) ldg_gather(const uint8_t* ckv, const
   if (sum == 0x9e3779b9u) sink[t * splits + s] = sum;  // practically never: keeps the loads
 }
 
+}  // namespace gather_floor
+
+#ifdef TORCH_EXTENSION_NAME
+#include <torch/extension.h>
+
+#include <c10/cuda/CUDAStream.h>
+
+namespace {
+
+using namespace gather_floor;
+
 void gather(torch::Tensor ckv, torch::Tensor kpe, torch::Tensor indices, int64_t splits, const std::string& mode, bool with_kpe,
             torch::Tensor sink) {
   TORCH_CHECK(indices.dim() == 2 && indices.size(1) == kTopK && indices.is_contiguous(), "indices: [T, 2048] contiguous int32");
@@ -164,10 +175,9 @@ void gather(torch::Tensor ckv, torch::Tensor kpe, torch::Tensor indices, int64_t
     const int rows = static_cast<int>(kTopK / splits);
     const int smem = rows * kRowBytes + rows * 8;
     TORCH_CHECK(rows <= kThreads && smem <= 227 * 1024, "rows mode: ", rows, " rows do not fit");
-    auto kernel = mode == "rows" ? rows_gather<false> : rows_gather<true>;
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    kernel<<<grid, kThreads, smem, stream>>>(ckv_bytes, kpe_bytes, indices.data_ptr<int32_t>(), static_cast<int>(splits), with_kpe,
-                                             sink.data_ptr<int32_t>());
+    cudaFuncSetAttribute(rows_gather, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    rows_gather<<<grid, kThreads, smem, stream>>>(ckv_bytes, kpe_bytes, indices.data_ptr<int32_t>(), static_cast<int>(splits), with_kpe,
+                                                  mode == "rows_sleep", sink.data_ptr<int32_t>());
   } else if (mode == "bulk") {
     const int smem = static_cast<int>(kTopK / splits) * kRowBytes + 16;
     TORCH_CHECK(smem <= 227 * 1024, "bulk mode: ", kTopK / splits, " rows do not fit in shared memory");
@@ -187,3 +197,4 @@ void gather(torch::Tensor ckv, torch::Tensor kpe, torch::Tensor indices, int64_t
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("gather", &gather, "gather-only kernel (see tools/gather_floor.cu)"); }
+#endif  // TORCH_EXTENSION_NAME
