@@ -7,7 +7,7 @@
 //         completing on one mbarrier
 //   rows  the same copies, each row completing on its own mbarrier, and the block polling them
 //         (a non-blocking test per row, then a block-wide count) until every row has landed, as
-//         the attention kernel's landing-order steps do; rows_sleep backs off 100 ns per poll
+//         the landing-order experiment did (benchmarks/README.md); rows_sleep pauses between polls
 //   ldg   16-byte loads through L2 (ld.global.cg) by every thread into registers, 8 in flight
 //         per thread, folded into a checksum so the loads are kept
 // The checksum / first shared word goes to `sink` so nothing is optimised away.
@@ -15,11 +15,14 @@
 // Built by torch.utils.cpp_extension (which defines TORCH_EXTENSION_NAME) with its binding;
 // without it only the kernels compile (`nvcc -arch=sm_90a -c tools/gather_floor.cu`, the CPU
 // tests' check).
+#include <cuda/ptx>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
 namespace gather_floor {
+
+namespace ptx = cuda::ptx;
 
 constexpr int kTopK = 2048;
 constexpr int kPageSize = 64;
@@ -28,8 +31,14 @@ constexpr int kKpeBytes = 128;
 constexpr int kRowBytes = kCkvBytes + kKpeBytes;
 constexpr int kThreads = 256;
 constexpr int kLoadsInFlight = 8;
+constexpr unsigned kPollPauseNs = 100;
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+// One slot's rows, bulk-copied to `dst`, completing their bytes on `bar`.
+__device__ __forceinline__ void copy_rows(uint8_t* dst, const uint8_t* ckv, const uint8_t* kpe, int id, bool with_kpe, uint64_t* bar) {
+  const int64_t row = static_cast<int64_t>(id / kPageSize) * kPageSize + id % kPageSize;
+  ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, dst, ckv + row * kCkvBytes, kCkvBytes, bar);
+  if (with_kpe) ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, dst + kCkvBytes, kpe + row * kKpeBytes, kKpeBytes, bar);
+}
 
 __global__ void __launch_bounds__(kThreads) bulk_gather(const uint8_t* ckv, const uint8_t* kpe, const int32_t* indices, int splits, bool with_kpe,
                                                         int32_t* sink) {
@@ -38,61 +47,31 @@ __global__ void __launch_bounds__(kThreads) bulk_gather(const uint8_t* ckv, cons
   const int rows = kTopK / splits;
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem + rows * kRowBytes);
   if (threadIdx.x == 0) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(kThreads) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    ptx::mbarrier_init(bar, kThreads);
+    ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
   }
   __syncthreads();
   for (int r = threadIdx.x; r < rows; r += kThreads) {
     const int id = indices[t * kTopK + r * splits + s];
     if (id < 0) continue;
-    const int64_t page = id / kPageSize, slot = id % kPageSize;
-    const uint32_t bytes = with_kpe ? kRowBytes : kCkvBytes;
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-    uint8_t* dst = smem + r * kRowBytes;
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
-                 "l"(ckv + (page * kPageSize + slot) * kCkvBytes), "r"(kCkvBytes), "r"(smem_addr(bar))
-                 : "memory");
-    if (with_kpe) {
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst + kCkvBytes)),
-                   "l"(kpe + (page * kPageSize + slot) * kKpeBytes), "r"(kKpeBytes), "r"(smem_addr(bar))
-                   : "memory");
-    }
+    ptx::mbarrier_expect_tx(ptx::sem_relaxed, ptx::scope_cta, ptx::space_shared, bar, with_kpe ? kRowBytes : kCkvBytes);
+    copy_rows(smem + r * kRowBytes, ckv, kpe, id, with_kpe, bar);
   }
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_addr(bar))
-      : "memory");
+  ptx::mbarrier_arrive(bar);
+  while (!ptx::mbarrier_try_wait_parity(bar, 0)) {
+  }
   if (threadIdx.x == 0) sink[t * splits + s] = *reinterpret_cast<const int32_t*>(smem);
 }
 
-__device__ __forceinline__ bool mbarrier_done(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-
 __global__ void __launch_bounds__(kThreads) rows_gather(const uint8_t* ckv, const uint8_t* kpe, const int32_t* indices, int splits, bool with_kpe,
-                                                        bool sleep, int32_t* sink) {
+                                                        bool pause, int32_t* sink) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int s = blockIdx.x, t = blockIdx.y;
   const int rows = kTopK / splits;
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + rows * kRowBytes);
   if (threadIdx.x == 0) {
-    for (int r = 0; r < rows; ++r) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bars + r)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    for (int r = 0; r < rows; ++r) ptx::mbarrier_init(bars + r, 1);
+    ptx::fence_mbarrier_init(ptx::sem_release, ptx::scope_cluster);
   }
   __syncthreads();
   bool pending = false;
@@ -101,22 +80,12 @@ __global__ void __launch_bounds__(kThreads) rows_gather(const uint8_t* ckv, cons
     const int id = indices[t * kTopK + r * splits + s];
     if (id >= 0) {
       pending = true;
-      const int64_t page = id / kPageSize, slot = id % kPageSize;
-      const uint32_t bytes = with_kpe ? kRowBytes : kCkvBytes;
-      uint8_t* dst = smem + r * kRowBytes;
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bars + r)), "r"(bytes) : "memory");
-      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst)),
-                   "l"(ckv + (page * kPageSize + slot) * kCkvBytes), "r"(kCkvBytes), "r"(smem_addr(bars + r))
-                   : "memory");
-      if (with_kpe) {
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(smem_addr(dst + kCkvBytes)),
-                     "l"(kpe + (page * kPageSize + slot) * kKpeBytes), "r"(kKpeBytes), "r"(smem_addr(bars + r))
-                     : "memory");
-      }
+      ptx::mbarrier_arrive_expect_tx(ptx::sem_release, ptx::scope_cta, ptx::space_shared, bars + r, with_kpe ? kRowBytes : kCkvBytes);
+      copy_rows(smem + r * kRowBytes, ckv, kpe, id, with_kpe, bars + r);
     }
   }
-  while (__syncthreads_count(pending && !mbarrier_done(bars + r, 0)) > 0) {
-    if (sleep) __nanosleep(100);
+  while (__syncthreads_count(pending && !ptx::mbarrier_test_wait_parity(bars + r, 0)) > 0) {
+    if (pause) __nanosleep(kPollPauseNs);
   }
   if (threadIdx.x == 0) sink[t * splits + s] = *reinterpret_cast<const int32_t*>(smem);
 }
