@@ -168,10 +168,6 @@ def test_cuda_policy_keeps_grids_coresident():
         sa.cuda_kernel_plan("cuda", 16, gather_lag=-1)
     with pytest.raises(AssertionError, match="only the CUDA kernel has a gather lag"):
         sa.Plan("fused", 16, 64, 8, 2, gather_lag=1000).validate()
-    with pytest.raises(AssertionError, match="a step scores 1 or 2 tiles"):
-        sa.cuda_kernel_plan("cuda", 16, 0, tiles_per_step=4)
-    with pytest.raises(AssertionError, match="only the CUDA kernel scores tiles in pairs"):
-        sa.Plan("fused", 16, 64, 8, 2, tiles_per_step=2).validate()
     with pytest.raises(AssertionError, match="float32 partials"):
         sa.Plan("cuda_cluster", 16, 64, 8, 2, partial_dtype=torch.bfloat16).validate()
     assert sa.cuda_kernel_plan("cuda_cluster", 8, 1000).partial_dtype == torch.float32
@@ -332,7 +328,7 @@ def test_gpu_default_plan(cuda, counts, padding):
     assert len(counts) * used.splits <= resident, "T <= 8 fits one co-resident launch"
 
 
-def run_cuda(axes, inputs, splits: int, combine: str, device, gather_lag: int = 0, tiles_per_step: int = 1) -> tuple[dict, int]:
+def run_cuda(axes, inputs, splits: int, combine: str, device, gather_lag: int = 0) -> tuple[dict, int]:
     """The CUDA kernel through its checked entry, with fresh NaN-poisoned scratch and outputs
     (no scratch for the cluster combine, which must not need any)."""
     T = axes["num_tokens"]
@@ -342,7 +338,7 @@ def run_cuda(axes, inputs, splits: int, combine: str, device, gather_lag: int = 
     part_lse = torch.full((scratch * 16,), float("nan"), dtype=torch.float32, device=device)
     sync = sa._sync_words_for(device, "cuda").get(device, T)
     args = attn.DEFINITION.input_args(inputs)
-    launch = sa.attention_ext.run(*args, outputs["output"], outputs["lse"], part_out, part_lse, sync, splits, combine, gather_lag, tiles_per_step)
+    launch = sa.attention_ext.run(*args, outputs["output"], outputs["lse"], part_out, part_lse, sync, splits, combine, gather_lag)
     torch.cuda.synchronize()
     return outputs, launch
 
@@ -351,21 +347,20 @@ def run_cuda(axes, inputs, splits: int, combine: str, device, gather_lag: int = 
 @pytest.mark.parametrize("counts,padding", GPU_CASES, ids=_ids)
 def test_gpu_cuda_kernel_every_split_count(cuda, counts, padding):
     """Every split count with every combine and three gather lags (two tiles at once, a short
-    lag, each tile only once the one before has landed), tiles scored one by one and in pairs
-    (64 splits: one tile, no pair; 8 splits: two pairs)."""
+    lag, each tile only once the one before has landed)."""
     axes, inputs = make_inputs(counts, padding, GPU_CONTEST_PAGES, seed=13, device=cuda)
     expected = attn.expect(inputs)
     resident = sa.attention_ext.resident_programs()
     ext = sa.attention_ext
     lags = (0, 1500, ext.GATHER_LAG_ON_LANDING)
-    runs = [(splits, combine, lag, n) for splits in (8, 16, 32, 64) for combine in ("barrier", "two_launch") for lag in lags for n in (1, 2)]
-    runs += [(splits, "cluster", lag, n) for splits in (8, 16) for lag in lags for n in (1, 2)]
-    for splits, combine, lag, tiles_per_step in runs:
-        outputs, launch = run_cuda(axes, inputs, splits, combine, cuda, lag, tiles_per_step)
+    runs = [(splits, combine, lag) for splits in (8, 16, 32, 64) for combine in ("barrier", "two_launch") for lag in lags]
+    runs += [(splits, "cluster", lag) for splits in (8, 16) for lag in lags]
+    for splits, combine, lag in runs:
+        outputs, launch = run_cuda(axes, inputs, splits, combine, cuda, lag)
         fused = combine == "barrier" and len(counts) * splits <= resident
         assert launch == (ext.CLUSTER if combine == "cluster" else ext.FUSED if fused else ext.TWO_LAUNCH)
         result = judge(attn.DEFINITION, axes, inputs, outputs, expected, Tolerance(), cuda)
-        assert result.passed, f"splits={splits} combine={combine} lag={lag} tiles_per_step={tiles_per_step}: {result.status.value}: {result.message}"
+        assert result.passed, f"splits={splits} combine={combine} lag={lag}: {result.status.value}: {result.message}"
         empty = [t for t, n in enumerate(counts) if n == 0]
         assert torch.isneginf(outputs["lse"][empty]).all() and outputs["output"][empty].eq(0).all()
 
@@ -379,8 +374,6 @@ def test_gpu_cluster_combine_is_schedulable_and_refuses_large_clusters(cuda):
         run_cuda(axes, inputs, 32, "cluster", cuda)
     with pytest.raises(ValueError, match="gather_lag must be an int number of cycles"):
         run_cuda(axes, inputs, 16, "cluster", cuda, gather_lag=-5)
-    with pytest.raises(ValueError, match="tiles_per_step must be 1 or 2"):
-        run_cuda(axes, inputs, 16, "barrier", cuda, tiles_per_step=3)
 
 
 @pytest.mark.gpu

@@ -12,7 +12,6 @@
 #   bash tools/gpu_session.sh setup dev          # a new kernel's tests first, then stage benchmarks and all kernel tests
 #   bash tools/gpu_session.sh setup cluster      # the cluster combine: tests, variants, phases
 #   bash tools/gpu_session.sh setup lag          # the gather lag: tests, variants over lags, phases
-#   bash tools/gpu_session.sh setup pairs        # tiles scored in landed pairs: tests, variants, phases
 #   bash tools/gpu_session.sh setup gather       # the gather floor of the attention (tools/gather_floor.py)
 #   bash tools/gpu_session.sh setup gpu_tests    # every GPU test of the suite
 #   bash tools/gpu_session.sh setup final        # an attention change's records: GPU tests, both workloads, variants, phases
@@ -129,15 +128,6 @@ for stage in "$@"; do
             --variant default --variant cuda_s16 --variant cuda_s32 --variant cuda_s16_lag1000 --variant cuda_s16_lag2000 \
             --variant cuda_s16_lag3000 --variant cluster_s16 --variant cluster_s16_lag1000 --variant cluster_s16_lag2000 \
             --variant cluster_s16_lag3000 --variant cluster_s8
-        step attention_phases 30 python3 tools/profile_kernels.py phases --iterations 20
-        ;;
-    pairs)  # tiles scored in landed pairs: the attention GPU tests, variants with and without pairs, phases
-        step attention_cuda_tests 200 python3 -m pytest -q -m gpu -x tests/test_triton_attention.py
-        step attention_variants 200 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
-            --variant default --variant cuda_s16_lag2000 --variant cuda_s16_pair --variant cuda_s16_lag1000_pair \
-            --variant cuda_s16_lag2000_pair --variant cluster_s16_lag1000 --variant cluster_s16_pair --variant cluster_s16_lag1000_pair
-        step attention_phases_pairs 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda:16:0:2 \
-            --case attention_18_t8_full --case attention_19_t8_mixed
         step attention_phases 30 python3 tools/profile_kernels.py phases --iterations 20
         ;;
     gather)  # the gather floor: gather-only kernels against the solution, ids reordered

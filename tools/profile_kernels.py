@@ -225,8 +225,7 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
     phase's length in µs, the median and the slowest over programs and calls; when programs
     start after the first one; and the span from the first start to the last exit. Stamps are
     taken by thread 0 of each program, so a phase ends when that thread passes it.
-    ``plan_spec`` ``PATH:SPLITS:LAG[:TILES_PER_STEP]`` (e.g. ``cuda_cluster:16:1000``, the gather lag in SM cycles;
-    ``cuda:16:0:2``, tiles scored in pairs) replaces the default plan.
+    ``plan_spec`` ``PATH:SPLITS:LAG`` (e.g. ``cuda_cluster:16:1000``, the gather lag in SM cycles) replaces the default plan.
     """
     sa = solution_module(attn.NAME)
     ext = sa.attention_ext
@@ -236,8 +235,8 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
         definition, axes, inputs = case_inputs(case_id, device)
         T = axes["num_tokens"]
         if plan_spec:
-            path, splits, lag, *pair = plan_spec.split(":")
-            plan = sa.cuda_kernel_plan(path, int(splits), int(lag), int(pair[0]) if pair else 1)
+            path, splits, lag = plan_spec.split(":")
+            plan = sa.cuda_kernel_plan(path, int(splits), int(lag))
         else:
             plan = sa.default_plan(T, device)
         outputs = definition.allocate_outputs(axes, device)
@@ -249,7 +248,7 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
         torch.cuda.synchronize()
         p = phase_summary(stamps.cpu())
         cells = [f"{name} {p[name]:5.2f}/{p[name + ' max']:5.2f}" for name in PHASES]
-        print(f"{case_id:24s} {plan.path} S={plan.splits:2d} lag {plan.gather_lag}{' pairs' if plan.tiles_per_step > 1 else ''} {p['ghz']:.2f} GHz  " + "  ".join(cells)
+        print(f"{case_id:24s} {plan.path} S={plan.splits:2d} lag {plan.gather_lag} {p['ghz']:.2f} GHz  " + "  ".join(cells)
               + f"  start +{p['start']:.2f}/{p['start max']:.2f}  span {p['span']:.2f}", flush=True)  # fmt: skip
     return 0
 
@@ -259,7 +258,7 @@ def main() -> int:
     p.add_argument("mode", choices=("ncu", "locality", "cache", "topk", "phases"))
     p.add_argument("--case", action="append", default=[], help="case id (repeatable; ncu mode)")
     p.add_argument("--iterations", type=int, default=30)
-    p.add_argument("--plan", help="phases mode: PATH:SPLITS:LAG[:TILES_PER_STEP] (gather lag in SM cycles; 2: tiles in pairs) of the CUDA kernel instead of the default plan")
+    p.add_argument("--plan", help="phases mode: PATH:SPLITS:LAG (gather lag, SM cycles) of the CUDA kernel instead of the default plan")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("profile_kernels: needs a CUDA GPU", file=sys.stderr)

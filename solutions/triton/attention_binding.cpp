@@ -29,7 +29,7 @@ T* pointer(const at::Tensor& t) {
 // dsa_attention::Launch used (0 fused, 1 two launches, 2 cluster).
 int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& ckv, const at::Tensor& kpe,
                          const at::Tensor& indices, double sm_scale, at::Tensor& out, at::Tensor& lse, at::Tensor& part_out,
-                         at::Tensor& part_lse, at::Tensor& sync, int64_t splits, int64_t combine, int64_t gather_lag, int64_t tiles_per_step,
+                         at::Tensor& part_lse, at::Tensor& sync, int64_t splits, int64_t combine, int64_t gather_lag,
                          at::Tensor& phase_clocks) {
   const at::Device device = q_nope.device();
   check(q_nope, "q_nope", at::kBFloat16, device);
@@ -46,8 +46,6 @@ int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const
   TORCH_CHECK(combine >= 0 && combine <= static_cast<int64_t>(dsa_attention::Combine::kCluster), "unknown combine ", combine);
   const auto how = static_cast<dsa_attention::Combine>(combine);
   TORCH_CHECK(gather_lag >= 0 && gather_lag <= dsa_attention::kGatherLagOnLanding, "gather_lag out of range");
-  TORCH_CHECK(tiles_per_step == 1 || tiles_per_step == dsa_attention::kMaxTilesPerStep, "tiles_per_step must be 1 or ",
-              dsa_attention::kMaxTilesPerStep, ", got ", tiles_per_step);
   if (how != dsa_attention::Combine::kCluster) {  // the cluster combine needs no global scratch
     TORCH_CHECK(part_out.numel() >= tokens * splits * dsa_attention::kHeads * dsa_attention::kDCkv, "part_out too small");
     TORCH_CHECK(part_lse.numel() >= tokens * splits * dsa_attention::kHeads, "part_lse too small");
@@ -89,7 +87,6 @@ int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const
   a.tokens = static_cast<int>(tokens);
   a.splits = static_cast<int>(splits);
   a.gather_lag = static_cast<int>(gather_lag);
-  a.tiles_per_step = static_cast<int>(tiles_per_step);
   dsa_attention::Launch used = dsa_attention::Launch::kFused;
   const cudaError_t err = dsa_attention::launch_sparse_attention(a, how, c10::cuda::getCurrentCUDAStream(device.index()).stream(), &used);
   TORCH_CHECK(err == cudaSuccess, "sparse attention launch failed: ", cudaGetErrorString(err));
@@ -126,6 +123,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("MAX_CLUSTER_SPLITS") = dsa_attention::kMaxClusterSplits;
   m.attr("STAGES") = dsa_attention::kGatherStages;
   m.attr("GATHER_LAG_ON_LANDING") = dsa_attention::kGatherLagOnLanding;
-  m.attr("MAX_TILES_PER_STEP") = dsa_attention::kMaxTilesPerStep;
   m.attr("PHASE_SLOTS") = static_cast<int>(dsa_attention::kPhaseSlots);
 }

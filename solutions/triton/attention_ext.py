@@ -39,9 +39,6 @@ STAGES = 2
 #: or this long after that one was requested; 0 requests two at once, GATHER_LAG_ON_LANDING
 #: only once the one before has landed
 GATHER_LAG_ON_LANDING = 2**31 - 1
-#: AttentionArgs::tiles_per_step: 1, or MAX_TILES_PER_STEP to score a program's tiles in landed
-#: pairs (one softmax step over both)
-MAX_TILES_PER_STEP = 2
 
 _module: ModuleType | None = None
 
@@ -52,8 +49,7 @@ def load_attention_extension(verbose: bool | None = None) -> ModuleType:
     if _module is None:
         module = build_extension("dsa_sparse_attention_sm90", "the CUDA sparse attention", SOURCES, HEADERS, verbose)
         names = ("HEADS", "D_CKV", "D_KPE", "TOPK", "PAGE_SIZE", "MIN_SPLITS", "MAX_SPLITS", "MAX_CLUSTER_SPLITS", "SYNC_STRIDE",
-                 "TICKETS_PER_CALL", "PHASE_SLOTS", "STAGES", "GATHER_LAG_ON_LANDING",
-                 "MAX_TILES_PER_STEP")
+                 "TICKETS_PER_CALL", "PHASE_SLOTS", "STAGES", "GATHER_LAG_ON_LANDING")
         mismatched = [n for n in names if getattr(module, n) != globals()[n]]
         assert not mismatched, f"attention_ext.py and attention_sm90.h disagree on {mismatched}"
         _module = module
@@ -103,12 +99,11 @@ def _aligned(t: torch.Tensor, name: str, problems: list[str]) -> None:
 def run(
     q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor, sparse_indices: torch.Tensor,
     sm_scale: float, output: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor, sync: torch.Tensor,
-    splits: int, combine: str = "barrier", gather_lag: int = 0, tiles_per_step: int = 1, phase_clocks: torch.Tensor | None = None,
+    splits: int, combine: str = "barrier", gather_lag: int = 0, phase_clocks: torch.Tensor | None = None,
 ) -> int:
     """Launch the attention (shapes: sparse_attention.py's docstring); returns FUSED, TWO_LAUNCH or CLUSTER.
 
-    ``combine``: a key of COMBINES; ``gather_lag``: SM cycles in [0, GATHER_LAG_ON_LANDING];
-    ``tiles_per_step``: 1 or MAX_TILES_PER_STEP.
+    ``combine``: a key of COMBINES; ``gather_lag``: SM cycles in [0, GATHER_LAG_ON_LANDING].
     ``part_out`` [>= T*splits*16*512] bf16 and ``part_lse`` [>= T*splits*16] fp32 are scratch;
     ``sync`` [>= T*SYNC_STRIDE] int32 are the barrier words (zeroed once, reused by every call on
     a stream; each fused call advances a token's ticket word by TICKETS_PER_CALL, modulo 2^32,
@@ -140,8 +135,6 @@ def run(
         problems.append(f"splits must be a power of two in [{MIN_SPLITS}, {most}] for the {combine} combine, got {splits}")
     if not (isinstance(gather_lag, int) and 0 <= gather_lag <= GATHER_LAG_ON_LANDING):
         problems.append(f"gather_lag must be an int number of cycles in [0, {GATHER_LAG_ON_LANDING}], got {gather_lag!r}")
-    if tiles_per_step not in (1, MAX_TILES_PER_STEP) or not isinstance(tiles_per_step, int):
-        problems.append(f"tiles_per_step must be 1 or {MAX_TILES_PER_STEP}, got {tiles_per_step!r}")
     if T > MAX_TOKENS:
         problems.append(f"at most {MAX_TOKENS} tokens per call, got {T}")
     if combine != "cluster" and (
@@ -161,6 +154,6 @@ def run(
     return int(
         load_attention_extension().sparse_attention(
             q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, float(sm_scale), output, lse, part_out, part_lse, sync, splits,
-            COMBINES[combine], gather_lag, tiles_per_step, stamps,
+            COMBINES[combine], gather_lag, stamps,
         )
     )

@@ -48,7 +48,7 @@ constexpr int kMaxTiles = kTopK / kMinSplits / kTileSlots;  // tiles of the long
 // different 16-byte bank groups (unpadded, 1152 B = 9 x 128 B would make it an 8-way conflict).
 constexpr int kRowPad = 8;
 constexpr int kRowStride = kDQk + kRowPad;               // bf16 per shared slot row
-constexpr int kPStride = kMaxTilesPerStep * kTileSlots + kRowPad;  // bf16 per shared row of P
+constexpr int kPStride = kTileSlots + kRowPad;           // bf16 per shared row of P
 constexpr int kChunk = 8;                                // bf16 per 16-byte cp.async
 constexpr int kCkvChunks = kDCkv / kChunk;
 constexpr int kRowChunks = kDQk / kChunk;
@@ -71,7 +71,6 @@ static_assert(kThreads % kTileSlots == 0 && kCkvChunks % kThreadsPerRow == 0, "w
 static_assert((kDCkv * 2) % 16 == 0 && (kDKpe * 2) % 16 == 0, "bulk copies move multiples of 16 bytes");
 static_assert(kColTiles % 2 == 0, "ldmatrix.x4.trans loads two value n-tiles");
 static_assert(kTileSlots % 16 == 0, "P.V k-steps of 16 slots");
-static_assert(kMaxTilesPerStep == kStages, "a paired step scores both stages");
 static_assert((kRowStride * 2) % 16 == 0 && (kPStride * 2) % 16 == 0, "16-byte aligned shared rows");
 static_assert(kTopK % kMaxSplits == 0 && (kTopK / kMaxSplits) % kSlotsPerWarp == 0, "splits hold whole n-tiles");
 static_assert(kUnits * 4 == kHeads * kDCkv, "a unit holds 4 outputs");
@@ -256,15 +255,17 @@ struct RowState {
   float l[2];  // running sum of 2^(logit - m)
 };
 
-// Logits of one tile's slots 8w..8w+7 (warp w) against the 16 heads, log2 domain, -inf for
-// padding: s[0..1] head g, s[2..3] head g + 8, slots 2 * tig and 2 * tig + 1 of the warp's eight.
-__device__ __forceinline__ void tile_logits(Shared& sh, int stage, float qk_scale_log2, const uint32_t (&q)[kQSteps][4], float (&s)[4]) {
+// One tile: logits, online softmax step, P.V into `o` (this warp's 16 x 64 output columns).
+__device__ __forceinline__ void attend_tile(Shared& sh, int stage, float qk_scale_log2, const uint32_t (&q)[kQSteps][4], RowState& st,
+                                            float (&o)[kColTiles][4]) {
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
-  const int tig = lane % 4;
-  // A = this thread's Q fragments (registers, loaded once per program: re-reading Q from shared
-  // memory in every warp would move 8 x 18 KB per tile), B = slot rows (lane -> slot lane % 8,
-  // k offset 8 * (lane / 8): four k-chunks = two k-steps).
+  const int g = lane / 4;    // accumulator row (head g and g + 8)
+  const int tig = lane % 4;  // accumulator column pair
+
+  // Logits of slots 8w..8w+7: A = this thread's Q fragments (registers, loaded once per
+  // program: re-reading Q from shared memory in every warp would move 8 x 18 KB per tile),
+  // B = slot rows (lane -> slot lane % 8, k offset 8 * (lane / 8): four k-chunks = two k-steps).
   const uint32_t k_addr = smem_addr(&sh.kv[stage][warp * kSlotsPerWarp + lane % 8][(lane / 8) * 8]);
   float nope_even[4] = {0.f, 0.f, 0.f, 0.f}, nope_odd[4] = {0.f, 0.f, 0.f, 0.f}, pe[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -284,40 +285,16 @@ __device__ __forceinline__ void tile_logits(Shared& sh, int stage, float qk_scal
   const int slot = warp * kSlotsPerWarp + 2 * tig;
   const bool valid0 = sh.slot_ids[stage][slot] >= 0;
   const bool valid1 = sh.slot_ids[stage][slot + 1] >= 0;
+  float s[4];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const bool valid = (i % 2 == 0) ? valid0 : valid1;
     s[i] = valid ? ((nope_even[i] + nope_odd[i]) + pe[i]) * qk_scale_log2 : neg_inf();
   }
-}
 
-// One step over kTiles tiles (stages first_stage, first_stage + 1, ...): logits, one online
-// softmax step over all their slots, P.V into `o` (this warp's 16 x 64 output columns). Two
-// tiles that have both landed share one softmax step (two block barriers instead of four) and
-// one P.V pass.
-template <int kTiles>
-__device__ __forceinline__ void attend_tiles(Shared& sh, int first_stage, float qk_scale_log2, const uint32_t (&q)[kQSteps][4], RowState& st,
-                                             float (&o)[kColTiles][4]) {
-  static_assert(kTiles >= 1 && kTiles <= kMaxTilesPerStep, "a step scores one tile or a pair");
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  const int g = lane / 4;    // accumulator row (head g and g + 8)
-  const int tig = lane % 4;  // accumulator column pair
-  const int slot = warp * kSlotsPerWarp + 2 * tig;
-
-  float s[kTiles][4];
-#pragma unroll
-  for (int j = 0; j < kTiles; ++j) tile_logits(sh, (first_stage + j) % kStages, qk_scale_log2, q, s[j]);
-
-  // Step maxima per head across the warps.
-  float max_lo = neg_inf(), max_hi = neg_inf();
-#pragma unroll
-  for (int j = 0; j < kTiles; ++j) {
-    max_lo = fmaxf(max_lo, fmaxf(s[j][0], s[j][1]));
-    max_hi = fmaxf(max_hi, fmaxf(s[j][2], s[j][3]));
-  }
-  max_lo = quad_max(max_lo);
-  max_hi = quad_max(max_hi);
+  // Tile maxima per head across the warps.
+  const float max_lo = quad_max(fmaxf(s[0], s[1]));
+  const float max_hi = quad_max(fmaxf(s[2], s[3]));
   if (tig == 0) {
     sh.tile_max[warp][g] = max_lo;
     sh.tile_max[warp][g + 8] = max_hi;
@@ -337,26 +314,17 @@ __device__ __forceinline__ void attend_tiles(Shared& sh, int first_stage, float 
     alpha[r] = exp2f(st.m[r] - ref[r]);
     st.m[r] = m_new[r];
   }
-  float p[kTiles][4];
-  float sum_lo = 0.f, sum_hi = 0.f;
+  float p[4];
 #pragma unroll
-  for (int j = 0; j < kTiles; ++j) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) p[j][i] = exp2f(s[j][i] - ref[i / 2]);
-    sum_lo += p[j][0] + p[j][1];
-    sum_hi += p[j][2] + p[j][3];
-  }
-  sum_lo = quad_sum(sum_lo);
-  sum_hi = quad_sum(sum_hi);
+  for (int i = 0; i < 4; ++i) p[i] = exp2f(s[i] - ref[i / 2]);
+  const float sum_lo = quad_sum(p[0] + p[1]);
+  const float sum_hi = quad_sum(p[2] + p[3]);
   if (tig == 0) {
     sh.tile_sum[warp][g] = sum_lo;
     sh.tile_sum[warp][g + 8] = sum_hi;
   }
-#pragma unroll
-  for (int j = 0; j < kTiles; ++j) {  // P columns: tile j's slots at j * kTileSlots
-    *reinterpret_cast<uint32_t*>(&sh.p[g][j * kTileSlots + slot]) = pack_bf16x2(p[j][0], p[j][1]);
-    *reinterpret_cast<uint32_t*>(&sh.p[g + 8][j * kTileSlots + slot]) = pack_bf16x2(p[j][2], p[j][3]);
-  }
+  *reinterpret_cast<uint32_t*>(&sh.p[g][slot]) = pack_bf16x2(p[0], p[1]);
+  *reinterpret_cast<uint32_t*>(&sh.p[g + 8][slot]) = pack_bf16x2(p[2], p[3]);
   __syncthreads();
   float tile_sum[2] = {0.f, 0.f};
 #pragma unroll
@@ -374,27 +342,23 @@ __device__ __forceinline__ void attend_tiles(Shared& sh, int first_stage, float 
     o[j][3] *= alpha[1];
   }
 
-  // P.V: A = P rows (as Q above), B = each tile's ckv rows transposed by ldmatrix.trans (lane ->
+  // P.V: A = P rows (as Q above), B = the tile's ckv rows transposed by ldmatrix.trans (lane ->
   // slot lane % 8 + 8 * ((lane / 8) % 2), column offset 8 * (lane / 16): two n-tiles per load).
   const uint32_t p_addr = smem_addr(&sh.p[lane % 16][(lane / 16) * 8]);
+  const uint32_t v_addr = smem_addr(&sh.kv[stage][lane % 8 + ((lane / 8) % 2) * 8][warp * kColsPerWarp + (lane / 16) * 8]);
 #pragma unroll
-  for (int t = 0; t < kTiles; ++t) {
-    const int stage = (first_stage + t) % kStages;
-    const uint32_t v_addr = smem_addr(&sh.kv[stage][lane % 8 + ((lane / 8) % 2) * 8][warp * kColsPerWarp + (lane / 16) * 8]);
+  for (int k0 = 0; k0 < kTileSlots; k0 += 16) {
+    uint32_t a[4];
+    ldmatrix_x4(a, p_addr + k0 * 2);
 #pragma unroll
-    for (int k0 = 0; k0 < kTileSlots; k0 += 16) {
-      uint32_t a[4];
-      ldmatrix_x4(a, p_addr + (t * kTileSlots + k0) * 2);
-#pragma unroll
-      for (int j = 0; j < kColTiles; j += 2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, v_addr + (k0 * kRowStride + j * 8) * 2);
-        mma_bf16(o[j], a, b[0], b[1]);
-        mma_bf16(o[j + 1], a, b[2], b[3]);
-      }
+    for (int j = 0; j < kColTiles; j += 2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, v_addr + (k0 * kRowStride + j * 8) * 2);
+      mma_bf16(o[j], a, b[0], b[1]);
+      mma_bf16(o[j + 1], a, b[2], b[3]);
     }
   }
-  __syncthreads();  // the stages, P and the step maxima are free for the next step
+  __syncthreads();  // the stage, P and the tile maxima are free for the next tile
 }
 
 // The id of tile `tile` from the per-tile ids (a register array: unrolled select, no local memory).
@@ -490,27 +454,14 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
   // Tile i is the (i / kStages)-th use of its stage: that use's mbarrier phase has parity
   // (i / kStages) % 2. A stage is reissued only after the block barrier that ends the tile
   // before it, so no warp still reads it.
-  for (int tile = 0; tile < active;) {
+  for (int tile = 0; tile < active; ++tile) {
     const int stage = tile % kStages;
     const uint32_t parity = (tile / kStages) % 2;
-    if (a.tiles_per_step == kMaxTilesPerStep && tile + 1 < active) {  // block-uniform
-      // A pair: both tiles requested (through the lag) and landed, then one step. Tile is even
-      // here, so the pair is stages 0 and 1 of the same use.
-      while (requested < tile + 2) request_due(tile);
-      mbarrier_wait(&sh.full[0], parity);
-      mbarrier_wait(&sh.full[1], parity);
-      if (tile == 0) stamp(a, t, s, kPhaseFirstTileCycles);
-      attend_tiles<kMaxTilesPerStep>(sh, 0, a.qk_scale_log2, q, st, o);
-      tile += kMaxTilesPerStep;
-      request_due(tile);  // both stages are free: the next pair
-      continue;
-    }
     while (requested == tile + 1 && requested < active && !mbarrier_done(&sh.full[stage], parity)) request_due(tile);
     mbarrier_wait(&sh.full[stage], parity);
     if (tile == 0) stamp(a, t, s, kPhaseFirstTileCycles);
     request_due(tile);
-    attend_tiles<1>(sh, stage, a.qk_scale_log2, q, st, o);
-    ++tile;
+    attend_tile(sh, stage, a.qk_scale_log2, q, st, o);
   }
   stamp(a, t, s, kPhaseAttendedCycles);
 }
@@ -891,8 +842,7 @@ cudaError_t resident_clusters(int splits, int* clusters) {
 
 cudaError_t launch_sparse_attention(const AttentionArgs& args, Combine combine, cudaStream_t stream, Launch* used) {
   const int most = combine == Combine::kCluster ? kMaxClusterSplits : kMaxSplits;
-  if (!valid_splits(args.splits, most) || args.gather_lag < 0 || (args.tiles_per_step != 1 && args.tiles_per_step != kMaxTilesPerStep))
-    return cudaErrorInvalidValue;
+  if (!valid_splits(args.splits, most) || args.gather_lag < 0) return cudaErrorInvalidValue;
   if (args.tokens <= 0) return cudaSuccess;
   if (combine == Combine::kCluster) {
     int device = 0;

@@ -43,13 +43,10 @@ struct AttentionArgs {
                             // or this long after that one was requested, whichever comes first
                             // (0: together with it, two tiles in flight; kGatherLagOnLanding:
                             // only once it has landed)
-  int tiles_per_step;       // 1, or kMaxTilesPerStep: a program's tiles 2k and 2k + 1 are scored
-                            // together once both have landed (one softmax step over 128 slots)
 };
 
 constexpr int kGatherLagOnLanding = 0x7fffffff;
 constexpr int kGatherStages = 2;  // tiles a program holds in shared memory (at most two in flight)
-constexpr int kMaxTilesPerStep = kGatherStages;
 
 // Phase stamps of one program (thread 0), when phase_clocks is set: the global timer (ns) at
 // entry and exit, and the SM clock (cycles) at entry and at the end of each phase.

@@ -424,8 +424,6 @@ class Plan:
     ``gather_lag``: CUDA kernel only, SM cycles: a tile is requested once the tile before it has
     landed or this long after that one was requested (0: two tiles in flight at once;
     attention_ext.GATHER_LAG_ON_LANDING: only once the one before has landed).
-    ``tiles_per_step``: CUDA kernel only: 1, or attention_ext.MAX_TILES_PER_STEP to score a
-    program's tiles 2k and 2k + 1 together once both have landed (one softmax step over both).
     ``partial_dtype``: storage of the split paths' partial acc (m and l are always fp32).
     ``graph``: (``two_launch`` on a GPU) replay the two launches as one CUDA graph per argument
     set, so the combine starts as soon as the split kernel ends instead of after the host's
@@ -440,7 +438,6 @@ class Plan:
     partial_dtype: torch.dtype = torch.float32
     graph: bool = False
     gather_lag: int = 0
-    tiles_per_step: int = 1
 
     def validate(self) -> None:
         """Tiling relations, checked on the host too so a bad plan fails with a clear message."""
@@ -453,13 +450,10 @@ class Plan:
             assert self.num_stages == attention_ext.STAGES, f"{self}: the CUDA kernel has {attention_ext.STAGES} gather stages"
             lag_max = attention_ext.GATHER_LAG_ON_LANDING
             assert 0 <= self.gather_lag <= lag_max, f"{self}: the gather lag is in [0, {lag_max}] cycles"
-            pair = attention_ext.MAX_TILES_PER_STEP
-            assert self.tiles_per_step in (1, pair), f"{self}: a step scores 1 or {pair} tiles"
             partial = _cuda_partial_dtype(self.path)
             assert self.partial_dtype == partial and not self.graph, f"{self}: this CUDA path keeps {partial} partials and is not graphed"
             return
         assert self.gather_lag == 0, f"{self}: only the CUDA kernel has a gather lag"
-        assert self.tiles_per_step == 1, f"{self}: only the CUDA kernel scores tiles in pairs"
         assert _is_pow2(self.splits) and _is_pow2(self.block_n), f"{self}: splits and block_n must be powers of two"
         assert self.block_n >= 16, f"{self}: tl.dot needs blocks of at least 16 slots"
         assert self.partial_dtype in (torch.float32, torch.bfloat16), f"{self}: partials are fp32 or bf16"
@@ -584,11 +578,11 @@ def cuda_plan(num_tokens: int, resident: int, resident_clusters: int = 0, force_
     return cuda_kernel_plan("cuda_two_launch" if force_two_launch else "cuda", splits, lag)
 
 
-def cuda_kernel_plan(path: str, splits: int, gather_lag: int = 0, tiles_per_step: int = 1) -> Plan:
+def cuda_kernel_plan(path: str, splits: int, gather_lag: int = 0) -> Plan:
     """A validated plan of the CUDA kernel: ``path`` one of CUDA_PATHS (its combine), ``splits``
-    per token, ``gather_lag`` in SM cycles, ``tiles_per_step`` (see Plan)."""
+    per token, ``gather_lag`` in SM cycles (see Plan)."""
     plan = Plan(path, splits=splits, block_n=attention_ext.TILE_SLOTS, num_warps=8, num_stages=attention_ext.STAGES,
-                partial_dtype=_cuda_partial_dtype(path), gather_lag=gather_lag, tiles_per_step=tiles_per_step)
+                partial_dtype=_cuda_partial_dtype(path), gather_lag=gather_lag)
     plan.validate()
     return plan
 
@@ -670,7 +664,7 @@ def _launch_cuda(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices,
     sync = _sync_words_for(device, "cuda").get(device, T) if combine != "cluster" else part_lse.new_empty(0, dtype=torch.int32)
     return attention_ext.run(
         q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, part_out, part_lse, sync,
-        plan.splits, combine=combine, gather_lag=plan.gather_lag, tiles_per_step=plan.tiles_per_step, phase_clocks=phase_clocks,
+        plan.splits, combine=combine, gather_lag=plan.gather_lag, phase_clocks=phase_clocks,
     )
 
 
