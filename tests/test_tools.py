@@ -168,3 +168,20 @@ def test_gather_floor_kernels_compile_alone_with_nvcc(tmp_path):
     assert proc.returncode == 0, proc.stderr
     compiled = re.findall(r"Compiling entry function '(\w+)'", proc.stderr)
     assert len(compiled) == 3 and all(any(k in name for name in compiled) for k in ("bulk_gather", "rows_gather", "ldg_gather")), compiled
+
+
+def test_gather_floor_copy_check_catches_a_wrong_word():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import gather_floor
+    import torch
+
+    ckv = torch.arange(8 * 64 * 512, dtype=torch.int32).view(8, 64, 256 * 2).to(torch.int16).view(torch.bfloat16)
+    ids = torch.full((1, 2048), -1, dtype=torch.int32)
+    ids[0, :4] = torch.tensor([7, -1, 300, 64])
+    words = ckv.reshape(-1, 512).view(torch.int32)[:, 0]
+    sink = torch.zeros(2048, dtype=torch.int32)
+    sink[[0, 2, 3]] = words[[7, 300, 64]]
+    gather_floor.check_copied(sink, ids, ckv, 4)  # program 1's first slot is padding: not checked
+    sink[2] += 1
+    with pytest.raises(AssertionError, match="1 programs hold the wrong first word"):
+        gather_floor.check_copied(sink, ids, ckv, 4)

@@ -64,6 +64,16 @@ def contiguous(indices: torch.Tensor) -> torch.Tensor:
     return torch.where(indices >= 0, ids, -1).contiguous()
 
 
+def check_copied(sink: torch.Tensor, ids: torch.Tensor, ckv: torch.Tensor, splits: int) -> None:
+    """The bulk kernels leave each program's first shared word in ``sink``: where the program's
+    first slot is valid that is the first word of its ckv row, so the copies really happened."""
+    first = ids[:, :splits].reshape(-1).long()  # slot s is the first of program s
+    words = ckv.reshape(-1, ckv.shape[-1]).view(torch.int32)[:, 0]
+    valid = first >= 0
+    got, want = sink[: first.numel()][valid], words[first[valid]]
+    assert torch.equal(got, want), f"gather kernel: {(got != want).sum().item()} programs hold the wrong first word"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", action="append", help="case id (repeatable; default attention_18_t8_full)")
@@ -75,9 +85,14 @@ def main() -> int:
         print("gather_floor: needs a CUDA GPU", file=sys.stderr)
         return 2
     device = torch.device("cuda")
+    workload = load_workload(ROOT / "workloads" / "sparse_attention_h16.yaml")
+    known = {c.id: c for c in workload.cases}
+    unknown = [c for c in args.case or [] if c not in known]
+    if unknown:
+        print(f"gather_floor: unknown case(s) {unknown}; the cases are {', '.join(known)}", file=sys.stderr)
+        return 2
     ext = build_gather_extension()
     sa = import_entry(load_solution(ROOT / "solutions" / "triton"), attn.NAME)[1]
-    workload = load_workload(ROOT / "workloads" / "sparse_attention_h16.yaml")
     timer_name, warning = choose_timer(args.timer, device)
     if warning:
         print(f"warning: {warning}")
@@ -93,7 +108,7 @@ def main() -> int:
 
     results: dict[str, dict[str, float]] = {}
     for case_id in args.case or ["attention_18_t8_full"]:
-        case = next(c for c in workload.cases if c.id == case_id)
+        case = known[case_id]
         inputs = build_inputs(workload.definition, case, derive_seed(workload.settings.seed, case.id, "gather_floor", 0), device)
         axes = workload.definition.axes(case.axes)
         outs = workload.definition.allocate_outputs(axes, device)
@@ -108,8 +123,9 @@ def main() -> int:
             row[f"solution {order}"] = time_us(lambda i, reordered=reordered: sa.sparse_attention(*reordered, outs["output"], outs["lse"]))
         valid = int((indices >= 0).sum())
         ckv, kpe = inputs["ckv_cache"], inputs["kpe_cache"]
-        # contiguous ids need T * 2048 rows of cache: the cache of every case has far more
-        assert ckv.shape[0] * ckv.shape[1] >= indices.numel()
+        # the kernels address rows as id * row bytes; contiguous ids need T * 2048 rows of cache
+        assert ckv.is_contiguous() and kpe.is_contiguous(), "gather_floor: the generated caches are contiguous"
+        assert ckv.shape[0] * ckv.shape[1] >= indices.numel(), "gather_floor: too few cache rows for consecutive ids"
         sink = torch.zeros(indices.shape[0] * TOPK, dtype=torch.int32, device=device)
         print(f"{case.id}: T={indices.shape[0]}, {valid} valid slots, {valid * 1152 / 1e6:.1f} MB with kpe")
         for name, us in row.items():
@@ -120,6 +136,8 @@ def main() -> int:
                 ids = program_sorted(indices, splits) if ids is None else ids
                 for with_kpe in (True, False):
                     us = time_us(lambda i, ids=ids, mode=mode, splits=splits, with_kpe=with_kpe: ext.gather(ckv, kpe, ids, splits, mode, with_kpe, sink))
+                    if mode != "ldg":  # ldg keeps a checksum, not a copy
+                        check_copied(sink, ids, ckv, splits)
                     name = f"{order} {mode} S={splits} {'ckv+kpe' if with_kpe else 'ckv only'}"
                     row[name] = us
                     rate = valid * (1152 if with_kpe else 1024) / (us * 1e-6) / 1e12
