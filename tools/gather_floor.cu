@@ -131,9 +131,12 @@ namespace {
 
 using namespace gather_floor;
 
+constexpr int kMaxSharedBytes = 227 * 1024;  // dynamic shared memory one block may opt in to on sm_90
+
 void gather(torch::Tensor ckv, torch::Tensor kpe, torch::Tensor indices, int64_t splits, const std::string& mode, bool with_kpe,
             torch::Tensor sink) {
-  TORCH_CHECK(indices.dim() == 2 && indices.size(1) == kTopK && indices.is_contiguous(), "indices: [T, 2048] contiguous int32");
+  TORCH_CHECK(indices.dim() == 2 && indices.size(1) == kTopK && indices.is_contiguous() && indices.scalar_type() == at::kInt,
+              "indices: [T, 2048] contiguous int32");
   TORCH_CHECK(kTopK % splits == 0 && splits >= 1, "splits must divide 2048");
   TORCH_CHECK(sink.numel() >= indices.size(0) * splits, "sink too small");
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(indices.size(0)));
@@ -142,14 +145,14 @@ void gather(torch::Tensor ckv, torch::Tensor kpe, torch::Tensor indices, int64_t
   const auto* kpe_bytes = reinterpret_cast<const uint8_t*>(kpe.data_ptr());
   if (mode == "rows" || mode == "rows_sleep") {
     const int rows = static_cast<int>(kTopK / splits);
-    const int smem = rows * kRowBytes + rows * 8;
-    TORCH_CHECK(rows <= kThreads && smem <= 227 * 1024, "rows mode: ", rows, " rows do not fit");
+    const int smem = rows * (kRowBytes + static_cast<int>(sizeof(uint64_t)));  // the rows, then their mbarriers
+    TORCH_CHECK(rows <= kThreads && smem <= kMaxSharedBytes, "rows mode: ", rows, " rows do not fit");
     cudaFuncSetAttribute(rows_gather, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     rows_gather<<<grid, kThreads, smem, stream>>>(ckv_bytes, kpe_bytes, indices.data_ptr<int32_t>(), static_cast<int>(splits), with_kpe,
                                                   mode == "rows_sleep", sink.data_ptr<int32_t>());
   } else if (mode == "bulk") {
-    const int smem = static_cast<int>(kTopK / splits) * kRowBytes + 16;
-    TORCH_CHECK(smem <= 227 * 1024, "bulk mode: ", kTopK / splits, " rows do not fit in shared memory");
+    const int smem = static_cast<int>(kTopK / splits) * kRowBytes + static_cast<int>(sizeof(uint64_t));  // the rows, then the mbarrier
+    TORCH_CHECK(smem <= kMaxSharedBytes, "bulk mode: ", kTopK / splits, " rows do not fit in shared memory");
     cudaFuncSetAttribute(bulk_gather, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     bulk_gather<<<grid, kThreads, smem, stream>>>(ckv_bytes, kpe_bytes, indices.data_ptr<int32_t>(), static_cast<int>(splits), with_kpe,
                                                   sink.data_ptr<int32_t>());
