@@ -31,9 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from dsa_bench.definitions import sparse_attention as attn
-from dsa_bench.solutions import import_entry, load_solution
 from dsa_bench.timing import L2Flusher, choose_timer, make_timer
 from dsa_bench.workloads import build_inputs, derive_seed, load_workload
+from profile_kernels import solution_module
 
 TOPK = 2048
 
@@ -92,7 +92,7 @@ def main() -> int:
         print(f"gather_floor: unknown case(s) {unknown}; the cases are {', '.join(known)}", file=sys.stderr)
         return 2
     ext = build_gather_extension()
-    sa = import_entry(load_solution(ROOT / "solutions" / "triton"), attn.NAME)[1]
+    sa = solution_module(attn.NAME)
     timer_name, warning = choose_timer(args.timer, device)
     if warning:
         print(f"warning: {warning}")
@@ -117,7 +117,8 @@ def main() -> int:
         indices = inputs["sparse_indices"]
         # The attention is invariant under a reordering of a row's slots: the solution timed on
         # reordered ids shows what an in-kernel reordering could gain at most.
-        for order, ids in (("as-is", indices), ("program-sorted", program_sorted(indices, 16)), ("row-sorted", row_sorted(indices))):
+        per_row_orders = {"as-is": indices, "row-sorted": row_sorted(indices), "contiguous": contiguous(indices)}
+        for order, ids in (("as-is", indices), ("program-sorted", program_sorted(indices, 16)), ("row-sorted", per_row_orders["row-sorted"])):
             reordered = list(call_args)
             reordered[[spec.name for spec in workload.definition.inputs].index("sparse_indices")] = ids
             row[f"solution {order}"] = time_us(lambda i, reordered=reordered: sa.sparse_attention(*reordered, outs["output"], outs["lse"]))
@@ -132,8 +133,7 @@ def main() -> int:
             print(f"  {name:40s} {us:7.2f} µs")
         for order in ("as-is", "program-sorted", "row-sorted", "contiguous"):
             for mode, splits in (("bulk", 16), ("bulk", 32), ("bulk", 64), ("rows", 16), ("rows_sleep", 16), ("ldg", 16), ("ldg", 64)):
-                ids = {"as-is": indices, "row-sorted": row_sorted(indices), "contiguous": contiguous(indices)}.get(order)
-                ids = program_sorted(indices, splits) if ids is None else ids
+                ids = program_sorted(indices, splits) if order == "program-sorted" else per_row_orders[order]
                 for with_kpe in (True, False):
                     us = time_us(lambda i, ids=ids, mode=mode, splits=splits, with_kpe=with_kpe: ext.gather(ckv, kpe, ids, splits, mode, with_kpe, sink))
                     if mode != "ldg":  # ldg keeps a checksum, not a copy
