@@ -17,10 +17,14 @@
 //   P.V     P (bf16) from shared memory times the tile's ckv rows; warp w owns value columns
 //           64w..64w+63 (8 accumulator tiles), so the 16 x 512 output is spread over the block.
 // Then the program writes its partial (output / l in bf16, lse = m + log2 l), and program s
-// combines its 1/S share of the token's 16 x 512 outputs from all S partials, in one of three ways:
-//   split_kernel, fused    partials in global memory, then a per-token ticket barrier; needs every
-//                          program of the grid resident at once (the host checks with the occupancy
+// combines its 1/S share of the token's 16 x 512 outputs from all S partials, in one of four ways:
+//   split_kernel, mailbox  each program posts its slice of every owner's share into a mailbox in
+//                          global memory and polls its own slices until all have arrived (no
+//                          barrier, no counter; see "mailbox combine" below). Needs every program
+//                          of the grid resident at once (the host checks with the occupancy
 //                          calculator)
+//   split_kernel, ticket   partials in global memory, then a per-token ticket barrier (the same
+//                          residency condition)
 //   split_kernel + combine_kernel   the same partials, the combine in a second launch
 //   cluster_kernel         the token's S <= 16 programs form one thread-block cluster: partials are
 //                          bulk-copied into their owners' shared memory and combined there (see
@@ -78,12 +82,11 @@ static_assert(kUnits == 1 << kUnitsLog2, "units per token are a power of two");
 static_assert(kUnits / kMaxSplits * (kMaxSplits / kCombineSplitsPerThread) == kThreads &&
               kUnits / kMinSplits * (kMinSplits / kCombineSplitsPerThread) == kThreads,
               "every split count gives each combining thread one unit and kCombineSplitsPerThread splits");
-static_assert(kUnits / kMaxSplits >= kWarpSize, "a warp's combine loads cover consecutive units of one split");
+static_assert(kUnits == kUnitsPerToken && kLsePairs * 2 == kHeads, "attention_sm90.h counts the same units");
 
-// Cluster combine: a split's partial of one program's share is its kUnits / S units, then its
-// kHeads lse (kLseUnits 8-byte units), one contiguous slice.
-constexpr int kLseUnits = kHeads * 4 / 8;
-constexpr int kInboxUnits = kUnits + kMaxClusterSplits * kLseUnits;
+// A split's partial of one program's share (cluster inbox, mailbox): its kUnits / S units, then
+// its lse as kLsePairs (head g, head g + 8) pairs, one 8-byte unit each: one contiguous slice.
+constexpr int kInboxUnits = kUnits + kMaxClusterSplits * kLsePairs;
 
 struct Shared {
   uint16_t q[kHeads][kRowStride];
@@ -93,7 +96,7 @@ struct Shared {
   float tile_sum[kWarps][kHeads];
   int32_t slot_ids[kStages][kTileSlots];
   uint64_t full[kStages];  // mbarrier per gather stage
-  alignas(16) uint32_t ticket[4];  // split_kernel, fused: the token's ticket word at entry (a 16-byte cp.async)
+  alignas(16) uint32_t ticket[4];  // split_kernel, ticket barrier: the token's ticket word at entry (a 16-byte cp.async)
   // Cluster combine only: every program of the cluster copies in its partial of this
   // program's share (see ClusterInbox), and the copies complete their bytes on inbox_full.
   // Apart from the gather buffers: a fast program pushes while a slow one still gathers.
@@ -208,6 +211,25 @@ __device__ __forceinline__ float2 unpack_bf16x2(uint32_t bits) {
   return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
 }
 
+// Approximate exp2 / log2 / reciprocal (MUFU, denormals flushed): the accurate library forms
+// add range checks to every call, and the softmax and the combine are chains of such calls.
+// ex2(-inf) = +0 and lg2(0) = -inf, as the online softmax needs.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_rcp(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Max over the 4 lanes of a quad (the lanes holding one accumulator row).
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(kFullMask, v, 1));
@@ -311,12 +333,12 @@ __device__ __forceinline__ void attend_tile(Shared& sh, int stage, float qk_scal
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     ref[r] = m_new[r] == neg_inf() ? 0.f : m_new[r];
-    alpha[r] = exp2f(st.m[r] - ref[r]);
+    alpha[r] = fast_exp2(st.m[r] - ref[r]);
     st.m[r] = m_new[r];
   }
   float p[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) p[i] = exp2f(s[i] - ref[i / 2]);
+  for (int i = 0; i < 4; ++i) p[i] = fast_exp2(s[i] - ref[i / 2]);
   const float sum_lo = quad_sum(p[0] + p[1]);
   const float sum_hi = quad_sum(p[2] + p[3]);
   if (tig == 0) {
@@ -475,96 +497,99 @@ struct Fragment {
   __device__ int unit(int j) const { return (warp * kColTiles + j) * kWarpSize + lane; }
 };
 
-// Where a split's partial goes: global memory (read back by the combine through L2).
+// ---------------------------------------------------------------- partials and the combine
+// A split's partial: unit (warp, n-tile j, lane) = {bf16 pair of head g, bf16 pair of head g + 8}
+// at value columns 64 * warp + 8 * j + 2 * tig, divided by l (0 without a valid slot), and per
+// head pair g its lse = m + log2 l (-inf without a valid slot). Sinks take them to where the
+// combine reads them; every tig == 0 lane of every warp holds its pair's lse (the running (m, l)
+// are block-wide), so `warp` lets a sink spread lse copies over the warps.
+
+// Global memory, read back by the combine through L2 (the ticket barrier and the second launch).
 struct GlobalSink {
-  uint2* units;  // this split's kUnits units
-  float* lse;    // this split's kHeads lse
+  uint2* units;      // this split's kUnits units
+  float2* lse_pairs;  // this split's kLsePairs lse pairs
   __device__ GlobalSink(const AttentionArgs& a, int t, int s)
       : units(reinterpret_cast<uint2*>(a.part_out) + (static_cast<int64_t>(t) * a.splits + s) * kUnits),
-        lse(a.part_lse + (static_cast<int64_t>(t) * a.splits + s) * kHeads) {}
+        lse_pairs(reinterpret_cast<float2*>(a.part_lse) + (static_cast<int64_t>(t) * a.splits + s) * kLsePairs) {}
   __device__ void put_unit(int unit, uint2 bits) const { units[unit] = bits; }
-  __device__ void put_lse(int head, float value) const { lse[head] = value; }
+  __device__ void put_lse_pair(int g, float2 pair, int warp) const {
+    if (warp == 0) lse_pairs[g] = pair;
+  }
 };
 
-// The partial, in the accumulators' own order so that every store is coalesced: unit (warp,
-// n-tile j, lane) = {bf16 pair of head g, bf16 pair of head g + 8} at columns 64 * warp + 8 * j
-// + 2 * tig, divided by l (0 without a valid slot); lse = m + log2 l (-inf without a valid slot).
+// Slices of one owner's share, split by split: kUnits / S units, then kLsePairs lse pairs.
+struct Slices {
+  uint2* base;      // slice 0
+  int shift;        // log2 of per_program
+  int per_program;  // units each program combines
+  __device__ Slices(uint2* b, int S) : base(b), shift(share_shift(S)), per_program(1 << share_shift(S)) {}
+  __device__ int slice_units() const { return per_program + kLsePairs; }
+  __device__ uint2* slice(int i) const { return base + i * slice_units(); }
+  __device__ uint2* lse_pair(int i, int g) const { return slice(i) + per_program + g; }
+};
+
 template <class Sink>
 __device__ __forceinline__ void store_partial(const Sink& sink, const RowState& st, const float (&o)[kColTiles][4]) {
   const Fragment f;
   float inv_l[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) inv_l[r] = st.l[r] > 0.f ? 1.f / st.l[r] : 0.f;
+  for (int r = 0; r < 2; ++r) inv_l[r] = st.l[r] > 0.f ? fast_rcp(st.l[r]) : 0.f;
 #pragma unroll
   for (int j = 0; j < kColTiles; ++j) {
     sink.put_unit(f.unit(j), make_uint2(pack_bf16x2(o[j][0] * inv_l[0], o[j][1] * inv_l[0]), pack_bf16x2(o[j][2] * inv_l[1], o[j][3] * inv_l[1])));
   }
-  if (f.warp == 0 && f.tig == 0) {
-    sink.put_lse(f.g, st.l[0] > 0.f ? st.m[0] + log2f(st.l[0]) : neg_inf());
-    sink.put_lse(f.g + 8, st.l[1] > 0.f ? st.m[1] + log2f(st.l[1]) : neg_inf());
+  if (f.tig == 0) {
+    const float lse_lo = st.l[0] > 0.f ? st.m[0] + fast_log2(st.l[0]) : neg_inf();
+    const float lse_hi = st.l[1] > 0.f ? st.m[1] + fast_log2(st.l[1]) : neg_inf();
+    sink.put_lse_pair(f.g, make_float2(lse_lo, lse_hi), f.warp);
   }
 }
 
-// Scratch of the combine when several threads share a unit (fewer units than threads).
-struct CombineScratch {
-  float top[kThreads][2];        // each thread's largest lse of heads g and g + 8
-  float sums[kThreads][6];       // each thread's weighted outputs (4) and weight totals (2)
-};
-
-// Where the combine reads the token's partials: global memory, written by other SMs of this
-// launch or of the previous one, so read through L2 (ld.cg), never a stale L1 line.
-struct GlobalSource {
-  const uint2* units;  // the token's S x kUnits units
-  const float* lse;    // the token's S x kHeads lse
-  __device__ GlobalSource(const AttentionArgs& a, int t)
-      : units(reinterpret_cast<const uint2*>(a.part_out) + static_cast<int64_t>(t) * a.splits * kUnits),
-        lse(a.part_lse + static_cast<int64_t>(t) * a.splits * kHeads) {}
-  __device__ uint2 unit(int split, int unit, int /*local*/) const { return __ldcg(units + split * kUnits + unit); }
-  __device__ float split_lse(int split, int head) const { return __ldcg(lse + split * kHeads + head); }
-};
-
-// Program s's share of token t's combine: units [s * kUnits / S, (s + 1) * kUnits / S), each the
-// weighted mean of the S partials (weights 2^(lse_split - lse_max) per head). Thread i takes
-// unit i % (kUnits / S) over the kCombineSplitsPerThread splits of block i / (kUnits / S), so
-// each warp-wide load reads 32 consecutive units of one split (coalesced); the blocks are
-// merged through shared memory.
-template <class Source>
-__device__ __forceinline__ void combine_share(CombineScratch& scratch, const AttentionArgs& a, int t, int s, const Source& source) {
-  const int shift = share_shift(a.splits);
-  const int per_program = 1 << shift;                     // units this program combines
-  const int blocks = kThreads >> shift;                   // split blocks per unit (S / 8)
-  const int local = static_cast<int>(threadIdx.x) & (per_program - 1);
-  const int block = static_cast<int>(threadIdx.x) >> shift;
-  const int unit = (s << shift) + local;
-  const int lane = unit % kWarpSize;  // the unit's accumulator lane, warp and n-tile
-  const int col_tile = unit / kWarpSize % kColTiles;
-  const int warp = unit / (kWarpSize * kColTiles);
-  const int g = lane / 4;
-  const int d = warp * kColsPerWarp + col_tile * 8 + 2 * (lane % 4);
-  const int first = block * kCombineSplitsPerThread;
-
+// What one combining thread reads: one unit and one lse pair of each of its splits.
+struct SplitPartials {
   uint2 bits[kCombineSplitsPerThread];
-  float lse_lo[kCombineSplitsPerThread], lse_hi[kCombineSplitsPerThread];
-#pragma unroll
-  for (int k = 0; k < kCombineSplitsPerThread; ++k) {
-    bits[k] = source.unit(first + k, unit, local);
-    lse_lo[k] = source.split_lse(first + k, g);
-    lse_hi[k] = source.split_lse(first + k, g + 8);
+  float2 lse[kCombineSplitsPerThread];  // (head g, head g + 8)
+};
+
+// A combining thread's place in program s's share of a token (S splits): units
+// [s * kUnits / S, (s + 1) * kUnits / S), each merged from the S partials by S / 8 threads in
+// adjacent lanes (`block`: which 8 splits), so the blocks merge by warp shuffles.
+template <int S>
+struct Share {
+  static_assert(S >= kMinSplits && S <= kMaxSplits && (S & (S - 1)) == 0, "power-of-two split counts");
+  static constexpr int kPerProgram = kUnits / S;
+  static constexpr int kBlocks = S / kCombineSplitsPerThread;
+  static_assert(kPerProgram * kBlocks == kThreads, "one unit and kCombineSplitsPerThread splits per thread");
+  static_assert(kBlocks <= kWarpSize && kPerProgram >= kLsePairs, "a unit's blocks share a warp; a slice's lse pairs have readers");
+  int local;  // unit within the share
+  int block;  // splits 8 * block .. 8 * block + 7
+  int unit;   // unit within the token
+  int g;      // heads g and g + 8
+  int d;      // the unit's first value column
+  __device__ explicit Share(int s)
+      : local(static_cast<int>(threadIdx.x) / kBlocks), block(static_cast<int>(threadIdx.x) % kBlocks), unit(s * kPerProgram + local) {
+    const int lane = unit % kWarpSize;
+    g = lane / 4;
+    d = unit / (kWarpSize * kColTiles) * kColsPerWarp + unit / kWarpSize % kColTiles * 8 + 2 * (lane % 4);
   }
+  __device__ int first_split() const { return block * kCombineSplitsPerThread; }
+};
+
+// The weighted mean of the S partials (weights 2^(lse_split - lse_max) per head) of this
+// thread's unit: the blocks of a unit merge by shuffles, block 0 stores the output (and, for
+// the unit at column 0, the lse).
+template <int S>
+__device__ __forceinline__ void merge_and_store(const AttentionArgs& a, int t, const Share<S>& share, const SplitPartials& p) {
   float top_lo = neg_inf(), top_hi = neg_inf();
 #pragma unroll
   for (int k = 0; k < kCombineSplitsPerThread; ++k) {
-    top_lo = fmaxf(top_lo, lse_lo[k]);
-    top_hi = fmaxf(top_hi, lse_hi[k]);
+    top_lo = fmaxf(top_lo, p.lse[k].x);
+    top_hi = fmaxf(top_hi, p.lse[k].y);
   }
-  if (blocks > 1) {  // block-uniform
-    scratch.top[threadIdx.x][0] = top_lo;
-    scratch.top[threadIdx.x][1] = top_hi;
-    __syncthreads();
-    for (int b = 0; b < blocks; ++b) {
-      top_lo = fmaxf(top_lo, scratch.top[b * per_program + local][0]);
-      top_hi = fmaxf(top_hi, scratch.top[b * per_program + local][1]);
-    }
+#pragma unroll
+  for (int m = 1; m < Share<S>::kBlocks; m *= 2) {
+    top_lo = fmaxf(top_lo, __shfl_xor_sync(kFullMask, top_lo, m));
+    top_hi = fmaxf(top_hi, __shfl_xor_sync(kFullMask, top_hi, m));
   }
   // A head without any valid slot has max -inf: 0 as the reference keeps every weight 0, not NaN.
   const float ref_lo = top_lo == neg_inf() ? 0.f : top_lo;
@@ -572,10 +597,10 @@ __device__ __forceinline__ void combine_share(CombineScratch& scratch, const Att
   float sums[6] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f};  // outputs lo.x, lo.y, hi.x, hi.y; totals lo, hi
 #pragma unroll
   for (int k = 0; k < kCombineSplitsPerThread; ++k) {
-    const float w_lo = exp2f(lse_lo[k] - ref_lo);
-    const float w_hi = exp2f(lse_hi[k] - ref_hi);
-    const float2 lo = unpack_bf16x2(bits[k].x);
-    const float2 hi = unpack_bf16x2(bits[k].y);
+    const float w_lo = fast_exp2(p.lse[k].x - ref_lo);
+    const float w_hi = fast_exp2(p.lse[k].y - ref_hi);
+    const float2 lo = unpack_bf16x2(p.bits[k].x);
+    const float2 hi = unpack_bf16x2(p.bits[k].y);
     sums[0] += w_lo * lo.x;
     sums[1] += w_lo * lo.y;
     sums[2] += w_hi * hi.x;
@@ -583,25 +608,174 @@ __device__ __forceinline__ void combine_share(CombineScratch& scratch, const Att
     sums[4] += w_lo;
     sums[5] += w_hi;
   }
-  if (blocks > 1) {
 #pragma unroll
-    for (int i = 0; i < 6; ++i) scratch.sums[threadIdx.x][i] = sums[i];
-    __syncthreads();
-    if (block != 0) return;
-    for (int b = 1; b < blocks; ++b) {
+  for (int m = 1; m < Share<S>::kBlocks; m *= 2) {
 #pragma unroll
-      for (int i = 0; i < 6; ++i) sums[i] += scratch.sums[b * per_program + local][i];
-    }
+    for (int i = 0; i < 6; ++i) sums[i] += __shfl_xor_sync(kFullMask, sums[i], m);
   }
-  const float scale_lo = sums[4] > 0.f ? 1.f / sums[4] : 0.f;
-  const float scale_hi = sums[5] > 0.f ? 1.f / sums[5] : 0.f;
-  uint16_t* out_lo = a.out + t * a.out_t + g * a.out_h + d;
+  if (share.block != 0) return;
+  const float scale_lo = sums[4] > 0.f ? fast_rcp(sums[4]) : 0.f;
+  const float scale_hi = sums[5] > 0.f ? fast_rcp(sums[5]) : 0.f;
+  uint16_t* out_lo = a.out + t * a.out_t + share.g * a.out_h + share.d;
   *reinterpret_cast<uint32_t*>(out_lo) = pack_bf16x2(sums[0] * scale_lo, sums[1] * scale_lo);
   *reinterpret_cast<uint32_t*>(out_lo + 8 * a.out_h) = pack_bf16x2(sums[2] * scale_hi, sums[3] * scale_hi);
-  if (d == 0) {
-    a.lse[t * a.lse_t + g] = sums[4] > 0.f ? ref_lo + log2f(sums[4]) : neg_inf();
-    a.lse[t * a.lse_t + g + 8] = sums[5] > 0.f ? ref_hi + log2f(sums[5]) : neg_inf();
+  if (share.d == 0) {
+    a.lse[t * a.lse_t + share.g] = sums[4] > 0.f ? ref_lo + fast_log2(sums[4]) : neg_inf();
+    a.lse[t * a.lse_t + share.g + 8] = sums[5] > 0.f ? ref_hi + fast_log2(sums[5]) : neg_inf();
   }
+}
+
+// The token's partials in global memory, written by other SMs of this launch or of the previous
+// one, so read through L2 (ld.cg), never a stale L1 line.
+struct GlobalSource {
+  const uint2* units;      // the token's S x kUnits units
+  const float2* lse_pairs;  // the token's S x kLsePairs lse pairs
+  __device__ GlobalSource(const AttentionArgs& a, int t)
+      : units(reinterpret_cast<const uint2*>(a.part_out) + static_cast<int64_t>(t) * a.splits * kUnits),
+        lse_pairs(reinterpret_cast<const float2*>(a.part_lse) + static_cast<int64_t>(t) * a.splits * kLsePairs) {}
+  template <int S>
+  __device__ void load(const Share<S>& share, SplitPartials& p) const {
+    const uint2* u = units + share.first_split() * kUnits + share.unit;
+    const float2* l = lse_pairs + share.first_split() * kLsePairs + share.g;
+#pragma unroll
+    for (int k = 0; k < kCombineSplitsPerThread; ++k) {
+      p.bits[k] = __ldcg(u + k * kUnits);
+      p.lse[k] = __ldcg(l + k * kLsePairs);
+    }
+  }
+  template <int S>
+  __device__ void release(const Share<S>&) const {}
+};
+
+// Program s's share of token t, from `source` (S a template argument: the share arithmetic is
+// shifts and immediates).
+template <int S, class Source>
+__device__ __forceinline__ void combine_share(const AttentionArgs& a, int t, int s, const Source& source) {
+  const Share<S> share(s);
+  SplitPartials p;
+  source.load(share, p);
+  stamp(a, t, s, kPhaseReleasedCycles);
+  merge_and_store(a, t, share, p);
+  stamp(a, t, s, kPhaseCombinedCycles);
+  source.release(share);
+}
+
+template <class Source>
+__device__ __forceinline__ void combine_share(const AttentionArgs& a, int t, int s, const Source& source) {
+  switch (a.splits) {
+    case 8: combine_share<8>(a, t, s, source); break;
+    case 16: combine_share<16>(a, t, s, source); break;
+    case 32: combine_share<32>(a, t, s, source); break;
+    default: combine_share<64>(a, t, s, source); break;
+  }
+  static_assert(kMinSplits == 8 && kMaxSplits == 64, "the split counts dispatched above");
+}
+
+// ---------------------------------------------------------------- mailbox combine
+// Token t's mailbox is S x S slices (Slices layout), owner-major: split s writes its slice of
+// every owner's share, owner o polls its S slices until no word is kMailboxEmpty, then writes
+// kMailboxEmpty back. A word is written and read once per call, the stream orders calls, and
+// 8-byte accesses are single-copy atomic, so a non-empty word is always this call's data.
+// Relaxed gpu-scope accesses go through L2 and make the polling a defined race.
+
+__device__ __forceinline__ void store_word(uint2* p, uint64_t v) {
+  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+__device__ __forceinline__ uint64_t load_word(const uint2* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+// Data as a mailbox word: never kMailboxEmpty (that needs all 64 bits set: two pairs of negative
+// NaNs with full payloads, which the conversions never produce; mapped to a quiet NaN anyway).
+__device__ __forceinline__ uint64_t mailbox_word(uint32_t lo, uint32_t hi) {
+  if ((lo & hi) == 0xffffffffu) lo = 0x7fc07fc0u;
+  return (static_cast<uint64_t>(hi) << 32) | lo;
+}
+
+// Token t's mailbox for S splits; slice (owner, split) starts (owner * S + split) * kSliceUnits in.
+template <int S>
+struct Mailbox {
+  static constexpr int kPerProgram = kUnits / S;
+  static constexpr int kSliceUnits = kPerProgram + kLsePairs;
+  static_assert(mailbox_words_per_token(S) == S * S * kSliceUnits, "attention_sm90.h sizes the same slices");
+  static __device__ uint2* token(const AttentionArgs& a, int t) {
+    return reinterpret_cast<uint2*>(a.mailbox) + static_cast<int64_t>(t) * mailbox_words_per_token(S);
+  }
+};
+
+// Split s's slices: unit u goes to owner u / kPerProgram, the lse pairs to every owner (warp w
+// writes owners w, w + 8, ...).
+template <int S>
+struct MailboxSink {
+  using Box = Mailbox<S>;
+  uint2* mine;  // slice (owner 0, split s)
+  __device__ MailboxSink(const AttentionArgs& a, int t, int s) : mine(Box::token(a, t) + s * Box::kSliceUnits) {}
+  __device__ void put_unit(int unit, uint2 bits) const {
+    const unsigned offset = static_cast<unsigned>(unit) / Box::kPerProgram * (S * Box::kSliceUnits) + static_cast<unsigned>(unit) % Box::kPerProgram;
+    store_word(mine + offset, mailbox_word(bits.x, bits.y));
+  }
+  __device__ void put_lse_pair(int g, float2 pair, int warp) const {
+    const uint64_t word = mailbox_word(__float_as_uint(pair.x), __float_as_uint(pair.y));
+#pragma unroll
+    for (int owner = warp; owner < S; owner += kWarps) store_word(mine + owner * (S * Box::kSliceUnits) + Box::kPerProgram + g, word);
+  }
+};
+
+// Owner s's slices, split by split.
+template <int S>
+struct MailboxSource {
+  using Box = Mailbox<S>;
+  uint2* mine;  // slice (owner s, split 0)
+  __device__ MailboxSource(const AttentionArgs& a, int t, int s) : mine(Box::token(a, t) + s * (S * Box::kSliceUnits)) {}
+  // Polls this thread's 8 splits until every unit and lse pair is there: only the first
+  // missing split is polled while waiting (one load pair per round trip, not 16), and every
+  // missing one again once it arrives.
+  __device__ void load(const Share<S>& share, SplitPartials& p) const {
+    const uint2* units = mine + share.first_split() * Box::kSliceUnits + share.local;
+    const uint2* lse = mine + share.first_split() * Box::kSliceUnits + Box::kPerProgram + share.g;
+    unsigned missing = (1u << kCombineSplitsPerThread) - 1;
+    bool all = true;
+    do {
+      const int first = __ffs(missing) - 1;
+      unsigned arrived = 0;
+#pragma unroll
+      for (int k = 0; k < kCombineSplitsPerThread; ++k) {
+        if (((missing >> k) & 1u) && (all || k == first)) {
+          const uint64_t u = load_word(units + k * Box::kSliceUnits);
+          const uint64_t l = load_word(lse + k * Box::kSliceUnits);
+          if (u != kMailboxEmpty && l != kMailboxEmpty) {
+            p.bits[k] = make_uint2(static_cast<uint32_t>(u), static_cast<uint32_t>(u >> 32));
+            p.lse[k] = make_float2(__uint_as_float(static_cast<uint32_t>(l)), __uint_as_float(static_cast<uint32_t>(l >> 32)));
+            arrived |= 1u << k;
+          }
+        }
+      }
+      missing &= ~arrived;
+      all = arrived != 0;
+    } while (missing != 0);
+  }
+  // Empties the words read: each unit by its one reader, each lse pair (read by every thread of
+  // its block and head pair) by thread (local = g) after a block barrier.
+  __device__ void release(const Share<S>& share) const {
+    uint2* units = mine + share.first_split() * Box::kSliceUnits + share.local;
+#pragma unroll
+    for (int k = 0; k < kCombineSplitsPerThread; ++k) store_word(units + k * Box::kSliceUnits, kMailboxEmpty);
+    __syncthreads();
+    if (share.local < kLsePairs) {
+      uint2* lse = mine + share.first_split() * Box::kSliceUnits + Box::kPerProgram + share.local;
+#pragma unroll
+      for (int k = 0; k < kCombineSplitsPerThread; ++k) store_word(lse + k * Box::kSliceUnits, kMailboxEmpty);
+    }
+  }
+};
+
+// Split s of token t: post the partial's slices, then combine owner s's share.
+template <int S>
+__device__ __forceinline__ void post_and_combine(const AttentionArgs& a, int t, int s, const RowState& st, const float (&o)[kColTiles][4]) {
+  store_partial(MailboxSink<S>(a, t, s), st, o);
+  stamp(a, t, s, kPhasePartialCycles);
+  combine_share<S>(a, t, s, MailboxSource<S>(a, t, s));
 }
 
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
@@ -614,7 +788,14 @@ __device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-__global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, bool fused) {
+// What split_kernel does after attending its slots.
+enum SplitMode : int {
+  kStoreOnly = 0,  // store the partial; combine_kernel follows in a second launch
+  kTicket = 1,     // store the partial, the token's ticket barrier, then the combine
+  kPost = 2,       // mailbox: post the slices, poll this program's, combine
+};
+
+__global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, int mode) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   Shared& sh = *reinterpret_cast<Shared*>(shared_bytes);
   const int s = blockIdx.x;
@@ -632,14 +813,24 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, boo
   // (a register load's first use was scheduled right after it, stalling warp 0 for a round trip).
   // kTicketsPerCall divides 2^32, so wrapping around keeps episodes aligned; calls on a stream
   // run one after another, so episodes never interleave.
-  if (fused && threadIdx.x == 0) cp_async16(sh.ticket, ticket_word, 16);  // joins Q's copy group (attend_split waits for it)
+  if (mode == kTicket && threadIdx.x == 0) cp_async16(sh.ticket, ticket_word, 16);  // joins Q's copy group (attend_split waits for it)
 
   RowState st;
   float o[kColTiles][4];
   attend_split(sh, a, t, s, st, o, false);
+  if (mode == kPost) {
+    switch (a.splits) {
+      case 8: post_and_combine<8>(a, t, s, st, o); break;
+      case 16: post_and_combine<16>(a, t, s, st, o); break;
+      case 32: post_and_combine<32>(a, t, s, st, o); break;
+      default: post_and_combine<64>(a, t, s, st, o); break;
+    }
+    stamp(a, t, s, kPhaseExitNs);
+    return;
+  }
   store_partial(GlobalSink(a, t, s), st, o);
   stamp(a, t, s, kPhasePartialCycles);
-  if (!fused) {
+  if (mode == kStoreOnly) {
     stamp(a, t, s, kPhaseExitNs);
     return;
   }
@@ -656,27 +847,19 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, boo
     }
   }
   __syncthreads();
-  stamp(a, t, s, kPhaseReleasedCycles);
-  combine_share(*reinterpret_cast<CombineScratch*>(&sh.kv[0][0][0]), a, t, s, GlobalSource(a, t));  // the gather buffers are free now
-  stamp(a, t, s, kPhaseCombinedCycles);
+  combine_share(a, t, s, GlobalSource(a, t));
   stamp(a, t, s, kPhaseExitNs);
 }
 
-__global__ void __launch_bounds__(kThreads) combine_kernel(AttentionArgs a) {
-  __shared__ CombineScratch scratch;
-  combine_share(scratch, a, blockIdx.y, blockIdx.x, GlobalSource(a, blockIdx.y));
-}
-
-static_assert(sizeof(CombineScratch) <= sizeof(Shared::kv), "the fused combine reuses the gather buffers");
+__global__ void __launch_bounds__(kThreads) combine_kernel(AttentionArgs a) { combine_share(a, blockIdx.y, blockIdx.x, GlobalSource(a, blockIdx.y)); }
 
 // ---------------------------------------------------------------- cluster combine
 // The token's S programs are one thread-block cluster (S <= kMaxClusterSplits). A program that
-// has attended its slots writes its partial (as the global path stores it: bf16 units, lse)
-// into its own shared memory, grouped by owner (unit u belongs to program u / (kUnits / S)), and
-// bulk-copies each group into its owner's inbox (distributed shared memory, one TMA copy per
-// owner). Each owner's inbox mbarrier expects all S slices' bytes, so waiting on it replaces
-// the global-memory barrier; the combine then reads only local shared memory. Copies from fast
-// programs land while slow ones still gather.
+// has attended its slots writes its partial into its own shared memory as the owners' slices
+// (Slices layout) and bulk-copies each into its owner's inbox (distributed shared memory, one
+// TMA copy per owner). Each owner's inbox mbarrier expects all S slices' bytes, so waiting on it
+// replaces the global-memory barrier; the combine then reads only local shared memory. Copies
+// from fast programs land while slow ones still gather.
 
 __device__ __forceinline__ uint32_t cluster_addr(const void* p, int rank) {
   uint32_t remote;
@@ -693,41 +876,37 @@ __device__ __forceinline__ void bulk_copy_to_peer(const void* dst, const void* s
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 
-// Slices of the cluster combine: split `split`'s partial of one program's share.
-struct ClusterSlices {
-  uint2* base;      // kUnits + S * kLseUnits units
-  int shift;        // log2 of per_program
-  int per_program;  // units each program combines
-  __device__ ClusterSlices(uint2* b, int S) : base(b), shift(share_shift(S)), per_program(1 << share_shift(S)) {}
-  __device__ int slice_units() const { return per_program + kLseUnits; }
-  __device__ uint2* slice(int i) const { return base + i * slice_units(); }
-  __device__ float* lse(int i) const { return reinterpret_cast<float*>(slice(i) + per_program); }
-};
-
 // Writes the partial into the outgoing slices (slice i: owner i's units and this split's lse).
 struct StagingSink {
-  ClusterSlices out;
+  Slices out;
   int splits;
   __device__ StagingSink(uint2* staging, int S) : out(staging, S), splits(S) {}
   __device__ void put_unit(int unit, uint2 bits) const { out.slice(unit >> out.shift)[unit & (out.per_program - 1)] = bits; }
-  __device__ void put_lse(int head, float value) const {
-    for (int owner = 0; owner < splits; ++owner) out.lse(owner)[head] = value;
+  __device__ void put_lse_pair(int g, float2 pair, int warp) const {
+    for (int owner = warp; owner < splits; owner += kWarps) *reinterpret_cast<float2*>(out.lse_pair(owner, g)) = pair;
   }
 };
 
-// Reads this program's share from its inbox (slice i: split i's partial).
+// Reads this program's share from its inbox (slice i: split i's partial), once it is complete.
 struct ClusterInbox {
-  ClusterSlices in;
-  __device__ explicit ClusterInbox(const ClusterSlices& slices) : in(slices) {}
-  __device__ uint2 unit(int split, int /*unit*/, int local) const { return in.slice(split)[local]; }
-  __device__ float split_lse(int split, int head) const { return in.lse(split)[head]; }
+  Slices in;
+  uint64_t* full;  // the inbox mbarrier
+  template <int S>
+  __device__ void load(const Share<S>& share, SplitPartials& p) const {
+    mbarrier_wait(full, 0);
+#pragma unroll
+    for (int k = 0; k < kCombineSplitsPerThread; ++k) {
+      p.bits[k] = in.slice(share.first_split() + k)[share.local];
+      p.lse[k] = *reinterpret_cast<const float2*>(in.lse_pair(share.first_split() + k, share.g));
+    }
+  }
+  template <int S>
+  __device__ void release(const Share<S>&) const {}
 };
 
-static_assert(kUnits / kMaxClusterSplits * (kMaxClusterSplits / kCombineSplitsPerThread) == kThreads,
-              "the largest cluster gives each combining thread one unit and kCombineSplitsPerThread splits");
-static_assert((kUnits / kMaxClusterSplits + kLseUnits) * 8 % 16 == 0 && (kUnits / kMinSplits + kLseUnits) * 8 % 16 == 0,
+static_assert((kUnits / kMaxClusterSplits + kLsePairs) * 8 % 16 == 0 && (kUnits / kMinSplits + kLsePairs) * 8 % 16 == 0,
               "slices are whole 16-byte bulk-copy units");
-static_assert(kInboxUnits * sizeof(uint2) + sizeof(CombineScratch) <= sizeof(Shared::kv), "staging and combine scratch fit the gather buffers");
+static_assert(kInboxUnits * sizeof(uint2) <= sizeof(Shared::kv), "the outgoing slices fit the gather buffers");
 
 // Hardware cluster barrier, split in its two halves (every thread of every program takes part).
 __device__ __forceinline__ void cluster_arrive_relaxed() { asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory"); }
@@ -741,7 +920,7 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_kernel(AttentionArgs a) {
   const int splits = a.splits;
   stamp(a, t, s, kPhaseEntryNs);
   stamp(a, t, s, kPhaseEntryCycles);
-  const ClusterSlices inbox(sh.inbox, splits);
+  const Slices inbox(sh.inbox, splits);
   if (threadIdx.x == 0) {  // the inbox completes when all S slices have landed
     mbarrier_init(&sh.inbox_full, 1);
     mbarrier_arrive_expect_tx(&sh.inbox_full, splits * inbox.slice_units() * sizeof(uint2));
@@ -755,9 +934,9 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_kernel(AttentionArgs a) {
   float o[kColTiles][4];
   attend_split(sh, a, t, s, st, o, true);
 
-  // The gather buffers are free: the outgoing slices, then the combine's scratch, go there.
+  // The gather buffers are free: the outgoing slices go there.
   uint2* staging = reinterpret_cast<uint2*>(&sh.kv[0][0][0]);
-  const ClusterSlices out(staging, splits);
+  const Slices out(staging, splits);
   store_partial(StagingSink(staging, splits), st, o);
   fence_proxy_async();  // the slices' generic writes, before the bulk copies read them
   __syncthreads();
@@ -767,11 +946,13 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_kernel(AttentionArgs a) {
     bulk_commit();
   }
   stamp(a, t, s, kPhasePartialCycles);
-  mbarrier_wait(&sh.inbox_full, 0);
-  stamp(a, t, s, kPhaseReleasedCycles);
-  CombineScratch& scratch = *reinterpret_cast<CombineScratch*>(staging + kInboxUnits);
-  combine_share(scratch, a, t, s, ClusterInbox(inbox));
-  stamp(a, t, s, kPhaseCombinedCycles);
+  const ClusterInbox source{inbox, &sh.inbox_full};
+  if (splits == 8) {
+    combine_share<8>(a, t, s, source);
+  } else {
+    combine_share<16>(a, t, s, source);
+  }
+  static_assert(kMaxClusterSplits == 16, "the cluster split counts dispatched above");
   if (threadIdx.x < splits) bulk_wait_read();  // the slices stay until the copies have read them
   stamp(a, t, s, kPhaseExitNs);
 }
@@ -856,11 +1037,20 @@ cudaError_t launch_sparse_attention(const AttentionArgs& args, Combine combine, 
   int resident = 0;
   const cudaError_t err = resident_programs(&resident);
   if (err != cudaSuccess) return err;
-  const bool fused = combine == Combine::kBarrier && static_cast<long long>(args.tokens) * args.splits <= resident;
+  // Both same-launch combines wait for other programs of the grid: only a co-resident grid may.
+  const bool coresident = static_cast<long long>(args.tokens) * args.splits <= resident;
+  int mode = kStoreOnly;
+  *used = Launch::kTwoLaunch;
+  if (coresident && combine == Combine::kBarrier) {
+    mode = kTicket;
+    *used = Launch::kFused;
+  } else if (coresident && combine == Combine::kMailbox) {
+    mode = kPost;
+    *used = Launch::kMailbox;
+  }
   const dim3 grid(args.splits, args.tokens);
-  split_kernel<<<grid, kThreads, sizeof(Shared), stream>>>(args, fused);
-  if (!fused) combine_kernel<<<grid, kThreads, 0, stream>>>(args);
-  *used = fused ? Launch::kFused : Launch::kTwoLaunch;
+  split_kernel<<<grid, kThreads, sizeof(Shared), stream>>>(args, mode);
+  if (mode == kStoreOnly) combine_kernel<<<grid, kThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 
