@@ -132,7 +132,7 @@ for stage in "$@"; do
         step attention_phases 30 python3 tools/profile_kernels.py phases --iterations 20
         ;;
     mailbox)  # the mailbox combine: the attention GPU tests, variants against the barrier and cluster, phases
-        step attention_cuda_tests 240 python3 -m pytest -q -m gpu -x tests/test_triton_attention.py
+        step attention_cuda_tests 240 python3 -m pytest -q -m gpu -x tests/test_triton_attention.py ${MAILBOX_TESTS:-}
         step attention_variants 150 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
             --variant default --variant cuda_s16 --variant cuda_s32 --variant cuda_s16_lag2000 --variant mailbox_s8 --variant mailbox_s16 \
             --variant mailbox_s32 --variant mailbox_s16_lag2000 --variant cluster_s16

@@ -693,6 +693,8 @@ __device__ __forceinline__ uint64_t mailbox_word(uint32_t lo, uint32_t hi) {
   return (static_cast<uint64_t>(hi) << 32) | lo;
 }
 
+constexpr unsigned kPollBackoffNs = 100;  // pause after a mailbox poll that found nothing new
+
 // Token t's mailbox for S splits; slice (owner, split) starts (owner * S + split) * kSliceUnits in.
 template <int S>
 struct Mailbox {
@@ -728,20 +730,18 @@ struct MailboxSource {
   using Box = Mailbox<S>;
   uint2* mine;  // slice (owner s, split 0)
   __device__ MailboxSource(const AttentionArgs& a, int t, int s) : mine(Box::token(a, t) + s * (S * Box::kSliceUnits)) {}
-  // Polls this thread's 8 splits until every unit and lse pair is there: only the first
-  // missing split is polled while waiting (one load pair per round trip, not 16), and every
-  // missing one again once it arrives.
+  // Polls this thread's 8 splits until every unit and lse pair is there, re-reading all that
+  // are still missing in each round trip; a round that brings nothing backs off briefly, so
+  // programs that wait long for a straggler do not flood L2 with reads while it still gathers.
   __device__ void load(const Share<S>& share, SplitPartials& p) const {
     const uint2* units = mine + share.first_split() * Box::kSliceUnits + share.local;
     const uint2* lse = mine + share.first_split() * Box::kSliceUnits + Box::kPerProgram + share.g;
     unsigned missing = (1u << kCombineSplitsPerThread) - 1;
-    bool all = true;
-    do {
-      const int first = __ffs(missing) - 1;
+    for (;;) {
       unsigned arrived = 0;
 #pragma unroll
       for (int k = 0; k < kCombineSplitsPerThread; ++k) {
-        if (((missing >> k) & 1u) && (all || k == first)) {
+        if ((missing >> k) & 1u) {
           const uint64_t u = load_word(units + k * Box::kSliceUnits);
           const uint64_t l = load_word(lse + k * Box::kSliceUnits);
           if (u != kMailboxEmpty && l != kMailboxEmpty) {
@@ -752,8 +752,20 @@ struct MailboxSource {
         }
       }
       missing &= ~arrived;
-      all = arrived != 0;
-    } while (missing != 0);
+      if (missing == 0) break;
+      if (arrived == 0) __nanosleep(kPollBackoffNs);
+    }
+  }
+  // Brings this thread's words into L2 (the harness and real callers may find them evicted): a
+  // first poll that misses L2 would wait a DRAM round trip only to read "empty".
+  __device__ void prefetch(const Share<S>& share) const {
+    const uint2* units = mine + share.first_split() * Box::kSliceUnits + share.local;
+    const uint2* lse = mine + share.first_split() * Box::kSliceUnits + Box::kPerProgram + share.g;
+#pragma unroll
+    for (int k = 0; k < kCombineSplitsPerThread; ++k) {
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(units + k * Box::kSliceUnits));
+      asm volatile("prefetch.global.L2 [%0];" ::"l"(lse + k * Box::kSliceUnits));
+    }
   }
   // Empties the words read: each unit by its one reader, each lse pair (read by every thread of
   // its block and head pair) by thread (local = g) after a block barrier.
@@ -769,6 +781,11 @@ struct MailboxSource {
     }
   }
 };
+
+template <int S>
+__device__ __forceinline__ void prefetch_mailbox(const AttentionArgs& a, int t, int s) {
+  MailboxSource<S>(a, t, s).prefetch(Share<S>(s));
+}
 
 // Split s of token t: post the partial's slices, then combine owner s's share.
 template <int S>
@@ -814,6 +831,15 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, int
   // kTicketsPerCall divides 2^32, so wrapping around keeps episodes aligned; calls on a stream
   // run one after another, so episodes never interleave.
   if (mode == kTicket && threadIdx.x == 0) cp_async16(sh.ticket, ticket_word, 16);  // joins Q's copy group (attend_split waits for it)
+
+  if (mode == kPost) {
+    switch (a.splits) {
+      case 8: prefetch_mailbox<8>(a, t, s); break;
+      case 16: prefetch_mailbox<16>(a, t, s); break;
+      case 32: prefetch_mailbox<32>(a, t, s); break;
+      default: prefetch_mailbox<64>(a, t, s); break;
+    }
+  }
 
   RowState st;
   float o[kColTiles][4];
