@@ -330,21 +330,16 @@ def test_gpu_default_plan(cuda, counts, padding):
 
 def run_cuda(axes, inputs, splits: int, combine: str, device, gather_lag: int = 0) -> tuple[dict, int]:
     """The CUDA kernel through its checked entry, with fresh NaN-poisoned scratch and outputs
-    (no scratch for the cluster combine, which must not need any). The mailbox combine gets the
-    stream's mailbox, which must be all MAILBOX_EMPTY again afterwards."""
+    (no scratch for the cluster combine, which must not need any)."""
     T = axes["num_tokens"]
-    ext = sa.attention_ext
     outputs = attn.DEFINITION.allocate_outputs(axes, device)
     scratch = 0 if combine == "cluster" else T * splits
     part_out = torch.full((scratch * 16 * 512,), float("nan"), dtype=torch.bfloat16, device=device)
     part_lse = torch.full((scratch * 16,), float("nan"), dtype=torch.float32, device=device)
     sync = sa._sync_words_for(device, "cuda").get(device, T)
-    mailbox = sa._mailbox_for(device).get(device, T * ext.mailbox_words(splits)) if combine == "mailbox" else None
     args = attn.DEFINITION.input_args(inputs)
-    launch = ext.run(*args, outputs["output"], outputs["lse"], part_out, part_lse, sync, splits, combine, gather_lag, mailbox=mailbox)
+    launch = sa.attention_ext.run(*args, outputs["output"], outputs["lse"], part_out, part_lse, sync, splits, combine, gather_lag)
     torch.cuda.synchronize()
-    if mailbox is not None:
-        assert mailbox.eq(ext.MAILBOX_EMPTY).all(), "every owner empties the mailbox slots it read"
     return outputs, launch
 
 
@@ -358,13 +353,12 @@ def test_gpu_cuda_kernel_every_split_count(cuda, counts, padding):
     resident = sa.attention_ext.resident_programs()
     ext = sa.attention_ext
     lags = (0, 1500, ext.GATHER_LAG_ON_LANDING)
-    runs = [(splits, combine, lag) for splits in (8, 16, 32, 64) for combine in ("barrier", "two_launch", "mailbox") for lag in lags]
+    runs = [(splits, combine, lag) for splits in (8, 16, 32, 64) for combine in ("barrier", "two_launch") for lag in lags]
     runs += [(splits, "cluster", lag) for splits in (8, 16) for lag in lags]
     for splits, combine, lag in runs:
         outputs, launch = run_cuda(axes, inputs, splits, combine, cuda, lag)
-        coresident = len(counts) * splits <= resident
-        same_launch = {"barrier": ext.FUSED, "mailbox": ext.MAILBOX, "cluster": ext.CLUSTER}.get(combine, ext.TWO_LAUNCH)
-        assert launch == (same_launch if coresident or combine == "cluster" else ext.TWO_LAUNCH)
+        fused = combine == "barrier" and len(counts) * splits <= resident
+        assert launch == (ext.CLUSTER if combine == "cluster" else ext.FUSED if fused else ext.TWO_LAUNCH)
         result = judge(attn.DEFINITION, axes, inputs, outputs, expected, Tolerance(), cuda)
         assert result.passed, f"splits={splits} combine={combine} lag={lag}: {result.status.value}: {result.message}"
         empty = [t for t, n in enumerate(counts) if n == 0]
@@ -512,48 +506,6 @@ def test_gpu_cuda_ticket_barrier_survives_many_calls_and_wraps(cuda):
 
 
 @pytest.mark.gpu
-def test_gpu_mailbox_survives_many_calls_with_changing_splits(cuda):
-    """Hundreds of mailbox calls with changing T and S share one mailbox: a call's slots overlap
-    slots of earlier calls with other S, so any word left non-empty would be read as this
-    call's data. Every result stays correct and the mailbox is all empty after every call."""
-    ext = sa.attention_ext
-    cases = [make_inputs(counts, "tail", 1024, seed=40 + i, device=cuda) for i, counts in enumerate(BARRIER_ROWS)]
-    expected = [attn.expect(inputs) for _, inputs in cases]
-    resident = ext.resident_programs()
-    for call in range(300):
-        axes, inputs = cases[call % len(cases)]
-        T = axes["num_tokens"]
-        coresident = [s for s in (8, 16, 32, 64) if T * s <= resident]
-        splits = coresident[call % len(coresident)]
-        outputs, launch = run_cuda(axes, inputs, splits, "mailbox", cuda, gather_lag=(0, 2000)[call % 2])
-        assert launch == ext.MAILBOX, f"call {call}: T={T} S={splits} is co-resident"
-        if call % 5 == 0 or call >= 295:
-            result = judge(attn.DEFINITION, axes, inputs, outputs, expected[call % len(cases)], Tolerance(), cuda)
-            assert result.passed, f"call {call} (T={T}, S={splits}): {result.message}"
-
-
-@pytest.mark.gpu
-def test_gpu_mailbox_back_to_back_and_per_stream(cuda):
-    """Queued mailbox calls (no host sync between them) on two streams: each stream has its own
-    mailbox, and both stay correct."""
-    axes, inputs = make_inputs([FULL] * 8, "tail", 1024, seed=41, device=cuda)
-    expected = attn.expect(inputs)
-    plan = sa.cuda_kernel_plan("cuda_mailbox", 16, 2000)
-    side = torch.cuda.Stream()
-    torch.cuda.synchronize()
-    with torch.cuda.stream(side):
-        on_side = [run_solution(axes, inputs, plan, cuda)[0] for _ in range(20)]
-        side_box = sa._mailbox_for(cuda)
-    on_main = [run_solution(axes, inputs, plan, cuda)[0] for _ in range(50)]
-    torch.cuda.synchronize()
-    assert side_box is not sa._mailbox_for(cuda)
-    for box in (side_box, sa._mailbox_for(cuda)):
-        assert box.words.eq(sa.attention_ext.MAILBOX_EMPTY).all()
-    for outputs in on_side[-1:] + on_main[::7] + on_main[-1:]:
-        assert judge(attn.DEFINITION, axes, inputs, outputs, expected, Tolerance(), cuda).passed
-
-
-@pytest.mark.gpu
 def test_gpu_back_to_back_calls_without_sync(cuda):
     """Queued launches (no host sync between them) must not disturb each other's barriers."""
     axes, inputs = make_inputs([FULL] * 8, "tail", 1024, seed=30, device=cuda)
@@ -593,10 +545,9 @@ def test_gpu_many_tokens_fall_back_to_two_launch(cuda):
     axes, inputs = make_inputs(counts, "tail", GPU_CONTEST_PAGES, seed=33, device=cuda)
     plan = sa.default_plan(len(counts), cuda)
     assert plan.splits == 8 and len(counts) * plan.splits > sa.attention_ext.resident_programs()
-    for combine in ("barrier", "mailbox"):  # both same-launch combines need a co-resident grid
-        outputs, launch = run_cuda(axes, inputs, plan.splits, combine, cuda)
-        assert launch == sa.attention_ext.TWO_LAUNCH
-        assert_correct(axes, inputs, outputs, cuda)
+    outputs, launch = run_cuda(axes, inputs, plan.splits, "barrier", cuda)
+    assert launch == sa.attention_ext.TWO_LAUNCH
+    assert_correct(axes, inputs, outputs, cuda)
     # clusters need no co-residency with each other: more than fit at once still finish correctly
     assert len(counts) > sa.attention_ext.resident_clusters(8)
     outputs, launch = run_cuda(axes, inputs, 8, "cluster", cuda)

@@ -56,10 +56,8 @@ def load_solution():
 CUDA_VARIANTS = (
     "cuda_s8", "cuda_s16", "cuda_s32", "cuda_s64", "cuda_s16_lag2000", "cuda_s16_landed",
     "cluster_s8", "cluster_s16", "cluster_s16_lag2000", "cluster_s16_landed",
-    "mailbox_s16", "mailbox_s32", "mailbox_s16_lag2000",
 )
-_CUDA_VARIANT = re.compile(r"(cuda|cluster|mailbox)_s(\d+)(?:_lag(\d+)|_(landed))?")
-_CUDA_VARIANT_PATHS = {"cuda": "cuda", "cluster": "cuda_cluster", "mailbox": "cuda_mailbox"}
+_CUDA_VARIANT = re.compile(r"(cuda|cluster)_s(\d+)(?:_lag(\d+)|_(landed))?")
 
 
 def fixed(plan) -> Callable[[int], object]:
@@ -69,14 +67,14 @@ def fixed(plan) -> Callable[[int], object]:
 
 def cuda_variant_plan(sa, name: str):
     """The plan a CUDA variant name spells: ``cuda_s16`` (barrier, 16 splits), ``cluster_s8``,
-    ``mailbox_s32``, ``cuda_s16_lag2000`` (gather lag of 2000 cycles), ``cluster_s16_landed``;
-    None when the name is not one."""
+    ``cuda_s16_lag2000`` (gather lag of 2000 cycles), ``cluster_s16_landed``; None when the name
+    is not one."""
     match = _CUDA_VARIANT.fullmatch(name)
     if match is None:
         return None
     kind, splits, lag, landed = match.groups()
     gather_lag = sa.attention_ext.GATHER_LAG_ON_LANDING if landed else int(lag or 0)
-    return sa.cuda_kernel_plan(_CUDA_VARIANT_PATHS[kind], int(splits), gather_lag)
+    return sa.cuda_kernel_plan("cuda" if kind == "cuda" else "cuda_cluster", int(splits), gather_lag)
 
 
 def variants(sa, coresident: int, default: Callable[[int], object]) -> dict[str, Callable[[int], object]]:
@@ -84,7 +82,7 @@ def variants(sa, coresident: int, default: Callable[[int], object]) -> dict[str,
 
     ``default`` is the entry's GPU policy (the CUDA kernel), given by the caller; ``cuda_s*`` fix its split count
     (a grid that is not co-resident launches the combine separately), ``cluster_s*`` its split
-    count with the cluster combine, ``mailbox_s*`` with the mailbox combine, ``*_lagN`` its gather lag (N cycles; ``landed``: each tile
+    count with the cluster combine, ``*_lagN`` its gather lag (N cycles; ``landed``: each tile
     once the one before has landed). Any such name is accepted, not only those of
     CUDA_VARIANTS (see cuda_variant_plan). ``triton*`` and ``dsplit*`` are the Triton kernels,
     ``triton`` with their own GPU policy.
@@ -122,7 +120,7 @@ def unknown_names(table: dict[str, Callable[[int], object]], names: list[str]) -
     """0 when every requested name is in ``table``; else says which are not and returns 2."""
     unknown = sorted(set(names) - set(table))
     if unknown:
-        print(f"unknown variant(s) {unknown}; known: {', '.join(table)}, or any cuda_sN / cluster_sN / mailbox_sN [_lagN | _landed]", file=sys.stderr)
+        print(f"unknown variant(s) {unknown}; known: {', '.join(table)}, or any cuda_sN / cluster_sN [_lagN | _landed]", file=sys.stderr)
         return 2
     return 0
 

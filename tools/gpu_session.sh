@@ -12,7 +12,6 @@
 #   bash tools/gpu_session.sh setup dev          # a new kernel's tests first, then stage benchmarks and all kernel tests
 #   bash tools/gpu_session.sh setup cluster      # the cluster combine: tests, variants, phases
 #   bash tools/gpu_session.sh setup lag          # the gather lag: tests, variants over lags, phases
-#   bash tools/gpu_session.sh setup mailbox      # the mailbox combine: tests, variants, phases
 #   bash tools/gpu_session.sh setup gather       # the gather floor of the attention (tools/gather_floor.py)
 #   bash tools/gpu_session.sh setup gpu_tests    # every GPU test of the suite
 #   bash tools/gpu_session.sh setup final        # an attention change's records: GPU tests, both workloads, variants, phases
@@ -130,15 +129,6 @@ for stage in "$@"; do
             --variant cuda_s16_lag3000 --variant cluster_s16 --variant cluster_s16_lag1000 --variant cluster_s16_lag2000 \
             --variant cluster_s16_lag3000 --variant cluster_s8
         step attention_phases 30 python3 tools/profile_kernels.py phases --iterations 20
-        ;;
-    mailbox)  # the mailbox combine: the attention GPU tests, variants against the barrier and cluster, phases
-        step attention_cuda_tests 240 python3 -m pytest -q -m gpu -x tests/test_triton_attention.py ${MAILBOX_TESTS:-}
-        step attention_variants 150 python3 tools/bench_attention_variants.py --iterations 20 --out "$WORK/attention_variants.json" \
-            --variant default --variant cuda_s16 --variant cuda_s32 --variant cuda_s16_lag2000 --variant mailbox_s8 --variant mailbox_s16 \
-            --variant mailbox_s32 --variant mailbox_s16_lag2000 --variant cluster_s16
-        step attention_phases 40 python3 tools/profile_kernels.py phases --iterations 20
-        step attention_phases_mailbox16 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda_mailbox:16:2000
-        step attention_phases_mailbox32 40 python3 tools/profile_kernels.py phases --iterations 20 --plan cuda_mailbox:32:0
         ;;
     gather)  # the gather floor: gather-only kernels against the solution, ids reordered
         step gather_floor 200 python3 tools/gather_floor.py --iterations 30 --case attention_18_t8_full --case attention_00_t1_full \

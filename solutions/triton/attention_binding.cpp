@@ -26,11 +26,11 @@ T* pointer(const at::Tensor& t) {
 }  // namespace
 
 // Shapes: see attention_sm90.h. `combine` is a dsa_attention::Combine; returns the
-// dsa_attention::Launch used (0 fused, 1 two launches, 2 cluster, 3 mailbox).
+// dsa_attention::Launch used (0 fused, 1 two launches, 2 cluster).
 int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const at::Tensor& ckv, const at::Tensor& kpe,
                          const at::Tensor& indices, double sm_scale, at::Tensor& out, at::Tensor& lse, at::Tensor& part_out,
-                         at::Tensor& part_lse, at::Tensor& sync, at::Tensor& mailbox, int64_t splits, int64_t combine,
-                         int64_t gather_lag, at::Tensor& phase_clocks) {
+                         at::Tensor& part_lse, at::Tensor& sync, int64_t splits, int64_t combine, int64_t gather_lag,
+                         at::Tensor& phase_clocks) {
   const at::Device device = q_nope.device();
   check(q_nope, "q_nope", at::kBFloat16, device);
   check(q_pe, "q_pe", at::kBFloat16, device);
@@ -42,18 +42,14 @@ int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const
   check(lse, "lse", at::kFloat, device);
   check(part_lse, "part_lse", at::kFloat, device);
   check(sync, "sync", at::kInt, device);
-  check(mailbox, "mailbox", at::kLong, device);
   const int64_t tokens = q_nope.size(0);
-  TORCH_CHECK(combine >= 0 && combine <= static_cast<int64_t>(dsa_attention::Combine::kMailbox), "unknown combine ", combine);
+  TORCH_CHECK(combine >= 0 && combine <= static_cast<int64_t>(dsa_attention::Combine::kCluster), "unknown combine ", combine);
   const auto how = static_cast<dsa_attention::Combine>(combine);
   TORCH_CHECK(gather_lag >= 0 && gather_lag <= dsa_attention::kGatherLagOnLanding, "gather_lag out of range");
   if (how != dsa_attention::Combine::kCluster) {  // the cluster combine needs no global scratch
     TORCH_CHECK(part_out.numel() >= tokens * splits * dsa_attention::kHeads * dsa_attention::kDCkv, "part_out too small");
     TORCH_CHECK(part_lse.numel() >= tokens * splits * dsa_attention::kHeads, "part_lse too small");
     TORCH_CHECK(sync.numel() >= tokens * dsa_attention::kSyncStride, "sync too small");
-  }
-  if (how == dsa_attention::Combine::kMailbox) {
-    TORCH_CHECK(mailbox.numel() >= tokens * dsa_attention::mailbox_words_per_token(static_cast<int>(splits)), "mailbox too small");
   }
   const bool timed = phase_clocks.numel() > 0;  // empty: no profiling stamps
   if (timed) {
@@ -74,7 +70,6 @@ int64_t sparse_attention(const at::Tensor& q_nope, const at::Tensor& q_pe, const
   a.part_out = pointer<uint16_t>(part_out);
   a.part_lse = pointer<float>(part_lse);
   a.sync = pointer<int32_t>(sync);
-  a.mailbox = pointer<uint64_t>(mailbox);
   a.q_nope_t = q_nope.stride(0);
   a.q_nope_h = q_nope.stride(1);
   a.q_pe_t = q_pe.stride(0);
@@ -113,11 +108,9 @@ int64_t resident_clusters(int64_t splits) {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("sparse_attention", &sparse_attention, "Sparse MLA attention: split-K, then the combine (barrier, second launch, cluster or mailbox)");
+  m.def("sparse_attention", &sparse_attention, "Sparse MLA attention: split-K, then the combine (barrier, second launch or cluster)");
   m.def("resident_programs", &resident_programs, "Programs of the split kernel resident at once on the current device");
   m.def("resident_clusters", &resident_clusters, "Clusters of `splits` programs resident at once on the current device");
-  m.def("mailbox_words", [](int64_t splits) { return dsa_attention::mailbox_words_per_token(static_cast<int>(splits)); },
-        "Mailbox words (int64) per token of the mailbox combine with `splits` splits");
   m.attr("HEADS") = dsa_attention::kHeads;
   m.attr("D_CKV") = dsa_attention::kDCkv;
   m.attr("D_KPE") = dsa_attention::kDKpe;

@@ -29,13 +29,10 @@ PHASE_SLOTS = 9
 #: how a token's splits are combined (attention_sm90.h, Combine): "barrier" in the same launch
 #: behind a global-memory barrier when the grid is co-resident (else a second launch),
 #: "two_launch" always a second launch, "cluster" in the same launch through distributed shared
-#: memory, the token's programs forming one thread-block cluster, "mailbox" in the same launch
-#: when co-resident (else a second launch) through a mailbox of per-owner slots in global memory
-COMBINES = {"barrier": 0, "two_launch": 1, "cluster": 2, "mailbox": 3}
+#: memory, the token's programs forming one thread-block cluster
+COMBINES = {"barrier": 0, "two_launch": 1, "cluster": 2}
 #: launches, as the binding returns them
-FUSED, TWO_LAUNCH, CLUSTER, MAILBOX = 0, 1, 2, 3
-#: the value of every mailbox word between calls (attention_sm90.h, kMailboxEmpty, as int64)
-MAILBOX_EMPTY = -1
+FUSED, TWO_LAUNCH, CLUSTER = 0, 1, 2
 #: gather stages (tiles in flight at most) of a program
 STAGES = 2
 #: AttentionArgs::gather_lag (SM cycles): a tile is requested once the tile before it has landed
@@ -68,11 +65,6 @@ def resident_clusters(splits: int) -> int:
     """Clusters of ``splits`` programs (the cluster combine) the current device keeps resident at
     once; 0 when it cannot schedule one at all."""
     return int(load_attention_extension().resident_clusters(splits))
-
-
-def mailbox_words(splits: int) -> int:
-    """int64 mailbox words one token of the mailbox combine needs with ``splits`` splits."""
-    return int(load_attention_extension().mailbox_words(splits))
 
 
 def check_io(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse) -> int:
@@ -108,10 +100,8 @@ def run(
     q_nope: torch.Tensor, q_pe: torch.Tensor, ckv_cache: torch.Tensor, kpe_cache: torch.Tensor, sparse_indices: torch.Tensor,
     sm_scale: float, output: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor, sync: torch.Tensor,
     splits: int, combine: str = "barrier", gather_lag: int = 0, phase_clocks: torch.Tensor | None = None,
-    mailbox: torch.Tensor | None = None,
 ) -> int:
-    """Launch the attention (shapes: sparse_attention.py's docstring); returns FUSED, TWO_LAUNCH,
-    CLUSTER or MAILBOX.
+    """Launch the attention (shapes: sparse_attention.py's docstring); returns FUSED, TWO_LAUNCH or CLUSTER.
 
     ``combine``: a key of COMBINES; ``gather_lag``: SM cycles in [0, GATHER_LAG_ON_LANDING].
     ``part_out`` [>= T*splits*16*512] bf16 and ``part_lse`` [>= T*splits*16] fp32 are scratch;
@@ -119,16 +109,12 @@ def run(
     a stream; each fused call advances a token's ticket word by TICKETS_PER_CALL, modulo 2^32,
     so the words must start at a multiple of it: zeros). The cluster
     combine uses none of the three (they may then be empty).
-    ``mailbox`` (the mailbox combine only) [>= T * mailbox_words(splits)] int64, every word
-    MAILBOX_EMPTY before the call (a fresh buffer filled with it); each call leaves it so.
     ``phase_clocks`` (profiling only) [>= T*splits*PHASE_SLOTS] int64 receives each program's
     phase stamps (attention_sm90.h, PhaseSlot).
     """
-    if mailbox is None:
-        mailbox = torch.empty(0, dtype=torch.int64, device=q_nope.device)
     tensors = {
         "q_nope": q_nope, "q_pe": q_pe, "ckv_cache": ckv_cache, "kpe_cache": kpe_cache, "sparse_indices": sparse_indices,
-        "output": output, "lse": lse, "part_out": part_out, "part_lse": part_lse, "sync": sync, "mailbox": mailbox,
+        "output": output, "lse": lse, "part_out": part_out, "part_lse": part_lse, "sync": sync,
     }  # fmt: skip
     problems = [
         f"{name} must be a CUDA tensor on {q_nope.device}"
@@ -138,7 +124,7 @@ def run(
     if problems:
         raise ValueError("; ".join(problems))
     T = check_io(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse)
-    scratch = {"part_out": torch.bfloat16, "part_lse": torch.float32, "sync": torch.int32, "mailbox": torch.int64}
+    scratch = {"part_out": torch.bfloat16, "part_lse": torch.float32, "sync": torch.int32}
     problems = [f"{name} must be {dtype}, got {tensors[name].dtype}" for name, dtype in scratch.items() if tensors[name].dtype != dtype]
     for name in ("q_nope", "q_pe", "ckv_cache", "kpe_cache"):
         _aligned(tensors[name], name, problems)
@@ -155,10 +141,8 @@ def run(
         part_out.numel() < T * splits * HEADS * D_CKV or part_lse.numel() < T * splits * HEADS or sync.numel() < T * SYNC_STRIDE
     ):
         problems.append("part_out, part_lse or sync is too small for this call")
-    if combine == "mailbox" and not problems and mailbox.numel() < T * mailbox_words(splits):
-        problems.append(f"mailbox is too small for this call: {T} x mailbox_words({splits}) int64 words")
-    if not (part_out.is_contiguous() and part_lse.is_contiguous() and sync.is_contiguous() and mailbox.is_contiguous()):
-        problems.append("part_out, part_lse, sync and mailbox must be contiguous")
+    if not (part_out.is_contiguous() and part_lse.is_contiguous() and sync.is_contiguous()):
+        problems.append("part_out, part_lse and sync must be contiguous")
     if phase_clocks is not None and (
         not phase_clocks.is_cuda or phase_clocks.device != q_nope.device or phase_clocks.dtype != torch.int64
         or not phase_clocks.is_contiguous() or phase_clocks.numel() < T * splits * PHASE_SLOTS
@@ -169,7 +153,7 @@ def run(
     stamps = phase_clocks if phase_clocks is not None else sync.new_empty(0, dtype=torch.int64)
     return int(
         load_attention_extension().sparse_attention(
-            q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, float(sm_scale), output, lse, part_out, part_lse, sync, mailbox,
-            splits, COMBINES[combine], gather_lag, stamps,
+            q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, float(sm_scale), output, lse, part_out, part_lse, sync, splits,
+            COMBINES[combine], gather_lag, stamps,
         )
     )

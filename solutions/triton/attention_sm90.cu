@@ -17,14 +17,10 @@
 //   P.V     P (bf16) from shared memory times the tile's ckv rows; warp w owns value columns
 //           64w..64w+63 (8 accumulator tiles), so the 16 x 512 output is spread over the block.
 // Then the program writes its partial (output / l in bf16, lse = m + log2 l), and program s
-// combines its 1/S share of the token's 16 x 512 outputs from all S partials, in one of four ways:
-//   split_kernel, mailbox  each program posts its slice of every owner's share into a mailbox in
-//                          global memory and polls its own slices until all have arrived (no
-//                          barrier, no counter; see "mailbox combine" below). Needs every program
-//                          of the grid resident at once (the host checks with the occupancy
+// combines its 1/S share of the token's 16 x 512 outputs from all S partials, in one of three ways:
+//   split_kernel, fused    partials in global memory, then a per-token ticket barrier; needs every
+//                          program of the grid resident at once (the host checks with the occupancy
 //                          calculator)
-//   split_kernel, ticket   partials in global memory, then a per-token ticket barrier (the same
-//                          residency condition)
 //   split_kernel + combine_kernel   the same partials, the combine in a second launch
 //   cluster_kernel         the token's S <= 16 programs form one thread-block cluster: partials are
 //                          bulk-copied into their owners' shared memory and combined there (see
@@ -82,9 +78,9 @@ static_assert(kUnits == 1 << kUnitsLog2, "units per token are a power of two");
 static_assert(kUnits / kMaxSplits * (kMaxSplits / kCombineSplitsPerThread) == kThreads &&
               kUnits / kMinSplits * (kMinSplits / kCombineSplitsPerThread) == kThreads,
               "every split count gives each combining thread one unit and kCombineSplitsPerThread splits");
-static_assert(kUnits == kUnitsPerToken && kLsePairs * 2 == kHeads, "attention_sm90.h counts the same units");
+constexpr int kLsePairs = kHeads / 2;                    // a split's lse as (head g, head g + 8) pairs
 
-// A split's partial of one program's share (cluster inbox, mailbox): its kUnits / S units, then
+// A split's partial of one program's share (cluster inbox): its kUnits / S units, then
 // its lse as kLsePairs (head g, head g + 8) pairs, one 8-byte unit each: one contiguous slice.
 constexpr int kInboxUnits = kUnits + kMaxClusterSplits * kLsePairs;
 
@@ -96,7 +92,7 @@ struct Shared {
   float tile_sum[kWarps][kHeads];
   int32_t slot_ids[kStages][kTileSlots];
   uint64_t full[kStages];  // mbarrier per gather stage
-  alignas(16) uint32_t ticket[4];  // split_kernel, ticket barrier: the token's ticket word at entry (a 16-byte cp.async)
+  alignas(16) uint32_t ticket[4];  // split_kernel, fused: the token's ticket word at entry (a 16-byte cp.async)
   // Cluster combine only: every program of the cluster copies in its partial of this
   // program's share (see ClusterInbox), and the copies complete their bytes on inbox_full.
   // Apart from the gather buffers: a fast program pushes while a slow one still gathers.
@@ -671,130 +667,6 @@ __device__ __forceinline__ void combine_share(const AttentionArgs& a, int t, int
   static_assert(kMinSplits == 8 && kMaxSplits == 64, "the split counts dispatched above");
 }
 
-// ---------------------------------------------------------------- mailbox combine
-// Token t's mailbox is S x S slices (Slices layout), owner-major: split s writes its slice of
-// every owner's share, owner o polls its S slices until no word is kMailboxEmpty, then writes
-// kMailboxEmpty back. A word is written and read once per call, the stream orders calls, and
-// 8-byte accesses are single-copy atomic, so a non-empty word is always this call's data.
-// Relaxed gpu-scope accesses go through L2 and make the polling a defined race.
-
-__device__ __forceinline__ void store_word(uint2* p, uint64_t v) {
-  asm volatile("st.relaxed.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-__device__ __forceinline__ uint64_t load_word(const uint2* p) {
-  uint64_t v;
-  asm volatile("ld.relaxed.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-// Data as a mailbox word: never kMailboxEmpty (that needs all 64 bits set: two pairs of negative
-// NaNs with full payloads, which the conversions never produce; mapped to a quiet NaN anyway).
-__device__ __forceinline__ uint64_t mailbox_word(uint32_t lo, uint32_t hi) {
-  if ((lo & hi) == 0xffffffffu) lo = 0x7fc07fc0u;
-  return (static_cast<uint64_t>(hi) << 32) | lo;
-}
-
-constexpr unsigned kPollBackoffNs = 100;  // pause after a mailbox poll that found nothing new
-
-// Token t's mailbox for S splits; slice (owner, split) starts (owner * S + split) * kSliceUnits in.
-template <int S>
-struct Mailbox {
-  static constexpr int kPerProgram = kUnits / S;
-  static constexpr int kSliceUnits = kPerProgram + kLsePairs;
-  static_assert(mailbox_words_per_token(S) == S * S * kSliceUnits, "attention_sm90.h sizes the same slices");
-  static __device__ uint2* token(const AttentionArgs& a, int t) {
-    return reinterpret_cast<uint2*>(a.mailbox) + static_cast<int64_t>(t) * mailbox_words_per_token(S);
-  }
-};
-
-// Split s's slices: unit u goes to owner u / kPerProgram, the lse pairs to every owner (warp w
-// writes owners w, w + 8, ...).
-template <int S>
-struct MailboxSink {
-  using Box = Mailbox<S>;
-  uint2* mine;  // slice (owner 0, split s)
-  __device__ MailboxSink(const AttentionArgs& a, int t, int s) : mine(Box::token(a, t) + s * Box::kSliceUnits) {}
-  __device__ void put_unit(int unit, uint2 bits) const {
-    const unsigned offset = static_cast<unsigned>(unit) / Box::kPerProgram * (S * Box::kSliceUnits) + static_cast<unsigned>(unit) % Box::kPerProgram;
-    store_word(mine + offset, mailbox_word(bits.x, bits.y));
-  }
-  __device__ void put_lse_pair(int g, float2 pair, int warp) const {
-    const uint64_t word = mailbox_word(__float_as_uint(pair.x), __float_as_uint(pair.y));
-#pragma unroll
-    for (int owner = warp; owner < S; owner += kWarps) store_word(mine + owner * (S * Box::kSliceUnits) + Box::kPerProgram + g, word);
-  }
-};
-
-// Owner s's slices, split by split.
-template <int S>
-struct MailboxSource {
-  using Box = Mailbox<S>;
-  uint2* mine;  // slice (owner s, split 0)
-  __device__ MailboxSource(const AttentionArgs& a, int t, int s) : mine(Box::token(a, t) + s * (S * Box::kSliceUnits)) {}
-  // Polls this thread's 8 splits until every unit and lse pair is there, re-reading all that
-  // are still missing in each round trip; a round that brings nothing backs off briefly, so
-  // programs that wait long for a straggler do not flood L2 with reads while it still gathers.
-  __device__ void load(const Share<S>& share, SplitPartials& p) const {
-    const uint2* units = mine + share.first_split() * Box::kSliceUnits + share.local;
-    const uint2* lse = mine + share.first_split() * Box::kSliceUnits + Box::kPerProgram + share.g;
-    unsigned missing = (1u << kCombineSplitsPerThread) - 1;
-    for (;;) {
-      unsigned arrived = 0;
-#pragma unroll
-      for (int k = 0; k < kCombineSplitsPerThread; ++k) {
-        if ((missing >> k) & 1u) {
-          const uint64_t u = load_word(units + k * Box::kSliceUnits);
-          const uint64_t l = load_word(lse + k * Box::kSliceUnits);
-          if (u != kMailboxEmpty && l != kMailboxEmpty) {
-            p.bits[k] = make_uint2(static_cast<uint32_t>(u), static_cast<uint32_t>(u >> 32));
-            p.lse[k] = make_float2(__uint_as_float(static_cast<uint32_t>(l)), __uint_as_float(static_cast<uint32_t>(l >> 32)));
-            arrived |= 1u << k;
-          }
-        }
-      }
-      missing &= ~arrived;
-      if (missing == 0) break;
-      if (arrived == 0) __nanosleep(kPollBackoffNs);
-    }
-  }
-  // Brings this thread's words into L2 (the harness and real callers may find them evicted): a
-  // first poll that misses L2 would wait a DRAM round trip only to read "empty".
-  __device__ void prefetch(const Share<S>& share) const {
-    const uint2* units = mine + share.first_split() * Box::kSliceUnits + share.local;
-    const uint2* lse = mine + share.first_split() * Box::kSliceUnits + Box::kPerProgram + share.g;
-#pragma unroll
-    for (int k = 0; k < kCombineSplitsPerThread; ++k) {
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(units + k * Box::kSliceUnits));
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(lse + k * Box::kSliceUnits));
-    }
-  }
-  // Empties the words read: each unit by its one reader, each lse pair (read by every thread of
-  // its block and head pair) by thread (local = g) after a block barrier.
-  __device__ void release(const Share<S>& share) const {
-    uint2* units = mine + share.first_split() * Box::kSliceUnits + share.local;
-#pragma unroll
-    for (int k = 0; k < kCombineSplitsPerThread; ++k) store_word(units + k * Box::kSliceUnits, kMailboxEmpty);
-    __syncthreads();
-    if (share.local < kLsePairs) {
-      uint2* lse = mine + share.first_split() * Box::kSliceUnits + Box::kPerProgram + share.local;
-#pragma unroll
-      for (int k = 0; k < kCombineSplitsPerThread; ++k) store_word(lse + k * Box::kSliceUnits, kMailboxEmpty);
-    }
-  }
-};
-
-template <int S>
-__device__ __forceinline__ void prefetch_mailbox(const AttentionArgs& a, int t, int s) {
-  MailboxSource<S>(a, t, s).prefetch(Share<S>(s));
-}
-
-// Split s of token t: post the partial's slices, then combine owner s's share.
-template <int S>
-__device__ __forceinline__ void post_and_combine(const AttentionArgs& a, int t, int s, const RowState& st, const float (&o)[kColTiles][4]) {
-  store_partial(MailboxSink<S>(a, t, s), st, o);
-  stamp(a, t, s, kPhasePartialCycles);
-  combine_share<S>(a, t, s, MailboxSource<S>(a, t, s));
-}
-
 __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   unsigned v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -805,14 +677,7 @@ __device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-// What split_kernel does after attending its slots.
-enum SplitMode : int {
-  kStoreOnly = 0,  // store the partial; combine_kernel follows in a second launch
-  kTicket = 1,     // store the partial, the token's ticket barrier, then the combine
-  kPost = 2,       // mailbox: post the slices, poll this program's, combine
-};
-
-__global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, int mode) {
+__global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, bool fused) {
   extern __shared__ __align__(16) unsigned char shared_bytes[];
   Shared& sh = *reinterpret_cast<Shared*>(shared_bytes);
   const int s = blockIdx.x;
@@ -830,33 +695,14 @@ __global__ void __launch_bounds__(kThreads, 1) split_kernel(AttentionArgs a, int
   // (a register load's first use was scheduled right after it, stalling warp 0 for a round trip).
   // kTicketsPerCall divides 2^32, so wrapping around keeps episodes aligned; calls on a stream
   // run one after another, so episodes never interleave.
-  if (mode == kTicket && threadIdx.x == 0) cp_async16(sh.ticket, ticket_word, 16);  // joins Q's copy group (attend_split waits for it)
-
-  if (mode == kPost) {
-    switch (a.splits) {
-      case 8: prefetch_mailbox<8>(a, t, s); break;
-      case 16: prefetch_mailbox<16>(a, t, s); break;
-      case 32: prefetch_mailbox<32>(a, t, s); break;
-      default: prefetch_mailbox<64>(a, t, s); break;
-    }
-  }
+  if (fused && threadIdx.x == 0) cp_async16(sh.ticket, ticket_word, 16);  // joins Q's copy group (attend_split waits for it)
 
   RowState st;
   float o[kColTiles][4];
   attend_split(sh, a, t, s, st, o, false);
-  if (mode == kPost) {
-    switch (a.splits) {
-      case 8: post_and_combine<8>(a, t, s, st, o); break;
-      case 16: post_and_combine<16>(a, t, s, st, o); break;
-      case 32: post_and_combine<32>(a, t, s, st, o); break;
-      default: post_and_combine<64>(a, t, s, st, o); break;
-    }
-    stamp(a, t, s, kPhaseExitNs);
-    return;
-  }
   store_partial(GlobalSink(a, t, s), st, o);
   stamp(a, t, s, kPhasePartialCycles);
-  if (mode == kStoreOnly) {
+  if (!fused) {
     stamp(a, t, s, kPhaseExitNs);
     return;
   }
@@ -1063,20 +909,11 @@ cudaError_t launch_sparse_attention(const AttentionArgs& args, Combine combine, 
   int resident = 0;
   const cudaError_t err = resident_programs(&resident);
   if (err != cudaSuccess) return err;
-  // Both same-launch combines wait for other programs of the grid: only a co-resident grid may.
-  const bool coresident = static_cast<long long>(args.tokens) * args.splits <= resident;
-  int mode = kStoreOnly;
-  *used = Launch::kTwoLaunch;
-  if (coresident && combine == Combine::kBarrier) {
-    mode = kTicket;
-    *used = Launch::kFused;
-  } else if (coresident && combine == Combine::kMailbox) {
-    mode = kPost;
-    *used = Launch::kMailbox;
-  }
+  const bool fused = combine == Combine::kBarrier && static_cast<long long>(args.tokens) * args.splits <= resident;
   const dim3 grid(args.splits, args.tokens);
-  split_kernel<<<grid, kThreads, sizeof(Shared), stream>>>(args, mode);
-  if (mode == kStoreOnly) combine_kernel<<<grid, kThreads, 0, stream>>>(args);
+  split_kernel<<<grid, kThreads, sizeof(Shared), stream>>>(args, fused);
+  if (!fused) combine_kernel<<<grid, kThreads, 0, stream>>>(args);
+  *used = fused ? Launch::kFused : Launch::kTwoLaunch;
   return cudaGetLastError();
 }
 

@@ -7,13 +7,6 @@
 
 #include <cuda_runtime_api.h>
 
-// Shared by host and device code when nvcc compiles this header (plain C++ otherwise).
-#if defined(__CUDACC__)
-#define DSA_HOST_DEVICE __host__ __device__
-#else
-#define DSA_HOST_DEVICE
-#endif
-
 namespace dsa_attention {
 
 // Contract of dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64.
@@ -26,21 +19,6 @@ constexpr int kPageSize = 64;
 // Barrier words per token: the ticket word at 0, alone in its 128-byte cache line.
 constexpr int kSyncStride = 32;
 
-// A split's partial is kUnitsPerToken 8-byte units (each a bf16 pair of head g and one of head
-// g + 8) and kLsePairs lse pairs (head g, head g + 8).
-constexpr int kUnitsPerToken = kHeads * kDCkv / 4;
-constexpr int kLsePairs = kHeads / 2;
-
-// Mailbox of the fused combine Combine::kMailbox, per token: S owners x S splits slices, each the
-// split's kUnitsPerToken / S units of the owner's share and its kLsePairs lse pairs. Every word
-// is kMailboxEmpty between calls: a split writes its slices (never that value) and each owner
-// polls until its slices are all non-empty, then writes kMailboxEmpty back. No counter, so
-// nothing to reset per call and nothing that can overflow.
-constexpr uint64_t kMailboxEmpty = ~0ull;
-DSA_HOST_DEVICE constexpr long long mailbox_words_per_token(int splits) {
-  return static_cast<long long>(splits) * kUnitsPerToken + static_cast<long long>(splits) * splits * kLsePairs;
-}
-
 struct AttentionArgs {
   const uint16_t* q_nope;   // [T, 16, 512] bf16 bits
   const uint16_t* q_pe;     // [T, 16, 64]
@@ -49,13 +27,12 @@ struct AttentionArgs {
   const int32_t* indices;   // [T, 2048] physical ids, -1 = padding
   uint16_t* out;            // [T, 16, 512] bf16 bits
   float* lse;               // [T, 16]
-  uint16_t* part_out;       // [T, splits, kUnitsPerToken units]: each split's normalised output
-  float* part_lse;          // [T, splits, kLsePairs pairs]: each split's log2-sum-exp per head
+  uint16_t* part_out;       // [T, splits, 16 x 512 / 4 units]: each split's normalised output
+                            // (unit: a bf16 pair of head g and one of head g + 8)
+  float* part_lse;          // [T, splits, 8 pairs]: each split's log2-sum-exp of heads (g, g + 8)
                             // (-inf: no valid slot)
   int32_t* sync;            // [>= T * kSyncStride] barrier words: zeroed once, then only ever
                             // advanced (by kTicketsPerCall per call and token, modulo 2^32)
-  uint64_t* mailbox;        // Combine::kMailbox: [>= T * mailbox_words_per_token(splits)], all
-                            // kMailboxEmpty before and after every call
   int64_t q_nope_t, q_nope_h, q_pe_t, q_pe_h;      // strides in elements (last dims contiguous)
   int64_t ckv_page, ckv_slot, kpe_page, kpe_slot;
   int64_t indices_t, out_t, out_h, lse_t;
@@ -102,13 +79,10 @@ enum class Combine : int {
   kTwoLaunch = 1,  // always a second launch
   kCluster = 2,    // same launch: the token's programs are one cluster and combine through
                    // distributed shared memory (splits <= kMaxClusterSplits; no scratch used)
-  kMailbox = 3,    // same launch when the grid is co-resident: each split stores its slices
-                   // into the owners' mailbox slots, each owner polls its slots (no barrier);
-                   // else a second launch as kBarrier
 };
 
 // How a call was launched.
-enum class Launch : int { kFused = 0, kTwoLaunch = 1, kCluster = 2, kMailbox = 3 };
+enum class Launch : int { kFused = 0, kTwoLaunch = 1, kCluster = 2 };
 
 // Launches the attention on `stream` with the requested combine. Returns the CUDA error
 // (cudaSuccess when fine).

@@ -407,10 +407,9 @@ def _combine_kernel(
 #: Triton paths, then the CUDA kernel's, each with its combine (attention_ext.COMBINES):
 #: ``cuda`` behind a global-memory barrier when the grid is co-resident (its launcher checks),
 #: ``cuda_two_launch`` always in a second launch, ``cuda_cluster`` through distributed shared
-#: memory within the token's thread-block cluster, ``cuda_mailbox`` through per-owner mailbox
-#: slots in global memory, polled (co-resident grids; else a second launch).
-PATHS = ("dsplit", "fused", "two_launch", "cuda", "cuda_two_launch", "cuda_cluster", "cuda_mailbox")
-CUDA_COMBINES = {"cuda": "barrier", "cuda_two_launch": "two_launch", "cuda_cluster": "cluster", "cuda_mailbox": "mailbox"}
+#: memory within the token's thread-block cluster.
+PATHS = ("dsplit", "fused", "two_launch", "cuda", "cuda_two_launch", "cuda_cluster")
+CUDA_COMBINES = {"cuda": "barrier", "cuda_two_launch": "two_launch", "cuda_cluster": "cluster"}
 CUDA_PATHS = tuple(CUDA_COMBINES)
 
 
@@ -639,34 +638,6 @@ class _SyncWords:
 _SYNC: dict[tuple, _SyncWords] = {}
 
 
-class _Mailbox:
-    """The CUDA mailbox combine's slots, kept per (device, stream) for the process's lifetime:
-    filled with attention_ext.MAILBOX_EMPTY once, and every call leaves them so (each owner
-    empties the slots it read), whatever T and S the calls take."""
-
-    def __init__(self) -> None:
-        self.words: torch.Tensor | None = None
-
-    def get(self, device: torch.device, words: int) -> torch.Tensor:
-        if self.words is None or self.words.numel() < words:
-            # Growing replaces the buffer: a call still in flight on this stream keeps the old one
-            # alive through the caching allocator's stream ordering.
-            self.words = torch.full((words,), attention_ext.MAILBOX_EMPTY, dtype=torch.int64, device=device)
-        return self.words
-
-
-_MAILBOXES: dict[tuple, _Mailbox] = {}
-
-
-def _mailbox_for(device: torch.device) -> _Mailbox:
-    """The mailbox of the CUDA kernel on ``device``'s current stream."""
-    index = _device_index(device)
-    key = (f"cuda:{index}", torch.cuda.current_stream(index).cuda_stream)
-    if key not in _MAILBOXES:
-        _MAILBOXES[key] = _Mailbox()
-    return _MAILBOXES[key]
-
-
 def _sync_words_for(device: torch.device, kernel: str = "triton") -> _SyncWords:
     """The barrier words of ``kernel`` ("triton" or "cuda") on ``device``'s current stream."""
     if device.type == "cuda":
@@ -691,10 +662,9 @@ def _launch_cuda(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices,
     part_out = torch.empty(scratch * NUM_HEADS * D_CKV, dtype=torch.bfloat16, device=device)
     part_lse = torch.empty(scratch * NUM_HEADS, dtype=torch.float32, device=device)
     sync = _sync_words_for(device, "cuda").get(device, T) if combine != "cluster" else part_lse.new_empty(0, dtype=torch.int32)
-    mailbox = _mailbox_for(device).get(device, T * attention_ext.mailbox_words(plan.splits)) if combine == "mailbox" else None
     return attention_ext.run(
         q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, part_out, part_lse, sync,
-        plan.splits, combine=combine, gather_lag=plan.gather_lag, phase_clocks=phase_clocks, mailbox=mailbox,
+        plan.splits, combine=combine, gather_lag=plan.gather_lag, phase_clocks=phase_clocks,
     )
 
 
