@@ -128,6 +128,11 @@ def test_attention_phase_summary_reads_stamps_and_leaves_out_skipped_tiles():
     assert abs(p["start max"] - 0.2) < 1e-9 and abs(p["span"] - (sum(lengths) + 0.2)) < 1e-3
 
 
+def test_profile_kernels_refuses_a_malformed_plan():
+    proc = run_tool("profile_kernels.py", "phases", "--plan", "cuda:16")
+    assert proc.returncode == 2 and "expected PATH:SPLITS:LAG" in proc.stderr
+
+
 def test_gather_floor_reorderings_keep_each_programs_slots():
     # The reordered ids the tool times the gathers (and the solution) on: per program the same
     # ids in ascending order, padding last; per row the same ids ascending; consecutive cache

@@ -220,12 +220,20 @@ def phase_summary(stamps: torch.Tensor) -> dict[str, float]:
     return summary
 
 
-def run_attention_phases(cases: list[str], iterations: int, device: torch.device, plan_spec: str | None = None) -> int:
+def plan_spec(text: str) -> tuple[str, int, int]:
+    """``PATH:SPLITS:LAG`` (``--plan``) as (path, splits, gather lag in SM cycles)."""
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        raise argparse.ArgumentTypeError(f"expected PATH:SPLITS:LAG, e.g. cuda_cluster:16:1000, got {text!r}")
+    return parts[0], int(parts[1]), int(parts[2])
+
+
+def run_attention_phases(cases: list[str], iterations: int, device: torch.device, plan_spec: tuple[str, int, int] | None = None) -> int:
     """The CUDA attention kernel's own phase stamps (``phase_summary``) per case, cold L2: each
     phase's length in µs, the median and the slowest over programs and calls; when programs
     start after the first one; and the span from the first start to the last exit. Stamps are
     taken by thread 0 of each program, so a phase ends when that thread passes it.
-    ``plan_spec`` ``PATH:SPLITS:LAG`` (e.g. ``cuda_cluster:16:1000``, the gather lag in SM cycles) replaces the default plan.
+    ``plan_spec`` (path, splits, gather lag in SM cycles; ``--plan``) replaces the default plan.
     """
     sa = solution_module(attn.NAME)
     ext = sa.attention_ext
@@ -235,8 +243,11 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
         definition, axes, inputs = case_inputs(case_id, device)
         T = axes["num_tokens"]
         if plan_spec:
-            path, splits, lag = plan_spec.split(":")
-            plan = sa.cuda_kernel_plan(path, int(splits), int(lag))
+            try:
+                plan = sa.cuda_kernel_plan(*plan_spec)
+            except AssertionError as err:  # the plan's own checks name what is wrong
+                print(f"profile_kernels: --plan {':'.join(map(str, plan_spec))}: {err}", file=sys.stderr)
+                return 2
         else:
             plan = sa.default_plan(T, device)
         outputs = definition.allocate_outputs(axes, device)
@@ -258,7 +269,7 @@ def main() -> int:
     p.add_argument("mode", choices=("ncu", "locality", "cache", "topk", "phases"))
     p.add_argument("--case", action="append", default=[], help="case id (repeatable; ncu mode)")
     p.add_argument("--iterations", type=int, default=30)
-    p.add_argument("--plan", help="phases mode: PATH:SPLITS:LAG (gather lag, SM cycles) of the CUDA kernel instead of the default plan")
+    p.add_argument("--plan", type=plan_spec, help="phases mode: PATH:SPLITS:LAG (gather lag, SM cycles) of the CUDA kernel instead of the default plan")
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("profile_kernels: needs a CUDA GPU", file=sys.stderr)
