@@ -54,7 +54,7 @@ def test_bench_attention_variants_builds_named_cuda_plans():
     proc = run_tool("bench_attention_variants.py", "--list", "--variant", "cuda_s8_lag1500", "--variant", "cluster_s16_landed")
     assert proc.returncode == 0, proc.stderr
     assert "T=8: Plan(path='cuda', splits=8, block_n=64, num_warps=8, num_stages=2, partial_dtype=torch.bfloat16, graph=False, gather_lag=1500)" in proc.stdout
-    assert f"T=1: Plan(path='cuda_cluster', splits=16, block_n=64, num_warps=8, num_stages=2, partial_dtype=torch.float32, graph=False, gather_lag={2**31 - 1})" in proc.stdout
+    assert f"T=1: Plan(path='cuda_cluster', splits=16, block_n=64, num_warps=8, num_stages=2, partial_dtype=torch.bfloat16, graph=False, gather_lag={2**31 - 1})" in proc.stdout
     proc = run_tool("bench_attention_variants.py", "--list", "--variant", "cuda_s16_d1")
     assert proc.returncode == 2 and "unknown variant(s) ['cuda_s16_d1']" in proc.stderr
 

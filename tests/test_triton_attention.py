@@ -168,9 +168,9 @@ def test_cuda_policy_keeps_grids_coresident():
         sa.cuda_kernel_plan("cuda", 16, gather_lag=-1)
     with pytest.raises(AssertionError, match="only the CUDA kernel has a gather lag"):
         sa.Plan("fused", 16, 64, 8, 2, gather_lag=1000).validate()
-    with pytest.raises(AssertionError, match="float32 partials"):
-        sa.Plan("cuda_cluster", 16, 64, 8, 2, partial_dtype=torch.bfloat16).validate()
-    assert sa.cuda_kernel_plan("cuda_cluster", 8, 1000).partial_dtype == torch.float32
+    with pytest.raises(AssertionError, match="bfloat16 partials"):
+        sa.Plan("cuda_cluster", 16, 64, 8, 2, partial_dtype=torch.float32).validate()
+    assert sa.cuda_kernel_plan("cuda_cluster", 8, 1000).partial_dtype == torch.bfloat16
     with pytest.raises(AssertionError, match="power-of-two splits"):
         sa.Plan("cuda", splits=4, block_n=64, partial_dtype=torch.bfloat16).validate()
     with pytest.raises(AssertionError, match="tile is 64"):

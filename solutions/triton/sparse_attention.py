@@ -411,6 +411,9 @@ def _combine_kernel(
 PATHS = ("dsplit", "fused", "two_launch", "cuda", "cuda_two_launch", "cuda_cluster")
 CUDA_COMBINES = {"cuda": "barrier", "cuda_two_launch": "two_launch", "cuda_cluster": "cluster"}
 CUDA_PATHS = tuple(CUDA_COMBINES)
+#: How the CUDA kernel keeps a split's partial output on every path: bf16 units (in global
+#: memory, or bulk-copied between the cluster's shared memories); m, l and lse stay fp32.
+CUDA_PARTIAL_DTYPE = torch.bfloat16
 
 
 @dataclass(frozen=True)
@@ -450,8 +453,7 @@ class Plan:
             assert self.num_stages == attention_ext.STAGES, f"{self}: the CUDA kernel has {attention_ext.STAGES} gather stages"
             lag_max = attention_ext.GATHER_LAG_ON_LANDING
             assert 0 <= self.gather_lag <= lag_max, f"{self}: the gather lag is in [0, {lag_max}] cycles"
-            partial = _cuda_partial_dtype(self.path)
-            assert self.partial_dtype == partial and not self.graph, f"{self}: this CUDA path keeps {partial} partials and is not graphed"
+            assert self.partial_dtype == CUDA_PARTIAL_DTYPE and not self.graph, f"{self}: the CUDA kernel keeps {CUDA_PARTIAL_DTYPE} partials and is not graphed"
             return
         assert self.gather_lag == 0, f"{self}: only the CUDA kernel has a gather lag"
         assert _is_pow2(self.splits) and _is_pow2(self.block_n), f"{self}: splits and block_n must be powers of two"
@@ -467,12 +469,6 @@ class Plan:
             assert self.block_n <= split_size, f"{self}: block_n {self.block_n} > split size {split_size} would read out of range"
             assert split_size % self.block_n == 0, f"{self}: block_n must divide the split size {split_size}"
             assert D_CKV % self.splits == 0, f"{self}: the combine slices {D_CKV} columns per split"
-
-
-def _cuda_partial_dtype(path: str) -> torch.dtype:
-    """How the CUDA kernel keeps a split's partial acc on ``path``: bf16 in global memory, except
-    the cluster combine's fp32 in shared memory."""
-    return torch.float32 if path == "cuda_cluster" else torch.bfloat16
 
 
 def _is_pow2(n: int) -> bool:
@@ -582,7 +578,7 @@ def cuda_kernel_plan(path: str, splits: int, gather_lag: int = 0) -> Plan:
     """A validated plan of the CUDA kernel: ``path`` one of CUDA_PATHS (its combine), ``splits``
     per token, ``gather_lag`` in SM cycles (see Plan)."""
     plan = Plan(path, splits=splits, block_n=attention_ext.TILE_SLOTS, num_warps=8, num_stages=attention_ext.STAGES,
-                partial_dtype=_cuda_partial_dtype(path), gather_lag=gather_lag)
+                partial_dtype=CUDA_PARTIAL_DTYPE, gather_lag=gather_lag)
     plan.validate()
     return plan
 
@@ -629,8 +625,9 @@ class _SyncWords:
     def get(self, device: torch.device, tokens: int) -> torch.Tensor:
         if self.words is None or self.words.numel() < tokens * SYNC_STRIDE:
             # Zeroed once here; afterwards each barrier keeps its own invariant (see the module
-            # docstring and attention_sm90.cu's split_kernel). Growing replaces the buffer: a call still in flight on this stream keeps the old
-            # one alive through the caching allocator's stream ordering.
+            # docstring and attention_sm90.cu's split_kernel). Growing replaces the buffer: a call
+            # still in flight on this stream keeps the old one alive through the caching
+            # allocator's stream ordering.
             self.words = torch.zeros(max(tokens, 64) * SYNC_STRIDE, dtype=torch.int32, device=device)
         return self.words
 
