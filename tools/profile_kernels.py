@@ -237,19 +237,19 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
     """
     sa = solution_module(attn.NAME)
     ext = sa.attention_ext
+    fixed_plan = None
+    if plan_spec:
+        try:
+            fixed_plan = sa.cuda_kernel_plan(*plan_spec)
+        except AssertionError as err:  # the plan's own checks name what is wrong
+            print(f"profile_kernels: --plan {':'.join(map(str, plan_spec))}: {err}", file=sys.stderr)
+            return 2
     flusher = L2Flusher(device)
     print(f"CUDA attention phases, cold L2, {iterations} calls per case; per phase: median / slowest program, µs")
     for case_id in cases:
         definition, axes, inputs = case_inputs(case_id, device)
         T = axes["num_tokens"]
-        if plan_spec:
-            try:
-                plan = sa.cuda_kernel_plan(*plan_spec)
-            except AssertionError as err:  # the plan's own checks name what is wrong
-                print(f"profile_kernels: --plan {':'.join(map(str, plan_spec))}: {err}", file=sys.stderr)
-                return 2
-        else:
-            plan = sa.default_plan(T, device)
+        plan = fixed_plan or sa.default_plan(T, device)
         outputs = definition.allocate_outputs(axes, device)
         stamps = torch.zeros((iterations, T * plan.splits, ext.PHASE_SLOTS), dtype=torch.int64, device=device)
         args = definition.input_args(inputs)

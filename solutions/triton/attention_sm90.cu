@@ -639,8 +639,6 @@ struct GlobalSource {
       p.lse[k] = __ldcg(l + k * kLsePairs);
     }
   }
-  template <int S>
-  __device__ void release(const Share<S>&) const {}
 };
 
 // Program s's share of token t, from `source` (S a template argument: the share arithmetic is
@@ -653,7 +651,6 @@ __device__ __forceinline__ void combine_share(const AttentionArgs& a, int t, int
   stamp(a, t, s, kPhaseReleasedCycles);
   merge_and_store(a, t, share, p);
   stamp(a, t, s, kPhaseCombinedCycles);
-  source.release(share);
 }
 
 template <class Source>
@@ -772,8 +769,6 @@ struct ClusterInbox {
       p.lse[k] = *reinterpret_cast<const float2*>(in.lse_pair(share.first_split() + k, share.g));
     }
   }
-  template <int S>
-  __device__ void release(const Share<S>&) const {}
 };
 
 static_assert((kUnits / kMaxClusterSplits + kLsePairs) * 8 % 16 == 0 && (kUnits / kMinSplits + kLsePairs) * 8 % 16 == 0,
