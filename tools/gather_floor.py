@@ -30,10 +30,11 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from profile_kernels import solution_module
+
 from dsa_bench.definitions import sparse_attention as attn
 from dsa_bench.timing import L2Flusher, choose_timer, make_timer
 from dsa_bench.workloads import build_inputs, derive_seed, load_workload
-from profile_kernels import solution_module
 
 TOPK = 2048
 
