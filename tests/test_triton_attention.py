@@ -147,7 +147,7 @@ def test_cuda_policy_keeps_grids_coresident():
     for tokens in range(1, 200):
         plan = sa.cuda_plan(tokens, sms, clusters)
         plan.validate()
-        assert plan.block_n == 64 and plan.num_stages == 2
+        assert plan.block_n == sa.attention_ext.TILE_SLOTS and plan.num_stages == sa.attention_ext.STAGES
         if plan.path == "cuda_cluster":
             assert tokens <= clusters and plan.splits == sa.CUDA_POLICY_CLUSTER_SPLITS
         elif tokens * sa.attention_ext.MIN_SPLITS <= sms:
@@ -169,12 +169,14 @@ def test_cuda_policy_keeps_grids_coresident():
     with pytest.raises(AssertionError, match="only the CUDA kernel has a gather lag"):
         sa.Plan("fused", 16, 64, 8, 2, gather_lag=1000).validate()
     with pytest.raises(AssertionError, match="bfloat16 partials"):
-        sa.Plan("cuda_cluster", 16, 64, 8, 2, partial_dtype=torch.float32).validate()
+        sa.Plan("cuda_cluster", 16, sa.attention_ext.TILE_SLOTS, 8, sa.attention_ext.STAGES, partial_dtype=torch.float32).validate()
     assert sa.cuda_kernel_plan("cuda_cluster", 8, 1000).partial_dtype == torch.bfloat16
     with pytest.raises(AssertionError, match="power-of-two splits"):
         sa.Plan("cuda", splits=4, block_n=64, partial_dtype=torch.bfloat16).validate()
-    with pytest.raises(AssertionError, match="tile is 64"):
-        sa.Plan("cuda", splits=16, block_n=32, partial_dtype=torch.bfloat16).validate()
+    with pytest.raises(AssertionError, match=f"tile is {sa.attention_ext.TILE_SLOTS} slots"):
+        sa.Plan("cuda", splits=16, block_n=2 * sa.attention_ext.TILE_SLOTS, partial_dtype=torch.bfloat16).validate()
+    with pytest.raises(AssertionError, match=f"has {sa.attention_ext.STAGES} gather stages"):
+        sa.Plan("cuda", splits=16, block_n=sa.attention_ext.TILE_SLOTS, num_stages=1, partial_dtype=torch.bfloat16).validate()
 
 
 def test_ticket_barrier_arithmetic_releases_exactly_at_the_last_arrival():
@@ -210,7 +212,7 @@ def test_ticket_barrier_arithmetic_releases_exactly_at_the_last_arrival():
 def test_cuda_path_is_refused_under_interpreter():
     axes, inputs = make_inputs([3], num_pages=16)
     with pytest.raises(ValueError, match="not the Triton interpreter"):
-        run_solution(axes, inputs, sa.Plan("cuda", splits=16, block_n=64, num_stages=2, partial_dtype=torch.bfloat16))
+        run_solution(axes, inputs, sa.Plan("cuda", splits=16, block_n=sa.attention_ext.TILE_SLOTS, num_stages=sa.attention_ext.STAGES, partial_dtype=torch.bfloat16))
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal of CPU tensors on a machine without CUDA")
@@ -223,13 +225,16 @@ def test_cuda_entry_refuses_cpu_tensors_before_the_binding():
     assert "sync must be a CUDA tensor" in str(info.value)  # every bad argument is named, not just the first
 
 
-def test_cuda_source_compiles_alone_with_nvcc(tmp_path):
+@pytest.mark.parametrize("tile_slots", [64, 32])
+def test_cuda_source_compiles_alone_with_nvcc(tmp_path, tile_slots):
+    """The kernel as built (64-slot tiles) and its 32-slot-tile build (the measured alternative)."""
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
     if nvcc is None:
         pytest.skip("nvcc is not installed")
     obj = tmp_path / "attention_sm90.o"
     proc = subprocess.run(
-        [nvcc, "-arch=sm_90a", "-O3", "-Xptxas", "-v", "-c", str(SOLUTION_DIR / "attention_sm90.cu"), "-o", str(obj)],
+        [nvcc, "-arch=sm_90a", "-O3", f"-DDSA_ATTENTION_TILE_SLOTS={tile_slots}", "-Xptxas", "-v", "-c", str(SOLUTION_DIR / "attention_sm90.cu"),
+         "-o", str(obj)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

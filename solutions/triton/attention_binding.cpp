@@ -121,6 +121,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("MIN_SPLITS") = dsa_attention::kMinSplits;
   m.attr("MAX_SPLITS") = dsa_attention::kMaxSplits;
   m.attr("MAX_CLUSTER_SPLITS") = dsa_attention::kMaxClusterSplits;
+  m.attr("TILE_SLOTS") = dsa_attention::kGatherTileSlots;
   m.attr("STAGES") = dsa_attention::kGatherStages;
   m.attr("GATHER_LAG_ON_LANDING") = dsa_attention::kGatherLagOnLanding;
   m.attr("PHASE_SLOTS") = static_cast<int>(dsa_attention::kPhaseSlots);

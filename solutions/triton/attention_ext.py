@@ -19,7 +19,7 @@ HEADERS = ("attention_sm90.h",)
 HEADS, D_CKV, D_KPE, TOPK, PAGE_SIZE = 16, 512, 64, 2048, 64
 MIN_SPLITS, MAX_SPLITS = 8, 64
 MAX_CLUSTER_SPLITS = 16  # the cluster combine: one thread-block cluster per token
-TILE_SLOTS = 64  # slots a program gathers and scores together (attention_sm90.cu)
+TILE_SLOTS = 64  # slots a program gathers and scores together (attention_sm90.h)
 MAX_TOKENS = 65535  # the grid's y dimension
 #: barrier words per token (the ticket word is word 0; attention_sm90.cu, split_kernel), and
 #: how far each fused call advances a token's ticket word, whatever its split count
@@ -49,7 +49,7 @@ def load_attention_extension(verbose: bool | None = None) -> ModuleType:
     if _module is None:
         module = build_extension("dsa_sparse_attention_sm90", "the CUDA sparse attention", SOURCES, HEADERS, verbose)
         names = ("HEADS", "D_CKV", "D_KPE", "TOPK", "PAGE_SIZE", "MIN_SPLITS", "MAX_SPLITS", "MAX_CLUSTER_SPLITS", "SYNC_STRIDE",
-                 "TICKETS_PER_CALL", "PHASE_SLOTS", "STAGES", "GATHER_LAG_ON_LANDING")
+                 "TICKETS_PER_CALL", "PHASE_SLOTS", "TILE_SLOTS", "STAGES", "GATHER_LAG_ON_LANDING")
         mismatched = [n for n in names if getattr(module, n) != globals()[n]]
         assert not mismatched, f"attention_ext.py and attention_sm90.h disagree on {mismatched}"
         _module = module

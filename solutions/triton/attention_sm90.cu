@@ -5,16 +5,20 @@
 //
 // Grid (S splits, T tokens), 8 warps per program. Program (s, t) owns the slots s, s + S,
 // s + 2S, ... of token t (strided: valid slots cluster at the front of a row) and walks them in
-// tiles of 64 slots:
+// tiles of kGatherTileSlots (64) slots:
 //   gather  bulk copies (TMA) bring each slot's ckv row (1024 B) and kpe row (128 B) into one
 //           shared row, completing on the stage's mbarrier; padding slots are zeroed without a
-//           read. Two stages: a tile is requested once the one before it has landed or
-//           `gather_lag` cycles after that one was requested (0: both at once).
-//   logits  warp w scores slots 8w..8w+7 of the tile against the 16 heads with mma.sync
-//           m16n8k16 (bf16 in, fp32 accumulate): q_nope.ckv and q_pe.kpe in separate accumulators.
-//   softmax log2 domain (scale pre-multiplied by log2 e); the tile's row maxima and sums go
-//           through shared memory, so every warp holds the same running (m, l) per head.
-//   P.V     P (bf16) from shared memory times the tile's ckv rows; warp w owns value columns
+//           read. kGatherStages stages: a tile is requested once the one before it has landed or
+//           `gather_lag` cycles after that one was requested (0: all at once).
+//   logits  each warp scores one 8-slot n-tile of the tile against the 16 heads with mma.sync
+//           m16n8k16 (bf16 in, fp32 accumulate): q_nope.ckv and q_pe.kpe in separate
+//           accumulators (32-slot tiles: two warps per n-tile, each over half the k-steps), and
+//           writes the logits to shared memory. One block barrier per tile, here.
+//   softmax every warp reads the logits at its P fragments' positions and computes the tile's
+//           online softmax step itself (log2 domain, scale pre-multiplied by log2 e): row maxima
+//           and sums are quad shuffles, so every warp holds the same running (m, l) per head and
+//           P stays in registers.
+//   P.V     P (bf16, registers) times the tile's ckv rows; warp w owns value columns
 //           64w..64w+63 (8 accumulator tiles), so the 16 x 512 output is spread over the block.
 // Then the program writes its partial (output / l in bf16, lse = m + log2 l), and program s
 // combines its 1/S share of the token's 16 x 512 outputs from all S partials, in one of three ways:
@@ -41,23 +45,30 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * kWarpSize;
 constexpr int kDQk = kDCkv + kDKpe;                      // 576: one gathered slot row
-constexpr int kTileSlots = 64;                           // slots gathered and scored together
+constexpr int kTileSlots = kGatherTileSlots;             // slots gathered and scored together
 constexpr int kStages = kGatherStages;
 constexpr int kMaxTiles = kTopK / kMinSplits / kTileSlots;  // tiles of the longest split
 // 16 bytes of padding per shared row: rows 1168 B apart put the 8 rows of one ldmatrix in 8
 // different 16-byte bank groups (unpadded, 1152 B = 9 x 128 B would make it an 8-way conflict).
 constexpr int kRowPad = 8;
 constexpr int kRowStride = kDQk + kRowPad;               // bf16 per shared slot row
-constexpr int kPStride = kTileSlots + kRowPad;           // bf16 per shared row of P
 constexpr int kChunk = 8;                                // bf16 per 16-byte cp.async
 constexpr int kCkvChunks = kDCkv / kChunk;
 constexpr int kRowChunks = kDQk / kChunk;
 constexpr int kThreadsPerRow = kThreads / kTileSlots;    // threads sharing one slot row's gather
 constexpr uint32_t kRowBytes = kDQk * 2;                 // bytes bulk-copied per valid slot
-constexpr int kSlotsPerWarp = kTileSlots / kWarps;       // one mma n-tile of logits per warp
+constexpr int kSlotsPerGroup = 8;                        // slots of one mma n-tile of logits
+constexpr int kSlotGroups = kTileSlots / kSlotsPerGroup;  // logit n-tiles per tile
+constexpr int kKSplits = kWarps / kSlotGroups;           // warps sharing one n-tile, each a k-range
+constexpr int kPSteps = kTileSlots / 16;                 // P.V k-steps of a tile
+// Shared logits rows (fp32) padded by 8 floats: the float2 reads of rows g = 0..3 of a
+// half-warp then hit 32 distinct banks.
+constexpr int kLogitStride = kTileSlots + 8;
 constexpr int kColsPerWarp = kDCkv / kWarps;             // value columns per warp
 constexpr int kColTiles = kColsPerWarp / 8;              // mma n-tiles of output per warp
 constexpr int kQSteps = kDQk / 16;                       // mma k-steps of a logit row
+constexpr int kQStepsPerWarp = kQSteps / kKSplits;       // k-steps of the logit k-range one warp scores
+constexpr int kNopeSteps = kDCkv / 16;                   // k-steps < kNopeSteps are q_nope . ckv, the rest q_pe . kpe
 // Partials are stored in the accumulators' own order (see store_partial): one 8-byte unit per
 // (warp, output n-tile, lane) holds a bf16 pair of head g and one of head g + 8.
 constexpr int kUnits = kWarps * kColTiles * kWarpSize;   // units per token
@@ -65,14 +76,15 @@ constexpr int kCombineSplitsPerThread = 8;               // partials one combini
 constexpr int kUnitsLog2 = 11;
 
 static_assert(kHeads == 16, "the heads are the M = 16 rows of every mma");
-static_assert(kSlotsPerWarp == 8, "a warp scores one 8-slot n-tile");
+static_assert(kTileSlots % kSlotsPerGroup == 0 && kWarps % kSlotGroups == 0, "every warp scores one n-tile over one k-range");
+static_assert(kQSteps % (2 * kKSplits) == 0 && kNopeSteps % 2 == 0, "k-ranges of whole step pairs, none straddling q_nope / q_pe");
+static_assert(kTileSlots % 16 == 0 && kPSteps >= 1, "P.V k-steps of 16 slots");
 static_assert(kDCkv % 32 == 0 && kDKpe % 32 == 0, "logit k-loops take two 16-wide k-steps at a time");
 static_assert(kThreads % kTileSlots == 0 && kCkvChunks % kThreadsPerRow == 0, "whole rows per thread group");
 static_assert((kDCkv * 2) % 16 == 0 && (kDKpe * 2) % 16 == 0, "bulk copies move multiples of 16 bytes");
 static_assert(kColTiles % 2 == 0, "ldmatrix.x4.trans loads two value n-tiles");
-static_assert(kTileSlots % 16 == 0, "P.V k-steps of 16 slots");
-static_assert((kRowStride * 2) % 16 == 0 && (kPStride * 2) % 16 == 0, "16-byte aligned shared rows");
-static_assert(kTopK % kMaxSplits == 0 && (kTopK / kMaxSplits) % kSlotsPerWarp == 0, "splits hold whole n-tiles");
+static_assert((kRowStride * 2) % 16 == 0 && kLogitStride % 2 == 0, "16-byte aligned slot rows, 8-byte aligned logit pairs");
+static_assert(kTopK % kMaxSplits == 0 && (kTopK / kMaxSplits) % kSlotsPerGroup == 0, "splits hold whole n-tiles");
 static_assert(kUnits * 4 == kHeads * kDCkv, "a unit holds 4 outputs");
 static_assert(kUnits == 1 << kUnitsLog2, "units per token are a power of two");
 static_assert(kUnits / kMaxSplits * (kMaxSplits / kCombineSplitsPerThread) == kThreads &&
@@ -87,10 +99,10 @@ constexpr int kInboxUnits = kUnits + kMaxClusterSplits * kLsePairs;
 struct Shared {
   uint16_t q[kHeads][kRowStride];
   uint16_t kv[kStages][kTileSlots][kRowStride];
-  uint16_t p[kHeads][kPStride];
-  float tile_max[kWarps][kHeads];
-  float tile_sum[kWarps][kHeads];
+  // A tile's logits (unscaled, -inf at padding), one plane per k-range; two buffers, by tile parity.
+  float logits[2][kKSplits][kHeads][kLogitStride];
   int32_t slot_ids[kStages][kTileSlots];
+  int32_t warp_active[kWarps];  // per warp: its threads' last tile holding a valid slot, + 1
   uint64_t full[kStages];  // mbarrier per gather stage
   alignas(16) uint32_t ticket[4];  // split_kernel, fused: the token's ticket word at entry (a 16-byte cp.async)
   // Cluster combine only: every program of the cluster copies in its partial of this
@@ -273,85 +285,112 @@ struct RowState {
   float l[2];  // running sum of 2^(logit - m)
 };
 
-// One tile: logits, online softmax step, P.V into `o` (this warp's 16 x 64 output columns).
-__device__ __forceinline__ void attend_tile(Shared& sh, int stage, float qk_scale_log2, const uint32_t (&q)[kQSteps][4], RowState& st,
-                                            float (&o)[kColTiles][4]) {
+// Logits of k-steps [kFirst, kLast) for this warp's n-tile: A = this thread's Q fragments of
+// those steps (registers, loaded once per program), B = slot rows (lane -> slot lane % 8, k offset
+// 8 * (lane / 8): four k-chunks = two k-steps per ldmatrix). q_nope . ckv runs in two independent
+// chains (half the mma latency), q_pe . kpe in its own accumulator.
+template <int kFirst, int kLast>
+__device__ __forceinline__ void score_steps(uint32_t k_addr, const uint32_t (&q)[kQStepsPerWarp][4], float (&nope)[2][4], float (&pe)[4]) {
+  static_assert(kLast - kFirst == kQStepsPerWarp, "one warp's k-range");
+#pragma unroll
+  for (int i = kFirst; i < kLast; i += 2) {
+    uint32_t b[4];
+    ldmatrix_x4(b, k_addr + i * 16 * 2);
+    if (i < kNopeSteps) {
+      mma_bf16(nope[0], q[i - kFirst], b[0], b[1]);
+      mma_bf16(nope[1], q[i + 1 - kFirst], b[2], b[3]);
+    } else {
+      mma_bf16(pe, q[i - kFirst], b[0], b[1]);
+      mma_bf16(pe, q[i + 1 - kFirst], b[2], b[3]);
+    }
+  }
+}
+
+// Warp w scores the slots of n-tile w % kSlotGroups over k-range w / kSlotGroups and writes
+// its unscaled partial logits into plane w / kSlotGroups of `logits` (-inf at padding slots:
+// their key rows hold stale bytes, so they are selected away, never multiplied).
+__device__ __forceinline__ void score_tile(Shared& sh, int stage, float (&logits)[kKSplits][kHeads][kLogitStride],
+                                           const uint32_t (&q)[kQStepsPerWarp][4]) {
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
-  const int g = lane / 4;    // accumulator row (head g and g + 8)
-  const int tig = lane % 4;  // accumulator column pair
-
-  // Logits of slots 8w..8w+7: A = this thread's Q fragments (registers, loaded once per
-  // program: re-reading Q from shared memory in every warp would move 8 x 18 KB per tile),
-  // B = slot rows (lane -> slot lane % 8, k offset 8 * (lane / 8): four k-chunks = two k-steps).
-  const uint32_t k_addr = smem_addr(&sh.kv[stage][warp * kSlotsPerWarp + lane % 8][(lane / 8) * 8]);
-  float nope_even[4] = {0.f, 0.f, 0.f, 0.f}, nope_odd[4] = {0.f, 0.f, 0.f, 0.f}, pe[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < kDCkv / 16; i += 2) {  // two independent chains: half the mma latency
-    uint32_t b[4];
-    ldmatrix_x4(b, k_addr + i * 16 * 2);
-    mma_bf16(nope_even, q[i], b[0], b[1]);
-    mma_bf16(nope_odd, q[i + 1], b[2], b[3]);
+  const int group = warp % kSlotGroups;
+  const int range = warp / kSlotGroups;
+  const int g = lane / 4;
+  const int tig = lane % 4;
+  const uint32_t k_addr = smem_addr(&sh.kv[stage][group * kSlotsPerGroup + lane % 8][(lane / 8) * 8]);
+  float nope[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}}, pe[4] = {0.f, 0.f, 0.f, 0.f};
+  static_assert(kKSplits == 1 || kKSplits == 2, "one or two k-ranges (the dispatch below)");
+  if constexpr (kKSplits == 1) {
+    score_steps<0, kQSteps>(k_addr, q, nope, pe);
+  } else if (range == 0) {
+    score_steps<0, kQStepsPerWarp>(k_addr, q, nope, pe);
+  } else {
+    score_steps<kQStepsPerWarp, kQSteps>(k_addr, q, nope, pe);
   }
-#pragma unroll
-  for (int i = kDCkv / 16; i < kQSteps; i += 2) {
-    uint32_t b[4];
-    ldmatrix_x4(b, k_addr + i * 16 * 2);
-    mma_bf16(pe, q[i], b[0], b[1]);
-    mma_bf16(pe, q[i + 1], b[2], b[3]);
-  }
-  const int slot = warp * kSlotsPerWarp + 2 * tig;
+  const int slot = group * kSlotsPerGroup + 2 * tig;
   const bool valid0 = sh.slot_ids[stage][slot] >= 0;
   const bool valid1 = sh.slot_ids[stage][slot + 1] >= 0;
-  float s[4];
+  float x[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const bool valid = (i % 2 == 0) ? valid0 : valid1;
-    s[i] = valid ? ((nope_even[i] + nope_odd[i]) + pe[i]) * qk_scale_log2 : neg_inf();
-  }
+  for (int i = 0; i < 4; ++i) x[i] = ((i % 2 == 0) ? valid0 : valid1) ? (nope[0][i] + nope[1][i]) + pe[i] : neg_inf();
+  *reinterpret_cast<float2*>(&logits[range][g][slot]) = make_float2(x[0], x[1]);
+  *reinterpret_cast<float2*>(&logits[range][g + 8][slot]) = make_float2(x[2], x[3]);
+}
 
-  // Tile maxima per head across the warps.
-  const float max_lo = quad_max(fmaxf(s[0], s[1]));
-  const float max_hi = quad_max(fmaxf(s[2], s[3]));
-  if (tig == 0) {
-    sh.tile_max[warp][g] = max_lo;
-    sh.tile_max[warp][g + 8] = max_hi;
-  }
-  __syncthreads();
-  float m_new[2] = {st.m[0], st.m[1]};
+// The online softmax step and P.V of a scored tile (its logits complete in `logits`). Every
+// warp computes the whole tile's softmax itself: each thread reads the logits at the positions
+// of its P fragments (heads g and g + 8; slots 16 kk + 2 tig + {0, 1, 8, 9}), so a quad covers
+// the tile's slots, the row maxima and sums are quad shuffles, and P never leaves registers.
+// All warps compute identical (m, l) from the same values in the same order.
+__device__ __forceinline__ void fold_tile(const Shared& sh, int stage, const float (&logits)[kKSplits][kHeads][kLogitStride], float qk_scale_log2,
+                                          RowState& st, float (&o)[kColTiles][4]) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int g = lane / 4;
+  const int tig = lane % 4;
+  // s[kk][f]: fragment register f of P.V k-step kk (head g + 8 (f % 2), slots 16 kk + 2 tig + 8 (f / 2) + {0, 1}).
+  float2 s[kPSteps][4];
+  float tile_max[2] = {neg_inf(), neg_inf()};
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    m_new[0] = fmaxf(m_new[0], sh.tile_max[w][g]);
-    m_new[1] = fmaxf(m_new[1], sh.tile_max[w][g + 8]);
+  for (int kk = 0; kk < kPSteps; ++kk) {
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      const int head = g + 8 * (f % 2);
+      const int slot = 16 * kk + 2 * tig + 8 * (f / 2);
+      float2 x = *reinterpret_cast<const float2*>(&logits[0][head][slot]);
+#pragma unroll
+      for (int r = 1; r < kKSplits; ++r) {
+        const float2 y = *reinterpret_cast<const float2*>(&logits[r][head][slot]);
+        x.x += y.x;
+        x.y += y.y;
+      }
+      s[kk][f] = make_float2(x.x * qk_scale_log2, x.y * qk_scale_log2);
+      tile_max[f % 2] = fmaxf(tile_max[f % 2], fmaxf(s[kk][f].x, s[kk][f].y));
+    }
   }
   // A head with no valid slot yet keeps max -inf; 0 as its reference avoids -inf - -inf.
   float alpha[2], ref[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    ref[r] = m_new[r] == neg_inf() ? 0.f : m_new[r];
+    const float m_new = fmaxf(st.m[r], quad_max(tile_max[r]));
+    ref[r] = m_new == neg_inf() ? 0.f : m_new;
     alpha[r] = fast_exp2(st.m[r] - ref[r]);
-    st.m[r] = m_new[r];
+    st.m[r] = m_new;
   }
-  float p[4];
+  uint32_t p[kPSteps][4];  // A fragments of P (bf16)
+  float sum[2] = {0.f, 0.f};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) p[i] = fast_exp2(s[i] - ref[i / 2]);
-  const float sum_lo = quad_sum(p[0] + p[1]);
-  const float sum_hi = quad_sum(p[2] + p[3]);
-  if (tig == 0) {
-    sh.tile_sum[warp][g] = sum_lo;
-    sh.tile_sum[warp][g + 8] = sum_hi;
-  }
-  *reinterpret_cast<uint32_t*>(&sh.p[g][slot]) = pack_bf16x2(p[0], p[1]);
-  *reinterpret_cast<uint32_t*>(&sh.p[g + 8][slot]) = pack_bf16x2(p[2], p[3]);
-  __syncthreads();
-  float tile_sum[2] = {0.f, 0.f};
+  for (int kk = 0; kk < kPSteps; ++kk) {
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    tile_sum[0] += sh.tile_sum[w][g];
-    tile_sum[1] += sh.tile_sum[w][g + 8];
+    for (int f = 0; f < 4; ++f) {
+      const float lo = fast_exp2(s[kk][f].x - ref[f % 2]);
+      const float hi = fast_exp2(s[kk][f].y - ref[f % 2]);
+      sum[f % 2] += lo + hi;
+      p[kk][f] = pack_bf16x2(lo, hi);
+    }
   }
 #pragma unroll
-  for (int r = 0; r < 2; ++r) st.l[r] = st.l[r] * alpha[r] + tile_sum[r];
+  for (int r = 0; r < 2; ++r) st.l[r] = st.l[r] * alpha[r] + quad_sum(sum[r]);
 #pragma unroll
   for (int j = 0; j < kColTiles; ++j) {
     o[j][0] *= alpha[0];
@@ -360,23 +399,19 @@ __device__ __forceinline__ void attend_tile(Shared& sh, int stage, float qk_scal
     o[j][3] *= alpha[1];
   }
 
-  // P.V: A = P rows (as Q above), B = the tile's ckv rows transposed by ldmatrix.trans (lane ->
-  // slot lane % 8 + 8 * ((lane / 8) % 2), column offset 8 * (lane / 16): two n-tiles per load).
-  const uint32_t p_addr = smem_addr(&sh.p[lane % 16][(lane / 16) * 8]);
+  // P.V: B = the tile's ckv rows transposed by ldmatrix.trans (lane -> slot lane % 8 + 8 *
+  // ((lane / 8) % 2), column offset 8 * (lane / 16): two n-tiles per load).
   const uint32_t v_addr = smem_addr(&sh.kv[stage][lane % 8 + ((lane / 8) % 2) * 8][warp * kColsPerWarp + (lane / 16) * 8]);
 #pragma unroll
-  for (int k0 = 0; k0 < kTileSlots; k0 += 16) {
-    uint32_t a[4];
-    ldmatrix_x4(a, p_addr + k0 * 2);
+  for (int kk = 0; kk < kPSteps; ++kk) {
 #pragma unroll
     for (int j = 0; j < kColTiles; j += 2) {
       uint32_t b[4];
-      ldmatrix_x4_trans(b, v_addr + (k0 * kRowStride + j * 8) * 2);
-      mma_bf16(o[j], a, b[0], b[1]);
-      mma_bf16(o[j + 1], a, b[2], b[3]);
+      ldmatrix_x4_trans(b, v_addr + (16 * kk * kRowStride + j * 8) * 2);
+      mma_bf16(o[j], p[kk], b[0], b[1]);
+      mma_bf16(o[j + 1], p[kk], b[2], b[3]);
     }
   }
-  __syncthreads();  // the stage, P and the tile maxima are free for the next tile
 }
 
 // The id of tile `tile` from the per-tile ids (a register array: unrolled select, no local memory).
@@ -422,26 +457,32 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
     for (int i = 0; i < kStages; ++i) mbarrier_init(&sh.full[i], kThreads);
     fence_mbarrier_init();
   }
-  // Tiles after the last one holding a valid slot are skipped (block-uniform). The block
-  // barriers here also publish the mbarrier initialisation (tiles >= 1, so there is one).
+  // Tiles after the last one holding a valid slot are skipped: `active` is the block's maximum
+  // of each thread's last valid tile + 1, by warp reductions and one block barrier (which also
+  // publishes the mbarrier initialisation).
   int active = 0;
 #pragma unroll
-  for (int i = 0; i < kMaxTiles; ++i) {
-    if (i < tiles && __syncthreads_or(ids[i] >= 0)) active = i + 1;
-  }
+  for (int i = 0; i < kMaxTiles; ++i) active = ids[i] >= 0 ? i + 1 : active;
+  active = static_cast<int>(__reduce_max_sync(kFullMask, static_cast<unsigned>(active)));
+  if (threadIdx.x % kWarpSize == 0) sh.warp_active[threadIdx.x / kWarpSize] = active;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) active = max(active, sh.warp_active[w]);
   stamp(a, t, s, kPhaseIdsCycles);
 
-  // Tile k is requested once its stage is free (tile k - 2 scored) and either tile k - 1 has
-  // landed or gather_lag cycles have passed since tile k - 1 was requested. Lag 0 puts two
-  // tiles in flight at once (latency-bound calls: both land after one round trip). On a
-  // bandwidth-bound call every program's tiles land together at the end of the whole gather,
-  // and their math follows it; a lag lets the first tile take the bandwidth first, so its
-  // math overlaps the next tile's gather. Each thread decides by its own clock: requesting is
-  // per-thread work (its row's copy and its arrival), so no block barrier is needed.
+  // Tile k is requested once its stage is free (every warp past tile k - kStages) and either
+  // tile k - 1 has landed or gather_lag cycles have passed since tile k - 1 was requested. Lag 0
+  // puts up to kStages tiles in flight at once (latency-bound calls: they land after one round
+  // trip). On a bandwidth-bound call every program's tiles land together at the end of the
+  // whole gather, and their math follows it; a lag lets the earlier tiles take the bandwidth
+  // first, so their math overlaps the later tiles' gather and only the last tile's math follows
+  // the gather. Each thread decides by its own clock: requesting is per-thread work (its row's
+  // copy and its arrival), so no block barrier is needed.
   int requested = 0;           // tiles this thread has requested
+  int done = 0;                // tiles every warp is finished with (their stages are free)
   long long last_request = 0;  // when it requested the latest one (SM cycles)
-  auto request_due = [&](int scored) {
-    while (requested < active && requested <= scored + 1) {
+  auto request_due = [&]() {
+    while (requested < active && requested < done + kStages) {
       if (requested > 0) {
         const int prev = requested - 1;
         const bool landed = mbarrier_done(&sh.full[prev % kStages], (prev / kStages) % 2);
@@ -452,34 +493,42 @@ __device__ __forceinline__ void attend_split(Shared& sh, const AttentionArgs& a,
       ++requested;
     }
   };
-  request_due(0);
+  request_due();
   if (cluster_handshake) cluster_wait();
 
   st = RowState{{neg_inf(), neg_inf()}, {0.f, 0.f}};
 #pragma unroll
   for (int j = 0; j < kColTiles; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  uint32_t q[kQSteps][4];  // A fragments of Q: lane -> row lane % 16, column half lane / 16
+  // A fragments of Q over this warp's logit k-range: lane -> row lane % 16, column half lane / 16.
+  uint32_t q[kQStepsPerWarp][4];
 
   // Q's fragments move to registers while the first tile is still on its way (the 8 warps'
-  // 8 x 18 KB of shared-memory reads would otherwise follow its arrival).
+  // shared-memory reads would otherwise follow its arrival).
   cp_async_wait<0>();
   __syncthreads();  // every thread's Q chunks visible to every warp
   if (active > 0) {
-    const uint32_t q_addr = smem_addr(&sh.q[threadIdx.x % kWarpSize % 16][(threadIdx.x % kWarpSize / 16) * 8]);
+    const int first_step = threadIdx.x / kWarpSize / kSlotGroups * kQStepsPerWarp;
+    const uint32_t q_addr = smem_addr(&sh.q[threadIdx.x % kWarpSize % 16][first_step * 16 + (threadIdx.x % kWarpSize / 16) * 8]);
 #pragma unroll
-    for (int i = 0; i < kQSteps; ++i) ldmatrix_x4(q[i], q_addr + i * 16 * 2);
+    for (int i = 0; i < kQStepsPerWarp; ++i) ldmatrix_x4(q[i], q_addr + i * 16 * 2);
   }
   // Tile i is the (i / kStages)-th use of its stage: that use's mbarrier phase has parity
-  // (i / kStages) % 2. A stage is reissued only after the block barrier that ends the tile
-  // before it, so no warp still reads it.
+  // (i / kStages) % 2. One block barrier per tile, between its scoring and its folding: past
+  // it the tile's logits are complete and every warp has folded tile i - 1, so that tile's
+  // stage may be requested again. The logits are double-buffered by tile parity: a warp
+  // writes tile i + 2's only past tile i + 1's barrier, when every warp has folded tile i.
   for (int tile = 0; tile < active; ++tile) {
     const int stage = tile % kStages;
     const uint32_t parity = (tile / kStages) % 2;
-    while (requested == tile + 1 && requested < active && !mbarrier_done(&sh.full[stage], parity)) request_due(tile);
+    while (requested < active && requested < done + kStages && !mbarrier_done(&sh.full[stage], parity)) request_due();
     mbarrier_wait(&sh.full[stage], parity);
     if (tile == 0) stamp(a, t, s, kPhaseFirstTileCycles);
-    request_due(tile);
-    attend_tile(sh, stage, a.qk_scale_log2, q, st, o);
+    float(&logits)[kKSplits][kHeads][kLogitStride] = sh.logits[tile % 2];
+    score_tile(sh, stage, logits, q);
+    __syncthreads();
+    done = tile;
+    request_due();
+    fold_tile(sh, stage, logits, a.qk_scale_log2, st, o);
   }
   stamp(a, t, s, kPhaseAttendedCycles);
 }
@@ -801,7 +850,8 @@ __global__ void __launch_bounds__(kThreads, 1) cluster_kernel(AttentionArgs a) {
   float o[kColTiles][4];
   attend_split(sh, a, t, s, st, o, true);
 
-  // The gather buffers are free: the outgoing slices go there.
+  // The gather buffers are free once every warp has folded its last tile: the outgoing slices go there.
+  __syncthreads();
   uint2* staging = reinterpret_cast<uint2*>(&sh.kv[0][0][0]);
   const Slices out(staging, splits);
   store_partial(StagingSink(staging, splits), st, o);
