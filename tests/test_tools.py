@@ -126,6 +126,13 @@ def test_attention_phase_summary_reads_stamps_and_leaves_out_skipped_tiles():
     for name, us in zip(profile_kernels.PHASES, lengths):
         assert abs(p[name] - us) < 1e-3 and abs(p[f"{name} max"] - us) < 1e-3, name
     assert abs(p["start max"] - 0.2) < 1e-9 and abs(p["span"] - (sum(lengths) + 0.2)) < 1e-3
+    # Phase ends after the call's first entry: program 1 (start 0.1 µs) is the median, program 2 the
+    # last; in call 1 program 2 has no first-tile end, so there the median is the lower of two (torch's
+    # median) and the last is program 1; over the two calls the lower middle again.
+    for k, name in enumerate(profile_kernels.PHASES):
+        end = sum(lengths[: k + 1])
+        at, last = (end, end + 0.1) if name == "first tile" else (end + 0.1, end + 0.2)
+        assert abs(p[f"{name} at"] - at) < 1e-3 and abs(p[f"{name} last"] - last) < 1e-3, name
 
 
 def test_profile_kernels_refuses_a_malformed_plan():
@@ -190,3 +197,25 @@ def test_gather_floor_copy_check_catches_a_wrong_word():
     sink[2] += 1
     with pytest.raises(AssertionError, match="1 programs hold the wrong first word"):
         gather_floor.check_copied(sink, ids, ckv, 4)
+
+
+def test_gather_floor_landing_summary_finds_a_systematically_slow_sm():
+    # Synthetic bulk-gather stamps, 6 calls x 4 programs at 2 GHz: SM 7 always lands 3 µs after
+    # entry, the others 1 µs plus a call-dependent jitter; program k runs on SM k + 4 * (k == 3).
+    sys.path.insert(0, str(ROOT / "tools"))
+    import gather_floor
+    import torch
+
+    calls = []
+    for call in range(6):
+        programs = []
+        for k, sm in enumerate((4, 5, 6, 7)):
+            landed_us = 3.0 if sm == 7 else 1.0 + 0.1 * ((call + k) % 3)
+            entry_ns = 1_000 * call + 50 * k
+            programs.append([sm, entry_ns, 0, int(landed_us * 2000), entry_ns + int(landed_us * 1000)])
+        calls.append(programs)
+    p = gather_floor.landing_summary(torch.tensor(calls, dtype=torch.int64))
+    assert abs(p["ghz"] - 2.0) < 1e-3
+    assert abs(p["sm_means"][7] - 3.15) < 1e-6 and max(p["sm_means"], key=p["sm_means"].get) == 7
+    assert abs(p["last"] - 3.15) < 1e-6
+    assert p["between_sm"] > 0.5 > p["within_sm"] and p["halves_corr"] > 0.9

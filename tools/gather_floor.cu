@@ -10,7 +10,8 @@
 //         the landing-order experiment did (benchmarks/README.md); rows_sleep pauses between polls
 //   ldg   16-byte loads through L2 (ld.global.cg) by every thread into registers, 8 in flight
 //         per thread, folded into a checksum so the loads are kept
-// The checksum / first shared word goes to `sink` so nothing is optimised away.
+// The checksum / first shared word goes to `sink` so nothing is optimised away. In bulk mode
+// each program can also stamp its SM, entry and landing (`landing`; gather_floor.py --per-sm).
 //
 // Built by torch.utils.cpp_extension (which defines TORCH_EXTENSION_NAME) with its binding;
 // without it only the kernels compile (`nvcc -arch=sm_90a -c tools/gather_floor.cu`, the CPU
@@ -19,6 +20,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace gather_floor {
 
@@ -40,10 +42,31 @@ __device__ __forceinline__ void copy_rows(uint8_t* dst, const uint8_t* ckv, cons
   if (with_kpe) ptx::cp_async_bulk(ptx::space_cluster, ptx::space_global, dst + kCkvBytes, kpe + row * kKpeBytes, kKpeBytes, bar);
 }
 
+// Per program, when `landing` is set (bulk mode): kLandingSlots int64, see LandingSlot.
+enum LandingSlot : int { kLandingSm = 0, kLandingEntryNs, kLandingEntryCycles, kLandingLandedCycles, kLandingLandedNs, kLandingSlots };
+
+__device__ __forceinline__ int64_t global_ns() {
+  uint64_t ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  return static_cast<int64_t>(ns);
+}
+
+__device__ __forceinline__ int sm_id() {
+  unsigned id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return static_cast<int>(id);
+}
+
 __global__ void __launch_bounds__(kThreads) bulk_gather(const uint8_t* ckv, const uint8_t* kpe, const int32_t* indices, int splits, bool with_kpe,
-                                                        int32_t* sink) {
+                                                        int32_t* sink, int64_t* landing) {
   extern __shared__ __align__(128) uint8_t smem[];
   const int s = blockIdx.x, t = blockIdx.y;
+  int64_t* stamp = landing == nullptr ? nullptr : landing + (static_cast<int64_t>(t) * splits + s) * kLandingSlots;
+  if (stamp != nullptr && threadIdx.x == 0) {
+    stamp[kLandingSm] = sm_id();
+    stamp[kLandingEntryNs] = global_ns();
+    stamp[kLandingEntryCycles] = clock64();
+  }
   const int rows = kTopK / splits;
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem + rows * kRowBytes);
   if (threadIdx.x == 0) {
@@ -61,6 +84,10 @@ __global__ void __launch_bounds__(kThreads) bulk_gather(const uint8_t* ckv, cons
   while (!ptx::mbarrier_try_wait_parity(bar, 0)) {
   }
   if (threadIdx.x == 0) sink[t * splits + s] = *reinterpret_cast<const int32_t*>(smem);
+  if (stamp != nullptr && threadIdx.x == 0) {
+    stamp[kLandingLandedCycles] = clock64();
+    stamp[kLandingLandedNs] = global_ns();
+  }
 }
 
 __global__ void __launch_bounds__(kThreads) rows_gather(const uint8_t* ckv, const uint8_t* kpe, const int32_t* indices, int splits, bool with_kpe,
@@ -134,11 +161,12 @@ using namespace gather_floor;
 constexpr int kMaxSharedBytes = 227 * 1024;  // dynamic shared memory one block may opt in to on sm_90
 
 void gather(torch::Tensor ckv, torch::Tensor kpe, torch::Tensor indices, int64_t splits, const std::string& mode, bool with_kpe,
-            torch::Tensor sink) {
+            torch::Tensor sink, std::optional<torch::Tensor> landing) {
   TORCH_CHECK(indices.dim() == 2 && indices.size(1) == kTopK && indices.is_contiguous() && indices.scalar_type() == at::kInt,
               "indices: [T, 2048] contiguous int32");
   TORCH_CHECK(kTopK % splits == 0 && splits >= 1, "splits must divide 2048");
   TORCH_CHECK(sink.numel() >= indices.size(0) * splits, "sink too small");
+  TORCH_CHECK(!landing || mode == "bulk", "landing stamps are taken in bulk mode only");
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(indices.size(0)));
   auto stream = c10::cuda::getCurrentCUDAStream();
   const auto* ckv_bytes = reinterpret_cast<const uint8_t*>(ckv.data_ptr());
@@ -151,11 +179,14 @@ void gather(torch::Tensor ckv, torch::Tensor kpe, torch::Tensor indices, int64_t
     rows_gather<<<grid, kThreads, smem, stream>>>(ckv_bytes, kpe_bytes, indices.data_ptr<int32_t>(), static_cast<int>(splits), with_kpe,
                                                   mode == "rows_sleep", sink.data_ptr<int32_t>());
   } else if (mode == "bulk") {
+    TORCH_CHECK(!landing || (landing->is_cuda() && landing->scalar_type() == at::kLong && landing->is_contiguous() &&
+                             landing->numel() >= indices.size(0) * splits * kLandingSlots),
+                "landing: contiguous int64 CUDA tensor of T * splits * ", static_cast<int>(kLandingSlots), " stamps");
     const int smem = static_cast<int>(kTopK / splits) * kRowBytes + static_cast<int>(sizeof(uint64_t));  // the rows, then the mbarrier
     TORCH_CHECK(smem <= kMaxSharedBytes, "bulk mode: ", kTopK / splits, " rows do not fit in shared memory");
     cudaFuncSetAttribute(bulk_gather, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     bulk_gather<<<grid, kThreads, smem, stream>>>(ckv_bytes, kpe_bytes, indices.data_ptr<int32_t>(), static_cast<int>(splits), with_kpe,
-                                                  sink.data_ptr<int32_t>());
+                                                  sink.data_ptr<int32_t>(), landing ? landing->data_ptr<int64_t>() : nullptr);
   } else if (mode == "ldg") {
     ldg_gather<<<grid, kThreads, 0, stream>>>(ckv_bytes, kpe_bytes, indices.data_ptr<int32_t>(), static_cast<int>(splits), with_kpe,
                                               sink.data_ptr<int32_t>());
@@ -168,5 +199,9 @@ void gather(torch::Tensor ckv, torch::Tensor kpe, torch::Tensor indices, int64_t
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("gather", &gather, "gather-only kernel (see tools/gather_floor.cu)"); }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gather", &gather, "gather-only kernel (see tools/gather_floor.cu)", pybind11::arg("ckv"), pybind11::arg("kpe"), pybind11::arg("indices"),
+        pybind11::arg("splits"), pybind11::arg("mode"), pybind11::arg("with_kpe"), pybind11::arg("sink"), pybind11::arg("landing") = pybind11::none());
+  m.attr("LANDING_SLOTS") = static_cast<int>(kLandingSlots);
+}
 #endif  // TORCH_EXTENSION_NAME

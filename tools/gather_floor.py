@@ -15,6 +15,15 @@ generator) it times, cold L2, median over iterations, with the harness's timer:
     ("program-sorted", what a program could do for itself), the token's whole row sorted
     ("row-sorted"), and consecutive rows ("contiguous", the streaming floor).
 Each line gives µs and the rate of the bytes fetched (valid rows x 1152 B, or x 1024 B without kpe).
+
+    python tools/gather_floor.py --per-sm [--case attention_18_t8_full] [--iterations 30] [--splits 16]
+
+instead asks whether some SMs are systematically slow: the bulk gather (all of a program's rows
+at once, as-is ids) stamps each program's SM and when its rows landed, over the iterations (cold
+L2). It prints when the median and the last program of a call landed, the spread of the per-SM
+mean landing times against the calls' own scatter on one SM, how well two halves of the calls
+agree on which SMs are slow (a correlation near 1: systematic, near 0: chance), and the slowest
+and fastest SMs (``landing_summary``).
 """
 
 from __future__ import annotations
@@ -75,12 +84,83 @@ def check_copied(sink: torch.Tensor, ids: torch.Tensor, ckv: torch.Tensor, split
     assert torch.equal(got, want), f"gather kernel: {(got != want).sum().item()} programs hold the wrong first word"
 
 
+def landing_summary(stamps: torch.Tensor) -> dict:
+    """Per-SM landing statistics of bulk-gather stamps ``[calls, programs, LANDING_SLOTS]`` int64
+    (slots: SM id, entry ns, entry cycles, landed cycles, landed ns; tools/gather_floor.cu).
+
+    A program's landing time is µs after its call's first entry: its entry (global timer) plus its
+    own SM-clock span to the landing (the SM clock is fine-grained, the global timer is what is
+    comparable across SMs). Returns "median"/"last" (medians over calls of the median and latest
+    program), "sm_means" {sm: mean landing}, "between_sm" (std of the per-SM means), "within_sm"
+    (mean over SMs of the std of their own calls), "halves_corr" (correlation of the per-SM means
+    of the even and the odd calls) and "ghz".
+    """
+    st = stamps.double()
+    ghz = float(((st[..., 3] - st[..., 2]) / (st[..., 4] - st[..., 1]).clamp(min=1)).median())
+    landed = (st[..., 1] - st[..., 1].min(dim=1, keepdim=True).values) / 1e3 + (st[..., 3] - st[..., 2]) / ghz / 1e3
+    sms = stamps[..., 0]
+    per_sm: dict[int, list[float]] = {}
+    for call in range(stamps.shape[0]):
+        for sm, t in zip(sms[call].tolist(), landed[call].tolist()):
+            per_sm.setdefault(sm, []).append((call, t))
+    means = {sm: statistics.fmean(t for _, t in v) for sm, v in per_sm.items()}
+    within = [statistics.pstdev([t for _, t in v]) for v in per_sm.values() if len(v) > 1]
+    halves = []
+    for parity in (0, 1):
+        halves.append({sm: statistics.fmean(t for c, t in v if c % 2 == parity) for sm, v in per_sm.items() if any(c % 2 == parity for c, _ in v)})
+    common = sorted(set(halves[0]) & set(halves[1]))
+    corr = statistics.correlation([halves[0][sm] for sm in common], [halves[1][sm] for sm in common]) if len(common) > 2 else float("nan")
+    return {
+        "ghz": ghz,
+        "median": float(landed.median(dim=1).values.median()),
+        "last": float(landed.max(dim=1).values.median()),
+        "sm_means": means,
+        "between_sm": statistics.pstdev(means.values()) if len(means) > 1 else 0.0,
+        "within_sm": statistics.fmean(within) if within else 0.0,
+        "halves_corr": corr,
+    }
+
+
+def per_sm_landing(args: argparse.Namespace, ext, workload, device: torch.device) -> int:
+    """--per-sm: the bulk gather's landing stamps per SM (see landing_summary)."""
+    flusher = L2Flusher(device)
+    print(f"{torch.cuda.get_device_name(device)}, bulk gather with {args.splits} programs per token, as-is ids, cold L2, {args.iterations} calls")
+    results = {}
+    for case_id in args.case or ["attention_18_t8_full"]:
+        case = next(c for c in workload.cases if c.id == case_id)
+        inputs = build_inputs(workload.definition, case, derive_seed(workload.settings.seed, case.id, "gather_floor", 0), device)
+        indices, ckv, kpe = inputs["sparse_indices"], inputs["ckv_cache"], inputs["kpe_cache"]
+        programs = indices.shape[0] * args.splits
+        sink = torch.zeros(programs, dtype=torch.int32, device=device)
+        stamps = torch.zeros((args.iterations, programs, ext.LANDING_SLOTS), dtype=torch.int64, device=device)
+        for i in range(args.iterations + 2):  # two warm-up calls, then one stamp set per call
+            flusher.flush()
+            ext.gather(ckv, kpe, indices, args.splits, "bulk", True, sink, stamps[max(i - 2, 0)])
+        torch.cuda.synchronize()
+        check_copied(sink, indices, ckv, args.splits)
+        p = landing_summary(stamps.cpu())
+        ranked = sorted(p["sm_means"].items(), key=lambda kv: kv[1])
+        print(f"{case_id}: rows landed after the call's first entry, median program {p['median']:.2f} µs, last {p['last']:.2f} µs "
+              f"({len(ranked)} SMs, {p['ghz']:.2f} GHz)")
+        print(f"  per-SM mean landing: spread (std) {p['between_sm']:.2f} µs between SMs, {p['within_sm']:.2f} µs across one SM's calls; "
+              f"even vs odd calls agree on the per-SM means with correlation {p['halves_corr']:.2f}")
+        print("  slowest SMs: " + ", ".join(f"{sm} {t:.2f}" for sm, t in reversed(ranked[-10:])))
+        print("  fastest SMs: " + ", ".join(f"{sm} {t:.2f}" for sm, t in ranked[:10]))
+        results[case_id] = {k: v for k, v in p.items() if k != "sm_means"} | {"sm_means": {str(k): v for k, v in p["sm_means"].items()}}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(device), "per_sm": results}, indent=1))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", action="append", help="case id (repeatable; default attention_18_t8_full)")
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--timer", default="auto")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--per-sm", action="store_true", help="per-SM landing stamps of the bulk gather instead of the timings")
+    parser.add_argument("--splits", type=int, default=16, help="--per-sm: programs per token")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("gather_floor: needs a CUDA GPU", file=sys.stderr)
@@ -93,6 +173,8 @@ def main() -> int:
         print(f"gather_floor: unknown case(s) {unknown}; the cases are {', '.join(known)}", file=sys.stderr)
         return 2
     ext = build_gather_extension()
+    if args.per_sm:
+        return per_sm_landing(args, ext, workload, device)
     sa = solution_module(attn.NAME)
     timer_name, warning = choose_timer(args.timer, device)
     if warning:

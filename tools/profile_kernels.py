@@ -199,8 +199,10 @@ def phase_summary(stamps: torch.Tensor) -> dict[str, float]:
 
     Slots (attention_sm90.h, PhaseSlot): 0 entry ns, 1 entry cycles, 2..7 cycles at the end of
     each phase, 8 exit ns. Returns the SM clock the stamps imply (GHz), each phase's median and
-    slowest length in µs ("<phase>" and "<phase> max"), the median and latest program start after
-    the call's first ("start", "start max") and the median span of a call ("span"), in µs. A
+    slowest length in µs ("<phase>" and "<phase> max"), when the median and the last program of a
+    call end it, µs after the call's first entry, medians over calls ("<phase> at", "<phase> last"),
+    the median and latest program start after the call's first ("start", "start max") and the
+    median span of a call ("span"), in µs. A
     program whose split holds no valid slot skips the tile phases and leaves their stamp 0: the
     phases around such a stamp are left out (NaN), not counted as huge.
     """
@@ -213,10 +215,16 @@ def phase_summary(stamps: torch.Tensor) -> dict[str, float]:
     lengths[~(ran[..., 1:] & ran[..., :-1])] = float("nan")
     start = (st[..., 0] - st[..., 0].min(dim=1, keepdim=True).values) / 1e3
     span = (st[..., 8].max(dim=1).values - st[..., 0].min(dim=1).values) / 1e3
+    # When each program ends each phase, in µs after the call's first entry (its own clock from its
+    # entry on: SM clocks are not comparable across SMs, the global timer is but is coarse).
+    ends = start[..., None] + (cycles[..., 1:] - cycles[..., :1]) / ghz / 1e3
+    ends[~ran[..., 1:]] = float("nan")
     summary = {"ghz": ghz, "start": float(start.median()), "start max": float(start.max()), "span": float(span.median())}
     for k, name in enumerate(PHASES):
         summary[name] = float(lengths[..., k].nanmedian())
         summary[f"{name} max"] = float(lengths[..., k].nan_to_num(-1.0).max())
+        summary[f"{name} at"] = float(ends[..., k].nanmedian(dim=1).values.median())
+        summary[f"{name} last"] = float(ends[..., k].nan_to_num(float("-inf")).max(dim=1).values.median())
     return summary
 
 
@@ -231,7 +239,8 @@ def plan_spec(text: str) -> tuple[str, int, int]:
 def run_attention_phases(cases: list[str], iterations: int, device: torch.device, plan_spec: tuple[str, int, int] | None = None) -> int:
     """The CUDA attention kernel's own phase stamps (``phase_summary``) per case, cold L2: each
     phase's length in µs, the median and the slowest over programs and calls; when programs
-    start after the first one; and the span from the first start to the last exit. Stamps are
+    start after the first one; the span from the first start to the last exit; and a second
+    line with when the median and the last program of a call end each phase. Stamps are
     taken by thread 0 of each program, so a phase ends when that thread passes it.
     ``plan_spec`` (path, splits, gather lag in SM cycles; ``--plan``) replaces the default plan.
     """
@@ -261,6 +270,8 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
         cells = [f"{name} {p[name]:5.2f}/{p[name + ' max']:5.2f}" for name in PHASES]
         print(f"{case_id:24s} {plan.path} S={plan.splits:2d} lag {plan.gather_lag} {p['ghz']:.2f} GHz  " + "  ".join(cells)
               + f"  start +{p['start']:.2f}/{p['start max']:.2f}  span {p['span']:.2f}", flush=True)  # fmt: skip
+        print(f"{'':24s} phase ends after the call's first entry, median program / last program (median over calls): "
+              + "  ".join(f"{name} {p[name + ' at']:5.2f}/{p[name + ' last']:5.2f}" for name in PHASES), flush=True)  # fmt: skip
     return 0
 
 
