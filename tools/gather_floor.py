@@ -74,6 +74,11 @@ def contiguous(indices: torch.Tensor) -> torch.Tensor:
     return torch.where(indices >= 0, ids, -1).contiguous()
 
 
+def generated_inputs(workload, case, device: torch.device) -> dict[str, torch.Tensor]:
+    """The case's inputs from the harness's generator, with this tool's own seed."""
+    return build_inputs(workload.definition, case, derive_seed(workload.settings.seed, case.id, "gather_floor", 0), device)
+
+
 def check_copied(sink: torch.Tensor, ids: torch.Tensor, ckv: torch.Tensor, splits: int) -> None:
     """The bulk kernels leave each program's first shared word in ``sink``: where the program's
     first slot is valid that is the first word of its ckv row, so the copies really happened."""
@@ -127,8 +132,7 @@ def per_sm_landing(args: argparse.Namespace, ext, workload, device: torch.device
     print(f"{torch.cuda.get_device_name(device)}, bulk gather with {args.splits} programs per token, as-is ids, cold L2, {args.iterations} calls")
     results = {}
     for case_id in args.case or ["attention_18_t8_full"]:
-        case = next(c for c in workload.cases if c.id == case_id)
-        inputs = build_inputs(workload.definition, case, derive_seed(workload.settings.seed, case.id, "gather_floor", 0), device)
+        inputs = generated_inputs(workload, next(c for c in workload.cases if c.id == case_id), device)
         indices, ckv, kpe = inputs["sparse_indices"], inputs["ckv_cache"], inputs["kpe_cache"]
         programs = indices.shape[0] * args.splits
         sink = torch.zeros(programs, dtype=torch.int32, device=device)
@@ -192,7 +196,7 @@ def main() -> int:
     results: dict[str, dict[str, float]] = {}
     for case_id in args.case or ["attention_18_t8_full"]:
         case = known[case_id]
-        inputs = build_inputs(workload.definition, case, derive_seed(workload.settings.seed, case.id, "gather_floor", 0), device)
+        inputs = generated_inputs(workload, case, device)
         axes = workload.definition.axes(case.axes)
         outs = workload.definition.allocate_outputs(axes, device)
         call_args = workload.definition.input_args(inputs)
