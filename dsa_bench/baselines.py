@@ -30,7 +30,7 @@ Baseline file (``baselines/<gpu>.json``)::
 
     {"format": "dsa-bench-baseline", "version": 1, "updated": "...",
      "workloads": {"indexer_h64": {"definition": ..., "results_created": ..., "results_file": ...,
-                                   "timer": ..., "settings": {...}, "environment": {...},
+                                   "timer": ..., "l2_flush": ..., "settings": {...}, "environment": {...},
                                    "solutions": {"triton": {"content_hash": ...}, ...},
                                    "cases": [{"case", "solution", "status", "speedup",
                                               "latency_ms", "spread", "reference_latency_ms",
@@ -86,6 +86,11 @@ class LoadedResults:
     @property
     def timer(self) -> str | None:
         return self.document.get("timer")
+
+    @property
+    def l2_flush(self) -> str | None:
+        """The L2 flush of a timed file; files written before there was a choice flushed "dirty"."""
+        return self.document.get("l2_flush") or ("dirty" if self.timer else None)
 
     @property
     def timed(self) -> bool:
@@ -220,6 +225,7 @@ def baseline_block(results: LoadedResults) -> dict[str, Any]:
         "results_created": doc.get("created"),
         "results_file": results.path.name,
         "timer": results.timer,
+        "l2_flush": results.l2_flush,
         "settings": doc.get("settings"),
         "environment": results.environment,
         "solutions": {name: {"content_hash": meta.get("content_hash")} for name, meta in (doc.get("solutions") or {}).items()},
@@ -445,6 +451,12 @@ def _environment_warnings(results: LoadedResults, block: dict[str, Any]) -> list
         )
     if block.get("timer") != results.timer:
         warnings.append(f"{results.workload}: baseline timer {block.get('timer')!r}, results timer {results.timer!r}")
+    baseline_flush = block.get("l2_flush") or ("dirty" if block.get("timer") else None)
+    if baseline_flush != results.l2_flush:
+        warnings.append(
+            f"{results.workload}: baseline L2 flush {baseline_flush!r}, results L2 flush {results.l2_flush!r}; "
+            "a dirty flush also charges each call for writing back the flush's lines"
+        )
     old_settings, new_settings = block.get("settings") or {}, results.document.get("settings") or {}
     for key in ("iterations", "trials", "warmup", "input_sets"):
         if old_settings.get(key) != new_settings.get(key):

@@ -67,6 +67,7 @@ def run(
     case: list[str] = typer.Option([], "--case", "-c", help="Case id or glob pattern; repeat for several. Default: all cases."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N. Without CUDA the run checks correctness only."),
     timer: str = typer.Option("auto", help="auto (CUPTI, else CUDA events with a warning), cupti, cupti_api (also traces API calls and matches kernels by correlation id) or events."),
+    l2_flush: str = typer.Option("clean", "--l2-flush", help="How L2 is emptied before each timed call: clean (write, then read, a buffer of 2 x L2: the call pays for its own traffic only) or dirty (write only, as a memset flush does: the call also writes back the flush's dirty lines)."),
     seed: Optional[int] = typer.Option(None, help="Base seed (default: the workload's)."),
     input_sets: Optional[int] = typer.Option(None, help="Random input sets per case (and rotating sets per timing trial)."),
     warmup: Optional[int] = typer.Option(None, help="Warm-up calls per trial."),
@@ -85,8 +86,9 @@ def run(
     from dsa_bench.results import ResultsFile, environment, failures, now_iso, records_table, sagged, summary_table
     from dsa_bench.runner import REFERENCE_SOLUTION, RunOptions, order_solutions, run_workload
     from dsa_bench.solutions import content_hash, discover
-    from dsa_bench.timing import choose_timer
+    from dsa_bench.timing import check_l2_flush, choose_timer
 
+    check_l2_flush(l2_flush)
     root = find_root()
     if dataset is None:
         wl = resolve_workload(workload, root)
@@ -127,6 +129,7 @@ def run(
         device=dev,
         settings=settings,
         timer=timer_name,
+        l2_flush=l2_flush,
         compile_timeout_s=compile_timeout,
         case_timeout_s=case_timeout,
         log_dir=root / ".cache" / "dsa-bench" / "logs",
@@ -142,11 +145,12 @@ def run(
             | ({"dataset": str(dataset.resolve())} if dataset is not None else {}),
             "settings": {**{k: v for k, v in asdict(settings).items() if k != "tolerance"}, "tolerance": asdict(settings.tolerance)},
             "timer": timer_name,
+            "l2_flush": l2_flush if timer_name else None,
             "environment": environment(dev),
             "solutions": {s.name: {"path": str(s.path), "content_hash": content_hash(s.path)} for s in chosen},
         },
     )
-    mode = f"timing with {timer_name}" if timer_name else "correctness only (no CUDA device: nothing is timed)"
+    mode = f"timing with {timer_name}, {l2_flush} L2 flush" if timer_name else "correctness only (no CUDA device: nothing is timed)"
     typer.echo(f"{wl.name}: {len(cases)} cases x {len(chosen)} solutions ({', '.join(s.name for s in chosen)}) on {dev}, {mode}")
     records = []
     interrupted = False

@@ -219,6 +219,8 @@ def _environment_rows(results: LoadedResults) -> list[list[Any]]:
     doc = results.document
     rows = [[key, value] for key, value in results.environment.items()]
     rows.append(["timer", results.timer or "none (correctness only)"])
+    if results.l2_flush:
+        rows.append(["L2 flush", results.l2_flush])
     for key, value in (doc.get("settings") or {}).items():
         rows.append([f"setting: {key}", value])
     for name, meta in (doc.get("solutions") or {}).items():
@@ -254,7 +256,7 @@ def render_html(loaded: list[LoadedResults], figures: list[ReportFigure], pngs: 
             r.path.name,
             r.workload,
             r.definition,
-            r.timer or "untimed",
+            f"{r.timer}, {r.l2_flush} L2 flush" if r.timer else "untimed",
             r.environment.get("gpu") or r.environment.get("device", ""),
             len(r.records),
         ]

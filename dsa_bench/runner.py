@@ -31,6 +31,7 @@ class RunOptions:
     device: torch.device
     settings: RunSettings
     timer: str | None  # "cupti" | "events" on a GPU; None: correctness only
+    l2_flush: str = "clean"  # timing.L2_FLUSH_MODES
     compile_timeout_s: float = 900.0
     case_timeout_s: float = 600.0
     log_dir: Path = Path(".cache/dsa-bench/logs")
@@ -57,6 +58,7 @@ class WorkerHandle:
             definition=definition,
             device=str(options.device),
             timer=options.timer,
+            l2_flush=options.l2_flush,
             log_path=str((options.log_dir / f"{solution.name}.log").resolve()),
             extensions_dir=str(options.extensions_dir.resolve()),
             dataset_root=str(options.dataset_root.resolve()) if options.dataset_root else None,

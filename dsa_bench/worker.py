@@ -36,6 +36,7 @@ class WorkerConfig:
     definition: str
     device: str  # "cpu" or "cuda:N"
     timer: str | None  # "cupti" | "events" | None (no timing on this device)
+    l2_flush: str  # timing.L2_FLUSH_MODES
     log_path: str
     extensions_dir: str
     dataset_root: str | None = None  # a flashinfer-bench dataset whose definition this run uses
@@ -134,7 +135,7 @@ def main(conn: Any, config: WorkerConfig) -> None:
             from dsa_bench.timing import ClockReader, L2Flusher, make_timer
 
             timer = make_timer(config.timer)
-            flusher = L2Flusher(device)
+            flusher = L2Flusher(device, config.l2_flush)
             clocks = ClockReader(device.index if device.index is not None else torch.cuda.current_device())
     except BaseException:
         conn.send(("compile_error", traceback.format_exc()))

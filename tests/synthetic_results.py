@@ -27,6 +27,7 @@ def write_results(
     timed: bool = True,
     hashes: dict[str, str] | None = None,
     gpu: str = "NVIDIA H200",
+    l2_flush: str | None = "clean",
 ) -> Path:
     """``latencies[case][solution]`` in ms (the reference among them); ``failures`` marks records failed."""
     spreads = spreads or {}
@@ -41,6 +42,7 @@ def write_results(
         },
         "settings": {"seed": 1, "input_sets": 2, "warmup": 10, "iterations": 50, "trials": 3},
         "timer": "cupti" if timed else None,
+        **({"l2_flush": l2_flush if timed else None} if l2_flush is not None else {}),  # None: a file from before the flush modes
         "environment": {**GPU_ENVIRONMENT, "gpu": gpu} if timed else CPU_ENVIRONMENT,
         "solutions": {s: {"path": f"solutions/{s}", "content_hash": (hashes or {}).get(s, f"hash-{s}")} for s in solutions},
     }

@@ -69,6 +69,7 @@ def test_side_stream_work_is_timed_by_cupti(tmp_path):
     assert code == 0, output
     record = next(r for r in doc["records"] if r["solution"] == "side_stream")
     assert record["status"] == "PASSED" and record["timing"]["timer"] == "cupti"
+    assert doc["l2_flush"] == "clean", "the default flush leaves the L2 clean"
     assert record["timing"]["min_ms"] > 3.0, "CUPTI sees the hidden kernel"
     # CUDA events on the current stream miss it: the reason CUPTI is the default timer.
     code, events_doc, output = run_with(tmp_path, "indexer_smoke", ["smoke_scored"], ["side_stream"], "--timer", "events")

@@ -235,3 +235,16 @@ def test_recorded_h200_rerun_passes_and_a_planted_slowdown_fails(tmp_path):
     comparison = compare_results([load_results(slowed)], load_baseline(baseline))
     assert not comparison.ok
     assert [s.solution for s in comparison.slower_solutions] == ["triton"]
+
+
+def test_l2_flush_mismatch_is_a_warning(tmp_path):
+    """Latencies after a dirty flush also pay the flush's write-backs: comparing across flush modes
+    says so. Files from before the modes existed were all flushed dirty."""
+    path = tmp_path / "flush-base.json"
+    update_baseline(path, [write_results(tmp_path / "base.json", WORKLOAD, latencies(), l2_flush="dirty")])
+    assert load_baseline(path)["workloads"][WORKLOAD]["l2_flush"] == "dirty"
+    clean = _compare(tmp_path, path, latencies=latencies(), l2_flush="clean")
+    assert any("baseline L2 flush 'dirty', results L2 flush 'clean'" in w for w in clean.warnings), clean.warnings
+    legacy = _compare(tmp_path, path, name="legacy.json", latencies=latencies(), l2_flush=None)
+    assert not any("L2 flush" in w for w in legacy.warnings), legacy.warnings
+    assert load_results(write_results(tmp_path / "cpu.json", WORKLOAD, latencies(), timed=False, l2_flush=None)).l2_flush is None

@@ -6,6 +6,7 @@ harness code; only the clock differs on a GPU.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from conftest import ROOT
 
@@ -79,8 +80,6 @@ def test_outputs_are_repoisoned_before_every_timed_call():
 
 def test_timer_choice_falls_back_to_events_loudly(monkeypatch):
     """Without cupti-python a GPU run times with CUDA events and says so; forcing CUPTI is an error."""
-    import pytest
-
     import dsa_bench.cupti_timer as cupti_timer
     from dsa_bench.errors import DsaBenchError
     from dsa_bench.timing import choose_timer
@@ -98,3 +97,34 @@ def test_timer_choice_falls_back_to_events_loudly(monkeypatch):
     assert choose_timer("auto", gpu) == ("cupti", None)
     assert choose_timer("cupti_api", gpu) == ("cupti_api", None)
     assert choose_timer("auto", torch.device("cpu")) == (None, None)
+
+
+@pytest.mark.gpu
+def test_l2_flush_modes_on_the_gpu():
+    """Both flushes empty the L2 (a read after them is slower than a warm one), and only the dirty
+    one leaves lines the timed call must write back (the same read is slower after it)."""
+    import statistics
+
+    from dsa_bench.errors import DsaBenchError
+    from dsa_bench.timing import L2Flusher, make_timer
+
+    gpu = torch.device("cuda")
+    data = torch.ones((8192, 1024), dtype=torch.float32, device=gpu)  # 32 MB: inside the L2
+    row_sums = torch.empty(8192, dtype=torch.float32, device=gpu)
+    timer = make_timer("cupti")
+
+    def median_us(prepare) -> float:
+        call = lambda i: torch.sum(data, 1, out=row_sums)  # noqa: E731 (a bandwidth-bound read; its output is 32 KB)
+        for i in range(3):
+            call(i)
+        return statistics.median(timer.time_iterations(call, 30, prepare, lambda i: None)) * 1000
+
+    clean, dirty = L2Flusher(gpu, "clean"), L2Flusher(gpu, "dirty")
+    warm_us = median_us(lambda i: None)
+    clean_us = median_us(lambda i: clean.flush())
+    dirty_us = median_us(lambda i: dirty.flush())
+    assert clean_us > 1.15 * warm_us, (warm_us, clean_us)
+    assert dirty_us > 1.15 * clean_us, (clean_us, dirty_us)
+    assert bool((row_sums == 1024).all())
+    with pytest.raises(DsaBenchError, match="unknown L2 flush mode 'warm'"):
+        L2Flusher(gpu, "warm")

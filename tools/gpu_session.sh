@@ -14,6 +14,7 @@
 #   bash tools/gpu_session.sh setup lag          # the gather lag: tests, variants over lags, phases
 #   bash tools/gpu_session.sh setup gather       # the gather floor of the attention (tools/gather_floor.py)
 #   bash tools/gpu_session.sh setup gpu_tests    # every GPU test of the suite
+#   bash tools/gpu_session.sh setup flush        # what the L2 flush's method charges a timed call (clean / dirty / warm)
 #   bash tools/gpu_session.sh setup final        # an attention change's records: GPU tests, both workloads, variants, phases
 #   bash tools/gpu_session.sh setup final_attention  # the same after a change to the attention kernel alone
 #   bash tools/gpu_session.sh setup final1       # the recorded runs: every GPU test, attention workload, top-k costs, pipelines
@@ -133,6 +134,9 @@ for stage in "$@"; do
     gather)  # the gather floor: gather-only kernels against the solution, ids reordered
         step gather_floor 200 python3 tools/gather_floor.py --iterations 30 --case attention_18_t8_full --case attention_00_t1_full \
             --out "$WORK/gather_floor.json"
+        ;;
+    flush)  # the same calls after a clean and a dirty L2 flush and warm (tools/measure_harness.py l2-flush)
+        step l2_flush 200 python3 tools/measure_harness.py l2-flush --iterations 30 --out "$WORK/l2_flush.json"
         ;;
     gpu_tests)  # every GPU test of the suite
         step gpu_tests 400 python3 -m pytest -q -m gpu

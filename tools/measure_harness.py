@@ -5,11 +5,16 @@
 2. ``spread``: run-to-run agreement of two results files of the same workload: per case and
    solution, the relative difference of the mean-of-trial-median latencies.
 3. ``walltime``: the harness's own wall time, read from results files (created → finished).
+4. ``l2-flush``: what the L2 flush's method charges the timed call. The same calls (an 18.9 MB
+   copy and read, the bulk gather-only kernel of tools/gather_floor.cu and the triton solution's
+   sparse attention on every case of sparse_attention_h16) timed by CUPTI after a clean flush,
+   after a dirty one (timing.L2Flusher) and warm (no flush), side by side in one process.
 
 Usage:
     python tools/measure_harness.py timers [--out timers.json]
     python tools/measure_harness.py spread RUN1.json RUN2.json [--tolerance 0.03]
     python tools/measure_harness.py walltime RUN.json [...]
+    python tools/measure_harness.py l2-flush [--iterations 30] [--out l2_flush.json]
 """
 
 from __future__ import annotations
@@ -100,6 +105,65 @@ def walltime(paths: list[Path]) -> None:
     print(tabulate(rows, headers=["results", "workload", "cases", "solutions", "harness wall time"], disable_numparse=True))
 
 
+def l2_flush(out: Path | None, iterations: int) -> None:
+    import torch
+    from gather_floor import build_gather_extension, generated_inputs
+    from profile_kernels import ROOT, solution_module
+
+    from dsa_bench.definitions import sparse_attention as attn
+    from dsa_bench.timing import L2_FLUSH_MODES, L2Flusher, make_timer
+    from dsa_bench.workloads import load_workload
+
+    device = torch.device("cuda")
+    timer = make_timer("cupti")
+    flushers = {mode: L2Flusher(device, mode) for mode in L2_FLUSH_MODES}
+    prepares = {mode: (lambda i, f=f: f.flush()) for mode, f in flushers.items()} | {"warm": lambda i: None}
+
+    def medians_us(call) -> dict[str, float]:
+        for i in range(3):
+            call(i)
+        torch.cuda.synchronize()
+        return {m: statistics.median(timer.time_iterations(call, iterations, prep, lambda i: None)) * 1000 for m, prep in prepares.items()}
+
+    src = torch.ones((4608, 1024), device=device)  # 18.9 MB, what a T = 8 full attention call gathers
+    dst, row_sums = torch.empty_like(src), torch.empty(4608, device=device)
+    calls = {"copy 18.9 MB": lambda i: dst.copy_(src), "read (row sums) 18.9 MB": lambda i: torch.sum(src, 1, out=row_sums)}
+    workload = load_workload(ROOT / "workloads" / "sparse_attention_h16.yaml")
+    ext, sa = build_gather_extension(), solution_module(attn.NAME)
+    sink = torch.zeros(8 * 2048, dtype=torch.int32, device=device)
+    attention: dict[str, dict[str, float]] = {}
+    data: dict[str, dict[str, float]] = {}
+    for case in workload.cases:
+        inputs = generated_inputs(workload, case, device)
+        outs = workload.definition.allocate_outputs(workload.definition.axes(case.axes), device)
+        args = workload.definition.input_args(inputs)
+        attention[case.id] = medians_us(lambda i, args=args, outs=outs: sa.sparse_attention(*args, outs["output"], outs["lse"]))
+        if case.id in ("attention_00_t1_full", "attention_18_t8_full"):
+            ckv, kpe, ids = inputs["ckv_cache"], inputs["kpe_cache"], inputs["sparse_indices"]
+            calls[f"gather-only {case.id}"] = lambda i, ckv=ckv, kpe=kpe, ids=ids: ext.gather(ckv, kpe, ids, 16, "bulk", True, sink)
+    for name, call in calls.items():
+        data[name] = medians_us(call)
+    data |= {f"attention {case}": us for case, us in attention.items()}
+    data["attention, mean over the cases"] = {m: statistics.fmean(us[m] for us in attention.values()) for m in prepares}
+    modes = list(prepares)
+    flush_us = {}
+    for mode, flusher in flushers.items():  # the flush's own cost (CUDA events, untimed in a run)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        flusher.flush()
+        start.record()
+        for _ in range(10):
+            flusher.flush()
+        end.record()
+        torch.cuda.synchronize()
+        flush_us[mode] = start.elapsed_time(end) * 100  # ms / 10 calls -> µs
+    rows = [[name, *(f"{us[m]:.2f}" for m in modes), f"{us['dirty'] - us['clean']:+.2f}"] for name, us in data.items()]
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUPTI, median of {iterations} calls per mode")
+    print("flush itself: " + ", ".join(f"{mode} {us:.0f} µs" for mode, us in flush_us.items()))
+    print(tabulate(rows, headers=["call", *(f"{m} µs" for m in modes), "dirty - clean µs"], disable_numparse=True))
+    if out:
+        out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "iterations": iterations, "flush_us": flush_us, "medians_us": data}, indent=1))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -112,9 +176,15 @@ def main() -> int:
     p.add_argument("--tolerance", type=float, default=0.03)
     p = sub.add_parser("walltime")
     p.add_argument("paths", type=Path, nargs="+")
+    p = sub.add_parser("l2-flush")
+    p.add_argument("--out", type=Path)
+    p.add_argument("--iterations", type=int, default=30)
     args = parser.parse_args()
     if args.command == "timers":
         timers(args.out, args.iterations)
+        return 0
+    if args.command == "l2-flush":
+        l2_flush(args.out, args.iterations)
         return 0
     if args.command == "spread":
         return spread(args.first, args.second, args.tolerance)

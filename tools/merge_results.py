@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-MUST_AGREE = ("format", "version", "workload", "settings", "timer")
+MUST_AGREE = ("format", "version", "workload", "settings", "timer", "l2_flush")
 
 
 def merge(paths: list[Path]) -> dict:
