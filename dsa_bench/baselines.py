@@ -89,12 +89,17 @@ class LoadedResults:
 
     @property
     def l2_flush(self) -> str | None:
-        """The L2 flush of a timed file; files written before there was a choice flushed "dirty"."""
-        return self.document.get("l2_flush") or ("dirty" if self.timer else None)
+        return recorded_l2_flush(self.document)
 
     @property
     def timed(self) -> bool:
         return any(r.timing is not None for r in self.records)
+
+
+def recorded_l2_flush(record: dict[str, Any]) -> str | None:
+    """The L2 flush a results header or baseline block says its timing used; timed records from
+    before there was a choice flushed "dirty", untimed ones none."""
+    return record.get("l2_flush") or ("dirty" if record.get("timer") else None)
 
 
 def load_results(path: Path) -> LoadedResults:
@@ -451,7 +456,7 @@ def _environment_warnings(results: LoadedResults, block: dict[str, Any]) -> list
         )
     if block.get("timer") != results.timer:
         warnings.append(f"{results.workload}: baseline timer {block.get('timer')!r}, results timer {results.timer!r}")
-    baseline_flush = block.get("l2_flush") or ("dirty" if block.get("timer") else None)
+    baseline_flush = recorded_l2_flush(block)
     if baseline_flush != results.l2_flush:
         warnings.append(
             f"{results.workload}: baseline L2 flush {baseline_flush!r}, results L2 flush {results.l2_flush!r}; "

@@ -31,7 +31,7 @@ class RunOptions:
     device: torch.device
     settings: RunSettings
     timer: str | None  # "cupti" | "events" on a GPU; None: correctness only
-    l2_flush: str = "clean"  # timing.L2_FLUSH_MODES
+    l2_flush: str  # timing.L2_FLUSH_MODES
     compile_timeout_s: float = 900.0
     case_timeout_s: float = 600.0
     log_dir: Path = Path(".cache/dsa-bench/logs")
