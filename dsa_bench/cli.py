@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
+import signal
 import sys
 from pathlib import Path
 from typing import Optional
@@ -20,7 +22,6 @@ app = typer.Typer(
 
 EXIT_FAILED_CASES = 1
 EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 
 
 def _err(message: str) -> None:
@@ -78,17 +79,21 @@ def run(
     save: Optional[Path] = typer.Option(None, help="Results JSON path (default: results/<workload>-<time>.json)."),
     no_save: bool = typer.Option(False, "--no-save", help="Do not write a results file."),
     dataset: Optional[Path] = typer.Option(None, "--dataset", help="A flashinfer-bench dataset folder; --workload then names one of its definitions or a workloads .jsonl file."),
+    worker_user: str = typer.Option("auto", "--worker-user", help="Whom solution workers run as: auto (a dedicated unprivileged id per worker when the harness is root, else the harness's user) or harness (always the harness's user)."),
 ) -> None:
     """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from dsa_bench.isolation import WORKER_USER_MODES
     from dsa_bench.project import find_root, resolve_solution, resolve_workload
     from dsa_bench.results import ResultsFile, environment, failures, now_iso, records_table, sagged, summary_table
-    from dsa_bench.runner import REFERENCE_SOLUTION, RunOptions, order_solutions, run_workload
+    from dsa_bench.runner import REFERENCE_SOLUTION, Interrupted, RunOptions, order_solutions, run_workload, worker_identities
     from dsa_bench.solutions import content_hash, discover
-    from dsa_bench.timing import check_l2_flush, choose_timer
+    from dsa_bench.timing import check_l2_flush, choose_timer, measure_copy_bandwidth
 
     check_l2_flush(l2_flush)
+    if worker_user not in WORKER_USER_MODES:
+        raise DsaBenchError(f"--worker-user {worker_user!r}: expected one of {', '.join(WORKER_USER_MODES)}")
     root = find_root()
     if dataset is None:
         wl = resolve_workload(workload, root)
@@ -133,9 +138,12 @@ def run(
         compile_timeout_s=compile_timeout,
         case_timeout_s=case_timeout,
         log_dir=root / ".cache" / "dsa-bench" / "logs",
-        extensions_dir=root / ".cache" / "dsa-bench" / "torch_extensions",
+        cache_dir=root / ".cache" / "dsa-bench",
         dataset_root=dataset,
+        worker_user=worker_user,
+        copy_bytes_per_s=measure_copy_bandwidth(dev) if timer_name is not None else None,
     )
+    identities = worker_identities(chosen, options, cases)
     from dataclasses import asdict
 
     results = ResultsFile(
@@ -146,14 +154,17 @@ def run(
             "settings": {**{k: v for k, v in asdict(settings).items() if k != "tolerance"}, "tolerance": asdict(settings.tolerance)},
             "timer": timer_name,
             "l2_flush": l2_flush if timer_name else None,
-            "environment": environment(dev),
+            "environment": environment(dev) | ({"copy_gbps": options.copy_bytes_per_s / 1e9} if options.copy_bytes_per_s else {}),
+            "workers": {name: identity.description for name, identity in identities.items()},
             "solutions": {s.name: {"path": str(s.path), "content_hash": content_hash(s.path)} for s in chosen},
         },
     )
     mode = f"timing with {timer_name}, {l2_flush} L2 flush" if timer_name else "correctness only (no CUDA device: nothing is timed)"
     typer.echo(f"{wl.name}: {len(cases)} cases x {len(chosen)} solutions ({', '.join(s.name for s in chosen)}) on {dev}, {mode}")
+    for line in sorted({f"workers run as {identity.description}" for identity in identities.values()}):
+        typer.echo(line)
     records = []
-    interrupted = False
+    interrupted: int | None = None  # the signal that stopped the run
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True) as progress:
         task = progress.add_task(wl.name, total=len(cases) * len(chosen))
 
@@ -161,12 +172,13 @@ def run(
             progress.update(task, advance=1, description=f"{record.case} [{record.solution}] {record.status.value}")
 
         try:
-            records = run_workload(wl, cases, chosen, options, results, on_record)
-        except KeyboardInterrupt:
-            interrupted = True
+            with _stopped_by_signals():
+                records = run_workload(wl, cases, chosen, options, results, on_record, identities)
+        except KeyboardInterrupt as stop:
+            interrupted = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
             records = _records_from(results)
     sag = sagged(records, results.document["environment"].get("max_sm_mhz"))
-    results.update(complete=not interrupted, finished=now_iso(), clock_sagged=sag)
+    results.update(complete=interrupted is None, finished=now_iso(), clock_sagged=sag)
     if records:
         typer.echo(records_table(records, wl.definition.key_axes))
         typer.echo("")
@@ -180,11 +192,27 @@ def run(
         _err(line)
     if save_path is not None:
         typer.echo(f"results: {save_path}")
-    if interrupted:
-        _err(f"interrupted: {len(records)} finished records kept")
-        raise typer.Exit(EXIT_INTERRUPTED)
+    if interrupted is not None:
+        _err(f"interrupted by {signal.Signals(interrupted).name}: {len(records)} finished records kept")
+        raise typer.Exit(128 + interrupted)
     if any(not r.passed for r in records):
         raise typer.Exit(EXIT_FAILED_CASES)
+
+
+@contextlib.contextmanager
+def _stopped_by_signals():
+    """SIGTERM and SIGHUP stop a run as Ctrl-C does: workers are ended, finished records kept."""
+    from dsa_bench.runner import Interrupted
+
+    def stop(signum, frame):
+        raise Interrupted(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _records_from(results):

@@ -49,13 +49,17 @@ class CuptiTimer(Timer):
         global _registered
         from cupti import cupti
 
-        self._cupti = cupti
+        # Bound now (see Timer): later patches of the cupti module or of torch do not reach these.
+        self._get_timestamp, self._flush_all = cupti.get_timestamp, cupti.activity_flush_all
+        self._enable, self._disable = cupti.activity_enable, cupti.activity_disable
+        self._sync = torch.cuda.synchronize
         self._gpu_kinds = (cupti.ActivityKind.CONCURRENT_KERNEL, cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET)
         self._api_kinds = (cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER) if correlate_api else ()
         if correlate_api:
             self.name = "cupti_api"
         self._gpu: list[tuple[int, int, int]] = []  # (start ns, end ns, correlation id)
         self._api_start: dict[int, int] = {}  # correlation id -> API call start ns
+        self._latencies = self._latencies_of  # bound: a patch of the class method changes nothing here
         if _registered is None:  # CUPTI accepts one pair of buffer callbacks per process
             cupti.activity_register_callbacks(self._buffer_requested, _dispatch_completed)
         _registered = self
@@ -72,31 +76,31 @@ class CuptiTimer(Timer):
                 self._api_start[activity.correlation_id] = activity.start
 
     def time_iterations(self, call: Step, count: int, prepare: Step, after: Step) -> list[float]:
-        cupti = self._cupti
-        torch.cuda.synchronize()
-        cupti.activity_flush_all(1)
+        sync, timestamp = self._sync, self._get_timestamp
+        sync()
+        self._flush_all(1)
         self._gpu.clear()
         self._api_start.clear()
         for kind in (*self._gpu_kinds, *self._api_kinds):
-            cupti.activity_enable(kind)
+            self._enable(kind)
         windows: list[tuple[int, int]] = []
         try:
             for i in range(count):
                 prepare(i)
-                torch.cuda.synchronize()
-                begin = cupti.get_timestamp()
+                sync()
+                begin = timestamp()
                 call(i)
-                torch.cuda.synchronize()
-                windows.append((begin, cupti.get_timestamp()))
+                sync()
+                windows.append((begin, timestamp()))
                 after(i)
         finally:
-            torch.cuda.synchronize()
-            cupti.activity_flush_all(1)
+            sync()
+            self._flush_all(1)
             for kind in (*self._gpu_kinds, *self._api_kinds):
-                cupti.activity_disable(kind)
+                self._disable(kind)
         return self._latencies(windows)
 
-    def _latencies(self, windows: list[tuple[int, int]]) -> list[float]:
+    def _latencies_of(self, windows: list[tuple[int, int]]) -> list[float]:
         begins = [w[0] for w in windows]
         first = [None] * len(windows)
         last = [None] * len(windows)

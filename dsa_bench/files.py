@@ -48,3 +48,12 @@ def read_yaml(path: Path, kind: str) -> Any:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         raise DsaBenchError(f"malformed YAML: {getattr(exc, 'problem', exc)}", f"{path}{line}") from None
+
+
+def safe_file_name(name: str) -> str:
+    """``name`` as one safe path component (placeholder until the names work lands)."""
+    import hashlib
+    import re
+
+    clean = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:80].strip(".") or "_"
+    return clean if clean == name else f"{clean}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"

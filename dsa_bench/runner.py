@@ -8,7 +8,12 @@ solution's speedup is measured against a reference timed in the same run.
 
 from __future__ import annotations
 
-import multiprocessing
+import math
+import os
+import pickle
+import random
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,14 +21,29 @@ from typing import Any, Callable
 
 import torch
 
-from dsa_bench import worker as worker_mod
+import dsa_bench
+from dsa_bench import channel, isolation
 from dsa_bench.checking import judge, worst
-from dsa_bench.definitions.base import CheckResult, Status, Tolerance
+from dsa_bench.definitions.base import CheckResult, Definition, InputRng, Status, Tolerance
+from dsa_bench.files import safe_file_name
+from dsa_bench.protocol import (
+    CheckedCall,
+    CorrectnessJob,
+    ProtocolError,
+    TimingJob,
+    TimingResult,
+    WorkerConfig,
+    parse_reply,
+    rebuild,
+    value_bytes,
+)
 from dsa_bench.results import CaseRecord, ResultsFile, Timing
 from dsa_bench.solutions import Solution
 from dsa_bench.workloads import Case, RunSettings, Workload, build_inputs, derive_seed
 
 REFERENCE_SOLUTION = "reference"
+#: no correct kernel moves its bytes at more than this many times the measured copy bandwidth
+FLOOR_BANDWIDTH_MARGIN = 2.0
 
 
 @dataclass(frozen=True)
@@ -35,8 +55,11 @@ class RunOptions:
     compile_timeout_s: float = 900.0
     case_timeout_s: float = 600.0
     log_dir: Path = Path(".cache/dsa-bench/logs")
-    extensions_dir: Path = Path(".cache/dsa-bench/torch_extensions")
+    cache_dir: Path = Path(".cache/dsa-bench")  # per-solution build, Triton and home folders below it
     dataset_root: Path | None = None  # set when the workload comes from a flashinfer-bench dataset
+    worker_user: str = "auto"  # isolation.WORKER_USER_MODES
+    #: measured device copy bandwidth (bytes/s); with it, timings below the physical floor are refused
+    copy_bytes_per_s: float | None = None
 
 
 class WorkerFailure(Exception):
@@ -46,97 +69,168 @@ class WorkerFailure(Exception):
         self.message = message
 
 
-class WorkerHandle:
-    """A solution's worker process, restarted after anything that may have damaged it."""
+class Interrupted(KeyboardInterrupt):
+    """The harness was asked to stop (Ctrl-C, SIGTERM, SIGHUP); ``signum`` says by what."""
 
-    def __init__(self, solution: Solution, definition: str, options: RunOptions) -> None:
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class WorkerHandle:
+    """A solution's worker process, restarted after anything that may have damaged it.
+
+    The worker is a fresh interpreter (``python -m dsa_bench.worker``) in a session of its own,
+    as an unprivileged user when the harness is root (:mod:`dsa_bench.isolation`), with its
+    output going to a log file; it talks to the harness over two pipes (:mod:`dsa_bench.channel`).
+    """
+
+    def __init__(self, solution: Solution, definition: str, options: RunOptions, identity: isolation.WorkerIdentity) -> None:
         self.solution = solution
         self.options = options
+        self.identity = identity
         options.log_dir.mkdir(parents=True, exist_ok=True)
-        self.config = worker_mod.WorkerConfig(
+        slug = safe_file_name(solution.name)
+        self.log_path = (options.log_dir / f"{slug}.log").resolve()
+        extensions = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or options.cache_dir / "torch_extensions") / slug
+        self.writable = [extensions.resolve(), (options.cache_dir / "triton" / slug).resolve(), (options.cache_dir / "home" / slug).resolve()]
+        self.config = WorkerConfig(
             solution_path=str(solution.path),
             definition=definition,
             device=str(options.device),
             timer=options.timer,
             l2_flush=options.l2_flush,
-            log_path=str((options.log_dir / f"{solution.name}.log").resolve()),
-            extensions_dir=str(options.extensions_dir.resolve()),
+            extensions_dir=str(self.writable[0]),
+            harness_pid=os.getpid(),
             dataset_root=str(options.dataset_root.resolve()) if options.dataset_root else None,
         )
-        self.process: Any = None
-        self.conn: Any = None
+        self.process: subprocess.Popen | None = None
+        self._send_fd = self._receive_fd = -1
         self.notes = ""
         self.compile_failure: WorkerFailure | None = None
 
     def log_tail(self, lines: int = 15) -> str:
         try:
-            text = Path(self.config.log_path).read_text(errors="replace").splitlines()
+            text = self.log_path.read_text(errors="replace").splitlines()
         except OSError:
             return ""
         return "\n".join(text[-lines:])
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        package_root = str(Path(dsa_bench.__file__).resolve().parent.parent)  # the same dsa_bench as the harness
+        env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
+        env["TORCH_EXTENSIONS_DIR"], env["TRITON_CACHE_DIR"], env["HOME"] = (str(p) for p in self.writable)
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        if self.options.device.type == "cpu":
+            env["TRITON_INTERPRET"] = "1"  # must precede the solution's first triton import
+        else:
+            env.pop("TRITON_INTERPRET", None)
+        return env
 
     def ensure_started(self) -> None:
         """Start the worker and wait for its import/build; a failure is remembered for every case."""
         if self.compile_failure is not None:
             raise self.compile_failure
-        if self.process is not None and self.process.is_alive():
+        if self.process is not None and self.process.poll() is None:
             return
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=worker_mod.main, args=(child, self.config), daemon=True)
-        self.process.start()
-        child.close()
+        isolation.give_to(self.identity, self.writable)
+        to_worker_r, to_worker_w = os.pipe()
+        from_worker_r, from_worker_w = os.pipe()
+        user = {"user": self.identity.uid, "group": self.identity.gid, "extra_groups": []} if self.identity.dedicated else {}
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "dsa_bench.worker", str(to_worker_r), str(from_worker_w)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(to_worker_r, from_worker_w),
+                start_new_session=True, env=self._environment(), **user,
+            )  # fmt: skip
+        os.close(to_worker_r)
+        os.close(from_worker_w)
+        self._send_fd, self._receive_fd = to_worker_w, from_worker_r
+        os.set_blocking(self._send_fd, False)
         try:
-            kind, payload = self._receive(self.options.compile_timeout_s, "importing/building the solution")
+            self._send({"config": self.config.__dict__}, b"", "starting the worker")
+            reply = self._receive(self.options.compile_timeout_s, "importing/building the solution", 0, ("ready", "compile_error"))
         except WorkerFailure as failure:
             if failure.status is Status.RUNTIME_ERROR:  # died while importing: a build problem
                 failure = WorkerFailure(Status.COMPILE_ERROR, failure.message)
             self.compile_failure = failure
             raise failure
-        if kind == "compile_error":
-            self.compile_failure = WorkerFailure(Status.COMPILE_ERROR, _last_lines(payload))
-            self.stop()
+        if reply.type == "compile_error":
+            self.compile_failure = WorkerFailure(Status.COMPILE_ERROR, _last_lines(reply.text))
+            self.kill()
             raise self.compile_failure
-        self.notes = payload
+        self.notes = reply.notes
 
-    def request(self, message: tuple, what: str) -> Any:
+    def request(self, kind: str, job: Any, what: str, max_blob_bytes: int, expected: tuple[str, ...]) -> tuple[Any, bytes]:
+        """Send a job; the validated reply and its tensor blob. Any failure stops the worker."""
         self.ensure_started()
-        self.conn.send(message)
-        kind, payload, self.notes = self._receive(self.options.case_timeout_s, what)
-        if kind == "error":
-            self.stop()  # the solution raised; its process state is suspect (CUDA faults are sticky)
-            raise WorkerFailure(Status.RUNTIME_ERROR, _last_lines(payload))
-        return payload
+        self._send({"request": kind}, pickle.dumps(job), what)
+        reply = self._receive(self.options.case_timeout_s, what, max_blob_bytes, (*expected, "error"))
+        self.notes = reply.notes
+        if reply.type == "error":
+            self.kill()  # the solution raised; its process state is suspect (CUDA faults are sticky)
+            raise WorkerFailure(Status.RUNTIME_ERROR, _last_lines(reply.text))
+        return reply, self._blob
 
-    def _receive(self, timeout: float, what: str) -> tuple[Any, ...]:
-        if not self.conn.poll(timeout):
-            self.kill()
-            raise WorkerFailure(Status.TIMEOUT, f"no answer within {timeout:g} s while {what}; worker killed")
+    def _send(self, header: dict[str, Any], blob: bytes, what: str) -> None:
         try:
-            return self.conn.recv()
-        except (EOFError, OSError):
-            self.process.join(5)
-            code = self.process.exitcode
-            tail = self.log_tail()
+            channel.write_frame(self._send_fd, header, blob, timeout=self.options.case_timeout_s)
+        except channel.ChannelTimeout:
             self.kill()
-            detail = f"\n{tail}" if tail else ""
-            raise WorkerFailure(Status.RUNTIME_ERROR, f"worker process died (exit code {code}) while {what}{detail}") from None
+            raise WorkerFailure(Status.TIMEOUT, f"the worker took no request within {self.options.case_timeout_s:g} s while {what}; worker killed") from None
+        except (channel.ChannelError, OSError):
+            raise self._died(what) from None
+
+    def _receive(self, timeout: float, what: str, max_blob_bytes: int, expected: tuple[str, ...]) -> Any:
+        try:
+            header, self._blob = channel.read_frame(self._receive_fd, max_blob_bytes, timeout)
+        except channel.ChannelTimeout:
+            self.kill()
+            raise WorkerFailure(Status.TIMEOUT, f"no answer within {timeout:g} s while {what}; worker killed") from None
+        except channel.ChannelClosed:
+            raise self._died(what) from None
+        except channel.ChannelError as exc:
+            self.kill()
+            raise WorkerFailure(Status.RUNTIME_ERROR, f"the worker broke the protocol while {what}: {exc}; worker killed") from None
+        try:
+            return parse_reply(header, expected)
+        except ProtocolError as exc:
+            self.kill()
+            raise WorkerFailure(Status.RUNTIME_ERROR, f"{exc} (while {what}); worker killed") from None
+
+    def _died(self, what: str) -> WorkerFailure:
+        assert self.process is not None
+        try:
+            code = self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            code = None
+        self.kill()
+        tail = self.log_tail()
+        detail = f"\n{tail}" if tail else ""
+        return WorkerFailure(Status.RUNTIME_ERROR, f"worker process died (exit code {code}) while {what}{detail}")
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        try:
-            if self.process.is_alive():
-                self.conn.send(("stop",))
-                self.process.join(5)
-        except (OSError, BrokenPipeError):
-            pass
+        """Ask the worker to end, then make sure it and everything it started has."""
+        if self.process is not None and self.process.poll() is None:
+            try:
+                channel.write_frame(self._send_fd, {"request": "stop"}, b"", timeout=1.0)
+                self.process.wait(5)
+            except (channel.ChannelError, OSError, subprocess.TimeoutExpired):
+                pass
         self.kill()
 
     def kill(self) -> None:
-        if self.process is not None and self.process.is_alive():
-            self.process.kill()
-            self.process.join(5)
+        if self.process is not None:
+            isolation.end_everything(self.process.pid, self.identity)
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            for fd in (self._send_fd, self._receive_fd):
+                if fd >= 0:
+                    os.close(fd)
+            self._send_fd = self._receive_fd = -1
         self.process = None
 
 
@@ -146,13 +240,22 @@ def _last_lines(text: str, lines: int = 12) -> str:
 
 @dataclass
 class _CaseContext:
-    """The harness's own copies of a case's input sets and what the checker needs for each."""
+    """The harness's own copies of a case's input sets, what the checker needs for each, and what
+    it accepts from a worker (the definition's output and redrawn-input specs)."""
 
     workload: Workload
     case: Case
     device: torch.device
     tolerance: Tolerance
     _cache: dict[int, tuple[Any, Any]] = field(default_factory=dict)
+    _floors: dict[int, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        definition = self.workload.definition
+        axes = definition.axes(self.case.axes)
+        self.output_specs = {s.name: (s.dtype, s.concrete_shape(axes)) for s in definition.outputs}
+        redrawn = definition.redraw(axes, InputRng(0, torch.device("cpu")))  # which inputs a timed call redraws
+        self.redraw_specs = {s.name: (s.dtype, s.concrete_shape(axes)) for s in definition.inputs if s.name in redrawn}
 
     def get(self, seed: int) -> tuple[Any, Any]:
         if seed not in self._cache:
@@ -171,6 +274,18 @@ class _CaseContext:
         axes = definition.axes(self.case.axes)
         return judge(definition, axes, inputs, outputs, expected, self.tolerance, self.device)
 
+    def traffic_bytes(self, seed: int) -> int | None:
+        """The bytes a correct kernel must move for input set ``seed`` (None: the definition has no
+        such bound). Input sets built only for this are not kept."""
+        definition: Definition = self.workload.definition
+        bound = getattr(definition, "min_traffic_bytes", None)
+        if bound is None:
+            return None
+        if seed not in self._floors:
+            inputs = self._cache[seed][0] if seed in self._cache else build_inputs(definition, self.case, seed, self.device)
+            self._floors[seed] = bound(definition.axes(self.case.axes), inputs)
+        return int(self._floors[seed])
+
 
 def correctness_seeds(settings: RunSettings, case: Case) -> tuple[int, ...]:
     return tuple(derive_seed(settings.seed, case.id, "check", s) for s in range(settings.input_sets))
@@ -186,6 +301,77 @@ def trial_seeds(settings: RunSettings, case: Case) -> tuple[tuple[int, ...], ...
     return (first, *later)
 
 
+def sampled_iteration(job: TimingJob, trial: int) -> int:
+    """Which timed call of ``trial`` the worker must send back for checking (the harness knows it too)."""
+    return random.Random(derive_seed(job.sample_seed, "pick", trial)).randrange(job.iterations)
+
+
+def decode_outputs(reply: Any, blob: bytes, ctx: _CaseContext, count: int) -> list[dict[str, Any]]:
+    sets = [rebuild(metas, _tensors(blob), f"{i}/", ctx.output_specs, extras_allowed=True) for i, metas in enumerate(reply.sets)]
+    if len(sets) != count:
+        raise ProtocolError(f"the worker sent {len(sets)} output sets for {count} input sets")
+    return sets
+
+
+def decode_timing(reply: Any, blob: bytes, ctx: _CaseContext, job: TimingJob) -> TimingResult:
+    """The timing reply, refused unless it has exactly the shape of the job it answers."""
+    tensors = _tensors(blob)
+    trials = len(job.trial_seeds)
+    if len(reply.samples_ms) != trials or any(len(s) != job.iterations for s in reply.samples_ms):
+        raise ProtocolError(f"the worker sent {[len(s) for s in reply.samples_ms]} samples per trial, expected {trials} x {job.iterations}")
+    if len(reply.checked) != trials or len(reply.clocks) != trials:
+        raise ProtocolError(f"the worker sent {len(reply.checked)} checked calls and {len(reply.clocks)} clock readings for {trials} trials")
+    checked = []
+    for k, (call, seeds) in enumerate(zip(reply.checked, job.trial_seeds)):
+        iteration = sampled_iteration(job, k)
+        if (call.trial, call.iteration, call.seed) != (k, iteration, seeds[iteration % len(seeds)]):
+            raise ProtocolError(f"checked call {k} is trial {call.trial} call {call.iteration}, expected trial {k} call {iteration}")
+        outputs = rebuild(call.outputs, tensors, f"checked{k}/out/", ctx.output_specs, extras_allowed=True)
+        redrawn = rebuild(call.redrawn, tensors, f"checked{k}/redrawn/", ctx.redraw_specs, extras_allowed=False)
+        checked.append(CheckedCall(call.trial, call.iteration, call.seed, redrawn, outputs))
+    clocks = [c.model_dump() for c in reply.clocks]
+    return TimingResult(timer=reply.timer, samples_ms=[list(s) for s in reply.samples_ms], checked=checked, clocks=clocks, phase_s=dict(reply.phase_s))
+
+
+def _tensors(blob: bytes) -> dict[str, torch.Tensor]:
+    if not blob:
+        return {}
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    try:
+        return load(blob)
+    except SafetensorError as exc:
+        raise ProtocolError(f"the worker's tensors are not a valid safetensors blob: {exc}") from None
+
+
+def implausible_timing(timing: TimingResult, job: TimingJob, ctx: _CaseContext, wall_s: float, copy_bytes_per_s: float | None) -> str | None:
+    """Why these reported times cannot be true, or None. The harness's own observations bound
+    them: every sample must be a positive finite time, all of them together cannot exceed the
+    wall time the harness saw the job take, and no call can move the bytes its definition says
+    a correct kernel must move faster than ``FLOOR_BANDWIDTH_MARGIN`` x the device's copy bandwidth."""
+    flat = [x for s in timing.samples_ms for x in s]
+    bad = next((x for x in flat if not (math.isfinite(x) and x > 0)), None)
+    if bad is not None:
+        return f"a reported time of {bad!r} ms is not a positive finite time"
+    total_s = sum(flat) / 1e3
+    if total_s > wall_s:
+        return f"the timed calls add up to {total_s:.3f} s, more than the {wall_s:.3f} s the whole timing job took"
+    if copy_bytes_per_s is None:
+        return None
+    for trial, (samples, seeds) in enumerate(zip(timing.samples_ms, job.trial_seeds)):
+        for i, sample in enumerate(samples):
+            traffic = ctx.traffic_bytes(seeds[i % len(seeds)])
+            if traffic is None:
+                return None
+            floor_ms = traffic / (FLOOR_BANDWIDTH_MARGIN * copy_bytes_per_s) * 1e3
+            if sample < floor_ms:
+                return (f"call {i} of trial {trial} reported {sample * 1e3:.3g} µs, but a correct kernel moves at least "
+                        f"{traffic} bytes, which takes at least {floor_ms * 1e3:.3g} µs at {FLOOR_BANDWIDTH_MARGIN:g} x the "
+                        f"measured copy bandwidth ({copy_bytes_per_s / 1e9:.0f} GB/s)")  # fmt: skip
+    return None
+
+
 def run_one(handle: WorkerHandle, ctx: _CaseContext, options: RunOptions) -> CaseRecord:
     """One solution on one case: correctness on every input set, then (GPU) timing."""
     settings = options.settings  # the run's settings: the workload's, with the command line's overrides
@@ -193,15 +379,29 @@ def run_one(handle: WorkerHandle, ctx: _CaseContext, options: RunOptions) -> Cas
     seeds = correctness_seeds(settings, case)
     record = CaseRecord(case=case.id, solution=handle.solution.name, axes=dict(case.axes), status=Status.PASSED, seeds={"correctness": list(seeds)})
     started = time.perf_counter()
+    output_bytes = value_bytes(ctx.output_specs)
     try:
-        outputs = handle.request(("outputs", worker_mod.CorrectnessJob(case, seeds)), f"running case {case.id}")
+        try:
+            reply, blob = handle.request("outputs", CorrectnessJob(case, seeds), f"running case {case.id}", len(seeds) * output_bytes + 2**20, ("outputs",))
+            outputs = decode_outputs(reply, blob, ctx, len(seeds))
+        except ProtocolError as exc:
+            handle.kill()
+            raise WorkerFailure(Status.RUNTIME_ERROR, f"{exc}; worker killed") from None
         checks_start = time.perf_counter()
         record.phases_s["correctness_calls"] = checks_start - started
         result = worst([ctx.check(seed, out) for seed, out in zip(seeds, outputs)])
         record.phases_s["checks"] = time.perf_counter() - checks_start
         if result.passed and options.timer is not None:
-            job = worker_mod.TimingJob(case, trial_seeds(settings, case), settings.warmup, settings.iterations, derive_seed(settings.seed, case.id, "sample"))
-            timing = handle.request(("time", job), f"timing case {case.id}")
+            job = TimingJob(case, trial_seeds(settings, case), settings.warmup, settings.iterations, derive_seed(settings.seed, case.id, "sample"))
+            limit = len(job.trial_seeds) * (output_bytes + value_bytes(ctx.redraw_specs)) + 2**20
+            sent = time.perf_counter()
+            try:
+                reply, blob = handle.request("time", job, f"timing case {case.id}", limit, ("timing",))
+                wall_s = time.perf_counter() - sent
+                timing = decode_timing(reply, blob, ctx, job)
+            except ProtocolError as exc:
+                handle.kill()
+                raise WorkerFailure(Status.RUNTIME_ERROR, f"{exc}; worker killed") from None
             record.seeds["trials"] = [list(s) for s in job.trial_seeds]
             record.seeds["checked_calls"] = [{"trial": c.trial, "iteration": c.iteration, "seed": c.seed} for c in timing.checked]
             for call in timing.checked:  # outputs of timed calls are checked too, not only the first call
@@ -210,6 +410,9 @@ def run_one(handle: WorkerHandle, ctx: _CaseContext, options: RunOptions) -> Cas
                     message = f"timed call {call.iteration} of trial {call.trial} returned wrong outputs: {checked.message}"
                     result = CheckResult(checked.status, message, checked.max_abs_error, checked.max_rel_error)
                     break
+            suspect = implausible_timing(timing, job, ctx, wall_s, options.copy_bytes_per_s) if result.passed else None
+            if suspect is not None:
+                result = CheckResult(Status.TIMING_SUSPECT, f"impossible timing, not recorded: {suspect}", result.max_abs_error, result.max_rel_error)
             record.timing = Timing(timer=timing.timer, samples_ms=timing.samples_ms, clocks=timing.clocks)
             record.phases_s.update({f"timing_{k}": v for k, v in timing.phase_s.items()})
         record.status, record.message = result.status, result.message
@@ -231,6 +434,19 @@ def order_solutions(solutions: list[Solution], timing: bool, reference: Solution
     return chosen
 
 
+def worker_identities(solutions: list[Solution], options: RunOptions, cases: list[Case]) -> dict[str, isolation.WorkerIdentity]:
+    """One identity per solution (see :mod:`dsa_bench.isolation`)."""
+    reads = isolation.python_paths() + [Path.cwd()]
+    if options.dataset_root is not None:
+        reads.append(options.dataset_root)
+    reads += sorted({src.path for c in cases for src in c.inputs.values() if src.path is not None})
+    devices = isolation.gpu_device_files(options.device.index or 0) if options.device.type == "cuda" else []
+    return {
+        s.name: isolation.choose_identity(options.worker_user, slot, reads + [s.path], devices)
+        for slot, s in enumerate(solutions)
+    }
+
+
 def run_workload(
     workload: Workload,
     cases: list[Case],
@@ -238,9 +454,11 @@ def run_workload(
     options: RunOptions,
     results: ResultsFile,
     on_record: Callable[[CaseRecord], None] = lambda r: None,
+    identities: dict[str, isolation.WorkerIdentity] | None = None,
 ) -> list[CaseRecord]:
     """Run every solution on every case; records reach ``results`` and ``on_record`` as they finish."""
-    handles = {s.name: WorkerHandle(s, workload.definition.name, options) for s in solutions}
+    identities = identities or worker_identities(solutions, options, cases)
+    handles = {s.name: WorkerHandle(s, workload.definition.name, options, identities[s.name]) for s in solutions}
     records: list[CaseRecord] = []
     try:
         for case in cases:

@@ -15,6 +15,7 @@ the timer returns one latency in milliseconds per iteration.
 from __future__ import annotations
 
 import abc
+import math
 from typing import Callable
 
 import torch
@@ -58,6 +59,8 @@ class L2Flusher:
 
     def __init__(self, device: torch.device, mode: str = L2_FLUSH_MODES[0]) -> None:
         self.mode = check_l2_flush(mode)
+        # Bound now: a later patch of torch's functions cannot turn the flush into a no-op.
+        self._zero, self._sum_rows = torch.Tensor.zero_, torch.sum
         l2_bytes = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or 64 * 2**20
         self.bytes = 2 * l2_bytes
         self._written = torch.empty(self.bytes // 4, dtype=torch.int32, device=device)
@@ -68,12 +71,17 @@ class L2Flusher:
         self._row_sums = torch.empty(rows, dtype=torch.float32, device=device)
 
     def flush(self) -> None:
-        self._written.zero_()
+        self._zero(self._written)
         if self._read is not None:
-            torch.sum(self._read, 1, out=self._row_sums)  # a read-only pass: the lines it leaves are clean
+            self._sum_rows(self._read, 1, out=self._row_sums)  # a read-only pass: the lines it leaves are clean
 
 
 class Timer(abc.ABC):
+    """Times calls. Every timer binds the functions it calls when it is constructed (the clock,
+    the synchronisation, its own helpers), so a patch of its class or of the modules it uses made
+    after construction does not change what it measures; the worker constructs it before it
+    imports a solution."""
+
     #: how results name this timer
     name: str
 
@@ -85,19 +93,24 @@ class Timer(abc.ABC):
 class EventTimer(Timer):
     name = "cuda_events"
 
+    def __init__(self) -> None:
+        event = torch.cuda.Event
+        self._event, self._record, self._elapsed = event, event.record, event.elapsed_time
+        self._sync = torch.cuda.synchronize
+
     def time_iterations(self, call: Step, count: int, prepare: Step, after: Step) -> list[float]:
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        starts = [self._event(enable_timing=True) for _ in range(count)]
+        ends = [self._event(enable_timing=True) for _ in range(count)]
         for i in range(count):
             prepare(i)
-            starts[i].record()
+            self._record(starts[i])
             call(i)
-            ends[i].record()
+            self._record(ends[i])
             # Idle the device between calls, as the CUPTI timer does, so the next call's
             # preparation never overlaps work a solution left running on another stream.
-            torch.cuda.synchronize()
+            self._sync()
             after(i)
-        return [s.elapsed_time(e) for s, e in zip(starts, ends)]
+        return [self._elapsed(s, e) for s, e in zip(starts, ends)]
 
 
 class HostClockTimer(Timer):
@@ -106,15 +119,18 @@ class HostClockTimer(Timer):
 
     name = "host_clock"
 
-    def time_iterations(self, call: Step, count: int, prepare: Step, after: Step) -> list[float]:
+    def __init__(self) -> None:
         import time
 
+        self._clock = time.perf_counter
+
+    def time_iterations(self, call: Step, count: int, prepare: Step, after: Step) -> list[float]:
         samples = []
         for i in range(count):
             prepare(i)
-            start = time.perf_counter()
+            start = self._clock()
             call(i)
-            samples.append((time.perf_counter() - start) * 1e3)
+            samples.append((self._clock() - start) * 1e3)
             after(i)
         return samples
 
@@ -170,18 +186,17 @@ class ClockReader:
             pynvml.nvmlInit()
             self._nvml = pynvml
             self._handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
+            # bound now, like the timers' functions
+            self._clock_info, self._sm, self._mem = pynvml.nvmlDeviceGetClockInfo, pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_MEM
         except Exception:  # no NVML bindings: fall back to nvidia-smi
             self._nvml = None
+        self._smi = _nvidia_smi
 
     def read(self) -> dict[str, int] | None:
         """Current clocks in MHz, or None when neither NVML nor nvidia-smi answers."""
         if self._nvml is not None:
-            nvml = self._nvml
-            return {
-                "sm_mhz": int(nvml.nvmlDeviceGetClockInfo(self._handle, nvml.NVML_CLOCK_SM)),
-                "mem_mhz": int(nvml.nvmlDeviceGetClockInfo(self._handle, nvml.NVML_CLOCK_MEM)),
-            }
-        values = _nvidia_smi(self.device_index, "clocks.sm,clocks.mem")
+            return {"sm_mhz": int(self._clock_info(self._handle, self._sm)), "mem_mhz": int(self._clock_info(self._handle, self._mem))}
+        values = self._smi(self.device_index, "clocks.sm,clocks.mem")
         return None if values is None else {"sm_mhz": int(values[0]), "mem_mhz": int(values[1])}
 
 
@@ -205,3 +220,23 @@ def driver_info(device_index: int) -> dict[str, object]:
         return {}
     keys = ("driver", "max_sm_mhz", "max_mem_mhz", "power_limit_w")
     return dict(zip(keys, values))
+
+
+def measure_copy_bandwidth(device: torch.device, megabytes: int = 512, repeats: int = 20) -> float:
+    """The device's copy bandwidth in bytes per second (bytes read plus bytes written), the best
+    of ``repeats`` device-to-device copies of a buffer well past the L2. The harness bounds
+    every reported time from below with it (runner.implausible_timing)."""
+    count = megabytes * 2**20 // 4
+    source = torch.ones(count, dtype=torch.float32, device=device)
+    target = torch.empty_like(source)
+    best = math.inf
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        target.copy_(source)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    del source, target
+    torch.cuda.empty_cache()
+    return 2 * count * 4 / best

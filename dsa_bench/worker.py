@@ -1,81 +1,46 @@
-"""The isolated solution process.
+"""The isolated solution process: ``python -m dsa_bench.worker IN_FD OUT_FD``.
 
-Each solution runs in its own spawned process. The worker builds its inputs itself from the
-case and seeds (the same generator the harness uses, so both sides hold identical inputs), calls
-the solution, times it, and sends back only outputs and timings. It never receives reference
-outputs, and a crash, hang or CUDA fault in it cannot take the harness down: the parent
-(:mod:`dsa_bench.runner`) sees a dead pipe or a missed deadline, records the case, and starts a
-fresh worker.
+Each solution runs in its own process, started by :mod:`dsa_bench.runner` in a session of its
+own (and, when the harness runs as root, as an unprivileged user). The worker builds its inputs
+itself from the case and seeds (the same generator the harness uses, so both sides hold
+identical inputs), calls the solution, times it, and sends back only outputs and timings, as
+frames of :mod:`dsa_bench.channel` whose headers :mod:`dsa_bench.protocol` validates on the
+harness side. It never receives reference outputs, and nothing it sends is unpickled there.
 
-Protocol (tuples over a ``multiprocessing`` pipe)::
+The timer, the L2 flusher and the clock reader are created, and the functions the timing path
+calls are bound, *before* the solution is imported: a solution that later patches the timer
+class, the CUPTI module, ``torch.cuda.Event``, the flush or ``time.perf_counter`` changes names
+nobody looks up again. (Code in this process can still reach those objects through ``gc`` or
+``ctypes``; the harness therefore checks every reported time against a physical floor itself.)
 
-    worker -> parent   ("ready", notes) | ("compile_error", text)
-    parent -> worker   ("outputs", CorrectnessJob) | ("time", TimingJob) | ("stop",)
-    worker -> parent   ("outputs", [outputs per seed], notes) | ("timing", TimingResult, notes)
-                       | ("error", text, notes)
+Protocol (frames)::
+
+    harness -> worker  {"config": WorkerConfig fields}, then {"request": "outputs" | "time" | "stop"} + pickled job
+    worker -> harness  ready | compile_error, then per request outputs | timing | error (protocol.Reply)
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import pickle
 import random
 import signal
 import sys
+import threading
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from dsa_bench.workloads import Case
+from dsa_bench import channel
 
+if TYPE_CHECKING:
+    from dsa_bench.protocol import CorrectnessJob, TimingJob, WorkerConfig
 
-@dataclass(frozen=True)
-class WorkerConfig:
-    solution_path: str
-    definition: str
-    device: str  # "cpu" or "cuda:N"
-    timer: str | None  # "cupti" | "events" | None (no timing on this device)
-    l2_flush: str  # timing.L2_FLUSH_MODES
-    log_path: str
-    extensions_dir: str
-    dataset_root: str | None = None  # a flashinfer-bench dataset whose definition this run uses
-
-
-@dataclass(frozen=True)
-class CorrectnessJob:
-    case: Case
-    seeds: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class TimingJob:
-    case: Case
-    trial_seeds: tuple[tuple[int, ...], ...]  # per trial, the seeds of its rotating input sets
-    warmup: int
-    iterations: int
-    sample_seed: int  # picks which timed call of each trial is checked
-
-
-@dataclass
-class CheckedCall:
-    """One timed call sent back for checking: its input set, the query values redrawn just
-    before it, and what it returned."""
-
-    trial: int
-    iteration: int
-    seed: int
-    redrawn_inputs: dict[str, Any]
-    outputs: dict[str, Any]
-
-
-@dataclass
-class TimingResult:
-    timer: str
-    samples_ms: list[list[float]] = field(default_factory=list)
-    checked: list[CheckedCall] = field(default_factory=list)
-    clocks: list[dict[str, Any]] = field(default_factory=list)  # per trial: clocks after warm-up and after timing
-    phase_s: dict[str, float] = field(default_factory=dict)  # worker wall time per phase, summed over trials
+#: the harness's jobs are small (a case and its seeds); its pickles never come near this
+_MAX_JOB_BYTES = 512 * 2**20
+_PR_SET_PDEATHSIG = 1
 
 
 def call_solution(fn: Callable[..., Any], dps: bool, args: list[Any], outputs: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
@@ -91,24 +56,68 @@ def call_solution(fn: Callable[..., Any], dps: bool, args: list[Any], outputs: M
     return dict(zip(names, result))
 
 
-def _redirect_output(log_path: str) -> None:
-    """Send the solution's prints (and native library output) to a log, not the harness terminal."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+def _die_with_the_harness(harness_pid: int) -> None:
+    """End this process (and its process group) when the harness is gone, even by SIGKILL."""
+    try:  # the kernel's own notice; survives a solution that blocks the interpreter
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != harness_pid:  # the harness died before the notice was set
+        os._exit(1)
+
+    def watch() -> None:  # also takes down what the solution started in this process group
+        while os.getppid() == harness_pid:
+            time.sleep(0.5)
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="harness-watch", daemon=True).start()
 
 
-def main(conn: Any, config: WorkerConfig) -> None:
-    """Worker entry point (runs in the spawned process)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    _redirect_output(config.log_path)
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", config.extensions_dir)
-    if config.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # must precede the solution's first triton import
+def _tensors_blob(tensors: dict[str, Any]) -> bytes:
+    from safetensors.torch import save
+
+    return save(tensors) if tensors else b""
+
+
+class _Reply:
+    """Encodes outputs for the harness: a JSON description of every value, bytes for the tensors
+    whose dtype and shape are the definition's."""
+
+    def __init__(self, specs: Mapping[str, tuple[Any, tuple[int, ...]]]) -> None:
+        self.specs = specs
+        self.tensors: dict[str, Any] = {}
+
+    def values(self, values: Mapping[str, Any], prefix: str, specs: Mapping[str, tuple[Any, tuple[int, ...]]] | None = None) -> dict[str, Any]:
+        from dsa_bench.protocol import describe
+
+        specs = self.specs if specs is None else specs
+        metas = {}
+        for name, value in values.items():
+            want = specs.get(name, (None, None))
+            metas[str(name)], tensor = describe(value, *want)
+            if tensor is not None:
+                self.tensors[f"{prefix}{name}"] = tensor
+        return metas
+
+    def blob(self) -> bytes:
+        return _tensors_blob(self.tensors)
+
+
+def main(argv: list[str]) -> None:
+    """Worker entry point (a fresh interpreter started by the harness)."""
+    in_fd, out_fd = int(argv[0]), int(argv[1])
+    os.set_inheritable(in_fd, False)  # nothing the solution starts may write to the harness
+    os.set_inheritable(out_fd, False)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the harness's to handle
+    header, _ = channel.read_frame(in_fd, 0)
+    _die_with_the_harness(int(header["config"]["harness_pid"]))
+    sys.dont_write_bytecode = True  # the solution folder may not be writable by this user
+
     import torch
+
+    from dsa_bench.protocol import WorkerConfig
+
+    config = WorkerConfig(**header["config"])
 
     from dsa_bench.definitions import get_definition
     from dsa_bench.solutions import import_entry, load_solution
@@ -121,89 +130,113 @@ def main(conn: Any, config: WorkerConfig) -> None:
 
         register_dataset_definition(Path(config.dataset_root), config.definition)
     definition = get_definition(config.definition)
-    timer = flusher = clocks = None
     try:
+        measure = _bind_measurement(config, device)  # before any solution code runs
         solution = load_solution(Path(config.solution_path))
         entry = solution.entry_for(config.definition)
         fn, module = import_entry(solution, config.definition)
         notes_fn = getattr(module, "solution_notes", None)
-
-        def notes() -> str:  # asked again after every job: a solution may report what it fell back to
-            return str(notes_fn()) if callable(notes_fn) else ""
-
-        if config.timer is not None:
-            from dsa_bench.timing import ClockReader, L2Flusher, make_timer
-
-            timer = make_timer(config.timer)
-            flusher = L2Flusher(device, config.l2_flush)
-            clocks = ClockReader(device.index if device.index is not None else torch.cuda.current_device())
     except BaseException:
-        conn.send(("compile_error", traceback.format_exc()))
+        channel.write_frame(out_fd, {"type": "compile_error", "text": traceback.format_exc()[-200_000:]})
         return
-    conn.send(("ready", notes()))
+
+    def notes() -> str:  # asked again after every job: a solution may report what it fell back to
+        try:
+            return str(notes_fn())[:100_000] if callable(notes_fn) else ""
+        except Exception as exc:
+            return f"solution_notes() raised {type(exc).__name__}"
+
+    channel.write_frame(out_fd, {"type": "ready", "notes": notes()})
     runner = _CaseRunner(definition, device, fn, entry.destination_passing_style)
     while True:
-        message = conn.recv()
-        if message[0] == "stop":
+        header, blob = channel.read_frame(in_fd, _MAX_JOB_BYTES)
+        if header.get("request") == "stop":
             return
         try:
-            if message[0] == "outputs":
-                reply: tuple = ("outputs", runner.outputs(message[1]))
+            job = pickle.loads(blob)
+            if header.get("request") == "outputs":
+                reply, tensors = runner.outputs(job)
             else:
-                reply = ("timing", runner.time(message[1], timer, flusher, clocks))
+                reply, tensors = runner.time(job, *measure)
         except BaseException:
-            reply = ("error", traceback.format_exc())
-        conn.send((*reply, notes()))
+            reply, tensors = {"type": "error", "text": traceback.format_exc()[-200_000:]}, b""
+        channel.write_frame(out_fd, {**reply, "notes": notes()}, tensors)
+
+
+def _bind_measurement(config: WorkerConfig, device: Any) -> tuple[Any, Any, Any, str | None]:
+    """(time_iterations, flush, read_clocks, timer name): bound methods taken before the solution
+    is imported, so later patches of their classes or modules do not reach the timing path."""
+    if config.timer is None:
+        return None, None, None, None
+    import torch
+
+    from dsa_bench.timing import ClockReader, L2Flusher, make_timer
+
+    timer = make_timer(config.timer)
+    flusher = L2Flusher(device, config.l2_flush)
+    clocks = ClockReader(device.index if device.index is not None else torch.cuda.current_device())
+    return timer.time_iterations, flusher.flush, clocks.read, timer.name
 
 
 class _CaseRunner:
     def __init__(self, definition: Any, device: Any, fn: Callable[..., Any], dps: bool) -> None:
+        import torch
+
         self.definition = definition
         self.device = device
         self.fn = fn
         self.dps = dps
         self.names = [spec.name for spec in definition.outputs]
+        self._synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda device=None: None)
 
     def _sync(self) -> None:
-        import torch
+        self._synchronize(self.device)
 
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def _inputs(self, case: Case, seed: int) -> Any:
+    def _inputs(self, case: Any, seed: int) -> Any:
         from dsa_bench.workloads import build_inputs
 
         return build_inputs(self.definition, case, seed, self.device)
 
-    def _to_host(self, outputs: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: (v.detach().cpu() if hasattr(v, "detach") else v) for k, v in outputs.items()}
+    def _output_specs(self, case: Any) -> dict[str, tuple[Any, tuple[int, ...]]]:
+        axes = self.definition.axes(case.axes)
+        return {s.name: (s.dtype, s.concrete_shape(axes)) for s in self.definition.outputs}
 
-    def outputs(self, job: CorrectnessJob) -> list[dict[str, Any]]:
+    def _input_specs(self, case: Any) -> dict[str, tuple[Any, tuple[int, ...]]]:
+        axes = self.definition.axes(case.axes)
+        return {s.name: (s.dtype, s.concrete_shape(axes)) for s in self.definition.inputs if not s.is_scalar}
+
+    def outputs(self, job: CorrectnessJob) -> tuple[dict[str, Any], bytes]:
         axes = self.definition.axes(job.case.axes)
-        results = []
-        for seed in job.seeds:
+        reply = _Reply(self._output_specs(job.case))
+        sets = []
+        for i, seed in enumerate(job.seeds):
             inputs = self._inputs(job.case, seed)
             outs = self.definition.allocate_outputs(axes, self.device)
             got = call_solution(self.fn, self.dps, self.definition.input_args(inputs), outs, self.names)
             self._sync()
-            results.append(self._to_host(got))
+            sets.append(reply.values(got, f"{i}/"))
             del inputs, outs, got
-        return results
+        return {"type": "outputs", "sets": sets}, reply.blob()
 
-    def time(self, job: TimingJob, timer: Any, flusher: Any, clocks: Any) -> TimingResult:
+    def time(self, job: TimingJob, time_iterations: Any, flush: Any, read_clocks: Any, timer_name: str | None) -> tuple[dict[str, Any], bytes]:
         """Time the solution: per trial, fresh input sets rotating call by call, queries redrawn,
         outputs re-poisoned and L2 flushed before every call (all untimed)."""
-        result = TimingResult(timer=timer.name, phase_s={"build_inputs": 0.0, "warmup": 0.0, "timed_calls": 0.0})
-        for trial, seeds in enumerate(job.trial_seeds):
-            self._time_trial(job, trial, seeds, timer, flusher, clocks, result)  # its input sets die with it
-        return result
+        if time_iterations is None:
+            raise RuntimeError("this worker was started without a timer")
+        reply = _Reply(self._output_specs(job.case))
+        header: dict[str, Any] = {"type": "timing", "timer": timer_name, "samples_ms": [], "clocks": [], "checked": [],
+                                  "phase_s": {"build_inputs": 0.0, "warmup": 0.0, "timed_calls": 0.0}}  # fmt: skip
+        for trial, seeds in enumerate(job.trial_seeds):  # each trial's input sets die with it
+            self._time_trial(job, trial, seeds, time_iterations, flush, read_clocks, header, reply)
+        return header, reply.blob()
 
-    def _time_trial(self, job: TimingJob, trial: int, seeds: tuple[int, ...], timer: Any, flusher: Any, clocks: Any, result: TimingResult) -> None:
+    def _time_trial(self, job: TimingJob, trial: int, seeds: tuple[int, ...], time_iterations: Any, flush: Any, read_clocks: Any,
+                    header: dict[str, Any], reply: _Reply) -> None:  # fmt: skip
         from dsa_bench.definitions.base import InputRng, poison_
         from dsa_bench.workloads import derive_seed
 
         axes = self.definition.axes(job.case.axes)
-        phases = result.phase_s
+        phases = header["phase_s"]
         n = len(seeds)
         started = time.perf_counter()
         sets = [self._inputs(job.case, s) for s in seeds]
@@ -224,14 +257,14 @@ class _CaseRunner:
                 redrawn.update({k: v.detach().clone() for k, v in fresh.items()})
             for out in outs[i % n].values():
                 poison_(out)
-            flusher.flush()
+            flush()
 
         def call(i: int) -> None:
             latest[i % n] = call_solution(self.fn, self.dps, args[i % n], outs[i % n], self.names)
 
         def after(i: int) -> None:
             if i == sampled:
-                captured.update({k: v.detach().clone() for k, v in latest[i % n].items()})
+                captured.update({k: (v.detach().clone() if hasattr(v, "detach") else v) for k, v in latest[i % n].items()})
 
         self._sync()
         warmup_start = time.perf_counter()
@@ -242,9 +275,18 @@ class _CaseRunner:
         self._sync()
         timed_start = time.perf_counter()
         phases["warmup"] += timed_start - warmup_start
-        before = clocks.read() if clocks else None
+        before = read_clocks()
         timed = True
-        result.samples_ms.append(timer.time_iterations(call, job.iterations, prepare, after))
+        header["samples_ms"].append([float(x) for x in time_iterations(call, job.iterations, prepare, after)])
         phases["timed_calls"] += time.perf_counter() - timed_start
-        result.clocks.append({"after_warmup": before, "after_timing": clocks.read() if clocks else None})
-        result.checked.append(CheckedCall(trial, sampled, seeds[sampled % n], self._to_host(redrawn), self._to_host(captured)))
+        header["clocks"].append({"after_warmup": before, "after_timing": read_clocks()})
+        k = len(header["checked"])
+        header["checked"].append({
+            "trial": trial, "iteration": sampled, "seed": seeds[sampled % n],
+            "outputs": reply.values(captured, f"checked{k}/out/"),
+            "redrawn": reply.values(redrawn, f"checked{k}/redrawn/", self._input_specs(job.case)),
+        })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -11,9 +11,10 @@ import torch
 from conftest import ROOT
 
 from dsa_bench.definitions import indexer
-from dsa_bench.runner import _CaseContext, trial_seeds
+from dsa_bench.protocol import TimingJob, parse_reply
+from dsa_bench.runner import _CaseContext, decode_timing, trial_seeds
 from dsa_bench.timing import HostClockTimer
-from dsa_bench.worker import TimingJob, _CaseRunner
+from dsa_bench.worker import _CaseRunner
 from dsa_bench.workloads import load_workload
 
 CPU = torch.device("cpu")
@@ -36,8 +37,11 @@ def time_with(fn, trials: int = 2, iterations: int = 6):
     settings = workload.settings.replace(trials=trials, iterations=iterations, input_sets=2)
     job = TimingJob(case, trial_seeds(settings, case), warmup=2, iterations=iterations, sample_seed=11)
     runner = _CaseRunner(indexer.DEFINITION, CPU, fn, dps=True)
-    result = runner.time(job, HostClockTimer(), NoFlush(), None)
+    timer = HostClockTimer()
+    header, blob = runner.time(job, timer.time_iterations, NoFlush().flush, lambda: None, timer.name)
+    # through the same validation and decoding as a reply from a worker process
     ctx = _CaseContext(workload, case, CPU, settings.tolerance)
+    result = decode_timing(parse_reply({**header, "notes": ""}, ("timing",)), blob, ctx, job)
     checks = [ctx.check(c.seed, c.outputs, c.redrawn_inputs) for c in result.checked]
     return result, checks
 

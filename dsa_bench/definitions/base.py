@@ -45,6 +45,8 @@ class Status(str, enum.Enum):
     RUNTIME_ERROR = "RUNTIME_ERROR"
     COMPILE_ERROR = "COMPILE_ERROR"
     TIMEOUT = "TIMEOUT"
+    #: the reported times are impossible (below the physical floor, or more than the wall time)
+    TIMING_SUSPECT = "TIMING_SUSPECT"
 
 
 @dataclass

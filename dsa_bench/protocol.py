@@ -1,0 +1,231 @@
+"""What the harness and a worker say to each other: jobs one way, validated replies the other.
+
+The harness sends a :class:`WorkerConfig` once and then :class:`CorrectnessJob` or
+:class:`TimingJob` requests (pickled: the worker trusts the harness). The worker answers with
+JSON headers that the models below validate strictly (unknown fields, wrong types and
+out-of-range values are refused), and with tensors in one safetensors blob. Tensors are only
+accepted where the definition expects them and only with the dtype and shape the header
+declared; an output of the wrong shape or dtype travels as its description alone (a ``meta``
+tensor on the harness side), so the checker still reports INCORRECT_SHAPE or INCORRECT_DTYPE
+without the harness ever holding more bytes than the definition's outputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Mapping, Union
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from dsa_bench.workloads import Case
+
+# --------------------------------------------------------------------------- harness -> worker
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    solution_path: str
+    definition: str
+    device: str  # "cpu" or "cuda:N"
+    timer: str | None  # "cupti" | "cupti_api" | "events" | None (no timing on this device)
+    l2_flush: str  # timing.L2_FLUSH_MODES
+    extensions_dir: str
+    harness_pid: int  # the worker ends itself when its parent is no longer this process
+    dataset_root: str | None = None  # a flashinfer-bench dataset whose definition this run uses
+
+
+@dataclass(frozen=True)
+class CorrectnessJob:
+    case: Case
+    seeds: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TimingJob:
+    case: Case
+    trial_seeds: tuple[tuple[int, ...], ...]  # per trial, the seeds of its rotating input sets
+    warmup: int
+    iterations: int
+    sample_seed: int  # picks which timed call of each trial is checked
+
+
+# --------------------------------------------------------------------------- worker -> harness, decoded
+
+
+@dataclass
+class CheckedCall:
+    """One timed call sent back for checking: its input set, the query values redrawn just
+    before it, and what it returned."""
+
+    trial: int
+    iteration: int
+    seed: int
+    redrawn_inputs: dict[str, Any]
+    outputs: dict[str, Any]
+
+
+@dataclass
+class TimingResult:
+    timer: str
+    samples_ms: list[list[float]] = field(default_factory=list)
+    checked: list[CheckedCall] = field(default_factory=list)
+    clocks: list[dict[str, Any]] = field(default_factory=list)  # per trial: clocks after warm-up and after timing
+    phase_s: dict[str, float] = field(default_factory=dict)  # worker wall time per phase, summed over trials
+
+
+# --------------------------------------------------------------------------- the JSON headers
+
+#: every dtype a worker may name (torch's own names)
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    name: value for name in dir(torch) if isinstance(value := getattr(torch, name), torch.dtype)
+}
+_MAX_TEXT = 256 * 1024
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class TensorMeta(_Strict):
+    kind: Literal["tensor"]
+    dtype: str
+    shape: list[Annotated[int, Field(ge=0, le=2**40)]] = Field(max_length=16)
+    in_blob: bool  # its bytes travel in the blob (only when dtype and shape are the definition's)
+
+
+class OtherMeta(_Strict):
+    kind: Literal["other"]
+    type_name: str = Field(max_length=200)
+
+
+ValueMeta = Annotated[Union[TensorMeta, OtherMeta], Field(discriminator="kind")]
+Text = Annotated[str, Field(max_length=_MAX_TEXT)]
+
+
+class Ready(_Strict):
+    type: Literal["ready"]
+    notes: Text
+
+
+class CompileError(_Strict):
+    type: Literal["compile_error"]
+    text: Text
+
+
+class Failure(_Strict):
+    type: Literal["error"]
+    text: Text
+    notes: Text
+
+
+class Outputs(_Strict):
+    type: Literal["outputs"]
+    notes: Text
+    sets: list[dict[str, ValueMeta]] = Field(max_length=1024)
+
+
+class Clocks(_Strict):
+    sm_mhz: int
+    mem_mhz: int
+
+
+class TrialClocks(_Strict):
+    after_warmup: Clocks | None
+    after_timing: Clocks | None
+
+
+class CheckedCallMeta(_Strict):
+    trial: Annotated[int, Field(ge=0)]
+    iteration: Annotated[int, Field(ge=0)]
+    seed: Annotated[int, Field(ge=0)]
+    outputs: dict[str, ValueMeta]
+    redrawn: dict[str, ValueMeta]
+
+
+class Timing(_Strict):
+    type: Literal["timing"]
+    notes: Text
+    timer: Literal["cupti", "cupti_api", "cuda_events", "host_clock"]
+    samples_ms: list[list[float]]
+    clocks: list[TrialClocks]
+    phase_s: dict[str, float]
+    checked: list[CheckedCallMeta]
+
+
+Reply = Annotated[Union[Ready, CompileError, Failure, Outputs, Timing], Field(discriminator="type")]
+_REPLY = TypeAdapter(Reply)
+
+
+class ProtocolError(Exception):
+    """A worker's reply that the harness refuses: the case fails, the worker is restarted."""
+
+
+def parse_reply(header: Any, expected: tuple[str, ...]) -> Any:
+    """The validated reply model; ``expected`` names the reply types allowed at this point."""
+    try:
+        reply = _REPLY.validate_python(header)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ProtocolError(f"malformed reply from the worker: {where}: {first['msg']}") from None
+    if reply.type not in expected:
+        raise ProtocolError(f"the worker replied {reply.type!r} where {' or '.join(expected)} was expected")
+    return reply
+
+
+# --------------------------------------------------------------------------- tensors, both sides
+
+
+def describe(value: Any, want_dtype: torch.dtype | None, want_shape: tuple[int, ...] | None) -> tuple[dict[str, Any], torch.Tensor | None]:
+    """(header entry, tensor to put in the blob or None) for one value the solution produced."""
+    if not isinstance(value, torch.Tensor):
+        return {"kind": "other", "type_name": type(value).__name__[:200]}, None
+    dtype_name = str(value.dtype).removeprefix("torch.")
+    fits = value.dtype == want_dtype and tuple(value.shape) == want_shape
+    meta = {"kind": "tensor", "dtype": dtype_name, "shape": list(value.shape), "in_blob": fits}
+    return meta, (value.detach().to("cpu").contiguous().clone() if fits else None)
+
+
+def value_bytes(specs: Mapping[str, tuple[torch.dtype, tuple[int, ...]]]) -> int:
+    return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size() for dtype, shape in specs.values())
+
+
+def rebuild(
+    metas: Mapping[str, TensorMeta | OtherMeta],
+    blob: Mapping[str, torch.Tensor],
+    prefix: str,
+    specs: Mapping[str, tuple[torch.dtype, tuple[int, ...]]],
+    extras_allowed: bool,
+) -> dict[str, Any]:
+    """Values of one output set (or one set of redrawn inputs) from their header entries and the blob.
+
+    A tensor whose bytes came must have exactly the definition's dtype and shape, and the blob's
+    tensor must be the one the header declared; any other tensor becomes a ``meta`` tensor of
+    the declared dtype and shape (enough for the spec check), and a non-tensor a short string.
+    A missing name stays missing (the checker reports it).
+    """
+    values: dict[str, Any] = {}
+    for name, meta in metas.items():
+        if name not in specs:
+            if extras_allowed:  # an output the definition does not have: ignored, as before
+                continue
+            raise ProtocolError(f"the worker sent {name!r}, which is not among {', '.join(specs)}")
+        want_dtype, want_shape = specs[name]
+        if isinstance(meta, OtherMeta):
+            values[name] = f"<{meta.type_name}>"
+            continue
+        dtype = TORCH_DTYPES.get(meta.dtype)
+        if dtype is None:
+            raise ProtocolError(f"{name}: unknown dtype {meta.dtype!r}")
+        if not meta.in_blob:
+            if dtype == want_dtype and tuple(meta.shape) == want_shape:
+                raise ProtocolError(f"{name}: a tensor of the expected dtype and shape must carry its bytes")
+            values[name] = torch.empty(meta.shape, dtype=dtype, device="meta")
+            continue
+        tensor = blob.get(f"{prefix}{name}")
+        if tensor is None or tensor.dtype != want_dtype or tuple(tensor.shape) != want_shape or dtype != want_dtype or tuple(meta.shape) != want_shape:
+            raise ProtocolError(f"{name}: the tensor sent does not match its description")
+        values[name] = tensor
+    return values
