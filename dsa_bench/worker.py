@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 #: the harness's jobs are small (a case and its seeds); its pickles never come near this
 _MAX_JOB_BYTES = 512 * 2**20
 _PR_SET_PDEATHSIG = 1
+#: the worker's own clock for its phase records, bound before any solution can patch ``time``
+_now = time.perf_counter
 
 
 def call_solution(fn: Callable[..., Any], dps: bool, args: list[Any], outputs: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
@@ -238,7 +240,7 @@ class _CaseRunner:
         axes = self.definition.axes(job.case.axes)
         phases = header["phase_s"]
         n = len(seeds)
-        started = time.perf_counter()
+        started = _now()
         sets = [self._inputs(job.case, s) for s in seeds]
         args = [self.definition.input_args(x) for x in sets]
         outs = [self.definition.allocate_outputs(axes, self.device) for _ in seeds]
@@ -267,18 +269,18 @@ class _CaseRunner:
                 captured.update({k: (v.detach().clone() if hasattr(v, "detach") else v) for k, v in latest[i % n].items()})
 
         self._sync()
-        warmup_start = time.perf_counter()
+        warmup_start = _now()
         phases["build_inputs"] += warmup_start - started
         for i in range(job.warmup):
             prepare(i)
             call(i)
         self._sync()
-        timed_start = time.perf_counter()
+        timed_start = _now()
         phases["warmup"] += timed_start - warmup_start
         before = read_clocks()
         timed = True
         header["samples_ms"].append([float(x) for x in time_iterations(call, job.iterations, prepare, after)])
-        phases["timed_calls"] += time.perf_counter() - timed_start
+        phases["timed_calls"] += _now() - timed_start
         header["clocks"].append({"after_warmup": before, "after_timing": read_clocks()})
         k = len(header["checked"])
         header["checked"].append({

@@ -7,6 +7,7 @@ fault) run where CUDA is present.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import FIXTURES, run_cli
@@ -95,3 +96,134 @@ def test_cuda_fault_is_a_runtime_error_and_the_worker_restarts(tmp_path):
     found = statuses(doc)
     assert found == {"reference": ["PASSED", "PASSED"], "cuda_fault": ["RUNTIME_ERROR", "RUNTIME_ERROR"]}
     assert any("illegal" in m.lower() for m in messages(doc, "cuda_fault")), messages(doc, "cuda_fault")
+
+
+# --------------------------------------------------------------------------- the judging side is unreachable
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _worker_pids() -> set[int]:
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if b"dsa_bench.worker" in (entry / "cmdline").read_bytes():
+                    found.add(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+def test_attacks_on_the_judging_side(tmp_path, monkeypatch):
+    """A pickle payload returned or forged into the pipe is never loaded, patching the judge in the
+    solution's process changes nothing, and a child process ends with the run."""
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("DSA_BENCH_TEST_MARKER", str(marker))
+    names = ["pickle_payload", "forges_replies", "patches_judge", "leaves_children"]
+    code, doc, output = run_with(tmp_path, "indexer_smoke", ["smoke_scored"], names)
+    assert code == 1, output
+    found = statuses(doc)
+    assert found["reference"] == ["PASSED"]
+    assert found["pickle_payload"] == ["INCORRECT_SHAPE"] and "missing or not a tensor" in messages(doc, "pickle_payload")[0]
+    assert found["forges_replies"] == ["RUNTIME_ERROR"] and "not valid JSON" in messages(doc, "forges_replies")[0]
+    assert found["patches_judge"] == ["INCORRECT_INDICES"]
+    assert found["leaves_children"] == ["PASSED"]
+    children = [int(line) for line in marker.read_text().split()]  # only leaves_children writes pids
+    assert children and not any(_alive(pid) for pid in children), "a solution's child outlived the run"
+
+
+def _isolation_here() -> bool:
+    from conftest import ROOT
+
+    from dsa_bench.isolation import choose_identity, python_paths
+
+    return choose_identity("auto", 0, [*python_paths(), ROOT], []).dedicated
+
+
+@pytest.mark.skipif(not _isolation_here(), reason="workers cannot run as an unprivileged user here (not root, or Python is not readable by others)")
+def test_unprivileged_workers_cannot_kill_the_harness_or_leave_processes(tmp_path, monkeypatch):
+    marker = tmp_path / "marker"
+    tmp_path.chmod(0o777)  # the unprivileged worker writes the marker
+    monkeypatch.setenv("DSA_BENCH_TEST_MARKER", str(marker))
+    monkeypatch.setenv("DSA_BENCH_TEST_NEW_SESSION", "1")  # the child escapes the worker's process group
+    code, doc, output = run_with(tmp_path, "indexer_smoke", ["smoke_scored"], ["kills_harness", "leaves_children"])
+    assert code == 0, output
+    assert statuses(doc) == {"reference": ["PASSED"], "kills_harness": ["PASSED"], "leaves_children": ["PASSED"]}
+    assert all(d.startswith("unprivileged uid/gid") for d in doc["workers"].values()), doc["workers"]
+    children = [int(line) for line in marker.read_text().split()]
+    assert children and not any(_alive(pid) for pid in children), "a child in a session of its own outlived the run"
+
+
+def test_sigterm_and_sigkill_of_the_harness_end_its_workers(tmp_path):
+    """SIGTERM stops a run as Ctrl-C does (finished records kept, exit 143, workers ended); after
+    SIGKILL of the harness its workers end on their own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    for sig, expected_code in ((signal.SIGTERM, 143), (signal.SIGKILL, -9)):
+        save = tmp_path / f"run-{sig.name}.json"
+        before = _worker_pids()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dsa_bench", "run", "-w", "indexer_smoke", "-s", "reference", "-s", str(ADVERSARIAL / "sleeps"),
+             "--case-timeout", "120", "--save", str(save)],
+            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.time() + 120
+        while time.time() < deadline and not (save.exists() and json.loads(save.read_text())["records"]):
+            time.sleep(0.2)  # the reference's first record is in: the sleeping solution runs next
+        time.sleep(3)
+        workers = _worker_pids() - before
+        assert workers, "the run started workers"
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == expected_code, out + err
+        if sig is signal.SIGTERM:
+            assert "interrupted by SIGTERM" in err and json.loads(save.read_text())["complete"] is False
+        deadline = time.time() + 10
+        while time.time() < deadline and any(_alive(p) for p in workers):
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in workers), f"workers outlived the harness ({sig.name})"
+
+
+# --------------------------------------------------------------------------- the timer is out of reach (GPU)
+
+
+def _log_of(name: str) -> Path:
+    from conftest import ROOT
+
+    return ROOT / ".cache" / "dsa-bench" / "logs" / f"{name}.log"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("timer", ["cupti", "events"])
+def test_timer_patches_do_not_reach_the_timer_and_tampering_is_refused(tmp_path, timer):
+    names = ["patches_timer_class", "patches_cupti", "patches_flush", "patches_perf_counter", "patches_cuda_event", "tampers_timer"]
+    if timer == "events":
+        names.remove("patches_cupti")
+    for name in names:
+        _log_of(name).unlink(missing_ok=True)
+    code, doc, output = run_with(tmp_path, "indexer_smoke", ["smoke_scored"], names, "--timer", timer, "--iterations", "5", "--trials", "2")
+    assert code == 1, output
+    found = statuses(doc)
+    assert found.pop("tampers_timer") == ["TIMING_SUSPECT"], output
+    assert "impossible timing" in messages(doc, "tampers_timer")[0]
+    assert all(s == ["PASSED"] for s in found.values()), found
+    by_name = {r["solution"]: r for r in doc["records"]}
+    reference_ms = by_name["reference"]["timing"]["mean_ms"]
+    for name in names[:-1]:
+        timing = by_name[name]["timing"]
+        assert timing["min_ms"] > 0.2 * reference_ms, (name, timing["min_ms"], reference_ms)  # the reference's own work, honestly timed
+        assert "PATCH CALLED" not in _log_of(name).read_text(), name
