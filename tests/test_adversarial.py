@@ -121,11 +121,23 @@ def _worker_pids() -> set[int]:
     return found
 
 
-def test_attacks_on_the_judging_side(tmp_path, monkeypatch):
+@pytest.fixture
+def marker(monkeypatch):
+    """A file any worker may write, named to the fixtures by DSA_BENCH_TEST_MARKER (pytest's own
+    temporary folders are closed to the unprivileged users workers run as under root)."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="dsa-bench-marker-"))
+    folder.chmod(0o777)
+    monkeypatch.setenv("DSA_BENCH_TEST_MARKER", str(folder / "marker"))
+    yield folder / "marker"
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_attacks_on_the_judging_side(tmp_path, marker):
     """A pickle payload returned or forged into the pipe is never loaded, patching the judge in the
     solution's process changes nothing, and a child process ends with the run."""
-    marker = tmp_path / "marker"
-    monkeypatch.setenv("DSA_BENCH_TEST_MARKER", str(marker))
     names = ["pickle_payload", "forges_replies", "patches_judge", "leaves_children"]
     code, doc, output = run_with(tmp_path, "indexer_smoke", ["smoke_scored"], names)
     assert code == 1, output
@@ -148,10 +160,7 @@ def _isolation_here() -> bool:
 
 
 @pytest.mark.skipif(not _isolation_here(), reason="workers cannot run as an unprivileged user here (not root, or Python is not readable by others)")
-def test_unprivileged_workers_cannot_kill_the_harness_or_leave_processes(tmp_path, monkeypatch):
-    marker = tmp_path / "marker"
-    tmp_path.chmod(0o777)  # the unprivileged worker writes the marker
-    monkeypatch.setenv("DSA_BENCH_TEST_MARKER", str(marker))
+def test_unprivileged_workers_cannot_kill_the_harness_or_leave_processes(tmp_path, marker, monkeypatch):
     monkeypatch.setenv("DSA_BENCH_TEST_NEW_SESSION", "1")  # the child escapes the worker's process group
     code, doc, output = run_with(tmp_path, "indexer_smoke", ["smoke_scored"], ["kills_harness", "leaves_children"])
     assert code == 0, output
