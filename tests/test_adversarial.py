@@ -135,9 +135,11 @@ def marker(monkeypatch):
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_attacks_on_the_judging_side(tmp_path, marker):
+def test_attacks_on_the_judging_side(tmp_path, marker, monkeypatch):
     """A pickle payload returned or forged into the pipe is never loaded, patching the judge in the
     solution's process changes nothing, and a child process ends with the run."""
+    payload = marker.with_name("payload")  # created by whoever loads a pickle payload
+    monkeypatch.setenv("DSA_BENCH_TEST_PAYLOAD", str(payload))
     names = ["pickle_payload", "forges_replies", "patches_judge", "leaves_children"]
     code, doc, output = run_with(tmp_path, "indexer_smoke", ["smoke_scored"], names)
     assert code == 1, output
@@ -147,6 +149,7 @@ def test_attacks_on_the_judging_side(tmp_path, marker):
     assert found["forges_replies"] == ["RUNTIME_ERROR"] and "not valid JSON" in messages(doc, "forges_replies")[0]
     assert found["patches_judge"] == ["INCORRECT_INDICES"]
     assert found["leaves_children"] == ["PASSED"]
+    assert not payload.exists(), "a pickle payload was loaded"
     children = [int(line) for line in marker.read_text().split()]  # only leaves_children writes pids
     assert children and not any(_alive(pid) for pid in children), "a solution's child outlived the run"
 
