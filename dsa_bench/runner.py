@@ -42,6 +42,9 @@ from dsa_bench.solutions import Solution
 from dsa_bench.workloads import Case, RunSettings, Workload, build_inputs, derive_seed
 
 REFERENCE_SOLUTION = "reference"
+#: what of the harness's environment a worker sees (nothing else: no tokens, no credentials)
+WORKER_ENV = ("PATH", "LD_LIBRARY_PATH", "LANG", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONUNBUFFERED", "CC", "CXX")
+WORKER_ENV_PREFIXES = ("LC_", "CUDA", "NVIDIA_", "NCCL_", "TORCH_", "PYTORCH_", "TRITON_", "OMP_", "MKL_", "OPENBLAS_", "DSA_BENCH_")
 #: no correct kernel moves its bytes at more than this many times the measured copy bandwidth
 FLOOR_BANDWIDTH_MARGIN = 2.0
 
@@ -117,7 +120,7 @@ class WorkerHandle:
         return "\n".join(text[-lines:])
 
     def _environment(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k in WORKER_ENV or k.startswith(WORKER_ENV_PREFIXES)}
         package_root = str(Path(dsa_bench.__file__).resolve().parent.parent)  # the same dsa_bench as the harness
         env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
         env["TORCH_EXTENSIONS_DIR"], env["TRITON_CACHE_DIR"], env["HOME"] = (str(p) for p in self.writable)
