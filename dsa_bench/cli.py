@@ -82,7 +82,8 @@ def run(
     """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from dsa_bench.project import find_root, resolve_solution, resolve_workload
+    from dsa_bench.files import safe_file_name
+    from dsa_bench.project import check_run_solutions, find_root, reference_solution, resolve_solution, resolve_workload
     from dsa_bench.results import ResultsFile, environment, failures, now_iso, records_table, sagged, summary_table
     from dsa_bench.runner import REFERENCE_SOLUTION, RunOptions, order_solutions, run_workload
     from dsa_bench.solutions import content_hash, discover
@@ -105,26 +106,29 @@ def run(
     if timer_name is not None and settings.input_sets < 2:
         raise DsaBenchError("timing needs --input-sets >= 2 so consecutive calls never see the same tensors")
     definition = wl.definition.name
-    reference = next((s for s in discover(root / "solutions") if s.name == REFERENCE_SOLUTION), None)
+    reference = reference_solution(root)
+    reference_folders = [root / "solutions" / REFERENCE_SOLUTION]
     if dataset is not None and (reference is None or definition not in reference.entries):
         from dsa_bench.dataset import reference_solution_folder
         from dsa_bench.solutions import load_solution
 
         # a dataset definition dsa-bench has no reference solution of: run the JSON's own reference
         reference = load_solution(reference_solution_folder(wl.definition, root / ".cache" / "dsa-bench"))
+        reference_folders.append(reference.path)
     if solution:
         chosen = [reference if dataset is not None and s == REFERENCE_SOLUTION else resolve_solution(s, root) for s in solution]
         for s in chosen:
             s.entry_for(definition)
     else:
         chosen = [s for s in discover(root / "solutions") if definition in s.entries]
+    check_run_solutions(chosen, reference_folders)
     if timer_name is not None and reference is None:
         raise DsaBenchError(f"timing needs the reference solution at {root / 'solutions' / REFERENCE_SOLUTION}")
     chosen = order_solutions(chosen, timer_name is not None, reference)
     if not chosen:
         raise DsaBenchError(f"no solution implements {definition}")
 
-    save_path = None if no_save else (save or root / "results" / f"{wl.name}-{now_iso().replace(':', '')}.json")
+    save_path = None if no_save else (save or root / "results" / f"{safe_file_name(wl.name)}-{now_iso().replace(':', '')}.json")
     options = RunOptions(
         device=dev,
         settings=settings,
@@ -278,11 +282,8 @@ def pack(
 
     from dsa_bench.packing import pack_solution, verify_packed
     from dsa_bench.project import find_root
-    from dsa_bench.solutions import load_solution
 
-    solution = load_solution(folder)
-    out_dir = out if out is not None else Path("packed") / solution.name
-    packed = pack_solution(folder, out_dir, definition or None)
+    packed = pack_solution(folder, out, definition or None)
     for item in packed:
         sources = item.document["sources"]
         typer.echo(f"{item.path}: {item.definition} -> {item.document['spec']['entry_point']} ({item.document['spec']['language']}), "

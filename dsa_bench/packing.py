@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.files import read_json
+from dsa_bench.files import read_json, safe_file_name
 from dsa_bench.solutions import MANIFEST, Solution, SolutionEntry, load_solution, solution_files
 
 #: Languages of the flashinfer-bench schema (dsa-bench itself runs python, triton and cuda).
@@ -283,16 +283,20 @@ def pack_entry(solution: Solution, definition: str) -> PackedEntry:
     return PackedEntry(definition, document, reasons, external, left_out, empty)
 
 
-def pack_solution(folder: Path, out_dir: Path, definitions: list[str] | None = None) -> list[PackedEntry]:
-    """Pack every entry (or the named ones) of a solution folder into ``out_dir/<name>.json``."""
+def pack_solution(folder: Path, out_dir: Path | None = None, definitions: list[str] | None = None) -> list[PackedEntry]:
+    """Pack every entry (or the named ones) of a solution folder into ``out_dir/<name>.json``
+    (default ``out_dir``: ``packed/<solution name>/``). Names become file names through
+    :func:`~dsa_bench.files.safe_file_name`, so no name can place a file outside ``out_dir``."""
     solution = load_solution(folder)
     chosen = definitions or list(solution.entries)
     for name in chosen:
         solution.entry_for(name)
     packed = [pack_entry(solution, name) for name in chosen]
+    if out_dir is None:
+        out_dir = Path("packed") / safe_file_name(solution.name)
     out_dir.mkdir(parents=True, exist_ok=True)
     for item in packed:
-        item.path = out_dir / f"{item.name}.json"
+        item.path = out_dir / f"{safe_file_name(item.name)}.json"
         item.path.write_text(json.dumps(item.document, indent=2) + "\n")
     return packed
 

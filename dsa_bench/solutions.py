@@ -35,6 +35,8 @@ from dsa_bench.files import read_yaml
 
 MANIFEST = "solution.yaml"
 LANGUAGES = ("python", "triton", "cuda")
+#: The name reserved for the project's reference solution (see project.check_run_solutions).
+REFERENCE_SOLUTION = "reference"
 
 
 @dataclass(frozen=True)
@@ -84,8 +86,13 @@ def load_solution(folder: Path) -> Solution:
     if not isinstance(entries_raw, dict) or not entries_raw:
         raise DsaBenchError("field 'entries' must map at least one definition name to its entry", where)
     entries = {name: _parse_entry(name, raw, folder, where) for name, raw in entries_raw.items()}
+    name = data.get("name")
+    if name is None:
+        name = folder.resolve().name
+    elif not isinstance(name, str) or not name.strip() or not name.isprintable():
+        raise DsaBenchError(f"field 'name' must be a non-empty string of printable characters, got {name!r}", where)
     return Solution(
-        name=str(data.get("name") or folder.name),
+        name=name,
         path=folder.resolve(),
         author=str(data.get("author", "")),
         description=str(data.get("description", "")),
