@@ -1,5 +1,5 @@
 """Reading the user's JSON, JSONL and YAML files with errors that name the file and line; names
-turned into file names."""
+turned into file names, and paths kept inside their folders."""
 
 from __future__ import annotations
 
@@ -75,3 +75,13 @@ def safe_file_name(name: str) -> str:
     if not cleaned or cleaned[0] in ".-":
         cleaned = "_" + cleaned[1:]
     return f"{cleaned}-{digest}"
+
+
+def path_inside(folder: Path, relative: str, field: str, where: str) -> Path:
+    """``folder / relative`` resolved (symbolic links followed); a path that leaves ``folder``
+    (``..``, an absolute path, a link pointing out) raises, naming ``where`` and ``field``."""
+    base = folder.resolve()
+    target = (base / relative).resolve()
+    if not target.is_relative_to(base):
+        raise DsaBenchError(f"{field}: path {relative!r} resolves to {target}, outside {base}", where)
+    return target

@@ -125,9 +125,9 @@ def _parse_entry(definition: str, raw: Any, folder: Path, where: str) -> Solutio
     if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
         raise DsaBenchError(f"{label}.sources must be a list of file paths", where)
     for rel in [file, *sources]:
-        target = (folder / rel).resolve()
+        target = (folder / rel).resolve()  # symbolic links are followed: a link out of the folder is outside
         if not target.is_relative_to(folder.resolve()):
-            raise DsaBenchError(f"{label}: {rel!r} lies outside the solution folder", where)
+            raise DsaBenchError(f"{label}: {rel!r} lies outside the solution folder (it resolves to {target})", where)
         if not target.is_file():
             raise DsaBenchError(f"{label}: file {rel!r} does not exist in {folder}", where)
     return SolutionEntry(definition, file, function, language, dps, tuple(sources))

@@ -26,7 +26,7 @@ import torch
 from dsa_bench.definitions import get_definition
 from dsa_bench.definitions.base import Definition, InputRng, Tolerance, Value
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.files import read_jsonl, read_yaml
+from dsa_bench.files import path_inside, read_jsonl, read_yaml
 
 INPUT_KINDS = ("random", "explicit", "scalar", "safetensors")
 
@@ -218,7 +218,7 @@ def _parse_source(raw: Any, field_name: str, where: str, base_dir: Path) -> Inpu
     path, key = raw.get("path"), raw.get("tensor_key")
     if not isinstance(path, str) or not isinstance(key, str):
         raise DsaBenchError(f"{field_name} needs string fields 'path' and 'tensor_key'", where)
-    return InputSource("safetensors", path=(base_dir / path).resolve(), tensor_key=key)
+    return InputSource("safetensors", path=path_inside(base_dir, path, f"{field_name}.path", where), tensor_key=key)
 
 
 # --------------------------------------------------------------------------- inputs
