@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
+import math
 import sys
 from pathlib import Path
 from typing import Optional
@@ -51,6 +52,25 @@ def _pick_device(name: str):
     return device
 
 
+#: Longest --case-timeout and --compile-timeout, in seconds: a day (longer is a typo, not a plan).
+MAX_TIMEOUT_S = 86400.0
+
+
+def _check_setting_options(options: dict[str, int | None]) -> None:
+    """Refuse a bad run-setting override (``--input-sets 0``) before anything is loaded."""
+    from dsa_bench.workloads import setting_problem
+
+    for option, value in options.items():
+        problem = None if value is None else setting_problem(option.removeprefix("--").replace("-", "_"), value)
+        if problem is not None:
+            raise DsaBenchError(f"{option} {value}: {problem}")
+
+
+def _check_timeout(option: str, seconds: float) -> None:
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+        raise DsaBenchError(f"{option} {seconds:g}: expected a finite number of seconds > 0 and <= {MAX_TIMEOUT_S:g}")
+
+
 def _select_cases(workload, patterns: list[str]):
     if not patterns:
         return list(workload.cases)
@@ -90,6 +110,9 @@ def run(
     from dsa_bench.timing import check_l2_flush, choose_timer
 
     check_l2_flush(l2_flush)
+    _check_setting_options({"--seed": seed, "--input-sets": input_sets, "--warmup": warmup, "--iterations": iterations, "--trials": trials})
+    _check_timeout("--case-timeout", case_timeout)
+    _check_timeout("--compile-timeout", compile_timeout)
     root = find_root()
     if dataset is None:
         wl = resolve_workload(workload, root)

@@ -17,6 +17,7 @@ and reports problems as ``file:line: field: what was expected``.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -83,8 +84,38 @@ class Workload:
 
 # --------------------------------------------------------------------------- loading
 
-_SETTING_TYPES = {"seed": int, "input_sets": int, "warmup": int, "iterations": int, "trials": int}
-_TOLERANCE_TYPES = {"atol": float, "rtol": float, "score_rtol": float}
+#: Inclusive bounds of the integer run settings. Below the minimum a run checks or times
+#: nothing; above the maximum it would run for days (or hold memory) for no better figure.
+COUNT_BOUNDS: dict[str, tuple[int, int]] = {
+    "seed": (0, 2**63 - 1),
+    "input_sets": (1, 64),
+    "warmup": (0, 100_000),
+    "iterations": (1, 100_000),
+    "trials": (1, 100),
+}
+TOLERANCES = ("atol", "rtol", "score_rtol")
+
+
+def setting_problem(key: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for run setting ``key`` ("expected ..."), or None if it is fine."""
+    if key in COUNT_BOUNDS:
+        low, high = COUNT_BOUNDS[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"expected an integer in [{low}, {high}]"
+        if value < low:
+            return f"expected an integer >= {low}"
+        if value > high:
+            return f"expected an integer <= {high}"
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "expected a finite number >= 0"
+    try:
+        number = float(value)
+    except OverflowError:  # an integer too large for a float
+        return "expected a finite number >= 0"
+    if not math.isfinite(number) or number < 0:
+        return "expected a finite number >= 0"
+    return None
 
 
 def load_workload(path: Path) -> Workload:
@@ -100,7 +131,7 @@ def load_workload(path: Path) -> Workload:
         if not isinstance(data.get(key), str):
             raise DsaBenchError(f"field {key!r} must be a string", where)
     definition = get_definition(data["definition"])
-    settings = parse_settings(data.get("settings") or {}, where)
+    settings = parse_settings({} if data.get("settings") is None else data["settings"], where)
     trace_path = (path.parent / data["trace"]).resolve()
     cases = load_trace(trace_path, definition)
     return Workload(
@@ -115,20 +146,22 @@ def load_workload(path: Path) -> Workload:
 
 
 def parse_settings(raw: Any, where: str) -> RunSettings:
+    """A workload's ``settings`` mapping, every value checked (see :func:`setting_problem`)."""
     if not isinstance(raw, dict):
         raise DsaBenchError("field 'settings' must be a mapping", where)
     values: dict[str, Any] = {}
     tol: dict[str, float] = {}
     for key, value in raw.items():
-        kind = _SETTING_TYPES.get(key) or _TOLERANCE_TYPES.get(key)
-        if kind is None:
-            known = sorted([*_SETTING_TYPES, *_TOLERANCE_TYPES])
+        if key not in COUNT_BOUNDS and key not in TOLERANCES:
+            known = sorted([*COUNT_BOUNDS, *TOLERANCES])
             raise DsaBenchError(f"unknown setting {key!r}; known settings: {', '.join(known)}", where)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-            raise DsaBenchError(f"setting {key!r} must be {'an integer' if kind is int else 'a number'}, got {value!r}", where)
-        if value < 0 or (key in ("input_sets", "iterations", "trials") and value < 1):
-            raise DsaBenchError(f"setting {key!r} = {value} is out of range", where)
-        (tol if key in _TOLERANCE_TYPES else values)[key] = kind(value)
+        problem = setting_problem(key, value)
+        if problem is not None:
+            raise DsaBenchError(f"settings.{key} = {value!r}: {problem}", where)
+        if key in TOLERANCES:
+            tol[key] = float(value)
+        else:
+            values[key] = value
     return RunSettings(**values, tolerance=Tolerance(**tol))
 
 
