@@ -19,13 +19,14 @@ from __future__ import annotations
 import hashlib
 import math
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
 from dsa_bench.definitions import get_definition
-from dsa_bench.definitions.base import Definition, InputRng, Tolerance, Value
+from dsa_bench.definitions.base import DTYPE_NAMES, Definition, InputRng, Tolerance, Value
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import path_inside, read_jsonl, read_yaml
 
@@ -94,6 +95,10 @@ COUNT_BOUNDS: dict[str, tuple[int, int]] = {
     "trials": (1, 100),
 }
 TOLERANCES = ("atol", "rtol", "score_rtol")
+#: Largest inputs plus outputs of one input set of a case, in bytes. The largest shipped case
+#: needs about 0.7 GB; a trace asking for more is a typo, which would otherwise surface as an
+#: allocation failure (or a machine swapping) instead of a message about the trace.
+MAX_INPUT_SET_BYTES = 64 * 2**30
 
 
 def setting_problem(key: str, value: Any) -> str | None:
@@ -190,6 +195,7 @@ def parse_case(record: Any, definition: Definition, where: str, base_dir: Path) 
     if not isinstance(case_id, str) or not case_id:
         raise DsaBenchError("field 'id' must be a non-empty string", where)
     axes = _parse_axes(record.get("axes"), definition, where)
+    check_case_size(definition, definition.axes(axes), case_id, where)
     raw_inputs = record.get("inputs", {})
     if not isinstance(raw_inputs, dict):
         raise DsaBenchError("field 'inputs' must be an object", where)
@@ -208,6 +214,26 @@ def parse_case(record: Any, definition: Definition, where: str, base_dir: Path) 
     if problems:
         raise DsaBenchError(f"case {case_id!r}: " + "; ".join(problems), where)
     return case
+
+
+def check_case_size(definition: Definition, axes: Mapping[str, int], case_id: str, where: str) -> None:
+    """Refuse a case whose inputs and outputs need more than :data:`MAX_INPUT_SET_BYTES`, before
+    anything is allocated; the message names the largest tensor."""
+    sizes = [(spec, math.prod(spec.concrete_shape(axes)) * spec.dtype.itemsize) for spec in (*definition.inputs, *definition.outputs) if not spec.is_scalar]
+    total = sum(size for _, size in sizes)
+    if total <= MAX_INPUT_SET_BYTES:
+        return
+    spec, size = max(sizes, key=lambda item: item[1])
+    raise DsaBenchError(
+        f"case {case_id!r}: one input set needs {_bytes(total)} ({Decimal(total) / 2**30:.3g} GiB) of inputs and outputs, "
+        f"more than the limit of {MAX_INPUT_SET_BYTES} bytes ({MAX_INPUT_SET_BYTES // 2**30} GiB); the largest is "
+        f"{spec.name} {spec.concrete_shape(axes) if size < 10**18 else spec.shape} {DTYPE_NAMES[spec.dtype]}: {_bytes(size)}",
+        where,
+    )
+
+
+def _bytes(count: int) -> str:
+    return f"{count} bytes" if count < 10**18 else f"{Decimal(count):.3e} bytes"
 
 
 def _parse_axes(raw: Any, definition: Definition, where: str) -> dict[str, int]:
