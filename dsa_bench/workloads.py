@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import torch
 
 from dsa_bench.definitions import get_definition
-from dsa_bench.definitions.base import DTYPE_NAMES, Definition, InputRng, Tolerance, Value
+from dsa_bench.definitions.base import DTYPE_NAMES, Definition, InputRng, Tolerance, Value, is_finite_number, is_integer
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import path_inside, read_jsonl, read_yaml
 
@@ -112,13 +112,7 @@ def setting_problem(key: str, value: Any) -> str | None:
         if value > high:
             return f"expected an integer <= {high}"
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return "expected a finite number >= 0"
-    try:
-        number = float(value)
-    except OverflowError:  # an integer too large for a float
-        return "expected a finite number >= 0"
-    if not math.isfinite(number) or number < 0:
+    if not is_finite_number(value) or value < 0:
         return "expected a finite number >= 0"
     return None
 
@@ -271,8 +265,8 @@ def _parse_source(raw: Any, field_name: str, where: str, base_dir: Path) -> Inpu
         return InputSource("explicit", values=raw["values"])
     if kind == "scalar":
         value = raw.get("value")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise DsaBenchError(f"{field_name}.value must be a number", where)
+        if not is_finite_number(value):
+            raise DsaBenchError(f"{field_name}.value must be a finite number, got {value!r}", where)
         return InputSource("scalar", value=value)
     path, key = raw.get("path"), raw.get("tensor_key")
     if not isinstance(path, str) or not isinstance(key, str):
@@ -306,6 +300,9 @@ def resolve_given(case: Case, definition: Definition, device: torch.device) -> d
         if src.kind == "scalar":
             raise DsaBenchError(f"{label} is a tensor input, not a scalar", case.where)
         if src.kind == "explicit":
+            problem = _explicit_value_problem(src.values, spec.dtype)
+            if problem is not None:
+                raise DsaBenchError(f"{label}.values {problem}", case.where)
             try:
                 tensor = torch.tensor(src.values, dtype=torch.float64 if spec.dtype.is_floating_point else torch.int64)
             except (TypeError, ValueError, RuntimeError) as exc:
@@ -326,6 +323,28 @@ def resolve_given(case: Case, definition: Definition, device: torch.device) -> d
             raise DsaBenchError(f"{label} has shape {tuple(tensor.shape)}, expected {want} from {spec.shape}", case.where)
         given[spec.name] = tensor.to(device)
     return given
+
+
+def _explicit_value_problem(values: Any, dtype: torch.dtype) -> str | None:
+    """What is wrong with an element of explicit ``values`` for a tensor of ``dtype``, or None.
+
+    Converting would otherwise truncate 1.5 to 1, read true as 1, and wrap an integer outside
+    the dtype (2**40 becomes a valid-looking 0 in int32).
+    """
+    integer = not dtype.is_floating_point
+    bounds = torch.iinfo(dtype) if integer else None
+    pending = [values]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, list):
+            pending.extend(value)
+        elif bounds is not None and not is_integer(value):
+            return f"holds {value!r}, not an integer ({DTYPE_NAMES[dtype]})"
+        elif bounds is not None and not bounds.min <= value <= bounds.max:
+            return f"holds {value}, outside the range of {DTYPE_NAMES[dtype]} [{bounds.min}, {bounds.max}]"
+        elif bounds is None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"holds {value!r}, not a number"
+    return None
 
 
 def derive_seed(*parts: Any) -> int:

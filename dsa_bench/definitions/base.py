@@ -196,6 +196,17 @@ def is_integer(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_finite_number(value: Any) -> bool:
+    """A number in a trace or settings file that is finite as a float (not a boolean, NaN,
+    infinity, or an integer too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
 def integer_param(params: Mapping[str, Any], label: str, key: str, default: int | None, problems: list[str]) -> int | None:
     """``params[key]``, or ``default`` when absent; anything but an integer adds a problem and gives None."""
     if key not in params:

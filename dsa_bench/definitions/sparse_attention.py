@@ -158,8 +158,8 @@ def validate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mappin
             if torch.unique(valid).numel() != valid.numel():
                 problems.append(f"sparse_indices[{t}] lists a token id twice")
     scale = given.get("sm_scale")
-    if scale is not None and not (math.isfinite(float(scale)) and float(scale) > 0):
-        problems.append(f"sm_scale = {scale!r} must be a positive finite number")
+    if scale is not None and not 0 < float(scale) <= torch.finfo(torch.float32).max:
+        problems.append(f"sm_scale = {scale!r} must be a positive number, finite in float32")
     return problems
 
 
