@@ -53,11 +53,11 @@ from dsa_bench.definitions.base import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import read_json
 from dsa_bench.results import RESULTS_FORMAT, CaseRecord, now_iso
+from dsa_bench.solutions import REFERENCE_SOLUTION
 
 BASELINE_FORMAT = "dsa-bench-baseline"
 BASELINE_VERSION = 1
 DEFAULT_THRESHOLD = 0.05
-REFERENCE_SOLUTION = "reference"
 
 
 # --------------------------------------------------------------------------- results files

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import math
 import signal
 import sys
 from pathlib import Path
@@ -52,6 +53,25 @@ def _pick_device(name: str):
     return device
 
 
+#: Longest --case-timeout and --compile-timeout, in seconds: a day (longer is a typo, not a plan).
+MAX_TIMEOUT_S = 86400.0
+
+
+def _check_setting_options(options: dict[str, int | None]) -> None:
+    """Refuse a bad run-setting override (``--input-sets 0``) before anything is loaded."""
+    from dsa_bench.workloads import setting_problem
+
+    for option, value in options.items():
+        problem = None if value is None else setting_problem(option.removeprefix("--").replace("-", "_"), value)
+        if problem is not None:
+            raise DsaBenchError(f"{option} {value}: {problem}")
+
+
+def _check_timeout(option: str, seconds: float) -> None:
+    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
+        raise DsaBenchError(f"{option} {seconds:g}: expected a finite number of seconds > 0 and <= {MAX_TIMEOUT_S:g}")
+
+
 def _select_cases(workload, patterns: list[str]):
     if not patterns:
         return list(workload.cases)
@@ -84,16 +104,20 @@ def run(
     """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from dsa_bench.files import safe_file_name
     from dsa_bench.isolation import WORKER_USER_MODES
-    from dsa_bench.project import find_root, resolve_solution, resolve_workload
+    from dsa_bench.project import check_run_solutions, find_root, reference_solution, resolve_solution, resolve_workload
     from dsa_bench.results import ResultsFile, environment, failures, now_iso, records_table, sagged, summary_table
-    from dsa_bench.runner import REFERENCE_SOLUTION, Interrupted, RunOptions, order_solutions, run_workload, worker_identities
-    from dsa_bench.solutions import content_hash, discover
+    from dsa_bench.runner import Interrupted, RunOptions, order_solutions, run_workload, worker_identities
+    from dsa_bench.solutions import REFERENCE_SOLUTION, content_hash, discover
     from dsa_bench.timing import check_l2_flush, choose_timer, measure_copy_bandwidth
 
     check_l2_flush(l2_flush)
     if worker_user not in WORKER_USER_MODES:
         raise DsaBenchError(f"--worker-user {worker_user!r}: expected one of {', '.join(WORKER_USER_MODES)}")
+    _check_setting_options({"--seed": seed, "--input-sets": input_sets, "--warmup": warmup, "--iterations": iterations, "--trials": trials})
+    _check_timeout("--case-timeout", case_timeout)
+    _check_timeout("--compile-timeout", compile_timeout)
     root = find_root()
     if dataset is None:
         wl = resolve_workload(workload, root)
@@ -110,26 +134,29 @@ def run(
     if timer_name is not None and settings.input_sets < 2:
         raise DsaBenchError("timing needs --input-sets >= 2 so consecutive calls never see the same tensors")
     definition = wl.definition.name
-    reference = next((s for s in discover(root / "solutions") if s.name == REFERENCE_SOLUTION), None)
+    reference = reference_solution(root)
+    reference_folders = [root / "solutions" / REFERENCE_SOLUTION]
     if dataset is not None and (reference is None or definition not in reference.entries):
         from dsa_bench.dataset import reference_solution_folder
         from dsa_bench.solutions import load_solution
 
         # a dataset definition dsa-bench has no reference solution of: run the JSON's own reference
         reference = load_solution(reference_solution_folder(wl.definition, root / ".cache" / "dsa-bench"))
+        reference_folders.append(reference.path)
     if solution:
         chosen = [reference if dataset is not None and s == REFERENCE_SOLUTION else resolve_solution(s, root) for s in solution]
         for s in chosen:
             s.entry_for(definition)
     else:
         chosen = [s for s in discover(root / "solutions") if definition in s.entries]
+    check_run_solutions(chosen, reference_folders)
     if timer_name is not None and reference is None:
         raise DsaBenchError(f"timing needs the reference solution at {root / 'solutions' / REFERENCE_SOLUTION}")
     chosen = order_solutions(chosen, timer_name is not None, reference)
     if not chosen:
         raise DsaBenchError(f"no solution implements {definition}")
 
-    save_path = None if no_save else (save or root / "results" / f"{wl.name}-{now_iso().replace(':', '')}.json")
+    save_path = None if no_save else (save or root / "results" / f"{safe_file_name(wl.name)}-{now_iso().replace(':', '')}.json")
     options = RunOptions(
         device=dev,
         settings=settings,
@@ -306,11 +333,8 @@ def pack(
 
     from dsa_bench.packing import pack_solution, verify_packed
     from dsa_bench.project import find_root
-    from dsa_bench.solutions import load_solution
 
-    solution = load_solution(folder)
-    out_dir = out if out is not None else Path("packed") / solution.name
-    packed = pack_solution(folder, out_dir, definition or None)
+    packed = pack_solution(folder, out, definition or None)
     for item in packed:
         sources = item.document["sources"]
         typer.echo(f"{item.path}: {item.definition} -> {item.document['spec']['entry_point']} ({item.document['spec']['language']}), "

@@ -1,8 +1,11 @@
-"""Reading the user's JSON, JSONL and YAML files with errors that name the file and line."""
+"""Reading the user's JSON, JSONL and YAML files with errors that name the file and line; names
+turned into file names, and paths kept inside their folders."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +53,35 @@ def read_yaml(path: Path, kind: str) -> Any:
         raise DsaBenchError(f"malformed YAML: {getattr(exc, 'problem', exc)}", f"{path}{line}") from None
 
 
-def safe_file_name(name: str) -> str:
-    """``name`` as one safe path component (placeholder until the names work lands)."""
-    import hashlib
-    import re
+#: Longest file name :func:`safe_file_name` returns (well below the usual 255-byte limit, so a
+#: suffix such as ``.json`` or ``.log`` still fits).
+MAX_FILE_NAME = 96
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+_HASHED_TAIL = re.compile(r"-[0-9a-f]{16}$")
 
-    clean = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:80].strip(".") or "_"
-    return clean if clean == name else f"{clean}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+
+def safe_file_name(name: str) -> str:
+    """``name`` as one file name that stays in its folder: only ``[A-Za-z0-9._-]``, never empty,
+    ``.`` or ``..``, no leading ``.`` or ``-``, at most :data:`MAX_FILE_NAME` characters.
+
+    A name that already is such a file name is kept. Any other name has its other characters
+    replaced by ``_`` and a hash of the original appended (``-`` and 16 hex digits), so distinct
+    names stay distinct (a kept name never ends the way a hashed one does: such names are hashed too).
+    """
+    if _SAFE_NAME.fullmatch(name) and len(name) <= MAX_FILE_NAME and not _HASHED_TAIL.search(name):
+        return name
+    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", name)[: MAX_FILE_NAME - 17]
+    if not cleaned or cleaned[0] in ".-":
+        cleaned = "_" + cleaned[1:]
+    return f"{cleaned}-{digest}"
+
+
+def path_inside(folder: Path, relative: str, field: str, where: str) -> Path:
+    """``folder / relative`` resolved (symbolic links followed); a path that leaves ``folder``
+    (``..``, an absolute path, a link pointing out) raises, naming ``where`` and ``field``."""
+    base = folder.resolve()
+    target = (base / relative).resolve()
+    if not target.is_relative_to(base):
+        raise DsaBenchError(f"{field}: path {relative!r} resolves to {target}, outside {base}", where)
+    return target

@@ -37,7 +37,7 @@ from typing import Any
 import yaml
 
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.files import read_json
+from dsa_bench.files import path_inside, read_json, safe_file_name
 from dsa_bench.solutions import MANIFEST, Solution, SolutionEntry, load_solution, solution_files
 
 #: Languages of the flashinfer-bench schema (dsa-bench itself runs python, triton and cuda).
@@ -283,16 +283,20 @@ def pack_entry(solution: Solution, definition: str) -> PackedEntry:
     return PackedEntry(definition, document, reasons, external, left_out, empty)
 
 
-def pack_solution(folder: Path, out_dir: Path, definitions: list[str] | None = None) -> list[PackedEntry]:
-    """Pack every entry (or the named ones) of a solution folder into ``out_dir/<name>.json``."""
+def pack_solution(folder: Path, out_dir: Path | None = None, definitions: list[str] | None = None) -> list[PackedEntry]:
+    """Pack every entry (or the named ones) of a solution folder into ``out_dir/<name>.json``
+    (default ``out_dir``: ``packed/<solution name>/``). Names become file names through
+    :func:`~dsa_bench.files.safe_file_name`, so no name can place a file outside ``out_dir``."""
     solution = load_solution(folder)
     chosen = definitions or list(solution.entries)
     for name in chosen:
         solution.entry_for(name)
     packed = [pack_entry(solution, name) for name in chosen]
+    if out_dir is None:
+        out_dir = Path("packed") / safe_file_name(solution.name)
     out_dir.mkdir(parents=True, exist_ok=True)
     for item in packed:
-        item.path = out_dir / f"{item.name}.json"
+        item.path = out_dir / f"{safe_file_name(item.name)}.json"
         item.path.write_text(json.dumps(item.document, indent=2) + "\n")
     return packed
 
@@ -351,6 +355,8 @@ def check_solution_document(data: Any, where: str) -> None:
         pure = PurePosixPath(path)
         if pure.is_absolute() or ".." in pure.parts or "\\" in path:
             fail(f"sources[{i}]: path {path!r} must be relative, with '/' separators and no '..'")
+        if pure.as_posix() != path or not pure.parts:  # "a//b", "a/./b", "a/" and "." name a file ambiguously
+            fail(f"sources[{i}]: path {path!r} must be a plain relative file path such as 'dir/file.py'")
         if path in seen:
             fail(f"sources[{i}]: duplicate path {path!r}")
         seen.add(path)
@@ -359,6 +365,10 @@ def check_solution_document(data: Any, where: str) -> None:
                 ast.parse(source["content"], filename=path)
             except SyntaxError as exc:
                 fail(f"sources[{i}] ({path}) is not valid Python: {exc.msg} at line {exc.lineno}")
+    folders = {parent.as_posix() for path in seen for parent in PurePosixPath(path).parents}
+    clash = sorted(seen & folders)
+    if clash:
+        fail(f"source path {clash[0]!r} is both a file and the folder of other sources")
     entry_file = entry_point.split("::")[0]
     if entry_file not in seen:
         fail(f"entry file {entry_file!r} of spec.entry_point is not among the sources")
@@ -402,7 +412,7 @@ def unpack_solutions(json_paths: list[Path], dest: Path, force: bool = False, na
         raise DsaBenchError("destination exists and is not a folder", str(dest))
     if dest.is_dir() and any(dest.iterdir()) and not force:
         raise DsaBenchError("destination folder is not empty (use --force to write into it)", str(dest))
-    files: dict[str, tuple[str, Path]] = {}
+    files: dict[str, tuple[str, Path, int]] = {}  # path -> (content, packed file, index in its sources)
     entries: dict[str, dict[str, Any]] = {}
     for path, doc in documents:
         definition = doc["definition"]
@@ -413,11 +423,11 @@ def unpack_solutions(json_paths: list[Path], dest: Path, force: bool = False, na
             raise DsaBenchError(f"spec.language {spec['language']!r} is not one dsa-bench runs (python, triton, cuda)", str(path))
         if spec["language"] == "cuda" and spec.get("binding") not in (None, "torch"):
             raise DsaBenchError(f"spec.binding {spec['binding']!r}: dsa-bench builds CUDA entries as torch extensions", str(path))
-        for source in doc["sources"]:
+        for index, source in enumerate(doc["sources"]):
             earlier = files.get(source["path"])
             if earlier is not None and earlier[0] != source["content"]:
                 raise DsaBenchError(f"{source['path']} differs from the copy in {earlier[1]}", str(path))
-            files[source["path"]] = (source["content"], path)
+            files[source["path"]] = (source["content"], path, index)
         entry_file = spec["entry_point"].split("::")[0]
         others = [s["path"] for s in doc["sources"] if s["path"] != entry_file]
         if spec["language"] == "cuda":  # only separate translation units are compiled with the entry
@@ -444,14 +454,25 @@ def unpack_solutions(json_paths: list[Path], dest: Path, force: bool = False, na
     }
     if MANIFEST in files:
         raise DsaBenchError(f"a packed source is named {MANIFEST}, which unpacking writes itself", str(files[MANIFEST][1]))
+    merged_folders = {parent.as_posix() for rel in files for parent in PurePosixPath(rel).parents}
+    clash = sorted(set(files) & merged_folders)
+    if clash:
+        raise DsaBenchError(f"source path {clash[0]!r} is a file here and the folder of another packed file's sources", str(files[clash[0]][1]))
     dest.mkdir(parents=True, exist_ok=True)
     root = dest.resolve()
-    for rel, (content, origin) in files.items():
-        target = (root / rel).resolve()
-        if not target.is_relative_to(root):
-            raise DsaBenchError(f"source path {rel!r} leaves the destination folder", str(origin))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content)
+    targets = {}
+    for rel, (_, origin, index) in files.items():
+        # every path is checked before anything is written; resolving follows symbolic links, so a
+        # link in a --force destination cannot lead out of it
+        target = path_inside(root, rel, f"sources[{index}].path", str(origin))
+        in_the_way = [target] if target.is_dir() else []  # a folder where the file goes, or a file where a folder goes
+        in_the_way += [p for p in target.parents if p.is_relative_to(root) and p.exists() and not p.is_dir()]
+        if in_the_way:
+            raise DsaBenchError(f"sources[{index}].path: {rel!r} cannot be written: {in_the_way[0]} is in the way", str(origin))
+        targets[rel] = target
+    for rel, (content, _, _) in files.items():
+        targets[rel].parent.mkdir(parents=True, exist_ok=True)
+        targets[rel].write_text(content)
     (root / MANIFEST).write_text(yaml.safe_dump(manifest, sort_keys=False))
     return root
 

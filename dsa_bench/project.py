@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.solutions import MANIFEST, Solution, discover, load_solution
+from dsa_bench.solutions import MANIFEST, REFERENCE_SOLUTION, Solution, discover, load_solution
 from dsa_bench.workloads import Workload, load_workload
 
 
@@ -50,3 +50,39 @@ def resolve_solution(name_or_path: str, root: Path) -> Solution:
         known = ", ".join(s.name for s in discover(root / "solutions")) or "(none)"
         raise DsaBenchError(f"unknown solution {name_or_path!r}; solutions in {root / 'solutions'}: {known}")
     return load_solution(candidate)
+
+
+def reference_solution(root: Path) -> Solution | None:
+    """The project's reference solution, ``solutions/reference``, if the project has one."""
+    folder = root / "solutions" / REFERENCE_SOLUTION
+    if not (folder / MANIFEST).is_file():
+        return None
+    solution = load_solution(folder)
+    if solution.name != REFERENCE_SOLUTION:
+        raise DsaBenchError(f"the project's reference solution must be named {REFERENCE_SOLUTION!r}, not {solution.name!r}", str(folder / MANIFEST))
+    return solution
+
+
+def check_run_solutions(solutions: list[Solution], reference_folders: list[Path]) -> None:
+    """Refuse solutions a run cannot tell apart: two with one name (their results, logs and
+    workers would mix), or one named ``reference`` from a folder that is not a reference's
+    (its results would stand for the reference's). ``reference_folders``: the folders whose
+    solution may be named ``reference`` (the project's, and a dataset run's generated one)."""
+    allowed = {folder.resolve() for folder in reference_folders}
+    seen: dict[str, Solution] = {}
+    for solution in solutions:
+        if solution.name == REFERENCE_SOLUTION and solution.path.resolve() not in allowed:
+            folders = " or ".join(str(f) for f in sorted(allowed))
+            raise DsaBenchError(
+                f"the solution name {REFERENCE_SOLUTION!r} is reserved for the project's reference solution ({folders}); "
+                f"give this solution another name in its manifest",
+                str(solution.path / MANIFEST),
+            )
+        earlier = seen.get(solution.name)
+        if earlier is not None:
+            if earlier.path == solution.path:
+                raise DsaBenchError(f"solution {solution.name!r} ({solution.path}) is given twice")
+            raise DsaBenchError(
+                f"two solutions are named {solution.name!r}: {earlier.path} and {solution.path}; names must be unique within a run"
+            )
+        seen[solution.name] = solution

@@ -38,10 +38,9 @@ from dsa_bench.protocol import (
     value_bytes,
 )
 from dsa_bench.results import CaseRecord, ResultsFile, Timing
-from dsa_bench.solutions import Solution
+from dsa_bench.solutions import REFERENCE_SOLUTION, Solution
 from dsa_bench.workloads import Case, RunSettings, Workload, build_inputs, derive_seed
 
-REFERENCE_SOLUTION = "reference"
 #: what of the harness's environment a worker sees (nothing else: no tokens, no credentials)
 WORKER_ENV = ("PATH", "LD_LIBRARY_PATH", "LANG", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONUNBUFFERED", "CC", "CXX")
 WORKER_ENV_PREFIXES = ("LC_", "CUDA", "NVIDIA_", "NCCL_", "TORCH_", "PYTORCH_", "TRITON_", "OMP_", "MKL_", "OPENBLAS_", "DSA_BENCH_")

@@ -35,6 +35,8 @@ from dsa_bench.files import read_yaml
 
 MANIFEST = "solution.yaml"
 LANGUAGES = ("python", "triton", "cuda")
+#: The name reserved for the project's reference solution (see project.check_run_solutions).
+REFERENCE_SOLUTION = "reference"
 
 
 @dataclass(frozen=True)
@@ -84,8 +86,13 @@ def load_solution(folder: Path) -> Solution:
     if not isinstance(entries_raw, dict) or not entries_raw:
         raise DsaBenchError("field 'entries' must map at least one definition name to its entry", where)
     entries = {name: _parse_entry(name, raw, folder, where) for name, raw in entries_raw.items()}
+    name = data.get("name")
+    if name is None:
+        name = folder.resolve().name
+    elif not isinstance(name, str) or not name.strip() or not name.isprintable():
+        raise DsaBenchError(f"field 'name' must be a non-empty string of printable characters, got {name!r}", where)
     return Solution(
-        name=str(data.get("name") or folder.name),
+        name=name,
         path=folder.resolve(),
         author=str(data.get("author", "")),
         description=str(data.get("description", "")),
@@ -118,9 +125,9 @@ def _parse_entry(definition: str, raw: Any, folder: Path, where: str) -> Solutio
     if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
         raise DsaBenchError(f"{label}.sources must be a list of file paths", where)
     for rel in [file, *sources]:
-        target = (folder / rel).resolve()
+        target = (folder / rel).resolve()  # symbolic links are followed: a link out of the folder is outside
         if not target.is_relative_to(folder.resolve()):
-            raise DsaBenchError(f"{label}: {rel!r} lies outside the solution folder", where)
+            raise DsaBenchError(f"{label}: {rel!r} lies outside the solution folder (it resolves to {target})", where)
         if not target.is_file():
             raise DsaBenchError(f"{label}: file {rel!r} does not exist in {folder}", where)
     return SolutionEntry(definition, file, function, language, dps, tuple(sources))

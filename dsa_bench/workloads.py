@@ -17,16 +17,18 @@ and reports problems as ``file:line: field: what was expected``.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Mapping
 
 import torch
 
 from dsa_bench.definitions import get_definition
-from dsa_bench.definitions.base import Definition, InputRng, Tolerance, Value
+from dsa_bench.definitions.base import DTYPE_NAMES, Definition, InputRng, Tolerance, Value, is_finite_number, is_integer
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.files import read_jsonl, read_yaml
+from dsa_bench.files import path_inside, read_jsonl, read_yaml
 
 INPUT_KINDS = ("random", "explicit", "scalar", "safetensors")
 
@@ -83,8 +85,36 @@ class Workload:
 
 # --------------------------------------------------------------------------- loading
 
-_SETTING_TYPES = {"seed": int, "input_sets": int, "warmup": int, "iterations": int, "trials": int}
-_TOLERANCE_TYPES = {"atol": float, "rtol": float, "score_rtol": float}
+#: Inclusive bounds of the integer run settings. Below the minimum a run checks or times
+#: nothing; above the maximum it would run for days (or hold memory) for no better figure.
+COUNT_BOUNDS: dict[str, tuple[int, int]] = {
+    "seed": (0, 2**63 - 1),
+    "input_sets": (1, 64),
+    "warmup": (0, 100_000),
+    "iterations": (1, 100_000),
+    "trials": (1, 100),
+}
+TOLERANCES = ("atol", "rtol", "score_rtol")
+#: Largest inputs plus outputs of one input set of a case, in bytes. The largest shipped case
+#: needs about 0.7 GB; a trace asking for more is a typo, which would otherwise surface as an
+#: allocation failure (or a machine swapping) instead of a message about the trace.
+MAX_INPUT_SET_BYTES = 64 * 2**30
+
+
+def setting_problem(key: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for run setting ``key`` ("expected ..."), or None if it is fine."""
+    if key in COUNT_BOUNDS:
+        low, high = COUNT_BOUNDS[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"expected an integer in [{low}, {high}]"
+        if value < low:
+            return f"expected an integer >= {low}"
+        if value > high:
+            return f"expected an integer <= {high}"
+        return None
+    if not is_finite_number(value) or value < 0:
+        return "expected a finite number >= 0"
+    return None
 
 
 def load_workload(path: Path) -> Workload:
@@ -100,7 +130,7 @@ def load_workload(path: Path) -> Workload:
         if not isinstance(data.get(key), str):
             raise DsaBenchError(f"field {key!r} must be a string", where)
     definition = get_definition(data["definition"])
-    settings = parse_settings(data.get("settings") or {}, where)
+    settings = parse_settings({} if data.get("settings") is None else data["settings"], where)
     trace_path = (path.parent / data["trace"]).resolve()
     cases = load_trace(trace_path, definition)
     return Workload(
@@ -115,20 +145,22 @@ def load_workload(path: Path) -> Workload:
 
 
 def parse_settings(raw: Any, where: str) -> RunSettings:
+    """A workload's ``settings`` mapping, every value checked (see :func:`setting_problem`)."""
     if not isinstance(raw, dict):
         raise DsaBenchError("field 'settings' must be a mapping", where)
     values: dict[str, Any] = {}
     tol: dict[str, float] = {}
     for key, value in raw.items():
-        kind = _SETTING_TYPES.get(key) or _TOLERANCE_TYPES.get(key)
-        if kind is None:
-            known = sorted([*_SETTING_TYPES, *_TOLERANCE_TYPES])
+        if key not in COUNT_BOUNDS and key not in TOLERANCES:
+            known = sorted([*COUNT_BOUNDS, *TOLERANCES])
             raise DsaBenchError(f"unknown setting {key!r}; known settings: {', '.join(known)}", where)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
-            raise DsaBenchError(f"setting {key!r} must be {'an integer' if kind is int else 'a number'}, got {value!r}", where)
-        if value < 0 or (key in ("input_sets", "iterations", "trials") and value < 1):
-            raise DsaBenchError(f"setting {key!r} = {value} is out of range", where)
-        (tol if key in _TOLERANCE_TYPES else values)[key] = kind(value)
+        problem = setting_problem(key, value)
+        if problem is not None:
+            raise DsaBenchError(f"settings.{key} = {value!r}: {problem}", where)
+        if key in TOLERANCES:
+            tol[key] = float(value)
+        else:
+            values[key] = value
     return RunSettings(**values, tolerance=Tolerance(**tol))
 
 
@@ -157,6 +189,7 @@ def parse_case(record: Any, definition: Definition, where: str, base_dir: Path) 
     if not isinstance(case_id, str) or not case_id:
         raise DsaBenchError("field 'id' must be a non-empty string", where)
     axes = _parse_axes(record.get("axes"), definition, where)
+    check_case_size(definition, definition.axes(axes), case_id, where)
     raw_inputs = record.get("inputs", {})
     if not isinstance(raw_inputs, dict):
         raise DsaBenchError("field 'inputs' must be an object", where)
@@ -175,6 +208,26 @@ def parse_case(record: Any, definition: Definition, where: str, base_dir: Path) 
     if problems:
         raise DsaBenchError(f"case {case_id!r}: " + "; ".join(problems), where)
     return case
+
+
+def check_case_size(definition: Definition, axes: Mapping[str, int], case_id: str, where: str) -> None:
+    """Refuse a case whose inputs and outputs need more than :data:`MAX_INPUT_SET_BYTES`, before
+    anything is allocated; the message names the largest tensor."""
+    sizes = [(spec, math.prod(spec.concrete_shape(axes)) * spec.dtype.itemsize) for spec in (*definition.inputs, *definition.outputs) if not spec.is_scalar]
+    total = sum(size for _, size in sizes)
+    if total <= MAX_INPUT_SET_BYTES:
+        return
+    spec, size = max(sizes, key=lambda item: item[1])
+    raise DsaBenchError(
+        f"case {case_id!r}: one input set needs {_bytes(total)} ({Decimal(total) / 2**30:.3g} GiB) of inputs and outputs, "
+        f"more than the limit of {MAX_INPUT_SET_BYTES} bytes ({MAX_INPUT_SET_BYTES // 2**30} GiB); the largest is "
+        f"{spec.name} {spec.concrete_shape(axes) if size < 10**18 else spec.shape} {DTYPE_NAMES[spec.dtype]}: {_bytes(size)}",
+        where,
+    )
+
+
+def _bytes(count: int) -> str:
+    return f"{count} bytes" if count < 10**18 else f"{Decimal(count):.3e} bytes"
 
 
 def _parse_axes(raw: Any, definition: Definition, where: str) -> dict[str, int]:
@@ -212,13 +265,13 @@ def _parse_source(raw: Any, field_name: str, where: str, base_dir: Path) -> Inpu
         return InputSource("explicit", values=raw["values"])
     if kind == "scalar":
         value = raw.get("value")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise DsaBenchError(f"{field_name}.value must be a number", where)
+        if not is_finite_number(value):
+            raise DsaBenchError(f"{field_name}.value must be a finite number, got {value!r}", where)
         return InputSource("scalar", value=value)
     path, key = raw.get("path"), raw.get("tensor_key")
     if not isinstance(path, str) or not isinstance(key, str):
         raise DsaBenchError(f"{field_name} needs string fields 'path' and 'tensor_key'", where)
-    return InputSource("safetensors", path=(base_dir / path).resolve(), tensor_key=key)
+    return InputSource("safetensors", path=path_inside(base_dir, path, f"{field_name}.path", where), tensor_key=key)
 
 
 # --------------------------------------------------------------------------- inputs
@@ -247,6 +300,9 @@ def resolve_given(case: Case, definition: Definition, device: torch.device) -> d
         if src.kind == "scalar":
             raise DsaBenchError(f"{label} is a tensor input, not a scalar", case.where)
         if src.kind == "explicit":
+            problem = _explicit_value_problem(src.values, spec.dtype)
+            if problem is not None:
+                raise DsaBenchError(f"{label}.values {problem}", case.where)
             try:
                 tensor = torch.tensor(src.values, dtype=torch.float64 if spec.dtype.is_floating_point else torch.int64)
             except (TypeError, ValueError, RuntimeError) as exc:
@@ -267,6 +323,28 @@ def resolve_given(case: Case, definition: Definition, device: torch.device) -> d
             raise DsaBenchError(f"{label} has shape {tuple(tensor.shape)}, expected {want} from {spec.shape}", case.where)
         given[spec.name] = tensor.to(device)
     return given
+
+
+def _explicit_value_problem(values: Any, dtype: torch.dtype) -> str | None:
+    """What is wrong with an element of explicit ``values`` for a tensor of ``dtype``, or None.
+
+    Converting would otherwise truncate 1.5 to 1, read true as 1, and wrap an integer outside
+    the dtype (2**40 becomes a valid-looking 0 in int32).
+    """
+    integer = not dtype.is_floating_point
+    bounds = torch.iinfo(dtype) if integer else None
+    pending = [values]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, list):
+            pending.extend(value)
+        elif bounds is not None and not is_integer(value):
+            return f"holds {value!r}, not an integer ({DTYPE_NAMES[dtype]})"
+        elif bounds is not None and not bounds.min <= value <= bounds.max:
+            return f"holds {value}, outside the range of {DTYPE_NAMES[dtype]} [{bounds.min}, {bounds.max}]"
+        elif bounds is None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            return f"holds {value!r}, not a number"
+    return None
 
 
 def derive_seed(*parts: Any) -> int:

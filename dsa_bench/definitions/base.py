@@ -175,3 +175,46 @@ def poison_(out: torch.Tensor) -> None:
     """Fill an output buffer with a value no correct kernel writes there."""
     out.fill_(math.nan if out.dtype.is_floating_point else INT_POISON)
 
+
+
+# --------------------------------------------------------------------------- generator parameters
+
+
+def unknown_params(params: Mapping[str, Mapping[str, Any]], known: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """Problems with generator parameters no generator reads. ``known`` maps an input name to
+    the parameters its generator takes; inputs it does not name take none."""
+    problems = []
+    for name, given in params.items():
+        takes = known.get(name, ())
+        for key in given:
+            if key not in takes:
+                accepted = f"its parameters are {', '.join(takes)}" if takes else "its generator takes none"
+                problems.append(f"{name}.params.{key} is not a generator parameter ({accepted})")
+    return problems
+
+
+def is_integer(value: Any) -> bool:
+    """An integer in a trace: a JSON integer, not a boolean or a float (nor NaN or infinity)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_finite_number(value: Any) -> bool:
+    """A number in a trace or settings file that is finite as a float (not a boolean, NaN,
+    infinity, or an integer too large for a float)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def integer_param(params: Mapping[str, Any], label: str, key: str, default: int | None, problems: list[str]) -> int | None:
+    """``params[key]``, or ``default`` when absent; anything but an integer adds a problem and gives None."""
+    if key not in params:
+        return default
+    value = params[key]
+    if not is_integer(value):
+        problems.append(f"{label}.params.{key} = {value!r} must be an integer")
+        return None
+    return value

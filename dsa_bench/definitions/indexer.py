@@ -22,6 +22,8 @@ from dsa_bench.definitions.base import (
     TensorSpec,
     Tolerance,
     Value,
+    integer_param,
+    unknown_params,
 )
 from dsa_bench.kv_formats import INDEXER_KEY_PAGE, quantize_fp8_per_token
 
@@ -164,37 +166,68 @@ def generate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mappin
     }
 
 
+#: The generator parameters each random input takes (the others take none).
+GENERATOR_PARAMS = {"seq_lens": ("min", "max"), "k_index_cache_fp8": ("distinct_keys",)}
+
+
 def validate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mapping[str, dict]) -> list[str]:
-    problems: list[str] = []
-    max_pages, num_pages = axes["max_num_pages"], axes["num_pages"]
+    """Everything in a case that would make input generation or the reference fail.
+
+    With random seq_lens the checks cover every length the parameters allow (up to ``max``), so
+    no seed can draw a case the block table or the page pool cannot serve.
+    """
+    problems = unknown_params(params, GENERATOR_PARAMS)
+    batch, max_pages, num_pages = axes["batch_size"], axes["max_num_pages"], axes["num_pages"]
     capacity = max_pages * PAGE_SIZE
-    p = params.get("seq_lens", {})
-    if "max" in p and int(p["max"]) > capacity:
-        problems.append(f"seq_lens.params.max = {p['max']} exceeds max_num_pages*{PAGE_SIZE} = {capacity}")
-    if "min" in p and int(p["min"]) < 0:
-        problems.append(f"seq_lens.params.min = {p['min']} is negative")
-    distinct = params.get("k_index_cache_fp8", {}).get("distinct_keys")
-    if distinct is not None and int(distinct) < 1:
-        problems.append(f"k_index_cache_fp8.params.distinct_keys = {distinct} must be >= 1")
-    lens = given["seq_lens"].tolist() if "seq_lens" in given else None
-    if lens is not None:
+    longest: int | None = None  # the largest seq_len the random parameters allow
+    if "seq_lens" not in given:
+        before = len(problems)
+        p = params.get("seq_lens", {})
+        lo = integer_param(p, "seq_lens", "min", 1, problems)
+        hi = integer_param(p, "seq_lens", "max", capacity, problems)
+        if lo is not None and lo < 0:
+            problems.append(f"seq_lens.params.min = {lo} is negative")
+        if hi is not None and hi > capacity:
+            problems.append(f"seq_lens.params.max = {hi} exceeds max_num_pages*{PAGE_SIZE} = {capacity}")
+        if lo is not None and hi is not None and lo > hi:
+            lo_text = f"min = {lo}" if "min" in p else f"min = {lo} (the default)"
+            hi_text = f"max = {hi}" if "max" in p else f"max = {hi} (the default, max_num_pages*{PAGE_SIZE})"
+            problems.append(f"seq_lens.params: {lo_text} is above {hi_text}")
+        if len(problems) == before:
+            longest = hi
+    distinct = integer_param(params.get("k_index_cache_fp8", {}), "k_index_cache_fp8", "distinct_keys", None, problems)
+    if distinct is not None and not 1 <= distinct <= num_pages * PAGE_SIZE:
+        problems.append(f"k_index_cache_fp8.params.distinct_keys = {distinct} must be in [1, num_pages*{PAGE_SIZE} = {num_pages * PAGE_SIZE}]")
+    if "seq_lens" in given:
+        lens = given["seq_lens"].tolist()
         for b, n in enumerate(lens):
             if n < 0 or n > capacity:
                 problems.append(f"seq_lens[{b}] = {n} is outside [0, max_num_pages*{PAGE_SIZE} = {capacity}]")
-    if lens is not None and "block_table" in given:
+        reach = [_pages_of(max(0, min(n, capacity))) for n in lens]
+        why = ""
+    elif longest is not None:
+        reach = [_pages_of(longest)] * batch
+        why = f" (random seq_lens up to max = {longest} reach the first {_pages_of(longest)} entries of every row)"
+    else:
+        return problems
+    if "block_table" in given:
         table = given["block_table"].tolist()
-        for b, n in enumerate(lens):
-            reach = table[b][: _pages_of(max(0, min(n, capacity)))]
-            for j, page in enumerate(reach):
+        for b, n_pages in enumerate(reach):
+            entries = table[b][:n_pages]
+            for j, page in enumerate(entries):
                 if not 0 <= page < num_pages:
-                    problems.append(f"block_table[{b}][{j}] = {page} is not a page id in [0, num_pages = {num_pages})")
+                    problems.append(f"block_table[{b}][{j}] = {page} is not a page id in [0, num_pages = {num_pages}){why}")
                     break
-            if len(set(reach)) != len(reach):
-                problems.append(f"block_table[{b}] lists a page twice among its first {len(reach)} entries")
-    elif lens is not None and "block_table" not in given:
-        needed = sum(_pages_of(max(0, n)) for n in lens)
-        if needed > num_pages:
-            problems.append(f"the rows need {needed} pages but num_pages = {num_pages}")
+            if len(set(entries)) != len(entries):
+                problems.append(f"block_table[{b}] lists a page twice among its first {len(entries)} entries{why}")
+    elif sum(reach) > num_pages:
+        if "seq_lens" in given:
+            problems.append(f"the rows need {sum(reach)} pages but num_pages = {num_pages}")
+        else:
+            problems.append(
+                f"random seq_lens up to max = {longest} may need {batch} x {reach[0]} = {sum(reach)} pages but num_pages = {num_pages}; "
+                "lower seq_lens.params.max or raise num_pages"
+            )
     return problems
 
 

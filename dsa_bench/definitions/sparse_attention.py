@@ -21,6 +21,8 @@ from dsa_bench.definitions.base import (
     TensorSpec,
     Tolerance,
     Value,
+    is_integer,
+    unknown_params,
 )
 
 NAME = "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"
@@ -127,34 +129,22 @@ def generate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mappin
     return {"q_nope": q_nope, "q_pe": q_pe, "ckv_cache": ckv, "kpe_cache": kpe, "sparse_indices": indices, "sm_scale": sm_scale}
 
 
+#: The generator parameters each random input takes (the others take none).
+GENERATOR_PARAMS = {"sparse_indices": ("valid_counts", "context_tokens", "padding")}
+PADDINGS = ("tail", "scattered")
+
+
 def validate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mapping[str, dict]) -> list[str]:
-    problems: list[str] = []
+    """Everything in a case that would make input generation or the reference fail.
+
+    Without ``valid_counts`` each token draws up to 2048 valid slots, so the page pool must hold
+    2048 tokens for every token of the case whatever the seed.
+    """
+    problems = unknown_params(params, GENERATOR_PARAMS)
     tokens, num_pages = axes["num_tokens"], axes["num_pages"]
-    p = params.get("sparse_indices", {})
-    if "valid_counts" in p:
-        counts = p["valid_counts"]
-        if not isinstance(counts, list) or len(counts) != tokens:
-            got = len(counts) if isinstance(counts, list) else type(counts).__name__
-            problems.append(f"sparse_indices.params.valid_counts has {got} entries, expected num_tokens = {tokens}")
-            return problems
-        for b, c in enumerate(counts):
-            if not isinstance(c, int) or not 0 <= c <= TOPK:
-                problems.append(f"sparse_indices.params.valid_counts[{b}] = {c!r} is not an integer in [0, {TOPK}]")
-        contexts = p.get("context_tokens")
-        if contexts is not None:
-            if not isinstance(contexts, list) or len(contexts) != tokens:
-                problems.append(f"sparse_indices.params.context_tokens must list num_tokens = {tokens} integers")
-            else:
-                for b, (c, ctx) in enumerate(zip(counts, contexts)):
-                    if not isinstance(ctx, int) or ctx < c:
-                        problems.append(f"sparse_indices.params.context_tokens[{b}] = {ctx!r} is below valid_counts[{b}] = {c}")
-        if not problems:
-            needed = sum(-(-int(ctx) // PAGE_SIZE) for ctx in (contexts or counts))
-            if needed > num_pages:
-                problems.append(f"the rows need {needed} pages of {PAGE_SIZE} tokens but num_pages = {num_pages}")
-    if p.get("padding", "tail") not in ("tail", "scattered"):
-        problems.append(f"sparse_indices.params.padding = {p.get('padding')!r}, expected 'tail' or 'scattered'")
-    if "sparse_indices" in given:
+    if "sparse_indices" not in given:
+        problems += _random_indices_problems(params.get("sparse_indices", {}), tokens, num_pages)
+    else:
         idx = given["sparse_indices"].long()
         limit = num_pages * PAGE_SIZE
         for t in range(idx.shape[0]):
@@ -168,9 +158,57 @@ def validate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mappin
             if torch.unique(valid).numel() != valid.numel():
                 problems.append(f"sparse_indices[{t}] lists a token id twice")
     scale = given.get("sm_scale")
-    if scale is not None and not (math.isfinite(float(scale)) and float(scale) > 0):
-        problems.append(f"sm_scale = {scale!r} must be a positive finite number")
+    if scale is not None and not 0 < float(scale) <= torch.finfo(torch.float32).max:
+        problems.append(f"sm_scale = {scale!r} must be a positive number, finite in float32")
     return problems
+
+
+def _random_indices_problems(p: Mapping[str, Any], tokens: int, num_pages: int) -> list[str]:
+    """Problems with the parameters of random sparse indices (see :func:`generate`)."""
+    problems: list[str] = []
+    label = "sparse_indices.params"
+    if p.get("padding", "tail") not in PADDINGS:
+        problems.append(f"{label}.padding = {p.get('padding')!r}, expected 'tail' or 'scattered'")
+    counts, contexts = p.get("valid_counts"), p.get("context_tokens")
+    if "valid_counts" not in p:
+        if "context_tokens" in p:
+            problems.append(f"{label}.context_tokens needs valid_counts (each token's context must hold its valid slots)")
+        needed = tokens * (TOPK // PAGE_SIZE)
+        if needed > num_pages:
+            problems.append(
+                f"random valid counts (up to {TOPK} per token) may need {tokens} x {TOPK // PAGE_SIZE} = {needed} pages of {PAGE_SIZE} tokens "
+                f"but num_pages = {num_pages}; give {label}.valid_counts or raise num_pages"
+            )
+        return problems
+    if not _integer_list_problems(counts, "valid_counts", tokens, problems):
+        return problems
+    for b, c in enumerate(counts):
+        if not 0 <= c <= TOPK:
+            problems.append(f"{label}.valid_counts[{b}] = {c} is not in [0, {TOPK}]")
+    if "context_tokens" in p and _integer_list_problems(contexts, "context_tokens", tokens, problems):
+        for b, (c, ctx) in enumerate(zip(counts, contexts)):
+            if ctx < c:
+                problems.append(f"{label}.context_tokens[{b}] = {ctx} is below valid_counts[{b}] = {c}")
+    if not problems:
+        needed = sum(-(-ctx // PAGE_SIZE) for ctx in (contexts if "context_tokens" in p else counts))
+        if needed > num_pages:
+            problems.append(f"the rows need {needed} pages of {PAGE_SIZE} tokens but num_pages = {num_pages}")
+    return problems
+
+
+def _integer_list_problems(values: Any, key: str, tokens: int, problems: list[str]) -> bool:
+    """Whether ``values`` is a list of ``tokens`` integers; a problem is added where it is not."""
+    label = f"sparse_indices.params.{key}"
+    if not isinstance(values, list):
+        problems.append(f"{label} = {values!r}, expected a list of num_tokens = {tokens} integers")
+        return False
+    if len(values) != tokens:
+        problems.append(f"{label} has {len(values)} entries, expected num_tokens = {tokens} integers")
+        return False
+    bad = [(b, v) for b, v in enumerate(values) if not is_integer(v)]
+    for b, v in bad:
+        problems.append(f"{label}[{b}] = {v!r} must be an integer")
+    return not bad
 
 
 # --------------------------------------------------------------------------- checking
