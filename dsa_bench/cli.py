@@ -80,10 +80,8 @@ def run(
     dataset: Optional[Path] = typer.Option(None, "--dataset", help="A flashinfer-bench dataset folder; --workload then names one of its definitions or a workloads .jsonl file."),
 ) -> None:
     """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from dsa_bench.project import find_root, resolve_solution, resolve_workload
-    from dsa_bench.results import ResultsFile, environment, failures, now_iso, records_table, sagged, summary_table
+    from dsa_bench.results import ResultsFile, check_results_path, environment, failures, now_iso, records_table, sagged, summary_table
     from dsa_bench.runner import REFERENCE_SOLUTION, RunOptions, order_solutions, run_workload
     from dsa_bench.solutions import content_hash, discover
     from dsa_bench.timing import check_l2_flush, choose_timer
@@ -125,6 +123,8 @@ def run(
         raise DsaBenchError(f"no solution implements {definition}")
 
     save_path = None if no_save else (save or root / "results" / f"{wl.name}-{now_iso().replace(':', '')}.json")
+    if save_path is not None:
+        check_results_path(save_path, *_run_inputs(wl, chosen, dataset))
     options = RunOptions(
         device=dev,
         settings=settings,
@@ -154,7 +154,7 @@ def run(
     typer.echo(f"{wl.name}: {len(cases)} cases x {len(chosen)} solutions ({', '.join(s.name for s in chosen)}) on {dev}, {mode}")
     records = []
     interrupted = False
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True) as progress:
+    with _progress() as progress:
         task = progress.add_task(wl.name, total=len(cases) * len(chosen))
 
         def on_record(record) -> None:
@@ -185,6 +185,24 @@ def run(
         raise typer.Exit(EXIT_INTERRUPTED)
     if any(not r.passed for r in records):
         raise typer.Exit(EXIT_FAILED_CASES)
+
+
+def _run_inputs(workload, solutions, dataset: Path | None) -> tuple[list[Path], list[Path]]:
+    """The files and folders a run reads, which its results file must not overwrite or enter."""
+    files = [p for p in (workload.path, workload.trace_path) if p is not None]
+    files += [source.path for case in workload.cases for source in case.inputs.values() if source.path is not None]
+    folders = [s.path for s in solutions] + ([dataset] if dataset is not None else [])
+    return files, folders
+
+
+def _progress(console=None):
+    """The run's progress display. Markup is off: a case id or solution name is shown as it is,
+    and brackets in one (``[/]``) cannot raise in the display's refresh thread."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True, console=console
+    )
 
 
 def _records_from(results):

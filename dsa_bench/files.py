@@ -347,9 +347,11 @@ def check_output_path(
     kind: str,
     replaceable: Callable[[Path], bool],
     inputs: Iterable[Path] = (),
+    input_folders: Iterable[Path] = (),
 ) -> None:
-    """Refuse an output path that would destroy something: an input, a folder, a path under a
-    file, or an existing file ``replaceable`` does not recognise as a ``kind`` file.
+    """Refuse an output path that would destroy something: an input file, a path inside an
+    input folder, a folder, a path under a file, or an existing file ``replaceable`` does not
+    recognise as a ``kind`` file.
 
     ``option`` names where the path came from (``--save``), for the message.
     """
@@ -359,6 +361,10 @@ def check_output_path(
     for source in inputs:
         if _same_file(path, source):
             raise DsaBenchError(f"{option}: this is an input of the command; refusing to overwrite it (choose another path)", where)
+    resolved = path.resolve()
+    for folder in input_folders:
+        if resolved.is_relative_to(folder.resolve()):
+            raise DsaBenchError(f"{option}: lies inside {folder}, an input folder of the command (choose a path outside it)", where)
     try:
         if path.is_dir():
             raise DsaBenchError(f"{option}: expected a {kind} file path, got a folder", where)
