@@ -303,8 +303,9 @@ def _current_umask() -> int:
     return mask
 
 
-#: Permissions of the files dsa-bench writes (the usual ones; mkstemp alone would give 0600).
-_FILE_MODE = 0o666 & ~_current_umask()
+#: Permissions of the files and folders dsa-bench writes (mkstemp and mkdtemp alone give 0600, 0700).
+FILE_MODE = 0o666 & ~_current_umask()
+DIR_MODE = 0o777 & ~_current_umask()
 
 
 def write_atomic(path: Path, data: str | bytes, kind: str) -> None:
@@ -324,7 +325,7 @@ def write_atomic(path: Path, data: str | bytes, kind: str) -> None:
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, _FILE_MODE)
+        os.chmod(tmp, FILE_MODE)
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
