@@ -8,19 +8,37 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+import typer.core
 
 from dsa_bench.errors import DsaBenchError
 
+EXIT_FAILED_CASES = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+class _Commands(typer.core.TyperGroup):
+    """Runs a command; its DsaBenchError becomes one message and exit 2, never a traceback.
+
+    Mapped here rather than only in :func:`main`, so an in-process invocation (``CliRunner``
+    in the tests) sees exactly what a user sees.
+    """
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except DsaBenchError as exc:
+            _err(f"error: {exc}")
+            raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
 app = typer.Typer(
+    cls=_Commands,
     help="dsa-bench: run, check and time DeepSeek Sparse Attention kernels on trace-defined workloads.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-EXIT_FAILED_CASES = 1
-EXIT_BAD_INPUT = 2
-EXIT_INTERRUPTED = 130
 
 
 def _err(message: str) -> None:
@@ -398,7 +416,8 @@ def report(
 
 
 def main() -> None:
-    """Console entry point: user errors print one clear message and exit 2, never a traceback."""
+    """Console entry point: user errors print one clear message and exit 2, never a traceback
+    (commands' errors are mapped by :class:`_Commands`; this catches any raised outside one)."""
     try:
         app()
     except DsaBenchError as exc:

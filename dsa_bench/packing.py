@@ -392,7 +392,7 @@ def check_solution_document(data: Any, where: str) -> None:
             fail(f"sources[{i}] ({path!r}): 'content' must be a non-empty string")
         problem = source_path_problem(path)
         if problem:
-            fail(f"sources[{i}].path {path!r}: {problem}")
+            fail(f"sources[{i}].path {path[:60]!r}{'...' if len(path) > 60 else ''}: {problem}")
         if not _encodable(source["content"]):
             fail(f"sources[{i}] ({path}): 'content' is not valid Unicode text (it holds a lone surrogate such as \\udc80)")
         if path in seen:

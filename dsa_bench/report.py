@@ -325,7 +325,7 @@ def write_report(results_paths: list[Path], output: Path) -> tuple[Path, list[Pa
     image (a plot). Each file is written atomically.
     """
     loaded = [load_results(p) for p in results_paths]
-    check_output_path(output, "--output", "HTML report", lambda p: starts_with(p, _HTML_STARTS, skip_space=True), results_paths)
+    check_output_path(output, "--output", "dsa-bench HTML report", lambda p: starts_with(p, _HTML_STARTS, skip_space=True), results_paths)
     plan = _figure_plan(loaded)
     png_paths = {name: output.parent / f"{output.stem}-{name}.png" for name, *_ in plan}
     for path in png_paths.values():
