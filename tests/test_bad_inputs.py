@@ -35,6 +35,7 @@ from dsa_bench.baselines import (
 from dsa_bench.cli import app
 from dsa_bench.definitions.base import Status
 from dsa_bench.errors import DsaBenchError
+from dsa_bench.files import MAX_TEXT_BYTES
 from dsa_bench.results import CaseRecord, ResultsFile, Timing
 
 INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
@@ -116,7 +117,7 @@ class BadInput:
     name: str
     args: tuple[str, ...]  # "{tmp}" stands for the entry's folder
     expect: str  # a fragment of the output
-    files: dict[str, str | bytes] = field(default_factory=dict)  # added to (or replacing) BASE_FILES
+    files: dict[str, str | bytes | int] = field(default_factory=dict)  # added to (or replacing) BASE_FILES; int: a sparse file of that size
     code: int = 2
     env: dict[str, str] = field(default_factory=dict)
     max_seconds: float = 20.0
@@ -187,6 +188,7 @@ CORPUS: list[BadInput] = [
     BadInput("compare-results-not-utf8", ("compare", "{tmp}/bad.json", "-b", "{tmp}/baseline.json"), "bad.json:1: not UTF-8 text", {"bad.json": b"\xff{}"}),
     BadInput("compare-results-deep", ("compare", "{tmp}/bad.json", "-b", "{tmp}/baseline.json"), "bad.json:1: JSON nested deeper", {"bad.json": DEEP_JSON}),
     BadInput("compare-results-is-yaml", ("compare", "{tmp}/wl.yaml", "-b", "{tmp}/baseline.json"), "wl.yaml:1: invalid JSON"),
+    BadInput("compare-results-too-large", ("compare", "{tmp}/big.json", "-b", "{tmp}/baseline.json"), f"big.json: results file is {MAX_TEXT_BYTES + 1} bytes; dsa-bench reads at most", {"big.json": MAX_TEXT_BYTES + 1}),
     BadInput("compare-results-is-folder", ("compare", "{tmp}/sol", "-b", "{tmp}/baseline.json"), "cannot read results file: it is a folder"),
     BadInput("compare-baseline-speedup-text", ("compare", "{tmp}/r.json", "-b", "{tmp}/bad.json"), "bad.json: workloads.wl.cases[0].speedup: expected a number, got 'fast'", {"bad.json": mutated(baseline_document, lambda d: d["workloads"]["wl"]["cases"][0].__setitem__("speedup", "fast"))}),
     BadInput("compare-baseline-is-results", ("compare", "{tmp}/r.json", "-b", "{tmp}/r.json"), 'not a dsa-bench baseline file (expected "format": "dsa-bench-baseline")'),
@@ -227,7 +229,10 @@ def test_bad_input_is_refused_cleanly(entry: BadInput, tmp_path: Path) -> None:
     for rel, content in {**BASE_FILES, **entry.files}.items():
         path = tmp_path / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        if isinstance(content, bytes):
+        if isinstance(content, int):
+            with path.open("wb") as f:
+                f.truncate(content)
+        elif isinstance(content, bytes):
             path.write_bytes(content)
         else:
             path.write_text(content, encoding="utf-8", errors="surrogatepass")
