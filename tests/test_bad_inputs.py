@@ -36,7 +36,7 @@ from dsa_bench.cli import app
 from dsa_bench.definitions.base import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import MAX_TEXT_BYTES
-from dsa_bench.results import CaseRecord, ResultsFile, Timing
+from dsa_bench.results import CaseRecord, ResultsFile, Timing, check_results_path
 
 INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
 TRACE_LINE = '{"id":"c1","axes":{"batch_size":1,"max_num_pages":4,"num_pages":512},"inputs":{"seq_lens":{"type":"explicit","values":[200]}}}\n'
@@ -51,6 +51,7 @@ ALIAS_BOMB = (
 )
 DEEP_YAML = "settings: " + "[" * 150 + "]" * 150 + "\n"
 DEEP_JSON = "[" * 50_000 + "]" * 50_000
+LONG_NAME = "n" * 300  # longer than a file name may be (255 bytes)
 
 
 def results_document(case: str = "c1", solution: str = "reference") -> dict:
@@ -135,6 +136,7 @@ CORPUS: list[BadInput] = [
     BadInput("run-save-over-other-file", run_(save="{tmp}/notes.txt"), "exists and is not a dsa-bench results file", {"notes.txt": "mine\n"}),
     BadInput("run-save-to-folder", run_(save="{tmp}/sol"), "expected a dsa-bench results file path, got a folder"),
     BadInput("run-save-under-file", run_(save="{tmp}/wl.yaml/out.json"), "is a file, so nothing can be written under it"),
+    BadInput("run-save-long-name", run_(save="{tmp}/" + LONG_NAME + ".json"), "--save: cannot use this path: File name too long"),
     BadInput("run-save-inside-solution", run_("-s", "{tmp}/sol", save="{tmp}/sol/out.json"), "an input folder of the command"),
     # run: malformed workload YAML and trace
     BadInput("run-workload-not-utf8", run_(), "wl.yaml:6: not UTF-8 text: byte 0xff at byte offset 117", {"wl.yaml": WORKLOAD.encode() + b"description: \xff\n"}),
@@ -172,6 +174,7 @@ CORPUS: list[BadInput] = [
     BadInput("unpack-force-file-in-the-way", ("unpack", "{tmp}/p.json", "{tmp}/dest", "--force"), "must go inside it as a folder", {"p.json": packed([{"path": "lib/x.py", "content": "x = 1\n"}]), "dest/lib": "a file of mine\n"}),
     BadInput("unpack-force-folder-in-the-way", ("unpack", "{tmp}/p.json", "{tmp}/dest", "--force"), "is a folder (or a link)", {"p.json": packed([]), "dest/k.py/keep": "mine\n"}),
     BadInput("unpack-dest-under-file", ("unpack", "{tmp}/p.json", "{tmp}/wl.yaml/dest"), "which is a file", {"p.json": packed([])}),
+    BadInput("unpack-dest-long-name", ("unpack", "{tmp}/p.json", "{tmp}/" + LONG_NAME), "cannot use this destination: File name too long", {"p.json": packed([])}),
     BadInput("unpack-not-utf8", ("unpack", "{tmp}/p.json", "{tmp}/dest"), "p.json:1: not UTF-8 text", {"p.json": b'{"name": "\xff"}'}),
     BadInput("unpack-deep", ("unpack", "{tmp}/p.json", "{tmp}/dest"), "p.json:1: JSON nested deeper", {"p.json": DEEP_JSON}),
     BadInput("unpack-deep-python", ("unpack", "{tmp}/p.json", "{tmp}/dest"), "Python nested too deeply to parse", {"p.json": packed([{"path": "a.py", "content": "x = " + "-" * 200_000 + "1\n"}])}),
@@ -205,6 +208,8 @@ CORPUS: list[BadInput] = [
     BadInput("report-default-over-input", ("report", "{tmp}/r.html"), "--output: this is an input of the command", {"r.html": RESULTS}),
     BadInput("report-over-workload", ("report", "{tmp}/r.json", "-o", "{tmp}/wl.yaml"), "--output: exists and is not a dsa-bench HTML report file"),
     BadInput("report-over-foreign-png", ("report", "{tmp}/r.json", "-o", "{tmp}/rep.html"), "exists and is not a PNG image file", {"rep-wl-latency.png": "not a picture\n"}),
+    BadInput("report-long-name", ("report", "{tmp}/r.json", "-o", "{tmp}/" + LONG_NAME + ".html"), "--output: cannot use this path: File name too long"),
+    BadInput("pack-out-long-name", ("pack", "{tmp}/sol", "-o", "{tmp}/" + LONG_NAME), "--out: cannot use this path: File name too long"),
     BadInput("report-under-file", ("report", "{tmp}/r.json", "-o", "{tmp}/wl.yaml/rep.html"), "is a file, so nothing can be written under it"),
     BadInput("report-malformed-results", ("report", "{tmp}/bad.json", "-o", "{tmp}/rep.html"), "records[0].timing: expected an object, got 'fast'", {"bad.json": mutated(results_document, lambda d: d["records"][0].__setitem__("timing", "fast"))}),
 ]
@@ -280,6 +285,8 @@ def test_valid_files_still_pass(tmp_path: Path) -> None:
     result = invoke(["pack", str(tmp_path / "sol"), "-o", str(tmp_path / "out")])  # replacing its own output is fine
     assert result.exit_code == 0, result.output
     assert not [p for p in tmp_path.rglob("*") if p.name.endswith(".tmp") or ".dsa-bench-unpack-" in p.name]
+    check_results_path(tmp_path / "r.json", [tmp_path / "wl.yaml"], [tmp_path / "sol"])  # an earlier results file may be replaced
+    check_results_path(tmp_path / "new" / "r.json", [], [])
 
 
 def test_repository_results_and_baselines_pass_the_checks() -> None:
