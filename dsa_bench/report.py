@@ -330,7 +330,7 @@ def write_report(results_paths: list[Path], output: Path) -> tuple[Path, list[Pa
     png_paths = {name: output.parent / f"{output.stem}-{name}.png" for name, *_ in plan}
     for path in png_paths.values():
         check_output_path(path, "--output (a plot next to it)", "PNG image", lambda p: starts_with(p, _PNG_START), results_paths)
-    figures = build_figures(loaded)
+    figures = [ReportFigure(name, title, make(results), results) for name, title, make, results in plan]
     pngs = {f.name: _png(f.figure) for f in figures}
     for name, data in pngs.items():
         write_atomic(png_paths[name], data, "plot")
