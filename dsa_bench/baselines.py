@@ -42,22 +42,148 @@ from __future__ import annotations
 import enum
 import json
 import math
-import os
 import statistics
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from dsa_bench.definitions.base import Status
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.files import read_json
-from dsa_bench.results import RESULTS_FORMAT, CaseRecord, now_iso
+from dsa_bench.files import check_document, check_output_path, has_json_format, read_json, write_atomic
+from dsa_bench.results import RESULTS_FORMAT, RESULTS_VERSION, CaseRecord, now_iso
 from dsa_bench.solutions import REFERENCE_SOLUTION
 
 BASELINE_FORMAT = "dsa-bench-baseline"
 BASELINE_VERSION = 1
 DEFAULT_THRESHOLD = 0.05
+
+
+# --------------------------------------------------------------------------- document models
+# What compare, report and baseline update accept, field by field: every field they (or the
+# record classes) compute with has its type checked, so a malformed file is refused with the
+# field's path instead of failing later. Fields only displayed are loosely typed.
+
+StatusName = Literal[tuple(s.value for s in Status)]  # type: ignore[valid-type]
+#: a latency, speedup, spread or duration: finite and not negative
+Measure = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Name = Annotated[str, Field(min_length=1)]
+
+
+class _Closed(BaseModel):
+    """A part of the format dsa-bench defines completely: unknown fields are errors."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class _Open(BaseModel):
+    """A part of the format that may carry more than dsa-bench reads (headers, blocks)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class TimingModel(_Closed):
+    timer: str
+    samples_ms: Annotated[list[Annotated[list[Measure], Field(min_length=1)]], Field(min_length=1)]
+    clocks: list[dict[str, dict[str, Any] | None]] = []
+    # written as figures derived from samples_ms; the readers derive them again
+    mean_ms: Measure | None = None
+    median_ms: Measure | None = None
+    min_ms: Measure | None = None
+    spread: Measure | None = None
+    trial_medians_ms: list[Measure] | None = None
+
+
+class RecordModel(_Closed):
+    case: Name
+    solution: Name
+    axes: dict[str, int]
+    status: StatusName
+    message: str = ""
+    max_abs_error: float | None = None  # NaN or inf where the output held them
+    max_rel_error: float | None = None
+    seeds: dict[str, Any] = {}
+    timing: TimingModel | None = None
+    speedup: Measure | None = None
+    wall_s: Measure = 0.0
+    phases_s: dict[str, Measure] = {}
+
+
+class WorkloadModel(_Open):
+    name: Name
+    definition: str = ""
+    path: str | None = None
+    trace: str | None = None
+
+
+class SolutionMetaModel(_Open):
+    path: str | None = None
+    content_hash: str | None = None
+
+
+class ResultsModel(_Open):
+    format: Literal["dsa-bench-results"]
+    version: Literal[1]
+    created: str | None = None
+    workload: WorkloadModel
+    settings: dict[str, Any] | None = None
+    timer: str | None = None
+    l2_flush: str | None = None
+    environment: dict[str, Any] | None = None
+    solutions: dict[str, SolutionMetaModel] | None = None
+    solution_notes: dict[str, str] | None = None
+    records: list[RecordModel]
+    complete: bool = False
+    finished: str | None = None
+    clock_sagged: list[str] | None = None
+
+
+class BaselineCaseModel(_Closed):
+    case: Name
+    solution: Name
+    status: StatusName
+    speedup: Measure | None = None
+    latency_ms: Measure | None = None
+    spread: Measure | None = None
+    reference_latency_ms: Measure | None = None
+    reference_spread: Measure | None = None
+
+
+class BaselineBlockModel(_Open):
+    definition: str | None = None
+    results_created: str | None = None
+    results_file: str | None = None
+    timer: str | None = None
+    l2_flush: str | None = None
+    settings: dict[str, Any] | None = None
+    environment: dict[str, Any] | None = None
+    solutions: dict[str, SolutionMetaModel] | None = None
+    cases: list[BaselineCaseModel]
+
+
+class BaselineModel(_Open):
+    format: Literal["dsa-bench-baseline"]
+    version: Literal[1]
+    updated: str | None = None
+    workloads: dict[str, BaselineBlockModel]
+
+
+def _check_format(document: Any, name: str, version: int, kind: str, where: str) -> None:
+    """The format and version fields first: a file of another kind gets one plain sentence."""
+    if not isinstance(document, dict) or document.get("format") != name:
+        raise DsaBenchError(f'not a dsa-bench {kind} file (expected "format": "{name}")', where)
+    if document.get("version") != version:
+        raise DsaBenchError(f"{kind} format version {document.get('version')!r} is not supported (expected {version})", where)
+
+
+def _refuse_duplicates(cases: list[dict[str, Any]], label: str, where: str) -> None:
+    seen: dict[tuple[str, str], int] = {}
+    for i, case in enumerate(cases):
+        key = (case["case"], case["solution"])
+        if key in seen:
+            raise DsaBenchError(f"{label}[{i}]: case {key[0]!r} of solution {key[1]!r} is already {label}[{seen[key]}]", where)
+        seen[key] = i
 
 
 # --------------------------------------------------------------------------- results files
@@ -103,26 +229,14 @@ def recorded_l2_flush(record: dict[str, Any]) -> str | None:
 
 
 def load_results(path: Path) -> LoadedResults:
-    """Read and check a results file; every problem names the file and the record."""
+    """Read and check a results file; every problem names the file and the field
+    (``records[3].timing.samples_ms[0][2]: expected a finite number, got 'x'``)."""
     where = str(path)
     document = read_json(path, "results")
-    if not isinstance(document, dict) or document.get("format") != RESULTS_FORMAT:
-        raise DsaBenchError(f'not a dsa-bench results file (expected "format": "{RESULTS_FORMAT}")', where)
-    if document.get("version") != 1:
-        raise DsaBenchError(f"results format version {document.get('version')!r} is not supported (expected 1)", where)
-    workload = document.get("workload")
-    if not isinstance(workload, dict) or not isinstance(workload.get("name"), str):
-        raise DsaBenchError("field 'workload.name' is missing", where)
-    raw = document.get("records")
-    if not isinstance(raw, list):
-        raise DsaBenchError("field 'records' must be a list", where)
-    records = []
-    for i, item in enumerate(raw):
-        try:
-            records.append(CaseRecord.from_json(item))
-        except (TypeError, KeyError, ValueError) as exc:
-            raise DsaBenchError(f"records[{i}] is malformed: {exc}", where) from None
-    return LoadedResults(path, document, records)
+    _check_format(document, RESULTS_FORMAT, RESULTS_VERSION, "results", where)
+    check_document(ResultsModel, document, where)
+    _refuse_duplicates(document["records"], "records", where)
+    return LoadedResults(path, document, [CaseRecord.from_json(item) for item in document["records"]])
 
 
 # --------------------------------------------------------------------------- per-case measures
@@ -179,24 +293,10 @@ def measures_of(results: LoadedResults) -> dict[Key, CaseMeasure]:
 
 
 def _check_baseline(document: Any, where: str) -> dict[str, Any]:
-    if not isinstance(document, dict) or document.get("format") != BASELINE_FORMAT:
-        raise DsaBenchError(f'not a dsa-bench baseline file (expected "format": "{BASELINE_FORMAT}")', where)
-    if document.get("version") != BASELINE_VERSION:
-        raise DsaBenchError(f"baseline format version {document.get('version')!r} is not supported (expected {BASELINE_VERSION})", where)
-    workloads = document.get("workloads")
-    if not isinstance(workloads, dict):
-        raise DsaBenchError("field 'workloads' must be an object", where)
-    for name, block in workloads.items():
-        cases = block.get("cases") if isinstance(block, dict) else None
-        if not isinstance(cases, list):
-            raise DsaBenchError(f"workloads.{name}.cases must be a list", where)
-        for i, case in enumerate(cases):
-            if not isinstance(case, dict) or not all(isinstance(case.get(k), str) for k in ("case", "solution", "status")):
-                raise DsaBenchError(f"workloads.{name}.cases[{i}] needs string fields case, solution and status", where)
-            for k in ("speedup", "latency_ms", "spread", "reference_latency_ms", "reference_spread"):
-                value = case.get(k)
-                if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                    raise DsaBenchError(f"workloads.{name}.cases[{i}].{k} must be a number or null", where)
+    _check_format(document, BASELINE_FORMAT, BASELINE_VERSION, "baseline", where)
+    check_document(BaselineModel, document, where)
+    for name, block in document["workloads"].items():
+        _refuse_duplicates(block["cases"], f"workloads.{name}.cases", where)
     return document
 
 
@@ -248,6 +348,7 @@ def update_baseline(baseline_path: Path, results_paths: list[Path], replace: boo
     """
     if not results_paths:
         raise DsaBenchError("no results file given")
+    check_output_path(baseline_path, "--baseline", "dsa-bench baseline", lambda p: has_json_format(p, BASELINE_FORMAT), results_paths)
     loaded = [load_results(p) for p in results_paths]
     seen: dict[str, Path] = {}
     for results in loaded:
@@ -268,12 +369,7 @@ def update_baseline(baseline_path: Path, results_paths: list[Path], replace: boo
     for results in loaded:
         document["workloads"][results.workload] = baseline_block(results)
     document["workloads"] = dict(sorted(document["workloads"].items()))
-    baseline_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=baseline_path.parent, prefix=baseline_path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(document, f, indent=1)
-        f.write("\n")
-    os.replace(tmp, baseline_path)
+    write_atomic(baseline_path, json.dumps(document, indent=1) + "\n", "baseline")
     return document
 
 

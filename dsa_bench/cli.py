@@ -11,18 +11,36 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+import typer.core
 
 from dsa_bench.errors import DsaBenchError
 
+EXIT_FAILED_CASES = 1
+EXIT_BAD_INPUT = 2
+
+
+class _Commands(typer.core.TyperGroup):
+    """Runs a command; its DsaBenchError becomes one message and exit 2, never a traceback.
+
+    Mapped here rather than only in :func:`main`, so an in-process invocation (``CliRunner``
+    in the tests) sees exactly what a user sees.
+    """
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except DsaBenchError as exc:
+            _err(f"error: {exc}")
+            raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
 app = typer.Typer(
+    cls=_Commands,
     help="dsa-bench: run, check and time DeepSeek Sparse Attention kernels on trace-defined workloads.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-EXIT_FAILED_CASES = 1
-EXIT_BAD_INPUT = 2
 
 
 def _err(message: str) -> None:
@@ -102,12 +120,10 @@ def run(
     worker_user: str = typer.Option("auto", "--worker-user", help="Whom solution workers run as: auto (a dedicated unprivileged id per worker when the harness is root, else the harness's user) or harness (always the harness's user)."),
 ) -> None:
     """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from dsa_bench.files import safe_file_name
     from dsa_bench.isolation import WORKER_USER_MODES
     from dsa_bench.project import check_run_solutions, find_root, reference_solution, resolve_solution, resolve_workload
-    from dsa_bench.results import ResultsFile, environment, failures, now_iso, records_table, sagged, summary_table
+    from dsa_bench.results import ResultsFile, check_results_path, environment, failures, now_iso, records_table, sagged, summary_table
     from dsa_bench.runner import Interrupted, RunOptions, order_solutions, run_workload, worker_identities
     from dsa_bench.solutions import REFERENCE_SOLUTION, content_hash, discover
     from dsa_bench.timing import check_l2_flush, choose_timer, measure_copy_bandwidth
@@ -157,6 +173,8 @@ def run(
         raise DsaBenchError(f"no solution implements {definition}")
 
     save_path = None if no_save else (save or root / "results" / f"{safe_file_name(wl.name)}-{now_iso().replace(':', '')}.json")
+    if save_path is not None:
+        check_results_path(save_path, *_run_inputs(wl, chosen, dataset))
     options = RunOptions(
         device=dev,
         settings=settings,
@@ -192,7 +210,7 @@ def run(
         typer.echo(line)
     records = []
     interrupted: int | None = None  # the signal that stopped the run
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True) as progress:
+    with _progress() as progress:
         task = progress.add_task(wl.name, total=len(cases) * len(chosen))
 
         def on_record(record) -> None:
@@ -240,6 +258,24 @@ def _stopped_by_signals():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _run_inputs(workload, solutions, dataset: Path | None) -> tuple[list[Path], list[Path]]:
+    """The files and folders a run reads, which its results file must not overwrite or enter."""
+    files = [p for p in (workload.path, workload.trace_path) if p is not None]
+    files += [source.path for case in workload.cases for source in case.inputs.values() if source.path is not None]
+    folders = [s.path for s in solutions] + ([dataset] if dataset is not None else [])
+    return files, folders
+
+
+def _progress(console=None):
+    """The run's progress display. Markup is off: a case id or solution name is shown as it is,
+    and brackets in one (``[/]``) cannot raise in the display's refresh thread."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True, console=console
+    )
 
 
 def _records_from(results):
@@ -432,7 +468,8 @@ def report(
 
 
 def main() -> None:
-    """Console entry point: user errors print one clear message and exit 2, never a traceback."""
+    """Console entry point: user errors print one clear message and exit 2, never a traceback
+    (commands' errors are mapped by :class:`_Commands`; this catches any raised outside one)."""
     try:
         app()
     except DsaBenchError as exc:

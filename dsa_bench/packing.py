@@ -24,9 +24,11 @@ JSON into a fresh folder and runs it through dsa-bench on its definition's smoke
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,7 +39,7 @@ from typing import Any
 import yaml
 
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.files import path_inside, read_json, safe_file_name
+from dsa_bench.files import DIR_MODE, check_output_path, read_json, read_text, read_yaml, safe_file_name, write_atomic
 from dsa_bench.solutions import MANIFEST, Solution, SolutionEntry, load_solution, solution_files
 
 #: Languages of the flashinfer-bench schema (dsa-bench itself runs python, triton and cuda).
@@ -85,7 +87,7 @@ class _Collector:
         resolved = path.resolve()
         if not resolved.is_relative_to(self.folder):
             raise DsaBenchError(f"{referrer} needs {path}, which lies outside the solution folder {self.folder}")
-        if not resolved.is_file():
+        if not _is_file(resolved):
             raise DsaBenchError(f"{referrer} needs {path}, which does not exist")
         rel = self.rel(resolved)
         if rel in self.reasons:
@@ -97,7 +99,7 @@ class _Collector:
                 if parent == self.folder:
                     break
                 init = parent / "__init__.py"
-                if init.is_file():
+                if _is_file(init):
                     self.add(init, f"package of {rel}", rel)
 
     def run(self) -> None:
@@ -112,12 +114,7 @@ class _Collector:
 
     def _follow_python(self, path: Path) -> None:
         rel = self.rel(path)
-        try:
-            tree = ast.parse(path.read_text(), filename=rel)
-        except SyntaxError as exc:
-            raise DsaBenchError(f"invalid Python: {exc.msg}", f"{path}:{exc.lineno}") from None
-        except UnicodeDecodeError:
-            raise DsaBenchError("not a UTF-8 text file", str(path)) from None
+        tree = _parse_python(read_text(path, "Python source"), str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 for alias in node.names:
@@ -143,14 +140,14 @@ class _Collector:
         target = self.folder.joinpath(*parts)
         module = _module_file(target)
         if module is None:
-            if target.is_dir() and target.resolve().is_relative_to(self.folder):
+            if _is_dir(target) and target.resolve().is_relative_to(self.folder):
                 return target  # a namespace package (a folder without __init__.py)
             if parts[0] not in sys.stdlib_module_names:
                 self.external.add(parts[0])
             return None
         self.add(module, f"imported by {rel}", rel)
         # `import a.b.c` also runs a/__init__.py and a/b/__init__.py (added by `add` via parents)
-        return target if target.is_dir() else None
+        return target if _is_dir(target) else None
 
     def _relative_base(self, path: Path, level: int, module: str | None, rel: str, line: int) -> Path | None:
         base = path.parent
@@ -161,12 +158,12 @@ class _Collector:
         if module:
             base = base.joinpath(*module.split("."))
             found = _module_file(base)
-            if found is None and base.is_dir():
+            if found is None and _is_dir(base):
                 return base  # a namespace package
             if found is None:
                 raise DsaBenchError(f"relative import {'.' * level}{module} names no module in the solution folder", f"{path}:{line}")
             self.add(found, f"imported by {rel}", rel)
-        return base if base.is_dir() else None
+        return base if _is_dir(base) else None
 
     def _native_literal(self, text: str, path: Path, rel: str) -> None:
         """A string naming a C/C++/CUDA file of the folder, as handed to a JIT build."""
@@ -174,12 +171,16 @@ class _Collector:
             return
         if any(ch in text for ch in "*?["):  # a glob pattern, e.g. sources=glob("csrc/*.cu")
             for base in (path.parent, self.folder):
-                for match in sorted(base.glob(text)):
-                    if match.is_file():
+                try:
+                    matches = sorted(base.glob(text))
+                except (ValueError, NotImplementedError, OSError):  # an absolute or malformed pattern: no file of the folder
+                    continue
+                for match in matches:
+                    if _is_file(match):
                         self.add(match, f"matches {text!r} in {rel}", rel)
             return
         for candidate in (path.parent / text, self.folder / text):
-            if candidate.is_file():
+            if _is_file(candidate):
                 self.add(candidate, f"named in {rel}", rel)
                 return
         # Paths built in pieces, e.g. Path(__file__).parent / "csrc" / "topk.cu"
@@ -197,15 +198,12 @@ class _Collector:
 
     def _follow_includes(self, path: Path) -> None:
         rel = self.rel(path)
-        try:
-            text = path.read_text()
-        except UnicodeDecodeError:
-            raise DsaBenchError("not a UTF-8 text file", str(path)) from None
+        text = read_text(path, "C/C++/CUDA source")
         for match in _INCLUDE.finditer(text):
             name = match.group(1)
             line = text.count("\n", 0, match.start()) + 1
             for candidate in (path.parent / name, self.folder / name):
-                if candidate.is_file():
+                if _is_file(candidate):
                     self.add(candidate, f"#include in {rel}", f"{path}:{line}")
                     break
             else:
@@ -218,11 +216,36 @@ class _Collector:
 
 def _module_file(target: Path) -> Path | None:
     """``target.py`` or ``target/__init__.py``, whichever exists."""
-    if target.with_suffix(".py").is_file() and target.name:
+    if target.name and _is_file(target.with_suffix(".py")):
         return target.with_suffix(".py")
-    if (target / "__init__.py").is_file():
+    if _is_file(target / "__init__.py"):
         return target / "__init__.py"
     return None
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; a name the OS cannot hold (too long, a NUL byte) is none."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):
+        return False
+
+
+def _parse_python(source: str, where: str) -> ast.Module:
+    """``source`` parsed; invalid or pathologically nested code is a DsaBenchError naming ``where``."""
+    try:
+        return ast.parse(source, filename=where)
+    except SyntaxError as exc:  # also a NUL byte in the source
+        raise DsaBenchError(f"invalid Python: {exc.msg}", f"{where}:{exc.lineno}" if exc.lineno else where) from None
+    except (RecursionError, MemoryError):
+        raise DsaBenchError("Python source nested too deeply to parse", where) from None
 
 
 def needed_files(solution: Solution, entry: SolutionEntry) -> tuple[dict[str, str], list[str]]:
@@ -252,7 +275,7 @@ def pack_entry(solution: Solution, definition: str) -> PackedEntry:
     sources = []
     empty = []
     for rel in order:
-        content = (solution.path / rel).read_text()
+        content = read_text(solution.path / rel, "source")
         if not content:
             # The schema requires non-empty content; an empty file (typically __init__.py)
             # becomes one newline, which Python and compilers treat identically.
@@ -291,14 +314,25 @@ def pack_solution(folder: Path, out_dir: Path | None = None, definitions: list[s
     chosen = definitions or list(solution.entries)
     for name in chosen:
         solution.entry_for(name)
-    packed = [pack_entry(solution, name) for name in chosen]
     if out_dir is None:
         out_dir = Path("packed") / safe_file_name(solution.name)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    targets = {name: out_dir / f"{safe_file_name(f'{solution.name}_{name}')}.json" for name in chosen}
+    for target in targets.values():  # before anything is written: the folder and foreign files stay as they are
+        check_output_path(target, "--out", "packed Solution JSON", _looks_packed, input_folders=[solution.path])
+    packed = [pack_entry(solution, name) for name in chosen]
     for item in packed:
-        item.path = out_dir / f"{safe_file_name(item.name)}.json"
-        item.path.write_text(json.dumps(item.document, indent=2) + "\n")
+        item.path = targets[item.definition]
+        write_atomic(item.path, json.dumps(item.document, indent=2) + "\n", "packed solution")
     return packed
+
+
+def _looks_packed(path: Path) -> bool:
+    """Whether an existing file is a packed Solution JSON (which packing may replace)."""
+    try:
+        document = read_json(path, "packed solution")
+    except DsaBenchError:
+        return False
+    return isinstance(document, dict) and {"name", "definition", "spec", "sources"} <= set(document)
 
 
 # --------------------------------------------------------------------------- schema
@@ -351,12 +385,12 @@ def check_solution_document(data: Any, where: str) -> None:
             fail(f"sources[{i}] must be an object with a non-empty string 'path'")
         path = source["path"]
         if not isinstance(source.get("content"), str) or not source["content"]:
-            fail(f"sources[{i}] ({path}): 'content' must be a non-empty string")
-        pure = PurePosixPath(path)
-        if pure.is_absolute() or ".." in pure.parts or "\\" in path:
-            fail(f"sources[{i}]: path {path!r} must be relative, with '/' separators and no '..'")
-        if pure.as_posix() != path or not pure.parts:  # "a//b", "a/./b", "a/" and "." name a file ambiguously
-            fail(f"sources[{i}]: path {path!r} must be a plain relative file path such as 'dir/file.py'")
+            fail(f"sources[{i}] ({path!r}): 'content' must be a non-empty string")
+        problem = source_path_problem(path)
+        if problem:
+            fail(f"sources[{i}].path {path[:60]!r}{'...' if len(path) > 60 else ''}: {problem}")
+        if not _encodable(source["content"]):
+            fail(f"sources[{i}] ({path}): 'content' is not valid Unicode text (it holds a lone surrogate such as \\udc80)")
         if path in seen:
             fail(f"sources[{i}]: duplicate path {path!r}")
         seen.add(path)
@@ -365,15 +399,50 @@ def check_solution_document(data: Any, where: str) -> None:
                 ast.parse(source["content"], filename=path)
             except SyntaxError as exc:
                 fail(f"sources[{i}] ({path}) is not valid Python: {exc.msg} at line {exc.lineno}")
-    folders = {parent.as_posix() for path in seen for parent in PurePosixPath(path).parents}
-    clash = sorted(seen & folders)
-    if clash:
-        fail(f"source path {clash[0]!r} is both a file and the folder of other sources")
+            except (RecursionError, MemoryError):
+                fail(f"sources[{i}] ({path}) is Python nested too deeply to parse")
+    folders = {parent.as_posix() for path in seen for parent in PurePosixPath(path).parents if parent.parts}
+    for i, source in enumerate(sources):
+        if source["path"] in folders:
+            fail(f"sources[{i}].path {source['path']!r}: is a file, but other sources lie inside it as a folder")
     entry_file = entry_point.split("::")[0]
     if entry_file not in seen:
         fail(f"entry file {entry_file!r} of spec.entry_point is not among the sources")
     if spec["language"] in ("python", "triton") and not entry_file.endswith(".py"):
         fail(f"a {spec['language']} entry point must be a .py file, got {entry_file!r}")
+
+
+#: Longest file name component (bytes) and source path a packed Solution may use (Linux limits).
+_NAME_MAX = 255
+_PATH_MAX = 1024
+
+
+def source_path_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a source's path inside a solution folder, or None.
+
+    Refused before anything is written: what the file system would reject (NUL and control
+    bytes, over-long names) and what would leave the folder or alias another path.
+    """
+    if not _encodable(path):
+        return "expected valid Unicode text (it holds a lone surrogate)"
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in path):
+        return "expected no control characters (NUL, newline, ...)"
+    pure = PurePosixPath(path)
+    if pure.is_absolute() or ".." in pure.parts or "\\" in path:
+        return "must be relative, with '/' separators and no '..'"
+    if "/".join(pure.parts) != path:
+        return "expected a normalised path (no '.', empty or trailing components)"
+    if len(path.encode()) > _PATH_MAX or any(len(part.encode()) > _NAME_MAX for part in pure.parts):
+        return f"expected at most {_PATH_MAX} bytes, and at most {_NAME_MAX} bytes per name"
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def read_solution_document(path: Path) -> dict[str, Any]:
@@ -408,11 +477,8 @@ def unpack_solutions(json_paths: list[Path], dest: Path, force: bool = False, na
     if not json_paths:
         raise DsaBenchError("no packed solution file given")
     documents = [(p, read_solution_document(p)) for p in json_paths]
-    if dest.exists() and not dest.is_dir():
-        raise DsaBenchError("destination exists and is not a folder", str(dest))
-    if dest.is_dir() and any(dest.iterdir()) and not force:
-        raise DsaBenchError("destination folder is not empty (use --force to write into it)", str(dest))
-    files: dict[str, tuple[str, Path, int]] = {}  # path -> (content, packed file, index in its sources)
+    _check_destination(dest, force)
+    files: dict[str, tuple[str, Path]] = {}
     entries: dict[str, dict[str, Any]] = {}
     for path, doc in documents:
         definition = doc["definition"]
@@ -452,29 +518,86 @@ def unpack_solutions(json_paths: list[Path], dest: Path, force: bool = False, na
         "dependencies": first["spec"].get("dependencies", []),
         "entries": entries,
     }
-    if MANIFEST in files:
-        raise DsaBenchError(f"a packed source is named {MANIFEST}, which unpacking writes itself", str(files[MANIFEST][1]))
-    merged_folders = {parent.as_posix() for rel in files for parent in PurePosixPath(rel).parents}
-    clash = sorted(set(files) & merged_folders)
-    if clash:
-        raise DsaBenchError(f"source path {clash[0]!r} is a file here and the folder of another packed file's sources", str(files[clash[0]][1]))
-    dest.mkdir(parents=True, exist_ok=True)
-    root = dest.resolve()
-    targets = {}
-    for rel, (_, origin, index) in files.items():
-        # every path is checked before anything is written; resolving follows symbolic links, so a
-        # link in a --force destination cannot lead out of it
-        target = path_inside(root, rel, f"sources[{index}].path", str(origin))
-        in_the_way = [target] if target.is_dir() else []  # a folder where the file goes, or a file where a folder goes
-        in_the_way += [p for p in target.parents if p.is_relative_to(root) and p.exists() and not p.is_dir()]
-        if in_the_way:
-            raise DsaBenchError(f"sources[{index}].path: {rel!r} cannot be written: {in_the_way[0]} is in the way", str(origin))
-        targets[rel] = target
-    for rel, (content, _, _) in files.items():
-        targets[rel].parent.mkdir(parents=True, exist_ok=True)
-        targets[rel].write_text(content)
-    (root / MANIFEST).write_text(yaml.safe_dump(manifest, sort_keys=False))
-    return root
+    folders = {parent.as_posix() for rel in files for parent in PurePosixPath(rel).parents if parent.parts}
+    if MANIFEST in files or MANIFEST in folders:
+        origin = files[MANIFEST][1] if MANIFEST in files else next(o for r, (_, o) in files.items() if r.startswith(f"{MANIFEST}/"))
+        raise DsaBenchError(f"a packed source is named {MANIFEST}, which unpacking writes itself", str(origin))
+    clashes = sorted(set(files) & folders)
+    if clashes:
+        raise DsaBenchError(f"source {clashes[0]!r} is a file here but a folder of another packed file's sources", str(files[clashes[0]][1]))
+    outputs = {rel: content for rel, (content, _) in files.items()}
+    outputs[MANIFEST] = yaml.safe_dump(manifest, sort_keys=False)
+    return _write_folder(dest, outputs)
+
+
+def _check_destination(dest: Path, force: bool) -> None:
+    where = str(dest)
+    try:
+        if dest.exists() and not dest.is_dir():
+            raise DsaBenchError("destination exists and is not a folder", where)
+        if dest.is_dir() and any(dest.iterdir()) and not force:
+            raise DsaBenchError("destination folder is not empty (use --force to write into it)", where)
+        parent = next(p for p in dest.absolute().parents if p.exists())
+        if not parent.is_dir():
+            raise DsaBenchError(f"destination lies under {parent}, which is a file", where)
+    except OSError as exc:
+        raise DsaBenchError(f"cannot use this destination: {exc.strerror or exc}", where) from None
+
+
+def _write_folder(dest: Path, outputs: dict[str, str]) -> Path:
+    """Write ``outputs`` (relative path -> text) into the folder ``dest``: all of it, or nothing.
+
+    Everything is first written into a temporary folder beside ``dest``. A new ``dest`` is then
+    that folder, renamed; into an existing one each file is moved, after checking that no
+    file there stands where a folder must go, or a folder where a file goes. A failure
+    removes the temporary folder and any folder made for ``dest``.
+    """
+    dest = dest.absolute()
+    anchor = next(p for p in dest.parents if p.exists())
+    made: list[Path] = []  # missing parents of a new dest, made just before the rename
+    staging: Path | None = None
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=".dsa-bench-unpack-", dir=anchor))
+        os.chmod(staging, DIR_MODE)
+        for rel, text in outputs.items():
+            target = staging / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+        if dest.exists():
+            root = dest.resolve()
+            for rel in outputs:
+                _check_merge_target(root, rel)
+            for rel in outputs:
+                (root / rel).parent.mkdir(parents=True, exist_ok=True)
+                os.replace(staging / rel, root / rel)
+        else:
+            for parent in reversed(dest.parents):
+                if not parent.exists():
+                    parent.mkdir()
+                    made.append(parent)
+            os.rename(staging, dest)
+            staging = None
+        return dest.resolve()
+    except BaseException as exc:
+        for folder in reversed(made):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if isinstance(exc, OSError):
+            raise DsaBenchError(f"cannot write the unpacked solution: {exc.strerror or exc}", str(exc.filename or dest)) from None
+        raise
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _check_merge_target(root: Path, rel: str) -> None:
+    """Refuse to move ``rel`` into the existing folder ``root`` where the tree disagrees."""
+    target = root / rel
+    for parent in reversed(target.parents):
+        if parent.is_relative_to(root) and parent != root and (parent.is_symlink() or (parent.exists() and not parent.is_dir())):
+            raise DsaBenchError(f"{parent} is a file (or a link), but the unpacked source {rel} must go inside it as a folder", str(root))
+    if target.is_symlink() or target.is_dir():
+        raise DsaBenchError(f"{target} is a folder (or a link), but the unpacked source {rel} is a file", str(root))
 
 
 # --------------------------------------------------------------------------- verification
@@ -493,8 +616,8 @@ def smoke_workloads(definition: str, root: Path) -> list[str]:
     found = []
     for path in sorted((root / "workloads").glob("*_smoke.yaml")):
         try:
-            data = yaml.safe_load(path.read_text())
-        except (OSError, yaml.YAMLError):
+            data = read_yaml(path, "workload")
+        except DsaBenchError:
             continue  # a broken workload file is reported by `validate`, not by packing
         if isinstance(data, dict) and data.get("definition") == definition:
             found.append(path.stem)

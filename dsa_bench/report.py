@@ -24,6 +24,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from dsa_bench.baselines import REFERENCE_SOLUTION, LoadedResults, load_results
+from dsa_bench.files import check_output_path, starts_with, write_atomic
 from dsa_bench.results import CaseRecord, now_iso, summarize
 
 _FAILED_COLOR = "#c62828"
@@ -47,6 +48,12 @@ def _cases(records: list[CaseRecord]) -> list[str]:
     return list(dict.fromkeys(r.case for r in records))
 
 
+def _literal(text: str) -> str:
+    """``text`` for a matplotlib label: a ``$`` in a case or solution name would start math
+    mode (and an unparsable formula raises at drawing time); escaped, it is shown as it is."""
+    return text.replace("$", r"\$")
+
+
 def _figure_width(n_cases: int) -> float:
     return min(max(8.0, 0.28 * n_cases + 2.5), 40.0)
 
@@ -57,12 +64,12 @@ def _grouped_bars(ax: Any, cases: list[str], series: dict[str, list[float]], fai
     width = 0.8 / n
     for i, (solution, heights) in enumerate(series.items()):
         xs = [c + (i - (n - 1) / 2) * width for c in range(len(cases))]
-        ax.bar(xs, heights, width=width, label=solution)
+        ax.bar(xs, heights, width=width, label=_literal(solution))
         bad = [x for x, f in zip(xs, failed[solution]) if f]
         if bad:
             ax.scatter(bad, [0] * len(bad), marker="x", color=_FAILED_COLOR, zorder=3, transform=ax.get_xaxis_transform(), clip_on=False)
     ax.set_xticks(range(len(cases)))
-    ax.set_xticklabels(cases, rotation=90, fontsize=7 if len(cases) > 40 else 8)
+    ax.set_xticklabels([_literal(c) for c in cases], rotation=90, fontsize=7 if len(cases) > 40 else 8)
     ax.set_xlim(-0.6, len(cases) - 0.4)
     ax.grid(axis="y", alpha=0.3)
 
@@ -84,8 +91,8 @@ def latency_figure(results: LoadedResults) -> Figure:
     ax = fig.add_subplot()
     _grouped_bars(ax, cases, series, failed)
     ax.set_yscale("log")
-    ax.set_ylabel(f"latency, µs (mean of trial medians, {results.timer or 'untimed'})")
-    ax.set_title(f"{results.workload}: latency per case (lower is better; x = failed)")
+    ax.set_ylabel(_literal(f"latency, µs (mean of trial medians, {results.timer or 'untimed'})"))
+    ax.set_title(_literal(f"{results.workload}: latency per case (lower is better; x = failed)"))
     ax.legend(loc="upper left", fontsize=8)
     return fig
 
@@ -105,7 +112,7 @@ def speedup_figure(results: LoadedResults) -> Figure:
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="reference (1x)")
     ax.set_yscale("log")
     ax.set_ylabel("speedup over the reference (same run)")
-    ax.set_title(f"{results.workload}: speedup per case (higher is better; x = failed)")
+    ax.set_title(_literal(f"{results.workload}: speedup per case (higher is better; x = failed)"))
     ax.legend(loc="upper left", fontsize=8)
     return fig
 
@@ -120,21 +127,21 @@ def speedup_distribution_figure(results: LoadedResults) -> Figure:
         if not values:
             continue
         geomean = math.exp(sum(math.log(v) for v in values) / len(values))
-        line = ax.ecdf(values, label=f"{s} (geomean {geomean:.2f}x, {len(values)} cases)")
+        line = ax.ecdf(values, label=_literal(f"{s} (geomean {geomean:.2f}x, {len(values)} cases)"))
         ax.axvline(geomean, color=line.get_color(), linewidth=0.8, linestyle=":")
     ax.axvline(1.0, color="black", linewidth=0.8, linestyle="--")
     ax.set_xscale("log")
     ax.set_xlabel("speedup over the reference")
     ax.set_ylabel("fraction of cases with speedup ≤ x")
-    ax.set_title(f"{results.workload}: speedup distribution over the case mix")
+    ax.set_title(_literal(f"{results.workload}: speedup distribution over the case mix"))
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
     return fig
 
 
-def build_figures(loaded: list[LoadedResults]) -> list[ReportFigure]:
-    """The report's plots; results without timing get none."""
-    figures: list[ReportFigure] = []
+def _figure_plan(loaded: list[LoadedResults]) -> list[tuple[str, str, Any, LoadedResults]]:
+    """(unique name, title, maker, results) of every plot the report will hold, none drawn yet."""
+    plan = []
     used: set[str] = set()
     for results in loaded:
         if not results.timed:
@@ -147,13 +154,18 @@ def build_figures(loaded: list[LoadedResults]) -> list[ReportFigure]:
                 ("speedup-distribution", "Speedup distribution", speedup_distribution_figure),
             ]
         for suffix, title, make in makers:
-            name = base = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', results.workload)}-{suffix}"
+            name = base = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', results.workload)[:80]}-{suffix}"
             k = 2
             while name in used:
                 name, k = f"{base}-{k}", k + 1
             used.add(name)
-            figures.append(ReportFigure(name, title, make(results), results))
-    return figures
+            plan.append((name, title, make, results))
+    return plan
+
+
+def build_figures(loaded: list[LoadedResults]) -> list[ReportFigure]:
+    """The report's plots; results without timing get none."""
+    return [ReportFigure(name, title, make(results), results) for name, title, make, results in _figure_plan(loaded)]
 
 
 # --------------------------------------------------------------------------- HTML
@@ -301,16 +313,26 @@ def render_html(loaded: list[LoadedResults], figures: list[ReportFigure], pngs: 
     return "\n".join(parts)
 
 
+_HTML_STARTS = (b"<!doctype html", b"<html")
+_PNG_START = (b"\x89PNG\r\n\x1a\n",)
+
+
 def write_report(results_paths: list[Path], output: Path) -> tuple[Path, list[Path]]:
-    """Write the HTML report and its PNG plots (``<output stem>-<plot>.png`` next to it)."""
+    """Write the HTML report and its PNG plots (``<output stem>-<plot>.png`` next to it).
+
+    Every output path is checked before anything is drawn: none may be one of the results
+    files, and an existing file is replaced only if it is an HTML page (the report) or a PNG
+    image (a plot). Each file is written atomically.
+    """
     loaded = [load_results(p) for p in results_paths]
-    figures = build_figures(loaded)
+    check_output_path(output, "--output", "dsa-bench HTML report", lambda p: starts_with(p, _HTML_STARTS, skip_space=True), results_paths)
+    plan = _figure_plan(loaded)
+    png_paths = {name: output.parent / f"{output.stem}-{name}.png" for name, *_ in plan}
+    for path in png_paths.values():
+        check_output_path(path, "--output (a plot next to it)", "PNG image", lambda p: starts_with(p, _PNG_START), results_paths)
+    figures = [ReportFigure(name, title, make(results), results) for name, title, make, results in plan]
     pngs = {f.name: _png(f.figure) for f in figures}
-    output.parent.mkdir(parents=True, exist_ok=True)
-    png_paths = []
     for name, data in pngs.items():
-        path = output.parent / f"{output.stem}-{name}.png"
-        path.write_bytes(data)
-        png_paths.append(path)
-    output.write_text(render_html(loaded, figures, pngs))
-    return output, png_paths
+        write_atomic(png_paths[name], data, "plot")
+    write_atomic(output, render_html(loaded, figures, pngs), "report")
+    return output, list(png_paths.values())

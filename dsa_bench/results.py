@@ -9,18 +9,17 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import os
 import platform
 import statistics
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 
 import dsa_bench
 from dsa_bench.definitions.base import Status
+from dsa_bench.files import check_output_path, has_json_format, write_atomic
 
 RESULTS_FORMAT = "dsa-bench-results"
 RESULTS_VERSION = 1
@@ -184,6 +183,12 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def check_results_path(path: Path, inputs: Iterable[Path], input_folders: Iterable[Path]) -> None:
+    """Refuse a ``--save`` path unless it is new or an earlier results file: never an input of
+    the run, a path inside an input folder (a solution, a dataset), or a file of another kind."""
+    check_output_path(path, "--save", "dsa-bench results", lambda p: has_json_format(p, RESULTS_FORMAT), inputs, input_folders)
+
+
 class ResultsFile:
     """A results document kept on disk as records arrive."""
 
@@ -208,13 +213,8 @@ class ResultsFile:
         self._write()
 
     def _write(self) -> None:
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.document, f, indent=1, allow_nan=True)
-        os.replace(tmp, self.path)
+        if self.path is not None:
+            write_atomic(self.path, json.dumps(self.document, indent=1, allow_nan=True), "results")
 
 
 # --------------------------------------------------------------------------- tables
