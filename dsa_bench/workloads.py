@@ -84,7 +84,7 @@ class Workload:
 # --------------------------------------------------------------------------- loading
 
 _SETTING_TYPES = {"seed": int, "input_sets": int, "warmup": int, "iterations": int, "trials": int}
-_TOLERANCE_TYPES = {"atol": float, "rtol": float, "score_rtol": float}
+_TOLERANCE_TYPES = {"atol": float, "rtol": float, "lse_atol": float, "score_rtol": float}
 
 
 def load_workload(path: Path) -> Workload:

@@ -8,6 +8,7 @@ Per token t over its valid indices (physical ids ``page * 64 + slot``, -1 = padd
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -182,10 +183,11 @@ def expect(inputs: Mapping[str, Value]) -> dict[str, torch.Tensor]:
 
 def check(inputs: Mapping[str, Value], outputs: Mapping[str, torch.Tensor], expected: Any, tol: Tolerance) -> CheckResult:
     empty_rows = torch.isneginf(expected["lse"])
+    lse_tol = replace(tol, atol=tol.lse_atol, rtol=0.0)  # absolute only: see Tolerance.lse_atol
     return worst(
         [
             compare_close("output", outputs["output"], expected["output"], tol),
-            compare_close("lse", outputs["lse"], expected["lse"], tol, allow_neg_inf=empty_rows),
+            compare_close("lse", outputs["lse"], expected["lse"], lse_tol, allow_neg_inf=empty_rows),
         ]
     )
 
@@ -214,5 +216,10 @@ DEFINITION = Definition(
     expect=expect,
     check=check,
     key_axes=("num_tokens",),
-    notes=("lse is base 2; a token with no valid index has output 0 and lse exactly -inf.",),
+    notes=(
+        "lse is base 2.",
+        "output is compared element-wise with atol/rtol (an element fails only when |diff| > atol and |diff| > rtol·|ref|); "
+        "lse with the absolute lse_atol alone (|diff| <= lse_atol, no relative part).",
+        "A token with no valid index has output 0 and lse exactly -inf.",
+    ),
 )
