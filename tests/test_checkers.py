@@ -235,6 +235,7 @@ def test_attention_checker_accepts_reference_and_small_noise(attention_case):
     axes, inputs, ref = attention_case
     assert check_attention(axes, inputs, ref["output"], ref["lse"]).passed
     noisy = (ref["output"].float() + 1e-3).to(torch.bfloat16)
+    noisy[1] = 0.0  # token 1 has no valid index: its output stays exactly 0
     assert check_attention(axes, inputs, noisy, ref["lse"] + 1e-4).passed
 
 
@@ -268,10 +269,22 @@ def test_attention_checker_requires_neg_inf_on_empty_rows(attention_case):
     axes, inputs, ref = attention_case
     lse = ref["lse"].clone()
     lse[1] = 0.0  # token 1 has no valid slot: lse must be exactly -inf
-    _reject_attention(axes, inputs, ref["output"], lse, "lse: 16 of")
+    _reject_attention(axes, inputs, ref["output"], lse, "lse: token 1 has no valid index, so its lse must be exactly -inf")
     out = ref["output"].clone()
     out[1] = 1.0  # and its output must be 0
-    _reject_attention(axes, inputs, out, ref["lse"], "output:")
+    _reject_attention(axes, inputs, out, ref["lse"], "output: token 1 has no valid index")
+
+
+def test_attention_checker_requires_exact_zero_output_on_empty_rows(attention_case):
+    axes, inputs, ref = attention_case
+    assert ref["output"][1].eq(0).all()
+    out = ref["output"].clone()
+    out[1, 3, 100] = 0.009  # within atol = 1e-2, but the contract says exactly 0
+    _reject_attention(axes, inputs, out, ref["lse"], "output: token 1 has no valid index, so its output must be exactly 0; head 3 column 100 holds 0.00897217")
+    out[1, 3, 100] = float("nan")
+    _reject_attention(axes, inputs, out, ref["lse"], "output: token 1 has no valid index")
+    out[1] = -0.0  # IEEE -0 equals 0
+    assert check_attention(axes, inputs, out, ref["lse"]).passed
 
 
 def test_attention_checker_rejects_lse_off_by_a_fraction(attention_case):

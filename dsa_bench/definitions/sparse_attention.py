@@ -19,6 +19,7 @@ from dsa_bench.definitions.base import (
     CheckResult,
     Definition,
     InputRng,
+    Status,
     TensorSpec,
     Tolerance,
     Value,
@@ -181,11 +182,36 @@ def expect(inputs: Mapping[str, Value]) -> dict[str, torch.Tensor]:
     return reference(**inputs)
 
 
+def _check_empty_tokens(sparse_indices: torch.Tensor, outputs: Mapping[str, torch.Tensor]) -> CheckResult:
+    """A token with no valid index has output exactly 0 and lse exactly -inf: no tolerance."""
+    empty = torch.nonzero((sparse_indices < 0).all(dim=1)).flatten()
+    if empty.numel() == 0:
+        return CheckResult(Status.PASSED)
+    out, lse = outputs["output"][empty].float(), outputs["lse"][empty]
+    bad_out = out != 0  # NaN too
+    if bool(bad_out.any()):
+        k, h, d = (int(i) for i in torch.nonzero(bad_out)[0])
+        return CheckResult(
+            Status.INCORRECT_NUMERICAL,
+            f"output: token {int(empty[k])} has no valid index, so its output must be exactly 0; "
+            f"head {h} column {d} holds {float(out[k, h, d]):.6g}",
+        )
+    bad_lse = ~torch.isneginf(lse)
+    if bool(bad_lse.any()):
+        k, h = (int(i) for i in torch.nonzero(bad_lse)[0])
+        return CheckResult(
+            Status.INCORRECT_NUMERICAL,
+            f"lse: token {int(empty[k])} has no valid index, so its lse must be exactly -inf; head {h} holds {float(lse[k, h]):.6g}",
+        )
+    return CheckResult(Status.PASSED)
+
+
 def check(inputs: Mapping[str, Value], outputs: Mapping[str, torch.Tensor], expected: Any, tol: Tolerance) -> CheckResult:
     empty_rows = torch.isneginf(expected["lse"])
     lse_tol = replace(tol, atol=tol.lse_atol, rtol=0.0)  # absolute only: see Tolerance.lse_atol
     return worst(
         [
+            _check_empty_tokens(inputs["sparse_indices"], outputs),
             compare_close("output", outputs["output"], expected["output"], tol),
             compare_close("lse", outputs["lse"], expected["lse"], lse_tol, allow_neg_inf=empty_rows),
         ]
@@ -220,6 +246,6 @@ DEFINITION = Definition(
         "lse is base 2.",
         "output is compared element-wise with atol/rtol (an element fails only when |diff| > atol and |diff| > rtol·|ref|); "
         "lse with the absolute lse_atol alone (|diff| <= lse_atol, no relative part).",
-        "A token with no valid index has output 0 and lse exactly -inf.",
+        "A token with no valid index must have output exactly 0 and lse exactly -inf (no tolerance).",
     ),
 )
