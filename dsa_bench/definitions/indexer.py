@@ -104,8 +104,24 @@ def allocate_block_table(seq_lens: np.ndarray, max_num_pages: int, num_pages: in
     return table
 
 
+def _first_occurrences(ids: torch.Tensor) -> torch.Tensor:
+    """Ascending positions in the 1-D ``ids`` of the first occurrence of each distinct value."""
+    distinct, inverse = torch.unique(ids, return_inverse=True)
+    positions = torch.arange(ids.numel(), device=ids.device)
+    first = torch.full((distinct.numel(),), ids.numel(), dtype=torch.long, device=ids.device)
+    first.scatter_reduce_(0, inverse, positions, reduce="amin")  # a minimum: the same in any order
+    return torch.sort(first).values
+
+
 def _fill_keys(cache: torch.Tensor, seq_lens: list[int], block_table: torch.Tensor, rng: InputRng, distinct_keys: int | None) -> None:
-    """Give random FP8 keys to exactly the tokens some row can read; all else stays NaN."""
+    """Give random FP8 keys to exactly the tokens some row can read; all else stays NaN.
+
+    Keys are drawn for every (row, position) in row order, as always, so recorded seeds keep
+    their inputs. A page two rows share (prefix caching) lists its tokens more than once; each
+    token is written once, with the key of its first occurrence, because which of two writes to
+    one place lands last varies with thread scheduling and the harness and the worker would
+    build different caches.
+    """
     ids = [token_ids(block_table[b], n) for b, n in enumerate(seq_lens) if n > 0]
     if not ids:
         return
@@ -116,7 +132,9 @@ def _fill_keys(cache: torch.Tensor, seq_lens: list[int], block_table: torch.Tens
         pool = rng.randn(distinct_keys, HEAD_DIM)
         pick = torch.randint(0, distinct_keys, (ids_all.numel(),), generator=rng.values, device=rng.device)
         keys = pool[pick]
-    values, scales = quantize_fp8_per_token(keys)
+    once = _first_occurrences(ids_all)  # all positions, in order, when no page is shared
+    ids_all = ids_all[once]
+    values, scales = quantize_fp8_per_token(keys[once])
     page, slot = ids_all // PAGE_SIZE, ids_all % PAGE_SIZE
     INDEXER_KEY_PAGE.values(cache).view(torch.uint8)[page, slot] = values.view(torch.uint8)
     INDEXER_KEY_PAGE.scales(cache)[page, slot] = scales
