@@ -127,6 +127,7 @@ RedrawFn = Callable[[Mapping[str, int], InputRng], dict[str, torch.Tensor]]
 ValidateFn = Callable[[Mapping[str, int], Mapping[str, Value], Mapping[str, dict]], list[str]]
 ExpectFn = Callable[[Mapping[str, Value]], Any]
 CheckFn = Callable[[Mapping[str, Value], Mapping[str, torch.Tensor], Any, Tolerance], CheckResult]
+MinTrafficFn = Callable[[Mapping[str, int], Mapping[str, Value]], int]
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,10 @@ class Definition:
     the checker compares against (reference outputs, or reference scores); and
     ``check(inputs, outputs, expected, tol)`` judges outputs whose shapes and dtypes already
     match the specs. Solutions are called in destination-passing style:
-    ``kernel(*inputs, *outputs)`` in spec order.
+    ``kernel(*inputs, *outputs)`` in spec order. ``min_traffic_bytes(axes, inputs)``, where a
+    definition has it, is a lower bound on the bytes any correct kernel moves between DRAM and
+    the chip for one call on these inputs (the distinct bytes it must read plus those it must
+    write), for judging whether a measured time is physically possible.
     """
 
     name: str
@@ -159,6 +163,7 @@ class Definition:
     #: axes shown in result tables, most telling first
     key_axes: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    min_traffic_bytes: MinTrafficFn | None = None
 
     def axes(self, var_values: Mapping[str, int]) -> dict[str, int]:
         return {**self.const_axes, **var_values}

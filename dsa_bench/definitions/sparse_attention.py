@@ -218,6 +218,37 @@ def check(inputs: Mapping[str, Value], outputs: Mapping[str, torch.Tensor], expe
     )
 
 
+# --------------------------------------------------------------------------- traffic
+
+SLOT_BYTES = (CKV_DIM + KPE_DIM) * 2  # one cache slot's ckv and kpe rows, bf16
+QUERY_BYTES = NUM_HEADS * (CKV_DIM + KPE_DIM) * 2  # q_nope and q_pe of one token, bf16
+INDEX_ROW_BYTES = TOPK * 4  # int32
+OUTPUT_TOKEN_BYTES = NUM_HEADS * CKV_DIM * 2 + NUM_HEADS * 4  # output (bf16) and lse (float32)
+
+
+def min_traffic_bytes(axes: Mapping[str, int], inputs: Mapping[str, Value]) -> int:
+    """Bytes any correct kernel must at least move between DRAM and the chip for one call.
+
+        reads   8192 · T                          every token's 2048 int32 indices (padding may sit anywhere)
+              + 18432 · T_valid                   q_nope (16×512 bf16) and q_pe (16×64 bf16) of each token
+                                                  with at least one valid index
+              + 1152 · |distinct valid ids|       ckv (512 bf16) and kpe (64 bf16) of every slot some token
+                                                  reads; a slot several tokens read counts once
+        writes  (16384 + 64) · T                  output (16×512 bf16) and lse (16 float32) of every token
+
+    A token without a valid index needs no query (its output is 0 and its lse -inf); sm_scale
+    is a host scalar. The count is a lower bound: each byte once, at byte granularity (DRAM
+    moves 32-byte sectors).
+    """
+    indices = inputs["sparse_indices"]
+    tokens = indices.shape[0]
+    valid = indices >= 0
+    with_valid = int(valid.any(dim=1).sum())
+    distinct_slots = int(torch.unique(indices[valid]).numel())
+    reads = INDEX_ROW_BYTES * tokens + QUERY_BYTES * with_valid + SLOT_BYTES * distinct_slots
+    return reads + OUTPUT_TOKEN_BYTES * tokens
+
+
 DEFINITION = Definition(
     name=NAME,
     description="Sparse MLA attention of 16 heads over up to 2048 selected cache slots (base-2 lse).",
@@ -248,4 +279,5 @@ DEFINITION = Definition(
         "lse with the absolute lse_atol alone (|diff| <= lse_atol, no relative part).",
         "A token with no valid index must have output exactly 0 and lse exactly -inf (no tolerance).",
     ),
+    min_traffic_bytes=min_traffic_bytes,
 )
