@@ -47,6 +47,7 @@ def compare_close(
 ) -> CheckResult:
     """Element-wise tolerance test of ``out`` against ``ref``.
 
+    With ``tol.rtol == 0`` the test is absolute: an element fails when ``|diff| > tol.atol``.
     ``allow_neg_inf`` marks elements where -inf is the correct value: there the output must be
     exactly -inf (and the reference must be too). Everywhere else any infinity fails.
     """
@@ -73,9 +74,10 @@ def compare_close(
     if n_bad == 0:
         return CheckResult(Status.PASSED, "", max_abs, max_rel)
     first = tuple(int(i) for i in torch.nonzero(bad)[0].tolist())
+    allowed = f"atol={tol.atol:g}, rtol={tol.rtol:g}" if tol.rtol else f"absolute, |diff| <= {tol.atol:g}"
     message = (
         f"{name}: {n_bad} of {bad.numel()} elements out of tolerance "
-        f"(atol={tol.atol:g}, rtol={tol.rtol:g}); first at {first}: "
+        f"({allowed}); first at {first}: "
         f"got {float(out32[first]):.6g}, expected {float(ref32[first]):.6g}"
     )
     return CheckResult(Status.INCORRECT_NUMERICAL, message, max_abs, max_rel)

@@ -16,6 +16,7 @@ and reports problems as ``file:line: field: what was expected``.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -94,7 +95,7 @@ COUNT_BOUNDS: dict[str, tuple[int, int]] = {
     "iterations": (1, 100_000),
     "trials": (1, 100),
 }
-TOLERANCES = ("atol", "rtol", "score_rtol")
+TOLERANCES = tuple(f.name for f in dataclasses.fields(Tolerance))
 #: Largest inputs plus outputs of one input set of a case, in bytes. The largest shipped case
 #: needs about 0.7 GB; a trace asking for more is a typo, which would otherwise surface as an
 #: allocation failure (or a machine swapping) instead of a message about the trace.

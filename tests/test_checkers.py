@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -11,7 +12,9 @@ from dsa_bench.checking import judge
 from dsa_bench.definitions import indexer as idx
 from dsa_bench.definitions import sparse_attention as attn
 from dsa_bench.definitions.base import INT_POISON, InputRng, Status, Tolerance
+from dsa_bench.errors import DsaBenchError
 from dsa_bench.kv_formats import INDEXER_KEY_PAGE
+from dsa_bench.workloads import parse_settings
 
 CPU = torch.device("cpu")
 TOL = Tolerance()
@@ -232,7 +235,8 @@ def test_attention_checker_accepts_reference_and_small_noise(attention_case):
     axes, inputs, ref = attention_case
     assert check_attention(axes, inputs, ref["output"], ref["lse"]).passed
     noisy = (ref["output"].float() + 1e-3).to(torch.bfloat16)
-    assert check_attention(axes, inputs, noisy, ref["lse"] + 1e-3).passed
+    noisy[1] = 0.0  # token 1 has no valid index: its output stays exactly 0
+    assert check_attention(axes, inputs, noisy, ref["lse"] + 1e-4).passed
 
 
 def _reject_attention(axes, inputs, output, lse, fragment: str) -> None:
@@ -265,10 +269,55 @@ def test_attention_checker_requires_neg_inf_on_empty_rows(attention_case):
     axes, inputs, ref = attention_case
     lse = ref["lse"].clone()
     lse[1] = 0.0  # token 1 has no valid slot: lse must be exactly -inf
-    _reject_attention(axes, inputs, ref["output"], lse, "lse: 16 of")
+    _reject_attention(axes, inputs, ref["output"], lse, "lse: token 1 has no valid index, so its lse must be exactly -inf")
     out = ref["output"].clone()
     out[1] = 1.0  # and its output must be 0
-    _reject_attention(axes, inputs, out, ref["lse"], "output:")
+    _reject_attention(axes, inputs, out, ref["lse"], "output: token 1 has no valid index")
+
+
+def test_attention_checker_requires_exact_zero_output_on_empty_rows(attention_case):
+    axes, inputs, ref = attention_case
+    assert ref["output"][1].eq(0).all()
+    out = ref["output"].clone()
+    out[1, 3, 100] = 0.009  # within atol = 1e-2, but the contract says exactly 0
+    _reject_attention(axes, inputs, out, ref["lse"], "output: token 1 has no valid index, so its output must be exactly 0; head 3 column 100 holds 0.00897217")
+    out[1, 3, 100] = float("nan")
+    _reject_attention(axes, inputs, out, ref["lse"], "output: token 1 has no valid index")
+    out[1] = -0.0  # IEEE -0 equals 0
+    assert check_attention(axes, inputs, out, ref["lse"]).passed
+
+
+def test_attention_checker_rejects_lse_off_by_a_fraction(attention_case):
+    # 0.15 in base 2 is a softmax denominator 11 % too large: |lse| ~ 20 hid it under rtol = 1e-2.
+    axes, inputs, ref = attention_case
+    assert float(ref["lse"][2].abs().min()) * TOL.rtol > 0.15, "the old relative test would have passed it"
+    lse = ref["lse"].clone()
+    lse[2, 5] += 0.15
+    _reject_attention(axes, inputs, ref["output"], lse, "lse: 1 of 48 elements out of tolerance (absolute, |diff| <= 0.00025)")
+
+
+def equal_weight_inputs() -> tuple[dict, dict]:
+    """One full row whose 2048 slots all have logit 0 (zero queries): each weighs exactly 1/2048."""
+    axes, inputs = attention_inputs([2048])
+    inputs["q_nope"].zero_()
+    inputs["q_pe"].zero_()
+    return axes, inputs
+
+
+def test_attention_checker_rejects_one_of_2048_equal_slots_left_out():
+    axes, inputs = equal_weight_inputs()
+    ref = attn.reference(**inputs)
+    assert torch.allclose(ref["lse"], torch.full_like(ref["lse"], 11.0))  # log2(2048)
+    skipped = dict(inputs, sparse_indices=inputs["sparse_indices"].clone())
+    skipped["sparse_indices"][0, 1234] = -1
+    mutant = attn.reference(**skipped)  # what a kernel that drops slot 1234 returns
+    shift = float((ref["lse"] - mutant["lse"]).abs().max())
+    assert shift == pytest.approx(math.log2(2048 / 2047), rel=1e-2)
+    # Its output is within atol/rtol (the first failure reported is the lse's), its lse is not.
+    _reject_attention(axes, inputs, mutant["output"], mutant["lse"], "lse: 16 of 16 elements out of tolerance")
+    # A workload may loosen lse_atol; then the same outputs pass.
+    loose = judge(attn.DEFINITION, axes, inputs, mutant, attn.expect(inputs), Tolerance(lse_atol=1e-3), CPU)
+    assert loose.passed, loose.message
 
 
 def test_attention_checker_rejects_unwritten_output(attention_case):
@@ -276,3 +325,11 @@ def test_attention_checker_rejects_unwritten_output(attention_case):
     outputs = attn.DEFINITION.allocate_outputs(axes, CPU)
     outputs["lse"].copy_(ref["lse"])
     _reject_attention(axes, inputs, outputs["output"], outputs["lse"], "output:")
+
+
+def test_lse_atol_is_a_workload_setting_recorded_with_the_tolerance():
+    settings = parse_settings({"lse_atol": 1e-3, "atol": 0.02}, "w.yaml")
+    assert settings.tolerance == Tolerance(atol=0.02, lse_atol=1e-3)
+    assert asdict(settings.tolerance) == {"atol": 0.02, "rtol": 1e-2, "lse_atol": 1e-3, "score_rtol": 1e-4}  # what results record
+    with pytest.raises(DsaBenchError, match="setting 'lse_atol' must be a number"):
+        parse_settings({"lse_atol": "tight"}, "w.yaml")

@@ -106,8 +106,24 @@ def allocate_block_table(seq_lens: np.ndarray, max_num_pages: int, num_pages: in
     return table
 
 
+def _first_occurrences(ids: torch.Tensor) -> torch.Tensor:
+    """Ascending positions in the 1-D ``ids`` of the first occurrence of each distinct value."""
+    distinct, inverse = torch.unique(ids, return_inverse=True)
+    positions = torch.arange(ids.numel(), device=ids.device)
+    first = torch.full((distinct.numel(),), ids.numel(), dtype=torch.long, device=ids.device)
+    first.scatter_reduce_(0, inverse, positions, reduce="amin")  # a minimum: the same in any order
+    return torch.sort(first).values
+
+
 def _fill_keys(cache: torch.Tensor, seq_lens: list[int], block_table: torch.Tensor, rng: InputRng, distinct_keys: int | None) -> None:
-    """Give random FP8 keys to exactly the tokens some row can read; all else stays NaN."""
+    """Give random FP8 keys to exactly the tokens some row can read; all else stays NaN.
+
+    Keys are drawn for every (row, position) in row order, as always, so recorded seeds keep
+    their inputs. A page two rows share (prefix caching) lists its tokens more than once; each
+    token is written once, with the key of its first occurrence, because which of two writes to
+    one place lands last varies with thread scheduling and the harness and the worker would
+    build different caches.
+    """
     ids = [token_ids(block_table[b], n) for b, n in enumerate(seq_lens) if n > 0]
     if not ids:
         return
@@ -118,7 +134,9 @@ def _fill_keys(cache: torch.Tensor, seq_lens: list[int], block_table: torch.Tens
         pool = rng.randn(distinct_keys, HEAD_DIM)
         pick = torch.randint(0, distinct_keys, (ids_all.numel(),), generator=rng.values, device=rng.device)
         keys = pool[pick]
-    values, scales = quantize_fp8_per_token(keys)
+    once = _first_occurrences(ids_all)  # all positions, in order, when no page is shared
+    ids_all = ids_all[once]
+    values, scales = quantize_fp8_per_token(keys[once])
     page, slot = ids_all // PAGE_SIZE, ids_all % PAGE_SIZE
     INDEXER_KEY_PAGE.values(cache).view(torch.uint8)[page, slot] = values.view(torch.uint8)
     INDEXER_KEY_PAGE.scales(cache)[page, slot] = scales
@@ -310,6 +328,44 @@ def check(inputs: Mapping[str, Value], outputs: Mapping[str, torch.Tensor], expe
     return CheckResult(Status.PASSED, max_abs_error=worst_gap)
 
 
+# --------------------------------------------------------------------------- traffic
+
+KEY_RECORD_BYTES = INDEXER_KEY_PAGE.bytes_per_token  # 128 FP8 values + one float32 scale
+QUERY_BYTES = NUM_HEADS * HEAD_DIM  # FP8
+WEIGHTS_BYTES = NUM_HEADS * 4  # float32
+OUTPUT_ROW_BYTES = TOPK * 4  # int32
+
+
+def min_traffic_bytes(axes: Mapping[str, int], inputs: Mapping[str, Value]) -> int:
+    """Bytes any correct kernel must at least move between DRAM and the chip for one call.
+
+    With L = seq_lens[b] and P(L) = ceil(L / 64):
+
+        reads   4 · batch                                   seq_lens
+              + 4 · Σ_b P(L_b)                              the block-table entries each row reaches
+              + Σ_{b: L_b > 2048} (8192 + 256)              query (64×128 FP8) and weights (64 float32) of scored rows
+              + 132 · |∪_{b: L_b > 2048} tokens(b)|         key record (128 FP8 + 4-byte scale) of every distinct token
+                                                            of a scored row; a page rows share counts once
+        writes  8192 · batch                                every row's 2048 int32 ids
+
+    Only a row with more than 2048 tokens has to be scored: a passthrough row (L <= 2048)
+    selects all its tokens, so its ids come from its block-table entries alone. Every token of
+    a scored row may be among its best 2048, so each key record must be read. The count is a
+    lower bound: each byte once, at byte granularity (DRAM moves 32-byte sectors), nothing
+    counted that a correct kernel could skip on inputs without special structure (it could
+    skip a head whose weight is exactly 0; generated weights never are).
+    """
+    lens = inputs["seq_lens"].tolist()
+    batch = len(lens)
+    reads = 4 * batch + 4 * sum(_pages_of(n) for n in lens if n > 0)
+    scored = [b for b, n in enumerate(lens) if n > TOPK]
+    if scored:
+        reads += len(scored) * (QUERY_BYTES + WEIGHTS_BYTES)
+        tokens = torch.cat([token_ids(inputs["block_table"][b], lens[b]) for b in scored])
+        reads += KEY_RECORD_BYTES * int(torch.unique(tokens).numel())
+    return reads + OUTPUT_ROW_BYTES * batch
+
+
 DEFINITION = Definition(
     name=NAME,
     description="Lightning indexer: FP8 scores of every cached token, then the 2048 best as physical ids.",
@@ -334,4 +390,5 @@ DEFINITION = Definition(
         "Order inside a row is free; the checker compares the selected set's sorted scores with the reference's (ties allowed).",
         "Rows with seq_len <= 2048 select every token (passthrough).",
     ),
+    min_traffic_bytes=min_traffic_bytes,
 )

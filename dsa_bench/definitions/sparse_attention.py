@@ -8,6 +8,7 @@ Per token t over its valid indices (physical ids ``page * 64 + slot``, -1 = padd
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -18,6 +19,7 @@ from dsa_bench.definitions.base import (
     CheckResult,
     Definition,
     InputRng,
+    Status,
     TensorSpec,
     Tolerance,
     Value,
@@ -218,14 +220,71 @@ def expect(inputs: Mapping[str, Value]) -> dict[str, torch.Tensor]:
     return reference(**inputs)
 
 
+def _check_empty_tokens(sparse_indices: torch.Tensor, outputs: Mapping[str, torch.Tensor]) -> CheckResult:
+    """A token with no valid index has output exactly 0 and lse exactly -inf: no tolerance."""
+    empty = torch.nonzero((sparse_indices < 0).all(dim=1)).flatten()
+    if empty.numel() == 0:
+        return CheckResult(Status.PASSED)
+    out, lse = outputs["output"][empty].float(), outputs["lse"][empty]
+    bad_out = out != 0  # NaN too
+    if bool(bad_out.any()):
+        k, h, d = (int(i) for i in torch.nonzero(bad_out)[0])
+        return CheckResult(
+            Status.INCORRECT_NUMERICAL,
+            f"output: token {int(empty[k])} has no valid index, so its output must be exactly 0; "
+            f"head {h} column {d} holds {float(out[k, h, d]):.6g}",
+        )
+    bad_lse = ~torch.isneginf(lse)
+    if bool(bad_lse.any()):
+        k, h = (int(i) for i in torch.nonzero(bad_lse)[0])
+        return CheckResult(
+            Status.INCORRECT_NUMERICAL,
+            f"lse: token {int(empty[k])} has no valid index, so its lse must be exactly -inf; head {h} holds {float(lse[k, h]):.6g}",
+        )
+    return CheckResult(Status.PASSED)
+
+
 def check(inputs: Mapping[str, Value], outputs: Mapping[str, torch.Tensor], expected: Any, tol: Tolerance) -> CheckResult:
     empty_rows = torch.isneginf(expected["lse"])
+    lse_tol = replace(tol, atol=tol.lse_atol, rtol=0.0)  # absolute only: see Tolerance.lse_atol
     return worst(
         [
+            _check_empty_tokens(inputs["sparse_indices"], outputs),
             compare_close("output", outputs["output"], expected["output"], tol),
-            compare_close("lse", outputs["lse"], expected["lse"], tol, allow_neg_inf=empty_rows),
+            compare_close("lse", outputs["lse"], expected["lse"], lse_tol, allow_neg_inf=empty_rows),
         ]
     )
+
+
+# --------------------------------------------------------------------------- traffic
+
+SLOT_BYTES = (CKV_DIM + KPE_DIM) * 2  # one cache slot's ckv and kpe rows, bf16
+QUERY_BYTES = NUM_HEADS * (CKV_DIM + KPE_DIM) * 2  # q_nope and q_pe of one token, bf16
+INDEX_ROW_BYTES = TOPK * 4  # int32
+OUTPUT_TOKEN_BYTES = NUM_HEADS * CKV_DIM * 2 + NUM_HEADS * 4  # output (bf16) and lse (float32)
+
+
+def min_traffic_bytes(axes: Mapping[str, int], inputs: Mapping[str, Value]) -> int:
+    """Bytes any correct kernel must at least move between DRAM and the chip for one call.
+
+        reads   8192 · T                          every token's 2048 int32 indices (padding may sit anywhere)
+              + 18432 · T_valid                   q_nope (16×512 bf16) and q_pe (16×64 bf16) of each token
+                                                  with at least one valid index
+              + 1152 · |distinct valid ids|       ckv (512 bf16) and kpe (64 bf16) of every slot some token
+                                                  reads; a slot several tokens read counts once
+        writes  (16384 + 64) · T                  output (16×512 bf16) and lse (16 float32) of every token
+
+    A token without a valid index needs no query (its output is 0 and its lse -inf); sm_scale
+    is a host scalar. The count is a lower bound: each byte once, at byte granularity (DRAM
+    moves 32-byte sectors).
+    """
+    indices = inputs["sparse_indices"]
+    tokens = indices.shape[0]
+    valid = indices >= 0
+    with_valid = int(valid.any(dim=1).sum())
+    distinct_slots = int(torch.unique(indices[valid]).numel())
+    reads = INDEX_ROW_BYTES * tokens + QUERY_BYTES * with_valid + SLOT_BYTES * distinct_slots
+    return reads + OUTPUT_TOKEN_BYTES * tokens
 
 
 DEFINITION = Definition(
@@ -252,5 +311,11 @@ DEFINITION = Definition(
     expect=expect,
     check=check,
     key_axes=("num_tokens",),
-    notes=("lse is base 2; a token with no valid index has output 0 and lse exactly -inf.",),
+    notes=(
+        "lse is base 2.",
+        "output is compared element-wise with atol/rtol (an element fails only when |diff| > atol and |diff| > rtol·|ref|); "
+        "lse with the absolute lse_atol alone (|diff| <= lse_atol, no relative part).",
+        "A token with no valid index must have output exactly 0 and lse exactly -inf (no tolerance).",
+    ),
+    min_traffic_bytes=min_traffic_bytes,
 )
