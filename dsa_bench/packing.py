@@ -489,11 +489,11 @@ def unpack_solutions(json_paths: list[Path], dest: Path, force: bool = False, na
             raise DsaBenchError(f"spec.language {spec['language']!r} is not one dsa-bench runs (python, triton, cuda)", str(path))
         if spec["language"] == "cuda" and spec.get("binding") not in (None, "torch"):
             raise DsaBenchError(f"spec.binding {spec['binding']!r}: dsa-bench builds CUDA entries as torch extensions", str(path))
-        for index, source in enumerate(doc["sources"]):
+        for source in doc["sources"]:
             earlier = files.get(source["path"])
             if earlier is not None and earlier[0] != source["content"]:
                 raise DsaBenchError(f"{source['path']} differs from the copy in {earlier[1]}", str(path))
-            files[source["path"]] = (source["content"], path, index)
+            files[source["path"]] = (source["content"], path)
         entry_file = spec["entry_point"].split("::")[0]
         others = [s["path"] for s in doc["sources"] if s["path"] != entry_file]
         if spec["language"] == "cuda":  # only separate translation units are compiled with the entry
@@ -640,6 +640,7 @@ def verify_packed(packed: list[Path], root: Path, device: str = "auto", timeout_
         if not workloads:
             raise DsaBenchError(f"no smoke workload (workloads/*_smoke.yaml) for definition {definition!r}; cannot verify", str(path))
         with tempfile.TemporaryDirectory(prefix="dsa-bench-verify-") as tmp:
+            os.chmod(tmp, 0o755)  # readable by the unprivileged worker users of a run under root
             # a distinct name: `run` treats a solution named "reference" as the project's own
             folder = unpack_solutions([path], Path(tmp) / "solution", name=f"packed-{document['name'].removesuffix('_' + definition)}")
             for workload in workloads:
