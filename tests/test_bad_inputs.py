@@ -212,6 +212,14 @@ CORPUS: list[BadInput] = [
     BadInput("pack-out-long-name", ("pack", "{tmp}/sol", "-o", "{tmp}/" + LONG_NAME), "--out: cannot use this path: File name too long"),
     BadInput("report-under-file", ("report", "{tmp}/r.json", "-o", "{tmp}/wl.yaml/rep.html"), "is a file, so nothing can be written under it"),
     BadInput("report-malformed-results", ("report", "{tmp}/bad.json", "-o", "{tmp}/rep.html"), "records[0].timing: expected an object, got 'fast'", {"bad.json": mutated(results_document, lambda d: d["records"][0].__setitem__("timing", "fast"))}),
+    # run: settings, names and isolation options that would check nothing or escape (docs/validation.md, docs/trust.md)
+    BadInput("run-input-sets-zero", run_("--input-sets", "0"), "--input-sets 0: expected an integer >= 1"),
+    BadInput("run-iterations-negative", run_("--iterations", "-3"), "--iterations -3: expected an integer >= 1"),
+    BadInput("run-timeout-infinite", run_("--case-timeout", "inf"), "--case-timeout"),
+    BadInput("run-tolerance-nan", run_(), "settings.atol", {"wl.yaml": WORKLOAD.replace("  seed: 1\n", "  seed: 1\n  atol: .nan\n")}),
+    BadInput("run-worker-user-unknown", run_("--worker-user", "root"), "--worker-user 'root': expected one of auto, harness"),
+    BadInput("run-impostor-reference", run_("-s", "{tmp}/imp"), "the solution name 'reference' is reserved", {"imp/solution.yaml": MANIFEST.replace("name: mine", "name: reference"), "imp/k.py": KERNEL}),
+    BadInput("run-trace-blob-outside", run_(), "outside", {"trace.jsonl": TRACE_LINE.replace('"inputs":{', '"inputs":{"q_index_fp8":{"type":"safetensors","path":"../x.safetensors","tensor_key":"q"},')}),
 ]
 
 
