@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import fnmatch
-import math
 import signal
 import sys
 from pathlib import Path
@@ -51,54 +48,6 @@ def _warn(message: str) -> None:
     typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
 
 
-def _pick_device(name: str):
-    import torch
-
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise DsaBenchError(f"--device {name!r} is not a device; use auto, cpu, cuda or cuda:N") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise DsaBenchError(f"--device {name} asked for CUDA but no CUDA device is available")
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    if device.type == "cuda" and device.index >= torch.cuda.device_count():
-        raise DsaBenchError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    if device.type not in ("cpu", "cuda"):
-        raise DsaBenchError(f"--device {name}: only cpu and cuda devices are supported")
-    return device
-
-
-#: Longest --case-timeout and --compile-timeout, in seconds: a day (longer is a typo, not a plan).
-MAX_TIMEOUT_S = 86400.0
-
-
-def _check_setting_options(options: dict[str, int | None]) -> None:
-    """Refuse a bad run-setting override (``--input-sets 0``) before anything is loaded."""
-    from dsa_bench.workloads import setting_problem
-
-    for option, value in options.items():
-        problem = None if value is None else setting_problem(option.removeprefix("--").replace("-", "_"), value)
-        if problem is not None:
-            raise DsaBenchError(f"{option} {value}: {problem}")
-
-
-def _check_timeout(option: str, seconds: float) -> None:
-    if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
-        raise DsaBenchError(f"{option} {seconds:g}: expected a finite number of seconds > 0 and <= {MAX_TIMEOUT_S:g}")
-
-
-def _select_cases(workload, patterns: list[str]):
-    if not patterns:
-        return list(workload.cases)
-    chosen = [c for c in workload.cases if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
-    if not chosen:
-        raise DsaBenchError(f"no case of workload {workload.name!r} matches {', '.join(patterns)}")
-    return chosen
-
-
 @app.command()
 def run(
     workload: str = typer.Option(..., "--workload", "-w", help="Workload name (workloads/<name>.yaml) or path to a workload YAML."),
@@ -120,152 +69,47 @@ def run(
     worker_user: str = typer.Option("auto", "--worker-user", help="Whom solution workers run as: auto (a dedicated unprivileged id per worker when the harness is root, else the harness's user) or harness (always the harness's user)."),
 ) -> None:
     """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them."""
-    from dsa_bench.files import safe_file_name
-    from dsa_bench.isolation import WORKER_USER_MODES
-    from dsa_bench.project import check_run_solutions, find_root, reference_solution, resolve_solution, resolve_workload
-    from dsa_bench.results import ResultsFile, check_results_path, environment, failures, now_iso, records_table, sagged, summary_table
-    from dsa_bench.runner import Interrupted, RunOptions, order_solutions, run_workload, worker_identities
-    from dsa_bench.solutions import REFERENCE_SOLUTION, content_hash, discover
-    from dsa_bench.timing import check_l2_flush, choose_timer, measure_copy_bandwidth
+    from dsa_bench.project import find_root
+    from dsa_bench.results.tables import failures, records_table, summary_table
+    from dsa_bench.run.plan import RunRequest, execute, plan_run
 
-    check_l2_flush(l2_flush)
-    if worker_user not in WORKER_USER_MODES:
-        raise DsaBenchError(f"--worker-user {worker_user!r}: expected one of {', '.join(WORKER_USER_MODES)}")
-    _check_setting_options({"--seed": seed, "--input-sets": input_sets, "--warmup": warmup, "--iterations": iterations, "--trials": trials})
-    _check_timeout("--case-timeout", case_timeout)
-    _check_timeout("--compile-timeout", compile_timeout)
-    root = find_root()
-    if dataset is None:
-        wl = resolve_workload(workload, root)
-    else:
-        from dsa_bench.dataset import load_dataset_workload
-
-        wl = load_dataset_workload(dataset, workload)
-    cases = _select_cases(wl, case)
-    dev = _pick_device(device)
-    timer_name, warning = choose_timer(timer, dev)
-    if warning:
+    request = RunRequest(
+        workload=workload, solutions=solution, cases=case, device=device, timer=timer, l2_flush=l2_flush, seed=seed, input_sets=input_sets,
+        warmup=warmup, iterations=iterations, trials=trials, case_timeout=case_timeout, compile_timeout=compile_timeout, save=save,
+        no_save=no_save, dataset=dataset, worker_user=worker_user,
+    )  # fmt: skip
+    plan = plan_run(request, find_root())
+    for warning in plan.warnings:
         _warn(warning)
-    settings = wl.settings.replace(seed=seed, input_sets=input_sets, warmup=warmup, iterations=iterations, trials=trials)
-    if timer_name is not None and settings.input_sets < 2:
-        raise DsaBenchError("timing needs --input-sets >= 2 so consecutive calls never see the same tensors")
-    definition = wl.definition.name
-    reference = reference_solution(root)
-    reference_folders = [root / "solutions" / REFERENCE_SOLUTION]
-    if dataset is not None and (reference is None or definition not in reference.entries):
-        from dsa_bench.dataset import reference_solution_folder
-        from dsa_bench.solutions import load_solution
-
-        # a dataset definition dsa-bench has no reference solution of: run the JSON's own reference
-        reference = load_solution(reference_solution_folder(wl.definition, root / ".cache" / "dsa-bench"))
-        reference_folders.append(reference.path)
-    if solution:
-        chosen = [reference if dataset is not None and s == REFERENCE_SOLUTION else resolve_solution(s, root) for s in solution]
-        for s in chosen:
-            s.entry_for(definition)
-    else:
-        chosen = [s for s in discover(root / "solutions") if definition in s.entries]
-    check_run_solutions(chosen, reference_folders)
-    if timer_name is not None and reference is None:
-        raise DsaBenchError(f"timing needs the reference solution at {root / 'solutions' / REFERENCE_SOLUTION}")
-    chosen = order_solutions(chosen, timer_name is not None, reference)
-    if not chosen:
-        raise DsaBenchError(f"no solution implements {definition}")
-
-    save_path = None if no_save else (save or root / "results" / f"{safe_file_name(wl.name)}-{now_iso().replace(':', '')}.json")
-    if save_path is not None:
-        check_results_path(save_path, *_run_inputs(wl, chosen, dataset))
-    options = RunOptions(
-        device=dev,
-        settings=settings,
-        timer=timer_name,
-        l2_flush=l2_flush,
-        compile_timeout_s=compile_timeout,
-        case_timeout_s=case_timeout,
-        log_dir=root / ".cache" / "dsa-bench" / "logs",
-        cache_dir=root / ".cache" / "dsa-bench",
-        dataset_root=dataset,
-        worker_user=worker_user,
-        copy_bytes_per_s=measure_copy_bandwidth(dev) if timer_name is not None else None,
-    )
-    identities = worker_identities(chosen, options, cases)
-    from dataclasses import asdict
-
-    results = ResultsFile(
-        save_path,
-        {
-            "workload": {"name": wl.name, "path": str(wl.path), "trace": str(wl.trace_path), "definition": definition}
-            | ({"dataset": str(dataset.resolve())} if dataset is not None else {}),
-            "settings": {**{k: v for k, v in asdict(settings).items() if k != "tolerance"}, "tolerance": asdict(settings.tolerance)},
-            "timer": timer_name,
-            "l2_flush": l2_flush if timer_name else None,
-            "environment": environment(dev) | ({"copy_gbps": options.copy_bytes_per_s / 1e9} if options.copy_bytes_per_s else {}),
-            "workers": {name: identity.description for name, identity in identities.items()},
-            "solutions": {s.name: {"path": str(s.path), "content_hash": content_hash(s.path)} for s in chosen},
-        },
-    )
-    mode = f"timing with {timer_name}, {l2_flush} L2 flush" if timer_name else "correctness only (no CUDA device: nothing is timed)"
-    typer.echo(f"{wl.name}: {len(cases)} cases x {len(chosen)} solutions ({', '.join(s.name for s in chosen)}) on {dev}, {mode}")
-    for line in sorted({f"workers run as {identity.description}" for identity in identities.values()}):
+    names = ", ".join(s.name for s in plan.solutions)
+    typer.echo(f"{plan.workload.name}: {len(plan.cases)} cases x {len(plan.solutions)} solutions ({names}) on {plan.options.device}, {plan.mode}")
+    for line in sorted({f"workers run as {identity.description}" for identity in plan.identities.values()}):
         typer.echo(line)
-    records = []
-    interrupted: int | None = None  # the signal that stopped the run
     with _progress() as progress:
-        task = progress.add_task(wl.name, total=len(cases) * len(chosen))
+        task = progress.add_task(plan.workload.name, total=len(plan.cases) * len(plan.solutions))
 
         def on_record(record) -> None:
             progress.update(task, advance=1, description=f"{record.case} [{record.solution}] {record.status.value}")
 
-        try:
-            with _stopped_by_signals():
-                records = run_workload(wl, cases, chosen, options, results, on_record, identities)
-        except KeyboardInterrupt as stop:
-            interrupted = stop.signum if isinstance(stop, Interrupted) else signal.SIGINT
-            records = _records_from(results)
-    sag = sagged(records, results.document["environment"].get("max_sm_mhz"))
-    results.update(complete=interrupted is None, finished=now_iso(), clock_sagged=sag)
+        outcome = execute(plan, on_record)
+    records = outcome.records
     if records:
-        typer.echo(records_table(records, wl.definition.key_axes))
+        typer.echo(records_table(records, plan.workload.definition.key_axes))
         typer.echo("")
         typer.echo(summary_table(records))
-    notes = results.document.get("solution_notes") or {}
-    for name, note in notes.items():
+    for name, note in (outcome.results.document.get("solution_notes") or {}).items():
         typer.echo(f"note [{name}]: {note}")
-    for line in sag:
+    for line in outcome.sagged:
         _warn(f"clock sagged during timing: {line}")
     for line in failures(records):
         _err(line)
-    if save_path is not None:
-        typer.echo(f"results: {save_path}")
-    if interrupted is not None:
-        _err(f"interrupted by {signal.Signals(interrupted).name}: {len(records)} finished records kept")
-        raise typer.Exit(128 + interrupted)
+    if plan.save_path is not None:
+        typer.echo(f"results: {plan.save_path}")
+    if outcome.stopped_by is not None:
+        _err(f"interrupted by {signal.Signals(outcome.stopped_by).name}: {len(records)} finished records kept")
+        raise typer.Exit(128 + outcome.stopped_by)
     if any(not r.passed for r in records):
         raise typer.Exit(EXIT_FAILED_CASES)
-
-
-@contextlib.contextmanager
-def _stopped_by_signals():
-    """SIGTERM and SIGHUP stop a run as Ctrl-C does: workers are ended, finished records kept."""
-    from dsa_bench.runner import Interrupted
-
-    def stop(signum, frame):
-        raise Interrupted(signum)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _run_inputs(workload, solutions, dataset: Path | None) -> tuple[list[Path], list[Path]]:
-    """The files and folders a run reads, which its results file must not overwrite or enter."""
-    files = [p for p in (workload.path, workload.trace_path) if p is not None]
-    files += [source.path for case in workload.cases for source in case.inputs.values() if source.path is not None]
-    folders = [s.path for s in solutions] + ([dataset] if dataset is not None else [])
-    return files, folders
 
 
 def _progress(console=None):
@@ -278,12 +122,6 @@ def _progress(console=None):
     )
 
 
-def _records_from(results):
-    from dsa_bench.results import CaseRecord
-
-    return [CaseRecord.from_json(r) for r in results.document["records"]]
-
-
 @app.command("list")
 def list_(what: str = typer.Argument("all", help="definitions, workloads, solutions or all")) -> None:
     """List the definitions, workloads and solutions dsa-bench can see."""
@@ -291,7 +129,7 @@ def list_(what: str = typer.Argument("all", help="definitions, workloads, soluti
 
     from dsa_bench.definitions import all_definitions
     from dsa_bench.project import find_root, resolve_workload, workload_names
-    from dsa_bench.solutions import discover
+    from dsa_bench.solution import discover
 
     if what not in ("all", "definitions", "workloads", "solutions"):
         raise DsaBenchError(f"cannot list {what!r}; choose definitions, workloads, solutions or all")
@@ -316,7 +154,7 @@ def list_(what: str = typer.Argument("all", help="definitions, workloads, soluti
 @app.command()
 def validate(paths: list[Path] = typer.Argument(..., help="Workload YAML, trace JSONL (with --definition) or solution folders.")) -> None:
     """Validate workload, trace and solution files without running anything."""
-    from dsa_bench.solutions import MANIFEST, load_solution
+    from dsa_bench.solution import MANIFEST, load_solution
     from dsa_bench.workloads import load_workload
 
     bad = 0
@@ -367,7 +205,8 @@ def pack(
     """Package a solution folder as flashinfer-bench Solution JSON, one file per definition."""
     from tabulate import tabulate
 
-    from dsa_bench.packing import pack_solution, verify_packed
+    from dsa_bench.pack.pack import pack_solution
+    from dsa_bench.pack.verify import verify_packed
     from dsa_bench.project import find_root
 
     packed = pack_solution(folder, out, definition or None)
@@ -403,7 +242,7 @@ def unpack(
     force: bool = typer.Option(False, "--force", help="Write into a non-empty destination folder."),
 ) -> None:
     """Restore a solution folder (sources and solution.yaml) from packed Solution JSON files."""
-    from dsa_bench.packing import unpack_solutions
+    from dsa_bench.pack.pack import unpack_solutions
 
     if len(paths) < 2:
         raise DsaBenchError("give the packed JSON file(s) and then the destination folder")
@@ -421,7 +260,9 @@ def compare(
     all_cases: bool = typer.Option(False, "--all", help="List every case, not only those that changed."),
 ) -> None:
     """Compare per-case speedups with a baseline; exit 1 on a regression or a newly failing case."""
-    from dsa_bench.baselines import compare_results, load_baseline, load_results, render_comparison
+    from dsa_bench.results.baseline import load_baseline
+    from dsa_bench.results.compare import compare_results, render_comparison
+    from dsa_bench.results.records import load_results
 
     if output_format not in ("table", "markdown"):
         raise DsaBenchError(f"--format {output_format!r}: choose table or markdown")
@@ -442,7 +283,8 @@ def baseline_update(
     replace: bool = typer.Option(False, "--replace", help="Drop workloads not in these results (default: keep them)."),
 ) -> None:
     """Write or update a baseline from results files: each workload's entry is replaced."""
-    from dsa_bench.baselines import load_results, update_baseline
+    from dsa_bench.results.baseline import update_baseline
+    from dsa_bench.results.records import load_results
 
     document = update_baseline(baseline, results, replace=replace)
     for path in results:
@@ -461,7 +303,7 @@ def report(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="HTML file to write (default: the first results file with .html); PNG plots go next to it."),
 ) -> None:
     """Write a self-contained HTML report (plots embedded) and the plots as PNG files."""
-    from dsa_bench.report import write_report
+    from dsa_bench.results.report import write_report
 
     page, pngs = write_report(results, output if output is not None else results[0].with_suffix(".html"))
     typer.echo(f"report: {page}" + (f" ({len(pngs)} plots: {', '.join(p.name for p in pngs)})" if pngs else " (nothing was timed: no plots)"))

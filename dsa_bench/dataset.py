@@ -35,12 +35,14 @@ from typing import Any
 
 import torch
 
-from dsa_bench.checking import compare_close, worst
 from dsa_bench.definitions import all_definitions, register
-from dsa_bench.definitions.base import DTYPE_NAMES, DTYPES, CheckResult, Definition, InputRng, TensorSpec, Tolerance, Value
+from dsa_bench.definitions.base import DTYPE_NAMES, DTYPES, Definition, InputRng, TensorSpec, Tolerance, Value
+from dsa_bench.definitions.checks import compare_close, worst
+from dsa_bench.definitions.status import CheckResult
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.files import read_json, read_jsonl, safe_file_name
-from dsa_bench.solutions import REFERENCE_SOLUTION
+from dsa_bench.files import read_json, read_jsonl
+from dsa_bench.paths import safe_file_name
+from dsa_bench.solution import REFERENCE_SOLUTION
 from dsa_bench.workloads import Case, RunSettings, Workload, parse_case
 
 #: Integer ranges of random integer inputs (the ecosystem's choice; high is exclusive).

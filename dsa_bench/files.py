@@ -22,7 +22,6 @@ any work is done, an output path that would overwrite an input or a file of anot
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -38,13 +37,14 @@ from dsa_bench.errors import DsaBenchError
 
 #: Largest JSON, JSONL or YAML file dsa-bench reads (results files of full runs are a few MB).
 MAX_TEXT_BYTES = 64 * 1024 * 1024
+
+
 #: Deepest nesting of lists and objects accepted in JSON and YAML (dsa-bench's own files use < 10).
 MAX_NESTING = 100
+
+
 #: Most nodes a YAML document may expand to, counting every use of an alias in full.
 MAX_YAML_NODES = 100_000
-
-
-# --------------------------------------------------------------------------- reading
 
 
 def read_text(path: Path, kind: str) -> str:
@@ -225,8 +225,6 @@ def read_yaml(path: Path, kind: str) -> Any:
             loader.dispose()
 
 
-# --------------------------------------------------------------------------- checking documents
-
 Model = TypeVar("Model")
 
 
@@ -296,9 +294,6 @@ def check_document(model: type[Model], data: Any, where: str) -> Model:
         raise DsaBenchError(_problem(errors[0]) + more, where) from None
 
 
-# --------------------------------------------------------------------------- writing
-
-
 def _current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
@@ -307,6 +302,8 @@ def _current_umask() -> int:
 
 #: Permissions of the files and folders dsa-bench writes (mkstemp and mkdtemp alone give 0600, 0700).
 FILE_MODE = 0o666 & ~_current_umask()
+
+
 DIR_MODE = 0o777 & ~_current_umask()
 
 
@@ -400,39 +397,3 @@ def starts_with(path: Path, prefixes: tuple[bytes, ...], skip_space: bool = Fals
         return False
     head = (head.lstrip() if skip_space else head).lower()
     return any(head.startswith(p.lower()) for p in prefixes)
-
-
-# --------------------------------------------------------------------------- names and paths
-
-#: Longest file name :func:`safe_file_name` returns (well below the usual 255-byte limit, so a
-#: suffix such as ``.json`` or ``.log`` still fits).
-MAX_FILE_NAME = 96
-_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
-_HASHED_TAIL = re.compile(r"-[0-9a-f]{16}$")
-
-
-def safe_file_name(name: str) -> str:
-    """``name`` as one file name that stays in its folder: only ``[A-Za-z0-9._-]``, never empty,
-    ``.`` or ``..``, no leading ``.`` or ``-``, at most :data:`MAX_FILE_NAME` characters.
-
-    A name that already is such a file name is kept. Any other name has its other characters
-    replaced by ``_`` and a hash of the original appended (``-`` and 16 hex digits), so distinct
-    names stay distinct (a kept name never ends the way a hashed one does: such names are hashed too).
-    """
-    if _SAFE_NAME.fullmatch(name) and len(name) <= MAX_FILE_NAME and not _HASHED_TAIL.search(name):
-        return name
-    digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", name)[: MAX_FILE_NAME - 17]
-    if not cleaned or cleaned[0] in ".-":
-        cleaned = "_" + cleaned[1:]
-    return f"{cleaned}-{digest}"
-
-
-def path_inside(folder: Path, relative: str, field: str, where: str) -> Path:
-    """``folder / relative`` resolved (symbolic links followed); a path that leaves ``folder``
-    (``..``, an absolute path, a link pointing out) raises, naming ``where`` and ``field``."""
-    base = folder.resolve()
-    target = (base / relative).resolve()
-    if not target.is_relative_to(base):
-        raise DsaBenchError(f"{field}: path {relative!r} resolves to {target}, outside {base}", where)
-    return target

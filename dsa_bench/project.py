@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.solutions import MANIFEST, REFERENCE_SOLUTION, Solution, discover, load_solution
+from dsa_bench.solution import MANIFEST, REFERENCE_SOLUTION, Solution, discover, load_solution
 from dsa_bench.workloads import Workload, load_workload
 
 
@@ -86,3 +86,12 @@ def check_run_solutions(solutions: list[Solution], reference_folders: list[Path]
                 f"two solutions are named {solution.name!r}: {earlier.path} and {solution.path}; names must be unique within a run"
             )
         seen[solution.name] = solution
+
+
+def relative_to_root(path: Path | None, root: Path) -> str | None:
+    """``path`` as results record it: relative to the project root (with ``/``) when it lies in
+    the project, so stored results name no folder of the machine that made them; else absolute."""
+    if path is None:
+        return None
+    resolved = Path(path).resolve()
+    return resolved.relative_to(root.resolve()).as_posix() if resolved.is_relative_to(root.resolve()) else str(resolved)

@@ -29,7 +29,8 @@ import torch
 from dsa_bench.definitions import get_definition
 from dsa_bench.definitions.base import DTYPE_NAMES, Definition, InputRng, Tolerance, Value, is_finite_number, is_integer
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.files import path_inside, read_jsonl, read_yaml
+from dsa_bench.files import read_jsonl, read_yaml
+from dsa_bench.paths import path_inside
 
 INPUT_KINDS = ("random", "explicit", "scalar", "safetensors")
 

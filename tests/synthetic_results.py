@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dsa_bench.definitions.base import Status
-from dsa_bench.results import CaseRecord, ResultsFile, Timing
+from dsa_bench.definitions.status import Status
+from dsa_bench.results.records import CaseRecord, ResultsFile, Timing
 
 GPU_ENVIRONMENT = {"dsa_bench": "0.1.0", "torch": "2.11.0", "device": "cuda:0", "gpu": "NVIDIA H200", "sm_count": 132}
 CPU_ENVIRONMENT = {"dsa_bench": "0.1.0", "torch": "2.13.0", "device": "cpu", "gpu": None}

@@ -114,7 +114,7 @@ def _worker_pids() -> set[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if b"dsa_bench.worker" in (entry / "cmdline").read_bytes():
+                if b"dsa_bench.run.worker" in (entry / "cmdline").read_bytes():
                     found.add(int(entry.name))
             except OSError:
                 pass
@@ -157,7 +157,7 @@ def test_attacks_on_the_judging_side(tmp_path, marker, monkeypatch):
 def _isolation_here() -> bool:
     from conftest import ROOT
 
-    from dsa_bench.isolation import choose_identity, python_paths
+    from dsa_bench.run.isolation import choose_identity, python_paths
 
     return choose_identity("auto", 0, [*python_paths(), ROOT], []).dedicated
 

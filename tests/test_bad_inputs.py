@@ -22,21 +22,21 @@ import pytest
 from conftest import ROOT, run_cli
 from typer.testing import CliRunner
 
-from dsa_bench.baselines import (
-    BaselineCaseModel,
-    CaseMeasure,
-    LoadedResults,
-    RecordModel,
-    TimingModel,
-    baseline_block,
-    load_baseline,
-    load_results,
-)
 from dsa_bench.cli import app
-from dsa_bench.definitions.base import Status
+from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import MAX_TEXT_BYTES
-from dsa_bench.results import CaseRecord, ResultsFile, Timing, check_results_path
+from dsa_bench.results.baseline import BaselineCaseModel, CaseMeasure, baseline_block, load_baseline
+from dsa_bench.results.records import (
+    CaseRecord,
+    LoadedResults,
+    RecordModel,
+    ResultsFile,
+    Timing,
+    TimingModel,
+    check_results_path,
+    load_results,
+)
 
 INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
 TRACE_LINE = '{"id":"c1","axes":{"batch_size":1,"max_num_pages":4,"num_pages":512},"inputs":{"seq_lens":{"type":"explicit","values":[200]}}}\n'
@@ -361,7 +361,7 @@ def test_writes_are_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_failed_unpack_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dsa_bench import packing
+    from dsa_bench.pack import pack as packing
 
     doc = tmp_path / "p.json"
     doc.write_text(packed([{"path": "lib/x.py", "content": "x = 1\n"}]))
@@ -390,7 +390,7 @@ def test_failed_unpack_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def test_packing_odd_strings_in_sources_is_not_an_error(tmp_path: Path) -> None:
     """String literals naming impossible files (too long, absolute globs) are not files of the folder."""
-    from dsa_bench.packing import pack_solution
+    from dsa_bench.pack.pack import pack_solution
 
     (tmp_path / "sol").mkdir()
     (tmp_path / "sol" / "solution.yaml").write_text(MANIFEST)

@@ -9,9 +9,9 @@ import pytest
 import torch
 from conftest import ROOT
 
-from dsa_bench import channel
-from dsa_bench.protocol import ProtocolError, TimingJob, TimingResult, parse_reply, rebuild
-from dsa_bench.runner import _CaseContext, implausible_timing, trial_seeds
+from dsa_bench.run import channel
+from dsa_bench.run.judge import CaseContext, implausible_timing, trial_seeds
+from dsa_bench.run.protocol import ProtocolError, TimingJob, TimingResult, parse_reply, rebuild
 from dsa_bench.workloads import load_workload
 
 
@@ -77,7 +77,7 @@ def test_tensors_are_accepted_only_as_declared_and_as_the_definition_expects():
 def test_impossible_timings_are_named():
     workload = load_workload(ROOT / "workloads" / "sparse_attention_smoke.yaml")
     case = workload.cases[0]
-    ctx = _CaseContext(workload, case, torch.device("cpu"), workload.settings.tolerance)
+    ctx = CaseContext(workload, case, torch.device("cpu"), workload.settings.tolerance)
     settings = workload.settings.replace(trials=1, iterations=3)
     job = TimingJob(case, trial_seeds(settings, case), 0, 3, 1)
     honest = TimingResult("cupti", samples_ms=[[0.02, 0.021, 0.02]])

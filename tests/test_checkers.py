@@ -8,12 +8,13 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from dsa_bench.checking import judge
 from dsa_bench.definitions import indexer as idx
 from dsa_bench.definitions import sparse_attention as attn
-from dsa_bench.definitions.base import INT_POISON, InputRng, Status, Tolerance
+from dsa_bench.definitions.base import INT_POISON, InputRng, Tolerance
+from dsa_bench.definitions.checks import judge
+from dsa_bench.definitions.kv_layout import INDEXER_KEY_PAGE
+from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.kv_formats import INDEXER_KEY_PAGE
 from dsa_bench.workloads import parse_settings
 
 CPU = torch.device("cpu")

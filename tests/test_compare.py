@@ -11,19 +11,11 @@ import pytest
 from conftest import run_cli
 from synthetic_results import write_results
 
-from dsa_bench.baselines import (
-    BASELINE_FORMAT,
-    CaseMeasure,
-    Verdict,
-    classify,
-    compare_results,
-    load_baseline,
-    load_results,
-    render_comparison,
-    update_baseline,
-)
-from dsa_bench.definitions.base import Status
+from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
+from dsa_bench.results.baseline import BASELINE_FORMAT, CaseMeasure, load_baseline, update_baseline
+from dsa_bench.results.compare import Verdict, classify, compare_results, render_comparison
+from dsa_bench.results.records import load_results
 
 WORKLOAD = "indexer_h64"
 

@@ -10,10 +10,11 @@ import torch
 from conftest import run_cli
 from safetensors.torch import save_file
 
-from dsa_bench.checking import judge
 from dsa_bench.dataset import load_dataset_workload
 from dsa_bench.definitions import get_definition
-from dsa_bench.definitions.base import DTYPE_NAMES, Definition, Status, Tolerance
+from dsa_bench.definitions.base import DTYPE_NAMES, Definition, Tolerance
+from dsa_bench.definitions.checks import judge
+from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.workloads import build_inputs
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 from conftest import ROOT
 
-from dsa_bench.checking import judge
 from dsa_bench.definitions import indexer as idx
 from dsa_bench.definitions import sparse_attention as attn
 from dsa_bench.definitions.base import InputRng, Tolerance
+from dsa_bench.definitions.checks import judge
 from dsa_bench.workloads import build_inputs, derive_seed, load_workload
 
 CPU = torch.device("cpu")

@@ -24,10 +24,10 @@ from dsa_bench.definitions import get_definition
 from dsa_bench.definitions import indexer as idx
 from dsa_bench.definitions import sparse_attention as attn
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.files import MAX_FILE_NAME, safe_file_name
-from dsa_bench.packing import pack_solution, unpack_solutions
+from dsa_bench.pack.pack import pack_solution, unpack_solutions
+from dsa_bench.paths import MAX_FILE_NAME, safe_file_name
 from dsa_bench.project import check_run_solutions
-from dsa_bench.solutions import load_solution
+from dsa_bench.solution import load_solution
 from dsa_bench.workloads import build_inputs, load_workload
 
 INDEXER = get_definition(idx.NAME)

@@ -10,7 +10,8 @@ import pytest
 from conftest import FIXTURES, run_cli
 
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.packing import check_solution_document, pack_solution, read_solution_document, unpack_solutions
+from dsa_bench.pack.document import check_solution_document, read_solution_document
+from dsa_bench.pack.pack import pack_solution, unpack_solutions
 
 INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
 ATTENTION = "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"

@@ -18,9 +18,9 @@ from matplotlib.container import BarContainer
 from PIL import Image
 from synthetic_results import write_results
 
-from dsa_bench.baselines import load_results
-from dsa_bench.definitions.base import Status
-from dsa_bench.report import build_figures
+from dsa_bench.definitions.status import Status
+from dsa_bench.results.records import load_results
+from dsa_bench.results.report import build_figures
 
 LATENCIES = {
     "b1_p10": {"reference": 0.6, "triton": 0.05, "other": 0.3},

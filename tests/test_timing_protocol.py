@@ -11,10 +11,10 @@ import torch
 from conftest import ROOT
 
 from dsa_bench.definitions import indexer
-from dsa_bench.protocol import TimingJob, parse_reply
-from dsa_bench.runner import _CaseContext, decode_timing, trial_seeds
-from dsa_bench.timing import HostClockTimer
-from dsa_bench.worker import _CaseRunner
+from dsa_bench.run.judge import CaseContext, decode_timing, trial_seeds
+from dsa_bench.run.protocol import TimingJob, parse_reply
+from dsa_bench.run.worker import _CaseRunner
+from dsa_bench.timing.events import HostClockTimer
 from dsa_bench.workloads import load_workload
 
 CPU = torch.device("cpu")
@@ -40,7 +40,7 @@ def time_with(fn, trials: int = 2, iterations: int = 6):
     timer = HostClockTimer()
     header, blob = runner.time(job, timer.time_iterations, NoFlush().flush, lambda: None, timer.name)
     # through the same validation and decoding as a reply from a worker process
-    ctx = _CaseContext(workload, case, CPU, settings.tolerance)
+    ctx = CaseContext(workload, case, CPU, settings.tolerance)
     result = decode_timing(parse_reply({**header, "notes": ""}, ("timing",)), blob, ctx, job)
     checks = [ctx.check(c.seed, c.outputs, c.redrawn_inputs) for c in result.checked]
     return result, checks
@@ -84,7 +84,7 @@ def test_outputs_are_repoisoned_before_every_timed_call():
 
 def test_timer_choice_falls_back_to_events_loudly(monkeypatch):
     """Without cupti-python a GPU run times with CUDA events and says so; forcing CUPTI is an error."""
-    import dsa_bench.cupti_timer as cupti_timer
+    import dsa_bench.timing.cupti as cupti_timer
     from dsa_bench.errors import DsaBenchError
     from dsa_bench.timing import choose_timer
 
@@ -110,7 +110,8 @@ def test_l2_flush_modes_on_the_gpu():
     import statistics
 
     from dsa_bench.errors import DsaBenchError
-    from dsa_bench.timing import L2Flusher, make_timer
+    from dsa_bench.timing import make_timer
+    from dsa_bench.timing.flush import L2Flusher
 
     gpu = torch.device("cuda")
     data = torch.ones((8192, 1024), dtype=torch.float32, device=gpu)  # 32 MB: inside the L2

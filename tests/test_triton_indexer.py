@@ -22,10 +22,11 @@ import pytest
 import torch
 from conftest import HAS_CUDA, ROOT
 
-from dsa_bench.checking import judge
 from dsa_bench.definitions import indexer
 from dsa_bench.definitions.base import INT_POISON, InputRng, Tolerance
-from dsa_bench.solutions import import_entry, load_solution
+from dsa_bench.definitions.checks import judge
+from dsa_bench.run.loader import import_entry
+from dsa_bench.solution import load_solution
 from dsa_bench.workloads import build_inputs, load_workload
 
 SOLUTION_DIR = ROOT / "solutions" / "triton"

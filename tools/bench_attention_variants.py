@@ -36,11 +36,12 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dsa_bench.checking import judge
 from dsa_bench.definitions import sparse_attention as attn
-from dsa_bench.solutions import import_entry
-from dsa_bench.solutions import load_solution as load_solution_folder
-from dsa_bench.timing import L2Flusher, choose_timer, make_timer
+from dsa_bench.definitions.checks import judge
+from dsa_bench.run.loader import import_entry
+from dsa_bench.solution import load_solution as load_solution_folder
+from dsa_bench.timing import choose_timer, make_timer
+from dsa_bench.timing.flush import L2Flusher
 from dsa_bench.workloads import build_inputs, derive_seed, load_workload
 
 TARGET_MEAN_US = 10.0

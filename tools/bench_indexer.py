@@ -41,12 +41,16 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dsa_bench.checking import judge
 from dsa_bench.definitions import indexer
 from dsa_bench.definitions.base import Tolerance, poison_
-from dsa_bench.results import environment, now_iso
-from dsa_bench.solutions import import_entry, load_solution
-from dsa_bench.timing import HostClockTimer, L2Flusher, choose_timer, make_timer
+from dsa_bench.definitions.checks import judge
+from dsa_bench.results.environment import environment
+from dsa_bench.results.records import now_iso
+from dsa_bench.run.loader import import_entry
+from dsa_bench.solution import load_solution
+from dsa_bench.timing import choose_timer, make_timer
+from dsa_bench.timing.events import HostClockTimer
+from dsa_bench.timing.flush import L2Flusher
 from dsa_bench.workloads import build_inputs, derive_seed, load_workload
 
 #: H200 targets of the fast solution, in microseconds

@@ -42,7 +42,8 @@ sys.path.insert(0, str(ROOT))
 from profile_kernels import solution_module
 
 from dsa_bench.definitions import sparse_attention as attn
-from dsa_bench.timing import L2Flusher, choose_timer, make_timer
+from dsa_bench.timing import choose_timer, make_timer
+from dsa_bench.timing.flush import L2Flusher
 from dsa_bench.workloads import build_inputs, derive_seed, load_workload
 
 TOPK = 2048

@@ -32,7 +32,8 @@ from tabulate import tabulate
 def timers(out: Path | None, iterations: int) -> None:
     import torch
 
-    from dsa_bench.timing import L2Flusher, make_timer
+    from dsa_bench.timing import make_timer
+    from dsa_bench.timing.flush import L2Flusher
 
     device = torch.device("cuda")
     flusher = L2Flusher(device)
@@ -48,7 +49,7 @@ def timers(out: Path | None, iterations: int) -> None:
         "copy (256 MB)": lambda: big_c.copy_(big_a),
         "3 launches: add, mul, add (4 MB)": lambda: (torch.add(a, b, out=c), c.mul_(2.0), c.add_(a)),
     }
-    from dsa_bench.cupti_timer import CuptiTimer
+    from dsa_bench.timing.cupti import CuptiTimer
 
     timer_kinds = {"cupti": lambda: make_timer("cupti"), "cupti_api": lambda: CuptiTimer(correlate_api=True), "events": lambda: make_timer("events")}
     rows, data = [], {}
@@ -111,7 +112,8 @@ def l2_flush(out: Path | None, iterations: int) -> None:
     from profile_kernels import ROOT, solution_module
 
     from dsa_bench.definitions import sparse_attention as attn
-    from dsa_bench.timing import L2_FLUSH_MODES, L2Flusher, make_timer
+    from dsa_bench.timing import make_timer
+    from dsa_bench.timing.flush import L2_FLUSH_MODES, L2Flusher
     from dsa_bench.workloads import load_workload
 
     device = torch.device("cuda")

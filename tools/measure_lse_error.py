@@ -22,7 +22,8 @@ import torch
 from tabulate import tabulate
 
 from dsa_bench.definitions import sparse_attention as attn
-from dsa_bench.solutions import import_entry, load_solution
+from dsa_bench.run.loader import import_entry
+from dsa_bench.solution import load_solution
 from dsa_bench.workloads import build_inputs, derive_seed, load_workload
 
 ROOT = Path(__file__).resolve().parent.parent

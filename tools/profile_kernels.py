@@ -39,8 +39,10 @@ sys.path.insert(0, str(ROOT))
 
 from dsa_bench.definitions import indexer
 from dsa_bench.definitions import sparse_attention as attn
-from dsa_bench.solutions import import_entry, load_solution
-from dsa_bench.timing import L2Flusher, choose_timer, make_timer
+from dsa_bench.run.loader import import_entry
+from dsa_bench.solution import load_solution
+from dsa_bench.timing import choose_timer, make_timer
+from dsa_bench.timing.flush import L2Flusher
 from dsa_bench.workloads import build_inputs, derive_seed, load_workload
 
 DEFAULT_CASES = [

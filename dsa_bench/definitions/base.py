@@ -7,13 +7,14 @@ registering one more :class:`Definition` in :mod:`dsa_bench.definitions`.
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
+
+from dsa_bench.definitions.status import CheckResult
 
 #: dtype names used in specs and trace files, mapped to torch dtypes.
 DTYPES: dict[str, torch.dtype] = {
@@ -26,41 +27,16 @@ DTYPES: dict[str, torch.dtype] = {
     "int8": torch.int8,
     "uint8": torch.uint8,
 }
+
+
 DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
+
 
 #: Poison used to pre-fill integer outputs: no valid index or padding value can equal it.
 INT_POISON = -(2**31)
 
+
 Value = Any  # a torch.Tensor, or a Python float for scalar inputs
-
-
-class Status(str, enum.Enum):
-    """Outcome of one solution on one case."""
-
-    PASSED = "PASSED"
-    INCORRECT_SHAPE = "INCORRECT_SHAPE"
-    INCORRECT_DTYPE = "INCORRECT_DTYPE"
-    INCORRECT_NUMERICAL = "INCORRECT_NUMERICAL"
-    INCORRECT_INDICES = "INCORRECT_INDICES"
-    RUNTIME_ERROR = "RUNTIME_ERROR"
-    COMPILE_ERROR = "COMPILE_ERROR"
-    TIMEOUT = "TIMEOUT"
-    #: the reported times are impossible (below the physical floor, or more than the wall time)
-    TIMING_SUSPECT = "TIMING_SUSPECT"
-
-
-@dataclass
-class CheckResult:
-    """What a checker concluded about one set of outputs."""
-
-    status: Status
-    message: str = ""
-    max_abs_error: float | None = None
-    max_rel_error: float | None = None
-
-    @property
-    def passed(self) -> bool:
-        return self.status is Status.PASSED
 
 
 @dataclass(frozen=True)
@@ -123,13 +99,25 @@ class InputRng:
 
 # Signatures of a definition's functions.
 ReferenceFn = Callable[..., dict[str, torch.Tensor]]
+
+
 GenerateFn = Callable[
     [Mapping[str, int], Mapping[str, Value], Mapping[str, dict], InputRng], dict[str, Value]
 ]
+
+
 RedrawFn = Callable[[Mapping[str, int], InputRng], dict[str, torch.Tensor]]
+
+
 ValidateFn = Callable[[Mapping[str, int], Mapping[str, Value], Mapping[str, dict]], list[str]]
+
+
 ExpectFn = Callable[[Mapping[str, Value]], Any]
+
+
 CheckFn = Callable[[Mapping[str, Value], Mapping[str, torch.Tensor], Any, Tolerance], CheckResult]
+
+
 MinTrafficFn = Callable[[Mapping[str, int], Mapping[str, Value]], int]
 
 
@@ -187,10 +175,6 @@ class Definition:
 def poison_(out: torch.Tensor) -> None:
     """Fill an output buffer with a value no correct kernel writes there."""
     out.fill_(math.nan if out.dtype.is_floating_point else INT_POISON)
-
-
-
-# --------------------------------------------------------------------------- generator parameters
 
 
 def unknown_params(params: Mapping[str, Mapping[str, Any]], known: Mapping[str, tuple[str, ...]]) -> list[str]:

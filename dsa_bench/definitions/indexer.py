@@ -14,18 +14,9 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from dsa_bench.definitions.base import (
-    CheckResult,
-    Definition,
-    InputRng,
-    Status,
-    TensorSpec,
-    Tolerance,
-    Value,
-    integer_param,
-    unknown_params,
-)
-from dsa_bench.kv_formats import INDEXER_KEY_PAGE, quantize_fp8_per_token
+from dsa_bench.definitions.base import Definition, InputRng, TensorSpec, Tolerance, Value, integer_param, unknown_params
+from dsa_bench.definitions.kv_layout import INDEXER_KEY_PAGE, quantize_fp8_per_token
+from dsa_bench.definitions.status import CheckResult, Status
 
 NAME = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
 NUM_HEADS = 64

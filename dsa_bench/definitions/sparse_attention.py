@@ -14,18 +14,9 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
-from dsa_bench.checking import compare_close, worst
-from dsa_bench.definitions.base import (
-    CheckResult,
-    Definition,
-    InputRng,
-    Status,
-    TensorSpec,
-    Tolerance,
-    Value,
-    is_integer,
-    unknown_params,
-)
+from dsa_bench.definitions.base import Definition, InputRng, TensorSpec, Tolerance, Value, is_integer, unknown_params
+from dsa_bench.definitions.checks import compare_close, worst
+from dsa_bench.definitions.status import CheckResult, Status
 
 NAME = "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"
 NUM_HEADS = 16

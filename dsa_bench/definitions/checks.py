@@ -13,14 +13,8 @@ from typing import Any, Mapping
 
 import torch
 
-from dsa_bench.definitions.base import (
-    DTYPE_NAMES,
-    CheckResult,
-    Definition,
-    Status,
-    Tolerance,
-    Value,
-)
+from dsa_bench.definitions.base import DTYPE_NAMES, Definition, Tolerance, Value
+from dsa_bench.definitions.status import CheckResult, Status
 
 
 def check_specs(definition: Definition, outputs: Mapping[str, torch.Tensor], axes: Mapping[str, int]) -> CheckResult | None:

@@ -21,20 +21,19 @@ A Python entry module may define ``solution_notes() -> str``; the run records wh
 from __future__ import annotations
 
 import hashlib
-import importlib
-import os
-import re
-import sys
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import read_yaml
 
 MANIFEST = "solution.yaml"
+
+
 LANGUAGES = ("python", "triton", "cuda")
+
+
 #: The name reserved for the project's reference solution (see project.check_run_solutions).
 REFERENCE_SOLUTION = "reference"
 
@@ -150,59 +149,6 @@ def content_hash(folder: Path) -> str:
         digest.update(str(path.relative_to(folder)).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()
-
-
-# --------------------------------------------------------------------------- importing
-
-
-def _package_name(solution: Solution) -> str:
-    slug = re.sub(r"\W", "_", solution.name)
-    return f"dsa_solution_{slug}_{hashlib.sha1(str(solution.path).encode()).hexdigest()[:8]}"
-
-
-def import_entry(solution: Solution, definition: str) -> tuple[Callable[..., Any], types.ModuleType | None]:
-    """The entry function (and its module, for Python entries), imported or built.
-
-    Python and Triton entries are imported as a module of a package rooted at the solution
-    folder, so relative imports between the solution's files work; the folder is also put on
-    ``sys.path`` for absolute sibling imports. CUDA entries are compiled with
-    ``torch.utils.cpp_extension.load`` into torch's extension cache (``TORCH_EXTENSIONS_DIR``).
-    Any exception propagates: the caller reports it as a compile error.
-    """
-    entry = solution.entry_for(definition)
-    if entry.language == "cuda":
-        return _build_cuda_entry(solution, entry), None
-    package = _package_name(solution)
-    if package not in sys.modules:
-        module = types.ModuleType(package)
-        module.__path__ = [str(solution.path)]  # type: ignore[attr-defined]
-        sys.modules[package] = module
-    if str(solution.path) not in sys.path:
-        sys.path.insert(0, str(solution.path))
-    dotted = ".".join(Path(entry.file).with_suffix("").parts)
-    module = importlib.import_module(f"{package}.{dotted}")
-    function = getattr(module, entry.function, None)
-    if not callable(function):
-        raise AttributeError(f"{entry.file} defines no function {entry.function!r}")
-    return function, module
-
-
-def _build_cuda_entry(solution: Solution, entry: SolutionEntry) -> Callable[..., Any]:
-    from torch.utils.cpp_extension import load
-
-    sources = [str(solution.path / entry.file)] + [
-        str(solution.path / s) for s in entry.sources if s.endswith((".cu", ".cpp"))
-    ]
-    definition_slug = re.sub(r"\W", "_", entry.definition)
-    name = f"{_package_name(solution)}_{definition_slug}"[:100]
-    module = load(name=name, sources=sources, extra_cuda_cflags=["-O3"], verbose=bool(os.environ.get("DSA_BENCH_VERBOSE_BUILD")))
-    function = getattr(module, entry.function, None)
-    if not callable(function):
-        raise AttributeError(f"{entry.file} exports no function {entry.function!r}")
-    return function
-
-
-# --------------------------------------------------------------------------- discovery
 
 
 def discover(solutions_dir: Path) -> list[Solution]:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.timing import Step, Timer
+from dsa_bench.timing.base import Step, Timer
 
 _registered: "CuptiTimer | None" = None
 

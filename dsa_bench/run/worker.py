@@ -1,10 +1,10 @@
-"""The isolated solution process: ``python -m dsa_bench.worker IN_FD OUT_FD``.
+"""The isolated solution process: ``python -m dsa_bench.run.worker IN_FD OUT_FD``.
 
-Each solution runs in its own process, started by :mod:`dsa_bench.runner` in a session of its
+Each solution runs in its own process, started by :mod:`dsa_bench.run.runner` in a session of its
 own (and, when the harness runs as root, as an unprivileged user). The worker builds its inputs
 itself from the case and seeds (the same generator the harness uses, so both sides hold
 identical inputs), calls the solution, times it, and sends back only outputs and timings, as
-frames of :mod:`dsa_bench.channel` whose headers :mod:`dsa_bench.protocol` validates on the
+frames of :mod:`dsa_bench.run.channel` whose headers :mod:`dsa_bench.run.protocol` validates on the
 harness side. It never receives reference outputs, and nothing it sends is unpickled there.
 
 The timer, the L2 flusher and the clock reader are created, and the functions the timing path
@@ -33,10 +33,10 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from dsa_bench import channel
+from dsa_bench.run import channel
 
 if TYPE_CHECKING:
-    from dsa_bench.protocol import CorrectnessJob, TimingJob, WorkerConfig
+    from dsa_bench.run.protocol import CorrectnessJob, TimingJob, WorkerConfig
 
 #: the harness's jobs are small (a case and its seeds); its pickles never come near this
 _MAX_JOB_BYTES = 512 * 2**20
@@ -90,7 +90,7 @@ class _Reply:
         self.tensors: dict[str, Any] = {}
 
     def values(self, values: Mapping[str, Any], prefix: str, specs: Mapping[str, tuple[Any, tuple[int, ...]]] | None = None) -> dict[str, Any]:
-        from dsa_bench.protocol import describe
+        from dsa_bench.run.protocol import describe
 
         specs = self.specs if specs is None else specs
         metas = {}
@@ -117,12 +117,13 @@ def main(argv: list[str]) -> None:
 
     import torch
 
-    from dsa_bench.protocol import WorkerConfig
+    from dsa_bench.run.protocol import WorkerConfig
 
     config = WorkerConfig(**header["config"])
 
     from dsa_bench.definitions import get_definition
-    from dsa_bench.solutions import import_entry, load_solution
+    from dsa_bench.run.loader import import_entry
+    from dsa_bench.solution import load_solution
 
     device = torch.device(config.device)
     if device.type == "cuda":
@@ -172,7 +173,9 @@ def _bind_measurement(config: WorkerConfig, device: Any) -> tuple[Any, Any, Any,
         return None, None, None, None
     import torch
 
-    from dsa_bench.timing import ClockReader, L2Flusher, make_timer
+    from dsa_bench.timing import make_timer
+    from dsa_bench.timing.clocks import ClockReader
+    from dsa_bench.timing.flush import L2Flusher
 
     timer = make_timer(config.timer)
     flusher = L2Flusher(device, config.l2_flush)

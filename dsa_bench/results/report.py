@@ -23,9 +23,10 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from dsa_bench.baselines import REFERENCE_SOLUTION, LoadedResults, load_results
 from dsa_bench.files import check_output_path, starts_with, write_atomic
-from dsa_bench.results import CaseRecord, now_iso, summarize
+from dsa_bench.results.records import CaseRecord, LoadedResults, load_results, now_iso
+from dsa_bench.results.tables import summarize
+from dsa_bench.solution import REFERENCE_SOLUTION
 
 _FAILED_COLOR = "#c62828"
 

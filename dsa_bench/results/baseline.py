@@ -1,0 +1,191 @@
+"""The baseline file: per-case measures of stored runs, loading, and updating it from results files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from dsa_bench.definitions.status import Status
+from dsa_bench.errors import DsaBenchError
+from dsa_bench.files import check_document, check_output_path, has_json_format, read_json, write_atomic
+from dsa_bench.results.records import (
+    CaseRecord,
+    ClosedModel,
+    LoadedResults,
+    Measure,
+    Name,
+    OpenModel,
+    SolutionMetaModel,
+    StatusName,
+    check_format,
+    load_results,
+    now_iso,
+    refuse_duplicates,
+)
+from dsa_bench.solution import REFERENCE_SOLUTION
+
+BASELINE_FORMAT = "dsa-bench-baseline"
+
+
+BASELINE_VERSION = 1
+
+
+class BaselineCaseModel(ClosedModel):
+    case: Name
+    solution: Name
+    status: StatusName
+    speedup: Measure | None = None
+    latency_ms: Measure | None = None
+    spread: Measure | None = None
+    reference_latency_ms: Measure | None = None
+    reference_spread: Measure | None = None
+
+
+class BaselineBlockModel(OpenModel):
+    definition: str | None = None
+    results_created: str | None = None
+    results_file: str | None = None
+    timer: str | None = None
+    l2_flush: str | None = None
+    settings: dict[str, Any] | None = None
+    environment: dict[str, Any] | None = None
+    solutions: dict[str, SolutionMetaModel] | None = None
+    cases: list[BaselineCaseModel]
+
+
+class BaselineModel(OpenModel):
+    format: Literal["dsa-bench-baseline"]
+    version: Literal[1]
+    updated: str | None = None
+    workloads: dict[str, BaselineBlockModel]
+
+
+@dataclass(frozen=True)
+class CaseMeasure:
+    """What a comparison needs of one (case, solution): status, speedup and their noise."""
+
+    status: str
+    speedup: float | None = None
+    latency_ms: float | None = None
+    spread: float | None = None
+    reference_latency_ms: float | None = None
+    reference_spread: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.status == Status.PASSED.value
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "speedup": self.speedup,
+            "latency_ms": self.latency_ms,
+            "spread": self.spread,
+            "reference_latency_ms": self.reference_latency_ms,
+            "reference_spread": self.reference_spread,
+        }
+
+
+Key = tuple[str, str, str]  # (workload, case, solution)
+
+
+def measures_of(results: LoadedResults) -> dict[Key, CaseMeasure]:
+    """Per (workload, case, solution) measure; the reference's figures come from the same case."""
+    reference: dict[str, CaseRecord] = {r.case: r for r in results.records if r.solution == REFERENCE_SOLUTION}
+    found: dict[Key, CaseMeasure] = {}
+    for r in results.records:
+        ref = reference.get(r.case)
+        ref_timing = ref.timing if ref is not None and ref.passed else None
+        found[(results.workload, r.case, r.solution)] = CaseMeasure(
+            status=r.status.value,
+            speedup=r.speedup,
+            latency_ms=r.timing.mean_ms if r.timing else None,
+            spread=r.timing.spread if r.timing else None,
+            reference_latency_ms=ref_timing.mean_ms if ref_timing else None,
+            reference_spread=ref_timing.spread if ref_timing else None,
+        )
+    return found
+
+
+def _check_baseline(document: Any, where: str) -> dict[str, Any]:
+    check_format(document, BASELINE_FORMAT, BASELINE_VERSION, "baseline", where)
+    check_document(BaselineModel, document, where)
+    for name, block in document["workloads"].items():
+        refuse_duplicates(block["cases"], f"workloads.{name}.cases", where)
+    return document
+
+
+def load_baseline(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise DsaBenchError("baseline file does not exist (create it with `dsa-bench baseline update`)", str(path))
+    document = read_json(path, "baseline")
+    return _check_baseline(document, str(path))
+
+
+def baseline_measures(document: dict[str, Any]) -> dict[Key, CaseMeasure]:
+    found: dict[Key, CaseMeasure] = {}
+    for workload, block in document["workloads"].items():
+        for case in block["cases"]:
+            found[(workload, case["case"], case["solution"])] = CaseMeasure(
+                status=case["status"],
+                speedup=case.get("speedup"),
+                latency_ms=case.get("latency_ms"),
+                spread=case.get("spread"),
+                reference_latency_ms=case.get("reference_latency_ms"),
+                reference_spread=case.get("reference_spread"),
+            )
+    return found
+
+
+def baseline_block(results: LoadedResults) -> dict[str, Any]:
+    """The baseline entry of one workload, from a finished results file."""
+    doc = results.document
+    return {
+        "definition": results.definition,
+        "results_created": doc.get("created"),
+        "results_file": results.path.name,
+        "timer": results.timer,
+        "l2_flush": results.l2_flush,
+        "settings": doc.get("settings"),
+        "environment": results.environment,
+        "solutions": {name: {"content_hash": meta.get("content_hash")} for name, meta in (doc.get("solutions") or {}).items()},
+        "cases": [
+            {"case": case, "solution": solution, **measure.to_json()} for (_, case, solution), measure in measures_of(results).items()
+        ],
+    }
+
+
+def update_baseline(baseline_path: Path, results_paths: list[Path], replace: bool = False) -> dict[str, Any]:
+    """Write (or update) a baseline file from results files; returns the new document.
+
+    Each results file's workload replaces that workload's entry; other workloads already in
+    the file stay unless ``replace``. Interrupted runs are refused: a baseline must be complete.
+    """
+    if not results_paths:
+        raise DsaBenchError("no results file given")
+    check_output_path(baseline_path, "--baseline", "dsa-bench baseline", lambda p: has_json_format(p, BASELINE_FORMAT), results_paths)
+    loaded = [load_results(p) for p in results_paths]
+    seen: dict[str, Path] = {}
+    for results in loaded:
+        if results.workload in seen:
+            raise DsaBenchError(
+                f"workload {results.workload!r} is also in {seen[results.workload]}; give one results file per workload", str(results.path)
+            )
+        seen[results.workload] = results.path
+        if not results.document.get("complete", False):
+            raise DsaBenchError("results file is incomplete (the run was interrupted); a baseline needs a finished run", str(results.path))
+        if not results.records:
+            raise DsaBenchError("results file holds no records", str(results.path))
+    if baseline_path.exists() and not replace:
+        document = load_baseline(baseline_path)
+    else:
+        document = {"format": BASELINE_FORMAT, "version": BASELINE_VERSION, "workloads": {}}
+    document["updated"] = now_iso()
+    for results in loaded:
+        document["workloads"][results.workload] = baseline_block(results)
+    document["workloads"] = dict(sorted(document["workloads"].items()))
+    write_atomic(baseline_path, json.dumps(document, indent=1) + "\n", "baseline")
+    return document

@@ -1,0 +1,299 @@
+"""Result records, the environment record, summaries, and the versioned results file.
+
+The results file is one JSON document rewritten atomically after every record, so an
+interrupted run keeps everything it finished and the file is always valid JSON.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Iterable, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from dsa_bench.definitions.status import Status
+from dsa_bench.errors import DsaBenchError
+from dsa_bench.files import check_document, check_output_path, has_json_format, read_json, write_atomic
+
+RESULTS_FORMAT = "dsa-bench-results"
+
+
+RESULTS_VERSION = 1
+
+
+@dataclass
+class Timing:
+    """Latency of one solution on one case: per-trial medians, their mean, and the raw samples."""
+
+    timer: str
+    samples_ms: list[list[float]]
+    #: per trial, SM/memory clocks read after warm-up and after the timed calls
+    clocks: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def trial_medians_ms(self) -> list[float]:
+        return [statistics.median(s) for s in self.samples_ms]
+
+    @property
+    def mean_ms(self) -> float:
+        return statistics.fmean(self.trial_medians_ms)
+
+    @property
+    def min_ms(self) -> float:
+        return min(min(s) for s in self.samples_ms)
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median([x for s in self.samples_ms for x in s])
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / mean of the trial medians: how much the trials disagree."""
+        medians = self.trial_medians_ms
+        return (max(medians) - min(medians)) / self.mean_ms if self.mean_ms > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "timer": self.timer,
+            "mean_ms": self.mean_ms,
+            "median_ms": self.median_ms,
+            "min_ms": self.min_ms,
+            "spread": self.spread,
+            "trial_medians_ms": self.trial_medians_ms,
+            "samples_ms": self.samples_ms,
+            "clocks": self.clocks,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Timing":
+        return cls(timer=data["timer"], samples_ms=data["samples_ms"], clocks=data.get("clocks", []))
+
+    def min_sm_clock_mhz(self) -> int | None:
+        readings = [c[k]["sm_mhz"] for c in self.clocks for k in ("after_warmup", "after_timing") if c.get(k)]
+        return min(readings) if readings else None
+
+
+@dataclass
+class CaseRecord:
+    """One solution on one case."""
+
+    case: str
+    solution: str
+    axes: dict[str, int]
+    status: Status
+    message: str = ""
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    seeds: dict[str, Any] = field(default_factory=dict)
+    timing: Timing | None = None
+    speedup: float | None = None
+    wall_s: float = 0.0
+    #: where the harness spent the wall time of this record (worker and checker phases)
+    phases_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        return self.status is Status.PASSED
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status.value
+        data["timing"] = self.timing.to_json() if self.timing else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "CaseRecord":
+        fields = dict(data)
+        fields["status"] = Status(fields["status"])
+        fields["timing"] = Timing.from_json(fields["timing"]) if fields.get("timing") else None
+        return cls(**fields)
+
+
+def now_iso() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def check_results_path(path: Path, inputs: Iterable[Path], input_folders: Iterable[Path]) -> None:
+    """Refuse a ``--save`` path unless it is new or an earlier results file: never an input of
+    the run, a path inside an input folder (a solution, a dataset), or a file of another kind."""
+    check_output_path(path, "--save", "dsa-bench results", lambda p: has_json_format(p, RESULTS_FORMAT), inputs, input_folders)
+
+
+class ResultsFile:
+    """A results document kept on disk as records arrive."""
+
+    def __init__(self, path: Path | None, header: dict[str, Any]) -> None:
+        self.path = path
+        self.document: dict[str, Any] = {
+            "format": RESULTS_FORMAT,
+            "version": RESULTS_VERSION,
+            "created": now_iso(),
+            **header,
+            "records": [],
+            "complete": False,
+        }
+        self._write()
+
+    def add(self, record: CaseRecord) -> None:
+        self.document["records"].append(record.to_json())
+        self._write()
+
+    def update(self, **fields: Any) -> None:
+        self.document.update(fields)
+        self._write()
+
+    def _write(self) -> None:
+        if self.path is not None:
+            write_atomic(self.path, json.dumps(self.document, indent=1, allow_nan=True), "results")
+
+
+# --------------------------------------------------------------------------- reading results files
+
+
+StatusName = Literal[tuple(s.value for s in Status)]  # type: ignore[valid-type]
+
+
+#: a latency, speedup, spread or duration: finite and not negative
+Measure = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+Name = Annotated[str, Field(min_length=1)]
+
+
+class ClosedModel(BaseModel):
+    """A part of the format dsa-bench defines completely: unknown fields are errors."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class OpenModel(BaseModel):
+    """A part of the format that may carry more than dsa-bench reads (headers, blocks)."""
+
+    model_config = ConfigDict(strict=True, extra="allow")
+
+
+class TimingModel(ClosedModel):
+    timer: str
+    samples_ms: Annotated[list[Annotated[list[Measure], Field(min_length=1)]], Field(min_length=1)]
+    clocks: list[dict[str, dict[str, Any] | None]] = []
+    # written as figures derived from samples_ms; the readers derive them again
+    mean_ms: Measure | None = None
+    median_ms: Measure | None = None
+    min_ms: Measure | None = None
+    spread: Measure | None = None
+    trial_medians_ms: list[Measure] | None = None
+
+
+class RecordModel(ClosedModel):
+    case: Name
+    solution: Name
+    axes: dict[str, int]
+    status: StatusName
+    message: str = ""
+    max_abs_error: float | None = None  # NaN or inf where the output held them
+    max_rel_error: float | None = None
+    seeds: dict[str, Any] = {}
+    timing: TimingModel | None = None
+    speedup: Measure | None = None
+    wall_s: Measure = 0.0
+    phases_s: dict[str, Measure] = {}
+
+
+class WorkloadModel(OpenModel):
+    name: Name
+    definition: str = ""
+    path: str | None = None
+    trace: str | None = None
+
+
+class SolutionMetaModel(OpenModel):
+    path: str | None = None
+    content_hash: str | None = None
+
+
+class ResultsModel(OpenModel):
+    format: Literal["dsa-bench-results"]
+    version: Literal[1]
+    created: str | None = None
+    workload: WorkloadModel
+    settings: dict[str, Any] | None = None
+    timer: str | None = None
+    l2_flush: str | None = None
+    environment: dict[str, Any] | None = None
+    solutions: dict[str, SolutionMetaModel] | None = None
+    solution_notes: dict[str, str] | None = None
+    records: list[RecordModel]
+    complete: bool = False
+    finished: str | None = None
+    clock_sagged: list[str] | None = None
+
+
+def check_format(document: Any, name: str, version: int, kind: str, where: str) -> None:
+    """The format and version fields first: a file of another kind gets one plain sentence."""
+    if not isinstance(document, dict) or document.get("format") != name:
+        raise DsaBenchError(f'not a dsa-bench {kind} file (expected "format": "{name}")', where)
+    if document.get("version") != version:
+        raise DsaBenchError(f"{kind} format version {document.get('version')!r} is not supported (expected {version})", where)
+
+
+def refuse_duplicates(cases: list[dict[str, Any]], label: str, where: str) -> None:
+    seen: dict[tuple[str, str], int] = {}
+    for i, case in enumerate(cases):
+        key = (case["case"], case["solution"])
+        if key in seen:
+            raise DsaBenchError(f"{label}[{i}]: case {key[0]!r} of solution {key[1]!r} is already {label}[{seen[key]}]", where)
+        seen[key] = i
+
+
+@dataclass
+class LoadedResults:
+    """A results file as written by ``dsa-bench run --save``."""
+
+    path: Path
+    document: dict[str, Any]
+    records: list[CaseRecord]
+
+    @property
+    def workload(self) -> str:
+        return self.document["workload"]["name"]
+
+    @property
+    def definition(self) -> str:
+        return self.document["workload"].get("definition", "")
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        return self.document.get("environment") or {}
+
+    @property
+    def timer(self) -> str | None:
+        return self.document.get("timer")
+
+    @property
+    def l2_flush(self) -> str | None:
+        return recorded_l2_flush(self.document)
+
+    @property
+    def timed(self) -> bool:
+        return any(r.timing is not None for r in self.records)
+
+
+def recorded_l2_flush(record: dict[str, Any]) -> str | None:
+    """The L2 flush a results header or baseline block says its timing used; timed records from
+    before there was a choice flushed "dirty", untimed ones none."""
+    return record.get("l2_flush") or ("dirty" if record.get("timer") else None)
+
+
+def load_results(path: Path) -> LoadedResults:
+    """Read and check a results file; every problem names the file and the field
+    (``records[3].timing.samples_ms[0][2]: expected a finite number, got 'x'``)."""
+    where = str(path)
+    document = read_json(path, "results")
+    check_format(document, RESULTS_FORMAT, RESULTS_VERSION, "results", where)
+    check_document(ResultsModel, document, where)
+    refuse_duplicates(document["records"], "records", where)
+    return LoadedResults(path, document, [CaseRecord.from_json(item) for item in document["records"]])

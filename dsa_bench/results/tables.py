@@ -1,0 +1,106 @@
+"""Summaries and the tables a run prints: per-record rows, per-solution summaries, sagged clocks, failures.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+
+from dsa_bench.results.records import CaseRecord
+
+
+@dataclass
+class SolutionSummary:
+    solution: str
+    passed: int
+    total: int
+    mean_speedup: float | None  # failed cases count as 0
+    geomean_speedup: float | None  # over passed, timed cases
+    mean_latency_ms: float | None  # over passed, timed cases
+
+
+def summarize(records: list[CaseRecord], solution: str) -> SolutionSummary:
+    mine = [r for r in records if r.solution == solution]
+    passed = [r for r in mine if r.passed]
+    timed = [r for r in mine if r.speedup is not None or not r.passed]
+    speedups = [r.speedup if (r.passed and r.speedup is not None) else 0.0 for r in timed]
+    good = [r.speedup for r in passed if r.speedup is not None and r.speedup > 0]
+    latencies = [r.timing.mean_ms for r in passed if r.timing is not None]
+    any_timing = any(r.speedup is not None for r in mine)
+    return SolutionSummary(
+        solution=solution,
+        passed=len(passed),
+        total=len(mine),
+        mean_speedup=statistics.fmean(speedups) if any_timing and speedups else None,
+        geomean_speedup=math.exp(statistics.fmean(math.log(s) for s in good)) if good else None,
+        mean_latency_ms=statistics.fmean(latencies) if latencies else None,
+    )
+
+
+def _fmt_us(ms: float | None) -> str:
+    return "-" if ms is None else f"{ms * 1000:.1f}"
+
+
+def _fmt_err(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2g}"
+
+
+def records_table(records: list[CaseRecord], key_axes: tuple[str, ...]) -> str:
+    """One row per (case, solution): key axes, status, error figures and, when timed, latency and speedup."""
+    from tabulate import tabulate
+
+    timed = any(r.timing is not None for r in records)
+    headers = ["case", *key_axes, "solution", "status", "max abs err", "max rel err"]
+    if timed:
+        headers += ["timer", "mean µs", "median µs", "min µs", "trial spread", "speedup"]
+    rows = []
+    for r in records:
+        row = [r.case, *[r.axes.get(a, "") for a in key_axes], r.solution, r.status.value, _fmt_err(r.max_abs_error), _fmt_err(r.max_rel_error)]
+        if timed:
+            t = r.timing
+            row += [
+                t.timer if t else "-",
+                _fmt_us(t.mean_ms if t else None),
+                _fmt_us(t.median_ms if t else None),
+                _fmt_us(t.min_ms if t else None),
+                "-" if t is None else f"{100 * t.spread:.1f}%",
+                "-" if r.speedup is None else f"{r.speedup:.2f}x",
+            ]
+        rows.append(row)
+    return tabulate(rows, headers=headers, disable_numparse=True)
+
+
+def summary_table(records: list[CaseRecord]) -> str:
+    from tabulate import tabulate
+
+    names = list(dict.fromkeys(r.solution for r in records))
+    rows = []
+    for name in names:
+        s = summarize(records, name)
+        rows.append(
+            [
+                name,
+                f"{s.passed}/{s.total}",
+                "-" if s.mean_speedup is None else f"{s.mean_speedup:.2f}x",
+                "-" if s.geomean_speedup is None else f"{s.geomean_speedup:.2f}x",
+                _fmt_us(s.mean_latency_ms),
+            ]
+        )
+    return tabulate(rows, headers=["solution", "passed", "mean speedup", "geomean speedup", "mean µs"], disable_numparse=True)
+
+
+def sagged(records: list[CaseRecord], max_sm_mhz: float | None, fraction: float = 0.9) -> list[str]:
+    """Records timed while the SM clock was below ``fraction`` of the device maximum."""
+    if not max_sm_mhz:
+        return []
+    flagged = []
+    for r in records:
+        low = r.timing.min_sm_clock_mhz() if r.timing else None
+        if low is not None and low < fraction * float(max_sm_mhz):
+            flagged.append(f"{r.case} [{r.solution}]: SM clock {low} MHz < {fraction:.0%} of max {max_sm_mhz} MHz")
+    return flagged
+
+
+def failures(records: list[CaseRecord]) -> list[str]:
+    return [f"{r.case} [{r.solution}] {r.status.value}: {r.message}" for r in records if not r.passed]
