@@ -297,6 +297,23 @@ def baseline_update(
     typer.echo(f"baseline: {baseline} ({len(document['workloads'])} workloads)")
 
 
+results_app = typer.Typer(help="Work with results files.", no_args_is_help=True)
+app.add_typer(results_app, name="results")
+
+
+@results_app.command("merge")
+def results_merge(
+    parts: list[Path] = typer.Argument(..., help="Results JSON files of one workload, covering different cases."),
+    out: Path = typer.Option(..., "--out", "-o", help="The merged results file to write."),
+) -> None:
+    """Merge results files of one workload (a run split over several sittings) into one."""
+    from dsa_bench.results.merge import write_merged
+
+    merged = write_merged(parts, out)
+    cases = len({r["case"] for r in merged["records"]})
+    typer.echo(f"wrote {out}: {len(merged['records'])} records over {cases} cases from {len(parts)} files")
+
+
 @app.command()
 def report(
     results: list[Path] = typer.Argument(..., help="Results JSON file(s) of `dsa-bench run --save`."),

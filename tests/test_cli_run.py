@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import FIXTURES, ROOT, run_cli
 
 INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
@@ -91,6 +92,7 @@ def test_list_and_validate():
     assert "entry_point" in proc.stderr and "ok " in proc.stdout
 
 
+@pytest.mark.slow
 def test_results_kept_when_interrupted(tmp_path):
     """A run stopped by a signal leaves a valid results file with the records it finished."""
     import os

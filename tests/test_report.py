@@ -117,6 +117,7 @@ def _headless(chromium: str, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([chromium, *flags, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.mark.slow
 def test_html_report_renders_in_chromium(timed_results, tmp_path):
     chromium = _chromium()
     cpu_results = tmp_path / "smoke.json"  # a real CPU run: correctness only, no timing

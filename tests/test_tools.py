@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from conftest import HAS_CUDA, ROOT
-from synthetic_results import write_results
 
 TOOLS = ROOT / "tools"
 
@@ -64,29 +63,6 @@ def test_bench_attention_variants_builds_named_cuda_plans():
 def test_gpu_tools_refuse_without_cuda(script, args):
     proc = run_tool(script, *args)
     assert proc.returncode == 2 and "GPU" in proc.stderr
-
-
-def _latencies(cases: list[str]) -> dict[str, dict[str, float]]:
-    return {case: {"reference": 1.0, "triton": 0.01} for case in cases}
-
-
-def test_merge_results_joins_parts_and_refuses_overlaps(tmp_path):
-    first = write_results(tmp_path / "part1.json", "indexer_h64", _latencies(["c0", "c1"]))
-    second = write_results(tmp_path / "part2.json", "indexer_h64", _latencies(["c2"]))
-    merged = tmp_path / "merged.json"
-    proc = run_tool("merge_results.py", str(first), str(second), "-o", str(merged))
-    assert proc.returncode == 0, proc.stderr
-    doc = json.loads(merged.read_text())
-    assert sorted({r["case"] for r in doc["records"]}) == ["c0", "c1", "c2"] and len(doc["records"]) == 6
-    assert doc["complete"] and [p["file"] for p in doc["merged_from"]] == ["part1.json", "part2.json"]
-
-    overlap = write_results(tmp_path / "overlap.json", "indexer_h64", _latencies(["c1"]))
-    proc = run_tool("merge_results.py", str(first), str(overlap), "-o", str(tmp_path / "bad.json"))
-    assert proc.returncode != 0 and "already came from" in proc.stderr
-    other_hash = write_results(tmp_path / "rehashed.json", "indexer_h64", _latencies(["c3"]), hashes={"triton": "changed"})
-    proc = run_tool("merge_results.py", str(first), str(other_hash), "-o", str(tmp_path / "bad.json"))
-    assert proc.returncode != 0 and "another content hash" in proc.stderr
-    assert not Path(tmp_path / "bad.json").exists()
 
 
 def test_kernel_sass_digest_is_stable_and_covers_every_kernel():

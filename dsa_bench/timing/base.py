@@ -1,9 +1,11 @@
-"""The timer interface: a step protocol and the binding rule every timer follows.
+"""The timer interface: a step protocol, the binding rule every timer follows, and the statistic
+reported from its samples.
 """
 
 from __future__ import annotations
 
 import abc
+import statistics
 from typing import Callable
 
 Step = Callable[[int], None]
@@ -21,3 +23,12 @@ class Timer(abc.ABC):
     @abc.abstractmethod
     def time_iterations(self, call: Step, count: int, prepare: Step, after: Step) -> list[float]:
         """Latency in ms of ``call(i)`` for ``i in range(count)``."""
+
+
+def trial_medians_ms(samples_ms: list[list[float]]) -> list[float]:
+    return [statistics.median(s) for s in samples_ms]
+
+
+def harness_latency_ms(samples_ms: list[list[float]]) -> float:
+    """The latency dsa-bench reports for timed calls: the median of each trial, averaged over trials."""
+    return statistics.fmean(trial_medians_ms(samples_ms))

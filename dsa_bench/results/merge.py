@@ -1,0 +1,63 @@
+"""Merging results files of one workload that cover different cases into one results file.
+
+For a run split over several sittings (a time limit stopped the first part): every record keeps
+the speedup measured in its own run, since each case's reference and solutions were timed side by
+side in the same process. The files must agree on workload, settings, timer, L2 flush, GPU and
+solution content hashes, and no (case, solution) may appear twice.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from dsa_bench.errors import DsaBenchError
+from dsa_bench.files import check_output_path, has_json_format, write_atomic
+from dsa_bench.results.records import RESULTS_FORMAT, load_results
+
+MUST_AGREE = ("format", "version", "workload", "settings", "timer", "l2_flush")
+
+
+def merge_results(paths: list[Path]) -> dict[str, Any]:
+    """One results document holding every record of ``paths`` (checked, in order)."""
+    if not paths:
+        raise DsaBenchError("no results file given")
+    loaded = [load_results(p) for p in paths]
+    first = loaded[0].document
+    merged = {k: v for k, v in first.items() if k not in ("records", "complete", "finished")}
+    seen: dict[tuple[str, str], Path] = {}
+    records = []
+    for part in loaded:
+        doc, where = part.document, str(part.path)
+        for key in MUST_AGREE:
+            if doc.get(key) != first.get(key):
+                raise DsaBenchError(f"field {key!r} differs from {paths[0]}", where)
+        if doc["environment"].get("gpu") != first["environment"].get("gpu"):
+            raise DsaBenchError(f"GPU {doc['environment'].get('gpu')} differs from {paths[0]}", where)
+        for name, info in doc["solutions"].items():
+            if name in first["solutions"] and info["content_hash"] != first["solutions"][name]["content_hash"]:
+                raise DsaBenchError(f"solution {name!r} has another content hash than in {paths[0]}", where)
+        for record in doc["records"]:
+            key = (record["case"], record["solution"])
+            if key in seen:
+                raise DsaBenchError(f"case {key[0]!r} of solution {key[1]!r} already came from {seen[key]}", where)
+            seen[key] = part.path
+            records.append(record)
+    merged["records"] = records
+    merged["complete"] = True
+    merged["finished"] = max(p.document.get("finished") or p.document["created"] for p in loaded)
+    merged["merged_from"] = [
+        {"file": p.path.name, "created": p.document["created"], "finished": p.document.get("finished"), "complete": p.document["complete"],
+         "records": len(p.document["records"])}
+        for p in loaded
+    ]  # fmt: skip
+    return merged
+
+
+def write_merged(paths: list[Path], out: Path) -> dict[str, Any]:
+    """Merge ``paths`` into ``out``, which may replace only another results file (never an input)."""
+    check_output_path(out, "--out", "dsa-bench results", lambda p: has_json_format(p, RESULTS_FORMAT), paths)
+    merged = merge_results(paths)
+    write_atomic(out, json.dumps(merged, indent=1), "results")
+    return merged
