@@ -13,11 +13,11 @@ Usage: python tools/make_traces.py [--out traces]
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import numpy as np
+import typer
 
 PAGE = 64
 INDEXER_PAGES = 11923
@@ -121,16 +121,14 @@ def write(path: Path, cases: list[dict]) -> None:
     print(f"wrote {len(cases)} cases to {path}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent.parent / "traces")
-    args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    write(args.out / "indexer_h64.jsonl", indexer_trace(np.random.default_rng(20260301)))
-    write(args.out / "sparse_attention_h16.jsonl", attention_trace(np.random.default_rng(20260302)))
-    write(args.out / "indexer_smoke.jsonl", indexer_smoke())
-    write(args.out / "sparse_attention_smoke.jsonl", attention_smoke())
+def main(out: Path = typer.Option(Path(__file__).resolve().parent.parent / "traces", help="Folder to write the traces into.")) -> None:
+    """Write the shipped traces (deterministic: the same bytes every time)."""
+    out.mkdir(parents=True, exist_ok=True)
+    write(out / "indexer_h64.jsonl", indexer_trace(np.random.default_rng(20260301)))
+    write(out / "sparse_attention_h16.jsonl", attention_trace(np.random.default_rng(20260302)))
+    write(out / "indexer_smoke.jsonl", indexer_smoke())
+    write(out / "sparse_attention_smoke.jsonl", attention_smoke())
 
 
 if __name__ == "__main__":
-    main()
+    typer.run(main)

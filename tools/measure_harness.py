@@ -19,14 +19,15 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
 import statistics
-import sys
 from pathlib import Path
 
+import typer
 from tabulate import tabulate
+
+app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 
 def timers(out: Path | None, iterations: int) -> None:
@@ -166,33 +167,29 @@ def l2_flush(out: Path | None, iterations: int) -> None:
         out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "iterations": iterations, "flush_us": flush_us, "medians_us": data}, indent=1))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("timers")
-    p.add_argument("--out", type=Path)
-    p.add_argument("--iterations", type=int, default=200)
-    p = sub.add_parser("spread")
-    p.add_argument("first", type=Path)
-    p.add_argument("second", type=Path)
-    p.add_argument("--tolerance", type=float, default=0.03)
-    p = sub.add_parser("walltime")
-    p.add_argument("paths", type=Path, nargs="+")
-    p = sub.add_parser("l2-flush")
-    p.add_argument("--out", type=Path)
-    p.add_argument("--iterations", type=int, default=30)
-    args = parser.parse_args()
-    if args.command == "timers":
-        timers(args.out, args.iterations)
-        return 0
-    if args.command == "l2-flush":
-        l2_flush(args.out, args.iterations)
-        return 0
-    if args.command == "spread":
-        return spread(args.first, args.second, args.tolerance)
-    walltime(args.paths)
-    return 0
+@app.command("timers")
+def timers_command(out: Path | None = typer.Option(None, help="JSON record to write."), iterations: int = typer.Option(200, min=1)) -> None:
+    """The same kernels timed by CUPTI and by CUDA events under the harness protocol."""
+    timers(out, iterations)
+
+
+@app.command("spread")
+def spread_command(first: Path, second: Path, tolerance: float = typer.Option(0.03, help="Largest relative difference that agrees.")) -> None:
+    """Run-to-run agreement of two results files of one workload (exit 1 beyond the tolerance)."""
+    raise typer.Exit(spread(first, second, tolerance))
+
+
+@app.command("walltime")
+def walltime_command(paths: list[Path]) -> None:
+    """The harness's own wall time, from results files."""
+    walltime(paths)
+
+
+@app.command("l2-flush")
+def l2_flush_command(out: Path | None = typer.Option(None, help="JSON record to write."), iterations: int = typer.Option(30, min=1)) -> None:
+    """What the L2 flush's method charges the timed call: clean, dirty and warm side by side."""
+    l2_flush(out, iterations)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    app()
