@@ -39,3 +39,21 @@ def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 900) -> subprocess.Co
 @pytest.fixture
 def cpu() -> torch.device:
     return torch.device("cpu")
+
+
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``dsa-bench ARGS`` in this process (typer's CliRunner), for commands that start no worker;
+    the same exit code, output and error output a user sees."""
+    from typer.testing import CliRunner
+
+    from dsa_bench.cli import app
+
+    previous = Path.cwd()
+    os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(app, list(args))
+    finally:
+        os.chdir(previous)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import FIXTURES, ROOT, run_cli
+from conftest import FIXTURES, ROOT, cli, run_cli
 
 INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
 
@@ -80,14 +80,14 @@ def test_bad_input_gives_clear_errors_without_traceback(tmp_path):
 
 
 def test_list_and_validate():
-    proc = run_cli("list")
+    proc = cli("list")
     assert proc.returncode == 0
     for name in ("indexer_h64", "sparse_attention_h16", INDEXER, "reference"):
         assert name in proc.stdout
-    proc = run_cli("validate", "workloads/indexer_h64.yaml", "traces/sparse_attention_h16.jsonl", "solutions/reference")
+    proc = cli("validate", "workloads/indexer_h64.yaml", "traces/sparse_attention_h16.jsonl", "solutions/reference")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("ok ") == 3
-    proc = run_cli("validate", str(FIXTURES / "solutions" / "no_entry_point"), "workloads/indexer_smoke.yaml")
+    proc = cli("validate", str(FIXTURES / "solutions" / "no_entry_point"), "workloads/indexer_smoke.yaml")
     assert proc.returncode == 2
     assert "entry_point" in proc.stderr and "ok " in proc.stdout
 

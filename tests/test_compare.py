@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import cli
 from synthetic_results import write_results
 
 from dsa_bench.definitions.status import Status
@@ -94,19 +94,19 @@ def test_unchanged_improved_regressed_failed(tmp_path, baseline):
 
 def test_compare_cli_exit_codes_and_formats(tmp_path, baseline):
     unchanged = write_results(tmp_path / "rerun.json", WORKLOAD, latencies(), hashes={"triton": "hash-triton"})
-    proc = run_cli("compare", str(unchanged), "--baseline", str(baseline))
+    proc = cli("compare", str(unchanged), "--baseline", str(baseline))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK: 12 cases compared" in proc.stdout
 
     slower = write_results(tmp_path / "slower.json", WORKLOAD, latencies({"b4_p36": 1.10}), hashes={"triton": "changed"})
-    proc = run_cli("compare", str(slower), "--baseline", str(baseline), "--format", "markdown")
+    proc = cli("compare", str(slower), "--baseline", str(baseline), "--format", "markdown")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "### Speedup vs baseline (threshold 5.0%)" in proc.stdout
     assert re.search(r"\| indexer_h64 +\| b4_p36 +\| triton +\| slower ", proc.stdout), proc.stdout
     assert "-9.1%" in proc.stdout and "**REGRESSION: 1 case(s) slower" in proc.stdout
 
     failing = write_results(tmp_path / "failing.json", WORKLOAD, latencies(), failures={("b1_p10", "triton"): Status.RUNTIME_ERROR})
-    proc = run_cli("compare", str(failing), "--baseline", str(baseline), "--threshold", "0.2")
+    proc = cli("compare", str(failing), "--baseline", str(baseline), "--threshold", "0.2")
     assert proc.returncode == 1 and "failed (new)" in proc.stdout
 
     for args, message in [
@@ -117,7 +117,7 @@ def test_compare_cli_exit_codes_and_formats(tmp_path, baseline):
         ),
         ([str(baseline), "--baseline", str(baseline)], "not a dsa-bench results file"),
     ]:
-        proc = run_cli("compare", *args)
+        proc = cli("compare", *args)
         assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
@@ -134,7 +134,7 @@ def test_baseline_update_file_format(tmp_path, baseline):
 
     # another workload is added; re-running one replaces only its own entry
     other = write_results(tmp_path / "attn.json", "sparse_attention_h16", latencies())
-    proc = run_cli("baseline", "update", str(other), "--baseline", str(baseline))
+    proc = cli("baseline", "update", str(other), "--baseline", str(baseline))
     assert proc.returncode == 0, proc.stderr
     assert sorted(load_baseline(baseline)["workloads"]) == ["indexer_h64", "sparse_attention_h16"]
     update_baseline(baseline, [write_results(tmp_path / "faster.json", WORKLOAD, latencies({"b1_p10": 0.5}))])

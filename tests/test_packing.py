@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, run_cli
+from conftest import FIXTURES, cli, run_cli
 
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.pack.document import check_solution_document, read_solution_document
@@ -158,7 +158,7 @@ def test_bad_solution_folders_give_clear_errors(tmp_path):
     )
     with pytest.raises(DsaBenchError, match="target_hardware"):
         pack_solution(no_hardware, tmp_path / "out")
-    proc = run_cli("pack", str(FIXTURES / "pack" / "outside"), "--out", str(tmp_path / "out"))
+    proc = cli("pack", str(FIXTURES / "pack" / "outside"), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2 and "lies outside the solution folder" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -171,7 +171,7 @@ def test_pack_verify_unpack_run_round_trip(tmp_path):
     assert f"verified multi_file_{ATTENTION}.json on sparse_attention_smoke: every case passed" in proc.stdout
 
     folder = tmp_path / "restored"
-    proc = run_cli("unpack", str(out / f"multi_file_{INDEXER}.json"), str(out / f"multi_file_{ATTENTION}.json"), str(folder))
+    proc = cli("unpack", str(out / f"multi_file_{INDEXER}.json"), str(out / f"multi_file_{ATTENTION}.json"), str(folder))
     assert proc.returncode == 0, proc.stderr
     proc = run_cli("run", "-w", "indexer_smoke", "-s", str(folder), "--no-save")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -13,7 +13,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import cli, run_cli
 from matplotlib.container import BarContainer
 from PIL import Image
 from synthetic_results import write_results
@@ -124,7 +124,7 @@ def test_html_report_renders_in_chromium(timed_results, tmp_path):
     proc = run_cli("run", "-w", "sparse_attention_smoke", "-s", "reference", "--save", str(cpu_results))
     assert proc.returncode == 0, proc.stderr
     page = tmp_path / "out" / "report.html"
-    proc = run_cli("report", str(timed_results), str(cpu_results), "--output", str(page))
+    proc = cli("report", str(timed_results), str(cpu_results), "--output", str(page))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3 plots" in proc.stdout
     pngs = sorted(p.name for p in page.parent.glob("*.png"))
