@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import cli
+from conftest import FIXTURES, cli
 from synthetic_results import write_results
 
 from dsa_bench.definitions.status import Status
@@ -205,7 +205,7 @@ def test_reference_drift_alone_is_not_a_regression_on_the_same_gpu():
     assert classify(key, base, slower, 0.05, same_gpu=True).verdict is Verdict.SLOWER
 
 
-H200_SPREAD = Path(__file__).resolve().parent.parent / "benchmarks" / "h200" / "spread"
+H200_SPREAD = FIXTURES / "results"
 
 
 def test_recorded_h200_rerun_passes_and_a_planted_slowdown_fails(tmp_path):
@@ -213,10 +213,10 @@ def test_recorded_h200_rerun_passes_and_a_planted_slowdown_fails(tmp_path):
     drifted by ~13 % between them); the rerun must pass against a baseline of the first, and
     the rerun with the triton solution made 10 % slower must fail."""
     baseline = tmp_path / "h200.json"
-    update_baseline(baseline, [H200_SPREAD / "sparse_attention_h16_run1.json"])
-    rerun = load_results(H200_SPREAD / "sparse_attention_h16_run2.json")
+    update_baseline(baseline, [H200_SPREAD / "h200_spread_run1.json"])
+    rerun = load_results(H200_SPREAD / "h200_spread_run2.json")
     assert compare_results([rerun], load_baseline(baseline)).ok
-    doc = json.loads((H200_SPREAD / "sparse_attention_h16_run2.json").read_text())
+    doc = json.loads((H200_SPREAD / "h200_spread_run2.json").read_text())
     for record in doc["records"]:
         if record["solution"] == "triton":
             record["timing"]["samples_ms"] = [[x * 1.10 for x in trial] for trial in record["timing"]["samples_ms"]]

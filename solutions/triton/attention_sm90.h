@@ -51,7 +51,7 @@ constexpr int kGatherLagOnLanding = 0x7fffffff;
 // Slots a program gathers and scores together, and the tiles it holds in shared memory (at most
 // that many in flight): 64 and 2 (the measured choice), or 32 and 4 when built with
 // -DDSA_ATTENTION_TILE_SLOTS=32 (two warps then share each logit n-tile, each over half of its
-// k-steps; benchmarks/h200/experiments/tile32/). attention_ext.py holds the same two numbers.
+// k-steps; git tag experiments/attention-tile32). attention_ext.py holds the same two numbers.
 #ifndef DSA_ATTENTION_TILE_SLOTS
 #define DSA_ATTENTION_TILE_SLOTS 64
 #endif

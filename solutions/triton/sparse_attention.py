@@ -548,7 +548,7 @@ def _cuda_residency(device_index: int) -> tuple[int, int]:
 #: Gather lags (SM cycles), measured where a program has two tiles (16 splits): the cluster
 #: combine's CUDA_POLICY_CLUSTER_LAG and the barrier's CUDA_POLICY_BARRIER_LAG (T = 8) let the
 #: first tile take the bandwidth first, so its math overlaps the second tile's gather
-#: (benchmarks/h200/experiments/lag_flagged/). With 32 splits a program has one tile, and
+#: (git tag experiments/attention-lag-flagged). With 32 splits a program has one tile, and
 #: 8 splits (T > 8, four tiles) were not measured: lag 0 there.
 CUDA_POLICY_WIDE_TOKENS = 2
 CUDA_POLICY_WIDE_SPLITS = 32
