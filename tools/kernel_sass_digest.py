@@ -44,7 +44,7 @@ def main() -> int:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    sys.path.insert(0, str(SOLUTION))
+    sys.path.insert(0, str(ROOT / "tests" / "solutions"))
     import sparse_attention_sm90_check as check
 
     bundled = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -69,8 +69,8 @@ def main() -> int:
         print("top-k: no nvcc on PATH, skipped (and the CUDA attention)")
         return 0
     cuda_sources = (
-        ("top-k      filtered_topk_kernel<512, 1024>         ", "topk_filtered.cu"),
-        ("attention  CUDA split, combine and cluster kernels ", "attention_sm90.cu"),
+        ("top-k      filtered_topk_kernel<512, 1024>         ", "indexer/csrc/topk_filtered.cu"),
+        ("attention  CUDA split, combine and cluster kernels ", "attention/csrc/attention_sm90.cu"),
     )
     for label, source in cuda_sources:
         with tempfile.TemporaryDirectory() as tmp:

@@ -29,6 +29,8 @@ from dsa_bench.solutions import import_entry, load_solution
 from dsa_bench.workloads import build_inputs, load_workload
 
 SOLUTION_DIR = ROOT / "solutions" / "triton"
+TOPK_CSRC = SOLUTION_DIR / "indexer" / "csrc"
+EMULATOR_SOURCE = Path(__file__).resolve().parent / "topk_emulator.cpp"  # includes csrc/topk_filtered.cuh
 DEVICE = torch.device("cuda") if HAS_CUDA else torch.device("cpu")
 NUM_PAGES = 2000  # cache pages for synthetic cases (the contest's 11923 only in trace cases)
 
@@ -235,7 +237,7 @@ def test_topk_cuda_source_compiles_alone_with_nvcc(tmp_path):
     if nvcc is None:
         pytest.skip("nvcc is not installed")
     proc = subprocess.run(
-        [nvcc, "-arch=sm_90a", "-O3", "-c", str(SOLUTION_DIR / "topk_filtered.cu"), "-o", str(tmp_path / "topk_filtered.o")],
+        [nvcc, "-arch=sm_90a", "-O3", "-c", str(TOPK_CSRC / "topk_filtered.cu"), "-o", str(tmp_path / "topk_filtered.o")],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -249,7 +251,7 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    import indexer_kernels as K
+    import indexer.score as K
 
     def compile_kernel(fn, signature, constexprs, num_warps):
         names = list(fn.arg_names)
@@ -308,7 +310,7 @@ def emulator(tmp_path_factory) -> Path:
         pytest.skip("no C++ compiler for the top-k emulator")
     exe = tmp_path_factory.mktemp("topk_emulator") / "topk_emulator"
     proc = subprocess.run(
-        [compiler, "-O2", "-std=c++17", "-DDSA_TOPK_HOST_EMULATION", str(SOLUTION_DIR / "topk_emulator.cpp"), "-o", str(exe)],
+        [compiler, "-O2", "-std=c++17", "-DDSA_TOPK_HOST_EMULATION", f"-I{TOPK_CSRC}", str(EMULATOR_SOURCE), "-o", str(exe)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr

@@ -1,20 +1,23 @@
-"""The hand-written CUDA sparse attention (attention_sm90.cu): its build and a checked entry.
+"""The hand-written CUDA sparse attention (``csrc/attention_sm90.cu``): its build and a checked entry.
 
 ``run`` checks every argument in Python before the binding sees it (the binding's own checks
-only guard the pointers it hands on; see topk_ext for why bad input must never first reach an
-extension on the H200 machine's toolchain).
+only guard the pointers it hands on; see indexer/topk.py for why bad input must never first
+reach an extension on the H200 machine's toolchain).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 
 import torch
 
-from .cuda_build import build_extension
+from ..common.cuda_build import build_extension
 
-SOURCES = ("attention_binding.cpp", "attention_sm90.cu")
-HEADERS = ("attention_sm90.h",)
+HERE = Path(__file__).resolve().parent
+#: compiled sources (relative to this folder): the torch binding and the pure-CUDA kernels
+SOURCES = ("csrc/attention_binding.cpp", "csrc/attention_sm90.cu")
+HEADERS = ("csrc/attention_sm90.h",)
 #: constants of attention_sm90.h (checked against the built module on load)
 HEADS, D_CKV, D_KPE, TOPK, PAGE_SIZE = 16, 512, 64, 2048, 64
 MIN_SPLITS, MAX_SPLITS = 8, 64
@@ -47,11 +50,11 @@ def load_attention_extension(verbose: bool | None = None) -> ModuleType:
     """The compiled extension (built on first use); raises cuda_build.CudaBuildError with the reason."""
     global _module
     if _module is None:
-        module = build_extension("dsa_sparse_attention_sm90", "the CUDA sparse attention", SOURCES, HEADERS, verbose)
+        module = build_extension("dsa_sparse_attention_sm90", "the CUDA sparse attention", HERE, SOURCES, HEADERS, verbose)
         names = ("HEADS", "D_CKV", "D_KPE", "TOPK", "PAGE_SIZE", "MIN_SPLITS", "MAX_SPLITS", "MAX_CLUSTER_SPLITS", "SYNC_STRIDE",
                  "TICKETS_PER_CALL", "PHASE_SLOTS", "TILE_SLOTS", "STAGES", "GATHER_LAG_ON_LANDING")
         mismatched = [n for n in names if getattr(module, n) != globals()[n]]
-        assert not mismatched, f"attention_ext.py and attention_sm90.h disagree on {mismatched}"
+        assert not mismatched, f"attention/cuda.py and csrc/attention_sm90.h disagree on {mismatched}"
         _module = module
     return _module
 

@@ -67,8 +67,8 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from . import attention_ext
-from .launch_graphs import LaunchGraphs
+from ..common.launch_graphs import LaunchGraphs
+from . import cuda as attention_ext
 
 NUM_HEADS = 16
 D_CKV = 512

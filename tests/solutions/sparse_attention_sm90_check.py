@@ -1,7 +1,7 @@
 """Compile the sparse-attention kernels for sm_90 (H100/H200) on a machine without a GPU.
 
-    python solutions/triton/sparse_attention_sm90_check.py            # the default GPU plans
-    python solutions/triton/sparse_attention_sm90_check.py --all      # plus the tuning variants
+    python tests/solutions/sparse_attention_sm90_check.py            # the default GPU plans
+    python tests/solutions/sparse_attention_sm90_check.py --all      # plus the tuning variants
 
 Triton compiles ahead of time for a named target with the ptxas it ships, so a CPU machine can
 catch what the interpreter never sees: a plan that fails to compile, spills registers to local
@@ -27,6 +27,7 @@ import types
 from pathlib import Path
 
 EXIT_OK, EXIT_RESOURCES, EXIT_COMPILE, EXIT_UNAVAILABLE = 0, 1, 2, 77
+TRITON_SOLUTION = Path(__file__).resolve().parents[2] / "solutions" / "triton"
 SM90_MAX_SHARED_PER_BLOCK = 227 * 1024
 SM90_SMS = 132
 
@@ -143,14 +144,14 @@ def check_plans(plans) -> int:
 
 
 def _import_solution_module():
-    """sparse_attention.py as a module of a package rooted at this folder (the solution's files
-    import each other relatively), under a name that cannot collide with the triton package."""
+    """attention/entry.py as a module of a package rooted at the solution folder (the solution's
+    files import each other relatively), under a name that cannot collide with the triton package."""
     name = "dsa_triton_solution_sm90_check"
     if name not in sys.modules:
         package = types.ModuleType(name)
-        package.__path__ = [str(Path(__file__).resolve().parent)]
+        package.__path__ = [str(TRITON_SOLUTION)]
         sys.modules[name] = package
-    return importlib.import_module(f"{name}.sparse_attention")
+    return importlib.import_module(f"{name}.attention.entry")
 
 
 def default_plans(sa) -> list:

@@ -1,4 +1,4 @@
-"""The solution's sparse attention (solutions/triton/sparse_attention.py): CUDA kernel and Triton kernels.
+"""The solution's sparse attention (solutions/triton/attention/): CUDA kernel and Triton kernels.
 
 CPU tests run the Triton kernels under the Triton interpreter (conftest sets TRITON_INTERPRET=1
 before the solution is imported) with small caches; there only the value-split and two-launch
@@ -31,6 +31,7 @@ from dsa_bench.definitions.base import InputRng, Tolerance
 from dsa_bench.solutions import import_entry, load_solution
 
 SOLUTION_DIR = ROOT / "solutions" / "triton"
+ATTENTION_CSRC = SOLUTION_DIR / "attention" / "csrc"
 
 
 _, sa = import_entry(load_solution(SOLUTION_DIR), attn.NAME)
@@ -233,7 +234,7 @@ def test_cuda_source_compiles_alone_with_nvcc(tmp_path, tile_slots):
         pytest.skip("nvcc is not installed")
     obj = tmp_path / "attention_sm90.o"
     proc = subprocess.run(
-        [nvcc, "-arch=sm_90a", "-O3", f"-DDSA_ATTENTION_TILE_SLOTS={tile_slots}", "-Xptxas", "-v", "-c", str(SOLUTION_DIR / "attention_sm90.cu"),
+        [nvcc, "-arch=sm_90a", "-O3", f"-DDSA_ATTENTION_TILE_SLOTS={tile_slots}", "-Xptxas", "-v", "-c", str(ATTENTION_CSRC / "attention_sm90.cu"),
          "-o", str(obj)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
@@ -281,7 +282,7 @@ def test_kernels_compile_for_sm90_without_spills():
         pytest.skip("with CUDA the GPU tests compile and run the kernels themselves")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, str(SOLUTION_DIR / "sparse_attention_sm90_check.py")], env=env, capture_output=True, text=True, timeout=600, check=False
+        [sys.executable, str(Path(__file__).resolve().parent / "sparse_attention_sm90_check.py")], env=env, capture_output=True, text=True, timeout=600, check=False
     )
     if proc.returncode == 77:
         pytest.skip(proc.stdout.strip())
