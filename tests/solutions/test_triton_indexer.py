@@ -252,6 +252,7 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     import indexer.score as K
+    import indexer.shapes as shapes
 
     def compile_kernel(fn, signature, constexprs, num_warps):
         names = list(fn.arg_names)
@@ -268,15 +269,15 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
     tile = K.GPU_SCORE_TILE
     result = {}
     for fp8 in (False, True):
-        consts = {"NUM_HEADS": K.NUM_HEADS, "HEAD_DIM": K.HEAD_DIM, "PAGE_SIZE": K.PAGE_SIZE, "PAGE_BYTES": K.PAGE_BYTES,
-                  "TOPK": K.TOPK, "PAGES": tile.pages, "BLOCK_N": tile.block_n, "LOOP_PAGES": tile.loop_pages, "SKIP_SHORT_ROWS": True,
+        consts = {"NUM_HEADS": shapes.NUM_HEADS, "HEAD_DIM": shapes.HEAD_DIM, "PAGE_SIZE": shapes.PAGE_SIZE, "PAGE_BYTES": shapes.PAGE_BYTES,
+                  "TOPK": shapes.TOPK, "PAGES": tile.pages, "BLOCK_N": tile.block_n, "LOOP_PAGES": tile.loop_pages, "SKIP_SHORT_ROWS": True,
                   "FP8_MMA": fp8, "DOT_FP32": False, "SENTINEL": K.SENTINEL_SCORE}
         result["fp8" if fp8 else "fp16"] = compile_kernel(K._score_kernel, score_sig, consts, tile.num_warps)
     result["fp16_loop"] = compile_kernel(K._score_kernel, score_sig, dict(consts, FP8_MMA=False, LOOP_PAGES=4), tile.num_warps)
     emit_sig = {"block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "positions_ptr": "*i64", "out_ptr": "*i32",
                 "stride_bt_row": "i32", "stride_pos_row": "i32", "stride_out_row": "i32"}
     for has_positions in (False, True):
-        compile_kernel(K._emit_ids_kernel, emit_sig, {"PAGE_SIZE": 64, "TOPK": 2048, "BLOCK": K.GPU_EMIT_BLOCK,
+        compile_kernel(K._emit_ids_kernel, emit_sig, {"PAGE_SIZE": shapes.PAGE_SIZE, "TOPK": shapes.TOPK, "BLOCK": K.GPU_EMIT_BLOCK,
                        "HAS_POSITIONS": has_positions}, 4)
     print(json.dumps(result))
     """

@@ -69,13 +69,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ..common.launch_graphs import LaunchGraphs
 from . import cuda as attention_ext
-
-NUM_HEADS = 16
-D_CKV = 512
-D_KPE = 64
-TOPK = 2048
-PAGE_SIZE = 64
-LOG2_E = 1.4426950408889634
+from .shapes import D_CKV, D_KPE, LOG2_E, NUM_HEADS, PAGE_SIZE, TOPK, check_io
 
 #: Words per token in the barrier buffers (both kernels): 32 int32 words = 128 bytes, so
 #: different tokens' barriers never share a cache line. The Triton fused kernel keeps its count
@@ -731,7 +725,7 @@ def _graphs_for(plan: Plan) -> LaunchGraphs:
 
 def sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, plan: Plan | None = None) -> Plan:
     """Write ``output`` and ``lse`` (see the module docstring for shapes). Returns the plan used."""
-    T = attention_ext.check_io(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse)
+    T = check_io(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse)
     device = q_nope.device
     plan = plan or default_plan(T, device)
     plan.validate()

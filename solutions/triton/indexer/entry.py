@@ -36,7 +36,8 @@ import torch
 from ..common.launch_graphs import LaunchGraphs
 from . import score as kernels
 from . import topk as topk_ext
-from .score import HEAD_DIM, INTERPRETING, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, TOPK
+from .score import INTERPRETING
+from .shapes import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, TOPK
 
 #: The CUDA top-k is used whenever Triton compiles for a GPU; it is built at import so that the
 #: harness reports a missing nvcc or a build failure as this solution's compile error.

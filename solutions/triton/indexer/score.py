@@ -16,20 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-# --------------------------------------------------------------------------- contract constants
-
-NUM_HEADS = 64  # index heads per query
-HEAD_DIM = 128  # FP8 values per key
-PAGE_SIZE = 64  # tokens per cache page
-TOPK = 2048  # tokens kept per row
-#: DeepGEMM paged layout of one cache page: all tokens' FP8 values, then one fp32 scale per token.
-PAGE_VALUE_BYTES = PAGE_SIZE * HEAD_DIM  # 8192
-SCALE_BYTES = 4
-PAGE_BYTES = PAGE_VALUE_BYTES + PAGE_SIZE * SCALE_BYTES  # 8448
-BYTES_PER_TOKEN = HEAD_DIM + SCALE_BYTES  # 132: the cache tensor's last dim (a view, not the layout)
-assert PAGE_BYTES == PAGE_SIZE * BYTES_PER_TOKEN
-assert PAGE_VALUE_BYTES % 16 == 0, "scales must start 16-byte aligned inside a page"
-assert TOPK % PAGE_SIZE == 0
+from .shapes import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, PAGE_VALUE_BYTES, SCALE_BYTES, TOPK
 
 #: Score of a position at or beyond seq_len. Every real score is finite (masked loads keep the
 #: NaN bytes of unreachable cache pages out), so -inf ranks below all of them and torch.topk

@@ -8,17 +8,17 @@ from types import ModuleType
 import torch
 
 from ..common.cuda_build import build_extension
+from .shapes import PAGE_SIZE, TOPK
 
 HERE = Path(__file__).resolve().parent
 #: compiled sources (relative to this folder): the torch binding (host compiler) and the pure-CUDA launcher (nvcc)
 SOURCES = ("csrc/topk_binding.cpp", "csrc/topk_filtered.cu")
 #: headers they include (part of the build's digest)
 HEADERS = ("csrc/topk_filtered.h", "csrc/topk_filtered.cuh")
-#: constants of topk_filtered.h (checked against the built module in load_topk_extension)
+#: constants of csrc/topk_filtered.h (checked against the built module in load_topk_extension, as are
+#: its TOPK and PAGE_SIZE against shapes.py)
 MAX_CANDIDATES = 8192  # the radix select's largest shared candidate buffer (entries)
 FAST_CANDIDATES = 1024  # the fast path's largest threshold bin
-TOPK = 2048
-PAGE_SIZE = 64
 
 _module: ModuleType | None = None
 
