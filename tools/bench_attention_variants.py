@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Time variants of the sparse-attention solution (CUDA kernel, Triton kernels) on a CUDA GPU.
+"""Time variants of the sparse-attention solution's CUDA kernel on a CUDA GPU.
 
     python tools/bench_attention_variants.py [--case 'attention_1*'] [--variant default --variant dsplit16]
                                              [--iterations 30] [--timer auto] [--out results/attn_variants.json]
@@ -11,13 +11,12 @@ L2 flushed before every call, the two input sets alternating, the median over it
 Timing uses CUPTI when the ``cupti`` module imports (first kernel start to last kernel end of
 each call, as ``dsa-bench run`` does), else CUDA events, and the table says which.
 
-A variant maps a token count T to a ``Plan`` (path, splits, block_n, num_warps, num_stages,
-partial dtype) or to None where it does not apply (a fused grid that would not be co-resident).
+A variant maps a token count T to a ``Plan`` of the CUDA kernel (path, splits, gather lag) or
+to None where it does not apply.
 The table shows microseconds per case and variant; below it, per variant, the mean over all
 cases, over T <= 2 and T >= 3, and the T = 8 full-row cases, against the targets (mean <= 10 us,
 T = 8 full <= 12 us). The last lines name the fastest variant per case and overall: use them to
-set the defaults in solutions/triton/sparse_attention.py (cuda_plan; for the Triton kernels
-triton_gpu_plan, DSPLIT_MAX_TOKENS_GPU, SPLIT_BLOCK_N, SPLIT_NUM_WARPS, SPLIT_NUM_STAGES).
+set the defaults in solutions/triton/attention/entry.py (cuda_plan and its CUDA_POLICY_* constants).
 """
 
 from __future__ import annotations
@@ -77,37 +76,19 @@ def cuda_variant_plan(sa, name: str):
     return sa.cuda_kernel_plan("cuda" if kind == "cuda" else "cuda_cluster", int(splits), gather_lag)
 
 
-def variants(sa, coresident: int, default: Callable[[int], object]) -> dict[str, Callable[[int], object]]:
+def variants(sa, resident: int, default: Callable[[int], object]) -> dict[str, Callable[[int], object]]:
     """name -> (T -> Plan, or None where the variant does not apply).
 
-    ``default`` is the entry's GPU policy (the CUDA kernel), given by the caller; ``cuda_s*`` fix its split count
-    (a grid that is not co-resident launches the combine separately), ``cluster_s*`` its split
-    count with the cluster combine, ``*_lagN`` its gather lag (N cycles; ``landed``: each tile
-    once the one before has landed). Any such name is accepted, not only those of
-    CUDA_VARIANTS (see cuda_variant_plan). ``triton*`` and ``dsplit*`` are the Triton kernels,
-    ``triton`` with their own GPU policy.
+    ``default`` is the entry's GPU policy (the CUDA kernel), given by the caller; ``resident``
+    the CUDA kernel's co-resident programs; ``cuda_two_launch`` the policy's split counts with
+    the combine always in a second launch; ``cuda_s*`` fix its split count (a grid that is not
+    co-resident launches the combine separately), ``cluster_s*`` its split count with the
+    cluster combine, ``*_lagN`` its gather lag (N cycles; ``landed``: each tile once the one
+    before has landed). Any such name is accepted, not only those of CUDA_VARIANTS (see
+    cuda_variant_plan).
     """
-    Plan = sa.Plan
-
-    def triton_policy(T: int) -> int:  # the Triton policy's split count
-        return sa.triton_gpu_plan(T, coresident, force_two_launch=True).splits
-
-    def split_plan(path: str, splits: Callable[[int], int], block_n: int, warps: int = 8, stages: int = 2, dtype=torch.float32):
-        def make(T: int):
-            s = splits(T)
-            if not 2 <= s <= 64 or (path == "fused" and T * s > coresident):
-                return None
-            return Plan(path, s, min(block_n, attn.TOPK // s), warps, stages, dtype, graph=path == "two_launch")
-
-        return make
-
-    table = {"default": default, "cuda_two_launch": lambda T: sa.cuda_plan(T, coresident, force_two_launch=True)}
-    return with_named(sa, table, list(CUDA_VARIANTS)) | {
-        "triton": lambda T: sa.triton_gpu_plan(T, coresident),
-        "triton_fused_bn64_bf16": split_plan("fused", triton_policy, 64, dtype=torch.bfloat16),
-        "triton_g2l_s64": fixed(Plan("two_launch", 64, 32, 8, 2, graph=True)),
-        "dsplit8x128": fixed(Plan("dsplit", 8, 128, 8, 2)),
-    }
+    table = {"default": default, "cuda_two_launch": lambda T: sa.cuda_plan(T, resident, force_two_launch=True)}
+    return with_named(sa, table, list(CUDA_VARIANTS))
 
 
 def with_named(sa, table: dict[str, Callable[[int], object]], names: list[str]) -> dict[str, Callable[[int], object]]:
@@ -151,10 +132,10 @@ def main() -> int:
     if args.list:
         sa = load_solution()
         if torch.cuda.is_available():
-            coresident, default = sa._max_coresident_programs(torch.device("cuda")), lambda T: sa.default_plan(T, torch.device("cuda"))
+            resident, default = sa.attention_ext.resident_programs(), lambda T: sa.default_plan(T, torch.device("cuda"))
         else:  # the H200's figures: 132 programs, 7 clusters of 16
-            coresident, default = 132, lambda T: sa.cuda_plan(T, 132, 7)
-        table = with_named(sa, variants(sa, coresident, default), args.variant)
+            resident, default = 132, lambda T: sa.cuda_plan(T, 132, 7)
+        table = with_named(sa, variants(sa, resident, default), args.variant)
         if unknown_names(table, args.variant):
             return 2
         list_plans(table, args.variant or list(table), [1, 2, 6, 7, 8])
@@ -164,8 +145,8 @@ def main() -> int:
         return 2
     device = torch.device("cuda")
     sa = load_solution()
-    coresident = sa._max_coresident_programs(device)
-    all_variants = with_named(sa, variants(sa, coresident, lambda T: sa.default_plan(T, device)), args.variant)
+    resident = sa.attention_ext.resident_programs()
+    all_variants = with_named(sa, variants(sa, resident, lambda T: sa.default_plan(T, device)), args.variant)
     chosen = {k: v for k, v in all_variants.items() if not args.variant or k in args.variant}
     if unknown_names(all_variants, args.variant):
         return 2
@@ -176,7 +157,7 @@ def main() -> int:
         print(f"warning: {warning}")
     timer = make_timer(timer_name)
     flusher = L2Flusher(device)
-    print(f"{torch.cuda.get_device_name(device)}, {coresident} co-resident programs, "
+    print(f"{torch.cuda.get_device_name(device)}, {resident} co-resident programs, "
           f"resident clusters {({s: sa.attention_ext.resident_clusters(s) for s in (8, 16)})}, "
           f"timer {timer.name}, {args.iterations} iterations (median), cold L2")
 
@@ -218,8 +199,7 @@ def main() -> int:
                 samples = timer.time_iterations(call, args.iterations, lambda i: flusher.flush(), lambda i: None)
                 row[name] = statistics.median(samples) * 1000.0
             except Exception as exc:  # noqa: BLE001 - a variant that does not compile or launch here is reported, not fatal
-                # '-': a fused grid this kernel cannot keep co-resident (the solution refuses it)
-                row[name] = "-" if isinstance(exc, ValueError) and "resident" in str(exc) else "ERR"
+                row[name] = "ERR"
                 print(f"  {case.id} {name} {plan}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         results[case.id] = row
         counts = case.inputs["sparse_indices"].params.get("valid_counts", []) if "sparse_indices" in case.inputs else []

@@ -22,42 +22,29 @@ one thread-block cluster that combines through distributed shared memory. On an 
 takes 32 splits with the barrier, T <= 7 (clusters of 16 resident at once) the cluster, T = 8
 16 splits with the barrier. Its design is described at the top of that file.
 
-The Triton kernels below run under the interpreter (``TRITON_INTERPRET=1``, CPU tensors), where
-the CUDA kernel cannot, and on a GPU only when a plan asks for them (the benchmark's variants
-and the tests). Their three paths have the numerics of the CUDA kernel (log2-domain online
-softmax with the scale pre-multiplied by log2 e, fp32 accumulation, the q_nope·ckv and q_pe·kpe
-products as two separate ``tl.dot``, P rounded to bf16 for the P·V product):
+The Triton kernels below are the path under the interpreter (``TRITON_INTERPRET=1``, CPU
+tensors), where the CUDA kernel cannot run; on a GPU the CUDA kernel runs and a Triton plan is
+refused. They have the numerics of the CUDA kernel (log2-domain online softmax with the scale
+pre-multiplied by log2 e, fp32 accumulation, the q_nope·ckv and q_pe·kpe products as two
+separate ``tl.dot``, P rounded to bf16 for the P·V product), in two paths (``interpreter_plan``):
 
-* ``dsplit`` (the brief's short path for T <= 2): one launch, grid (value slices, T). Every
-  program scores all of its token's slots but multiplies by V only for its own slice of the 512
-  value columns, so no combine is needed. Loops stop after the row's last valid slot. Taken for
-  T <= DSPLIT_MAX_TOKENS_* (see there why the GPU default sends every T to the split path).
-* ``fused`` (GPU): one launch, grid (splits S, T). Split s owns the slots s, s + S, s + 2S, ...
-  (strided, because valid slots cluster at the front of a row), writes a partial (m, l, acc),
-  then waits at a per-token barrier; after it, split s combines value slice s of its token.
-  Used only when the whole grid is co-resident (``_max_coresident_programs``), so every
-  program the spin waits for is running and the spin cannot deadlock.
-* ``two_launch``: the same split kernel without the barrier, then a separate combine kernel.
-  On a GPU the pair is captured once per argument set and replayed as one CUDA graph
-  (``launch_graphs.LaunchGraphs``), so the combine starts when the split kernel ends. Used for
-  T <= GRAPHED_MAX_TOKENS (measured faster than the barrier there), when the grid could exceed
-  what is co-resident, when forced by ``DSA_ATTN_TWO_LAUNCH=1``, and under the Triton
-  interpreter (programs run one after another there, so a spin would never end).
+* ``dsplit`` (the brief's short path, T <= DSPLIT_MAX_TOKENS_INTERPRETER): one launch, grid
+  (value slices, T). Every program scores all of its token's slots but multiplies by V only for
+  its own slice of the 512 value columns, so no combine is needed. Loops stop after the row's
+  last valid slot.
+* ``two_launch``: grid (splits S, T). Split s owns the slots s, s + S, s + 2S, ... (strided,
+  because valid slots cluster at the front of a row) and writes a partial (m, l, acc); a second
+  launch, the combine kernel, merges value slice s of each token from its S partials. (The
+  interpreter runs programs one after another, so no program may wait for another: the combine
+  cannot share the launch.)
 
-Barrier counters (Triton fused path; the CUDA kernel's ticket barrier is described in
-attention_sm90.cu): per token two int32 words that persist across calls, ``count``
-and ``sense``. A program reads ``sense`` before it arrives, arrives with ``atomic_add(count, 1)``;
-the program that draws ticket S - 1 is the last one: it resets ``count`` to 0 and flips
-``sense``, which releases the others spinning on it. ``count`` stays in [0, S] and ``sense`` in
-{0, 1}, so the words never overflow and need no memset between calls; they are zeroed once
-when allocated. Calls on one CUDA stream run in order, so one call's barrier is complete
-before the next starts; the words are kept per (device, stream) and partials are allocated per
-call, so concurrent streams never share either.
+The CUDA kernel's barrier words (a ticket word per token, see attention_sm90.cu) persist across
+calls: they are zeroed once when allocated, kept per (device, stream), and partials are
+allocated per call, so concurrent streams never share either.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import os
 from dataclasses import dataclass
@@ -67,52 +54,16 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from ..common.launch_graphs import LaunchGraphs
 from . import cuda as attention_ext
 from .shapes import D_CKV, D_KPE, LOG2_E, NUM_HEADS, PAGE_SIZE, TOPK, check_io
 
-#: Words per token in the barrier buffers (both kernels): 32 int32 words = 128 bytes, so
-#: different tokens' barriers never share a cache line. The Triton fused kernel keeps its count
-#: at word 0 and its sense at SENSE_OFFSET (the CUDA kernel, its ticket at word 0).
+#: Words per token in the CUDA kernel's barrier buffer: 32 int32 words = 128 bytes, so different
+#: tokens' barriers never share a cache line (its ticket is word 0).
 SYNC_STRIDE = attention_ext.SYNC_STRIDE
-SENSE_OFFSET = 16
 
-#: Largest token count sent to the value-split (dsplit) kernel by default. Each dsplit program
-#: gathers its token's whole row (up to 2048 x 1152 B = 2.36 MB) through one SM: on the H200 a
-#: full row took 82 µs with 8 value slices against 11 µs for the split path, whose programs share
-#: the row; dsplit won only on rows of ~100 valid slots (8.9 vs 9.8 µs), which the host cannot
-#: see (benchmarks/h200/attention_variants.log). So on the GPU every T takes the split path; the
-#: interpreter keeps the brief's T <= 2 short path, so the harness's CPU run exercises both kernels.
-DSPLIT_MAX_TOKENS_GPU = 0
+#: Largest token count the interpreter sends to the value-split (dsplit) kernel: the brief's
+#: T <= 2 short path, so the harness's CPU run exercises both Triton kernels.
 DSPLIT_MAX_TOKENS_INTERPRETER = 2
-
-#: Co-residency bound the policy plans with: one program per SM. Any kernel that launches at
-#: all fits one CTA per SM, so such a grid is resident once the GPU is free of other work. The
-#: fused launch itself checks the compiled kernel's real bound (``coresident_programs``).
-PROGRAMS_PER_SM_BOUND = 1
-
-#: Slot splits per token on the GPU: as many as keep T * S within one program per SM, within
-#: these bounds. Measured on the H200 (benchmarks/h200/attention_variants.log): more programs
-#: per SM (two-launch S = 32 or 64 at T = 8) cost more than they gain; a call is dominated by
-#: each program's fixed chain of dependent steps, not by bandwidth.
-MIN_SPLITS = 4
-MAX_SPLITS = 64
-#: Split-kernel tiling. A program handles its split in blocks of at most SPLIT_BLOCK_N slots:
-#: one block when the split is that small (S = 64: 32 slots), else a pipelined loop. Two
-#: pipeline stages make Triton gather the rows with cp.async straight into shared memory. 64
-#: beat 128 (smaller tiles: less shared memory per block, and the loop overlaps the second
-#: block's gather with the first block's math); 8 warps beat 4 by 25 % at T <= 2. Checked for
-#: sm_90 by sparse_attention_sm90_check.py.
-SPLIT_BLOCK_N = 64
-SPLIT_NUM_WARPS = 8
-SPLIT_NUM_STAGES = 2
-#: Largest T that takes the two-launch path replayed as a CUDA graph even where the fused
-#: launch fits: at T <= 2 (S = 64) its kernel boundary measured ~0.4 µs cheaper than the
-#: barrier; from T = 3 on the fused launch with bf16 partials was faster.
-GRAPHED_MAX_TOKENS = 2
-#: Storage of the partial acc: bf16 halves the partials' traffic (about 1 µs at T = 8, 0.15 µs
-#: at T <= 2); m and l stay fp32, and the checker's 1e-2 tolerances hold.
-PARTIAL_DTYPE = torch.bfloat16
 
 
 # --------------------------------------------------------------------------- device code
@@ -305,32 +256,23 @@ def _combine_slice(
 @triton.jit
 def _split_kernel(
     q_nope_ptr, q_pe_ptr, ckv_ptr, kpe_ptr, idx_ptr, out_ptr, lse_ptr,
-    part_acc_ptr, part_ml_ptr, sync_ptr,
+    part_acc_ptr, part_ml_ptr,
     qk_scale_log2,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
     stride_ckv_page, stride_ckv_slot, stride_kpe_page, stride_kpe_slot,
     stride_idx_t, stride_out_t, stride_out_h, stride_lse_t,
     H: tl.constexpr, D_CKV: tl.constexpr, D_KPE: tl.constexpr, TOPK: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
-    FUSED_COMBINE: tl.constexpr, SYNC_STRIDE: tl.constexpr, SENSE_OFFSET: tl.constexpr, INTERPRETED: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     """Grid (NUM_SPLITS, T): program (s, t) attends token t over slots s, s+S, s+2S, ... and
-    writes its partial (m, l, acc). With FUSED_COMBINE it then waits for the token's other
-    splits and combines value slice s; the host launches it so only when the grid is co-resident."""
+    writes its partial (m, l, acc); the combine kernel merges them."""
     SPLIT_SIZE: tl.constexpr = TOPK // NUM_SPLITS
-    SLICE_D: tl.constexpr = D_CKV // NUM_SPLITS
     tl.static_assert(TOPK % NUM_SPLITS == 0, "splits must tile the 2048 slots")
     tl.static_assert(BLOCK_N <= SPLIT_SIZE, "a block larger than its split would read other splits' slots")
     tl.static_assert(SPLIT_SIZE % BLOCK_N == 0, "blocks must tile a split exactly")
     tl.static_assert(D_CKV % NUM_SPLITS == 0, "each split combines one equal slice of the value columns")
     s = tl.program_id(0)
     t = tl.program_id(1)
-
-    count_ptr = sync_ptr + t * SYNC_STRIDE
-    sense_ptr = count_ptr + SENSE_OFFSET
-    if FUSED_COMBINE:
-        # Read before arriving: nobody flips it until every split of this token has arrived.
-        sense = tl.load(sense_ptr, volatile=True)
 
     heads = tl.arange(0, H)
     cols = tl.arange(0, D_CKV)
@@ -362,25 +304,6 @@ def _split_kernel(
     tl.store(part_ml_ptr + part * (2 * H) + heads, m_i)
     tl.store(part_ml_ptr + part * (2 * H) + H + heads, l_i)
 
-    if FUSED_COMBINE:
-        # Sense-reversing barrier (the pattern of a cooperative grid sync): CTA barrier so all
-        # threads' partial stores precede the arrival; one acq_rel atomic arrives (gpu scope).
-        tl.debug_barrier()
-        ticket = tl.atomic_add(count_ptr, 1, sem="acq_rel")
-        if ticket == NUM_SPLITS - 1:
-            # Last to arrive: every split of this token has counted, so nobody else touches
-            # count during this launch; reset it for the next call, then release the others.
-            tl.atomic_xchg(count_ptr, 0, sem="relaxed")
-            tl.atomic_xchg(sense_ptr, 1 - sense, sem="release")
-        else:
-            # Poll with an acquiring RMW (served by L2, never a stale L1 line).
-            seen = tl.atomic_add(sense_ptr, 0, sem="acquire")
-            while seen == sense:
-                seen = tl.atomic_add(sense_ptr, 0, sem="acquire")
-        tl.debug_barrier()
-        _combine_slice(t, s, part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr, stride_out_t, stride_out_h, stride_lse_t,
-                       H, D_CKV, NUM_SPLITS, SLICE_D, INTERPRETED)
-
 
 @triton.jit
 def _combine_kernel(
@@ -389,7 +312,7 @@ def _combine_kernel(
     H: tl.constexpr, D_CKV: tl.constexpr, NUM_SPLITS: tl.constexpr, INTERPRETED: tl.constexpr,
 ):
     """Second launch of the two-launch path. Grid (NUM_SPLITS, T): program (d, t) combines
-    value slice d of token t (the same slicing the fused path uses)."""
+    value slice d of token t."""
     SLICE_D: tl.constexpr = D_CKV // NUM_SPLITS
     tl.static_assert(D_CKV % NUM_SPLITS == 0, "each program combines one equal slice of the value columns")
     _combine_slice(tl.program_id(1), tl.program_id(0), part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr,
@@ -398,11 +321,12 @@ def _combine_kernel(
 
 # --------------------------------------------------------------------------- host side
 
-#: Triton paths, then the CUDA kernel's, each with its combine (attention_ext.COMBINES):
-#: ``cuda`` behind a global-memory barrier when the grid is co-resident (its launcher checks),
-#: ``cuda_two_launch`` always in a second launch, ``cuda_cluster`` through distributed shared
-#: memory within the token's thread-block cluster.
-PATHS = ("dsplit", "fused", "two_launch", "cuda", "cuda_two_launch", "cuda_cluster")
+#: The Triton kernels' paths (interpreter only), then the CUDA kernel's, each with its combine
+#: (attention_ext.COMBINES): ``cuda`` behind a global-memory barrier when the grid is co-resident
+#: (its launcher checks), ``cuda_two_launch`` always in a second launch, ``cuda_cluster`` through
+#: distributed shared memory within the token's thread-block cluster.
+TRITON_PATHS = ("dsplit", "two_launch")
+PATHS = (*TRITON_PATHS, "cuda", "cuda_two_launch", "cuda_cluster")
 CUDA_COMBINES = {"cuda": "barrier", "cuda_two_launch": "two_launch", "cuda_cluster": "cluster"}
 CUDA_PATHS = tuple(CUDA_COMBINES)
 #: How the CUDA kernel keeps a split's partial output on every path: bf16 units (in global
@@ -415,16 +339,13 @@ class Plan:
     """How one call is tiled and launched.
 
     ``splits``: for ``dsplit`` the number of value slices (each SLICE_D = 512 / splits columns);
-    for ``fused`` / ``two_launch`` the number of slot splits S (each of 2048 / S slots, strided).
+    for the others the number of slot splits S (each of 2048 / S slots, strided).
     ``num_stages``: Triton's software-pipeline stages; for the CUDA kernel its gather stages
     (attention_ext.STAGES, fixed).
     ``gather_lag``: CUDA kernel only, SM cycles: a tile is requested once the tile before it has
     landed or this long after that one was requested (0: two tiles in flight at once;
     attention_ext.GATHER_LAG_ON_LANDING: only once the one before has landed).
     ``partial_dtype``: storage of the split paths' partial acc (m and l are always fp32).
-    ``graph``: (``two_launch`` on a GPU) replay the two launches as one CUDA graph per argument
-    set, so the combine starts as soon as the split kernel ends instead of after the host's
-    second launch.
     """
 
     path: str
@@ -433,7 +354,6 @@ class Plan:
     num_warps: int = 4
     num_stages: int = 1
     partial_dtype: torch.dtype = torch.float32
-    graph: bool = False
     gather_lag: int = 0
 
     def validate(self) -> None:
@@ -447,13 +367,12 @@ class Plan:
             assert self.num_stages == attention_ext.STAGES, f"{self}: the CUDA kernel has {attention_ext.STAGES} gather stages"
             lag_max = attention_ext.GATHER_LAG_ON_LANDING
             assert 0 <= self.gather_lag <= lag_max, f"{self}: the gather lag is in [0, {lag_max}] cycles"
-            assert self.partial_dtype == CUDA_PARTIAL_DTYPE and not self.graph, f"{self}: the CUDA kernel keeps {CUDA_PARTIAL_DTYPE} partials and is not graphed"
+            assert self.partial_dtype == CUDA_PARTIAL_DTYPE, f"{self}: the CUDA kernel keeps {CUDA_PARTIAL_DTYPE} partials"
             return
         assert self.gather_lag == 0, f"{self}: only the CUDA kernel has a gather lag"
         assert _is_pow2(self.splits) and _is_pow2(self.block_n), f"{self}: splits and block_n must be powers of two"
         assert self.block_n >= 16, f"{self}: tl.dot needs blocks of at least 16 slots"
         assert self.partial_dtype in (torch.float32, torch.bfloat16), f"{self}: partials are fp32 or bf16"
-        assert not self.graph or self.path == "two_launch", f"{self}: only the two-launch path is graphed"
         if self.path == "dsplit":
             assert D_CKV % self.splits == 0 and D_CKV // self.splits >= 16, f"{self}: value slices of >= 16 columns"
             assert TOPK % self.block_n == 0, f"{self}: blocks must tile {TOPK} slots"
@@ -481,40 +400,6 @@ def _interpreted(device: torch.device) -> bool:
 
 def _device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
-
-
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _max_coresident_programs(device: torch.device) -> int:
-    return _sm_count(_device_index(device)) * PROGRAMS_PER_SM_BOUND
-
-
-@functools.cache
-def _libcuda() -> ctypes.CDLL:
-    return ctypes.CDLL("libcuda.so.1")
-
-
-@functools.cache
-def _blocks_per_sm(function: int, threads: int, shared_bytes: int) -> int:
-    """The CUDA occupancy calculator's resident blocks per SM for a loaded kernel."""
-    blocks = ctypes.c_int(0)
-    err = _libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(
-        ctypes.byref(blocks), ctypes.c_void_p(function), ctypes.c_int(threads), ctypes.c_size_t(shared_bytes))
-    if err != 0:
-        raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed with CUresult {err}")
-    return blocks.value
-
-
-def coresident_programs(compiled, device: torch.device) -> int:
-    """Programs of the compiled Triton kernel ``compiled`` guaranteed resident at once on an
-    otherwise idle ``device``: the occupancy calculator's blocks per SM (from the kernel's real
-    registers and shared memory) times the SM count."""
-    compiled._init_handles()
-    threads = compiled.metadata.num_warps * 32
-    return _blocks_per_sm(compiled.function, threads, compiled.metadata.shared) * _sm_count(_device_index(device))
 
 
 def default_plan(num_tokens: int, device: torch.device) -> Plan:
@@ -580,46 +465,22 @@ def cuda_kernel_plan(path: str, splits: int, gather_lag: int = 0) -> Plan:
 def interpreter_plan(num_tokens: int) -> Plan:
     """The interpreter runs programs one by one in Python and its cost grows with the elements
     each program touches, so it gets the fewest, largest programs (two value slices, or two
-    splits of 1024 strided slots); the GPU tilings are exercised by the tests. It must never get
-    the fused path: its spin would wait for programs that have not run yet."""
+    splits of 1024 strided slots); the tests exercise smaller tilings too."""
     if num_tokens <= DSPLIT_MAX_TOKENS_INTERPRETER:
         return Plan("dsplit", splits=2, block_n=512)
     return Plan("two_launch", splits=2, block_n=512)
 
 
-def triton_gpu_plan(num_tokens: int, coresident: int, force_two_launch: bool = False) -> Plan:
-    """The Triton kernels' GPU policy (the CUDA kernel's predecessor, kept as the benchmark's
-    comparison). ``coresident``: programs the policy may count on being resident at once.
-
-    The two-launch path is always replayed as a CUDA graph on the GPU (``graph=True``): without
-    it the host's second launch leaves the GPU idle for 15-30 µs between the kernels.
-    """
-    if num_tokens <= DSPLIT_MAX_TOKENS_GPU:
-        return Plan("dsplit", splits=16, block_n=64, num_warps=8, num_stages=2)
-    # More splits put more SMs on each row's gather; stop where the grid would stop being co-resident.
-    splits = MIN_SPLITS
-    while splits * 2 <= MAX_SPLITS and num_tokens * splits * 2 <= coresident:
-        splits *= 2
-    fused = num_tokens * splits <= coresident and num_tokens > GRAPHED_MAX_TOKENS and not force_two_launch
-    return Plan(
-        "fused" if fused else "two_launch", splits=splits, block_n=min(SPLIT_BLOCK_N, TOPK // splits),
-        num_warps=SPLIT_NUM_WARPS, num_stages=SPLIT_NUM_STAGES,
-        partial_dtype=PARTIAL_DTYPE, graph=not fused,
-    )
-
-
 class _SyncWords:
-    """One kernel's barrier words, kept per (kernel, device, stream) for the process's lifetime.
-    The Triton fused kernel (count and sense) and the CUDA kernel (a ticket word) keep
-    different invariants in them, so each has its own buffer."""
+    """The CUDA kernel's barrier words on one (device, stream), kept for the process's lifetime."""
 
     def __init__(self) -> None:
         self.words: torch.Tensor | None = None
 
     def get(self, device: torch.device, tokens: int) -> torch.Tensor:
         if self.words is None or self.words.numel() < tokens * SYNC_STRIDE:
-            # Zeroed once here; afterwards each barrier keeps its own invariant (see the module
-            # docstring and attention_sm90.cu's split_kernel). Growing replaces the buffer: a call
+            # Zeroed once here; afterwards the ticket barrier keeps its own invariant (see
+            # attention_sm90.cu's split_kernel). Growing replaces the buffer: a call
             # still in flight on this stream keeps the old one alive through the caching
             # allocator's stream ordering.
             self.words = torch.zeros(max(tokens, 64) * SYNC_STRIDE, dtype=torch.int32, device=device)
@@ -629,13 +490,10 @@ class _SyncWords:
 _SYNC: dict[tuple, _SyncWords] = {}
 
 
-def _sync_words_for(device: torch.device, kernel: str = "triton") -> _SyncWords:
-    """The barrier words of ``kernel`` ("triton" or "cuda") on ``device``'s current stream."""
-    if device.type == "cuda":
-        index = _device_index(device)
-        key = (kernel, f"cuda:{index}", torch.cuda.current_stream(index).cuda_stream)
-    else:
-        key = (kernel, str(device), 0)
+def _sync_words_for(device: torch.device) -> _SyncWords:
+    """The CUDA kernel's barrier words on ``device``'s current stream."""
+    index = _device_index(device)
+    key = (f"cuda:{index}", torch.cuda.current_stream(index).cuda_stream)
     if key not in _SYNC:
         _SYNC[key] = _SyncWords()
     return _SYNC[key]
@@ -647,12 +505,12 @@ def _launch_cuda(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices,
     T = q_nope.shape[0]
     device = q_nope.device
     combine = CUDA_COMBINES[plan.path]
-    # Scratch per call, as for the Triton paths (a host-side lookup in the caching allocator);
-    # the cluster combine keeps its partials in shared memory and needs none.
+    # Scratch per call (a host-side lookup in the caching allocator); the cluster combine keeps
+    # its partials in shared memory and needs none.
     scratch = 0 if combine == "cluster" else T * plan.splits
     part_out = torch.empty(scratch * NUM_HEADS * D_CKV, dtype=torch.bfloat16, device=device)
     part_lse = torch.empty(scratch * NUM_HEADS, dtype=torch.float32, device=device)
-    sync = _sync_words_for(device, "cuda").get(device, T) if combine != "cluster" else part_lse.new_empty(0, dtype=torch.int32)
+    sync = _sync_words_for(device).get(device, T) if combine != "cluster" else part_lse.new_empty(0, dtype=torch.int32)
     return attention_ext.run(
         q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, part_out, part_lse, sync,
         plan.splits, combine=combine, gather_lag=plan.gather_lag, phase_clocks=phase_clocks,
@@ -668,14 +526,18 @@ def _launch(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_s
             raise ValueError(f"{plan}: the CUDA kernel needs CUDA tensors and compiled kernels, not the Triton interpreter")
         _launch_cuda(plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse)
         return
-    interpreted = _interpreted(device)
+    if not _interpreted(device):
+        raise ValueError(
+            f"{plan}: the Triton kernels are this solution's interpreter path (TRITON_INTERPRET=1, CPU tensors); "
+            f"on a GPU the CUDA kernel runs (paths {', '.join(CUDA_PATHS)})"
+        )
     qk_scale_log2 = float(sm_scale) * LOG2_E
     common_strides = (
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
         ckv_cache.stride(0), ckv_cache.stride(1), kpe_cache.stride(0), kpe_cache.stride(1),
         sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0),
     )
-    shape_consts = {"H": NUM_HEADS, "D_CKV": D_CKV, "D_KPE": D_KPE, "TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "INTERPRETED": interpreted}
+    shape_consts = {"H": NUM_HEADS, "D_CKV": D_CKV, "D_KPE": D_KPE, "TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "INTERPRETED": True}
     launch = {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
 
     if plan.path == "dsplit":
@@ -685,42 +547,18 @@ def _launch(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_s
         )
         return
 
-    fused = plan.path == "fused"
-    # Partials are allocated per call (the caching allocator makes that a host-side lookup), so
-    # a captured graph owns its own and calls on different streams never share them.
+    # Partials are allocated per call (the caching allocator makes that a host-side lookup).
     part_acc = torch.empty(T * plan.splits * NUM_HEADS * D_CKV, dtype=plan.partial_dtype, device=device)
     part_ml = torch.empty(T * plan.splits * 2 * NUM_HEADS, dtype=torch.float32, device=device)
-    sync = _sync_words_for(device).get(device, T) if fused else part_ml  # sync is never touched unfused
-    split_args = (
-        q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse, part_acc, part_ml, sync, qk_scale_log2, *common_strides,
-    )
-    split_consts = dict(
-        **shape_consts, NUM_SPLITS=plan.splits, BLOCK_N=plan.block_n,
-        FUSED_COMBINE=fused, SYNC_STRIDE=SYNC_STRIDE, SENSE_OFFSET=SENSE_OFFSET, **launch,
-    )
     grid = (plan.splits, T)
-    if fused:
-        if interpreted:
-            raise ValueError("the fused path spins on a barrier and would never finish under the Triton interpreter")
-        compiled = _split_kernel.warmup(*split_args, grid=grid, **split_consts)
-        bound = coresident_programs(compiled, device)
-        if T * plan.splits > bound:
-            raise ValueError(f"{plan}: fused grid of {T * plan.splits} programs exceeds the {bound} this kernel can keep resident")
-    _split_kernel[grid](*split_args, **split_consts)
-    if not fused:
-        _combine_kernel[grid](
-            part_acc, part_ml, output, lse, output.stride(0), output.stride(1), lse.stride(0),
-            H=NUM_HEADS, D_CKV=D_CKV, NUM_SPLITS=plan.splits, INTERPRETED=interpreted, num_warps=plan.num_warps,
-        )
-
-
-_GRAPHS: dict[Plan, LaunchGraphs] = {}
-
-
-def _graphs_for(plan: Plan) -> LaunchGraphs:
-    if plan not in _GRAPHS:
-        _GRAPHS[plan] = LaunchGraphs(functools.partial(_launch, plan))
-    return _GRAPHS[plan]
+    _split_kernel[grid](
+        q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse, part_acc, part_ml, qk_scale_log2, *common_strides,
+        **shape_consts, NUM_SPLITS=plan.splits, BLOCK_N=plan.block_n, **launch,
+    )
+    _combine_kernel[grid](
+        part_acc, part_ml, output, lse, output.stride(0), output.stride(1), lse.stride(0),
+        H=NUM_HEADS, D_CKV=D_CKV, NUM_SPLITS=plan.splits, INTERPRETED=True, num_warps=plan.num_warps,
+    )
 
 
 def sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, plan: Plan | None = None) -> Plan:
@@ -731,11 +569,7 @@ def sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scal
     plan.validate()
     if T == 0:
         return plan
-    args = (q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, float(sm_scale), output, lse)
-    if plan.graph and not _interpreted(device):
-        _graphs_for(plan)(*args)
-    else:
-        _launch(plan, *args)
+    _launch(plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, float(sm_scale), output, lse)
     return plan
 
 
