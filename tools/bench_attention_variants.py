@@ -16,13 +16,14 @@ to None where it does not apply.
 The table shows microseconds per case and variant; below it, per variant, the mean over all
 cases, over T <= 2 and T >= 3, and the T = 8 full-row cases, against the targets (mean <= 10 us,
 T = 8 full <= 12 us). The last lines name the fastest variant per case and overall: use them to
-set the defaults in solutions/triton/attention/entry.py (cuda_plan and its CUDA_POLICY_* constants).
+set the defaults in solutions/triton/attention/plan.py (cuda_plan and its CUDA_POLICY_* constants).
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import importlib
 import json
 import re
 import statistics
@@ -47,8 +48,9 @@ TARGET_T8_FULL_US = 12.0
 
 
 def load_solution():
-    """The solution's sparse-attention module, imported the way the harness imports it."""
-    return import_entry(load_solution_folder(ROOT / "solutions" / "triton"), attn.NAME)[1]
+    """The solution's sparse-attention entry, plan and cuda modules, imported the way the harness imports them."""
+    entry = import_entry(load_solution_folder(ROOT / "solutions" / "triton"), attn.NAME)[1]
+    return entry, importlib.import_module(f"{entry.__package__}.plan"), importlib.import_module(f"{entry.__package__}.cuda")
 
 
 #: The CUDA kernel's fixed plans listed by default (cuda_variant_plan builds any other such name).
@@ -64,7 +66,7 @@ def fixed(plan) -> Callable[[int], object]:
     return lambda T: plan
 
 
-def cuda_variant_plan(sa, name: str):
+def cuda_variant_plan(plans, cuda_ext, name: str):
     """The plan a CUDA variant name spells: ``cuda_s16`` (barrier, 16 splits), ``cluster_s8``,
     ``cuda_s16_lag2000`` (gather lag of 2000 cycles), ``cluster_s16_landed``; None when the name
     is not one."""
@@ -72,11 +74,11 @@ def cuda_variant_plan(sa, name: str):
     if match is None:
         return None
     kind, splits, lag, landed = match.groups()
-    gather_lag = sa.attention_ext.GATHER_LAG_ON_LANDING if landed else int(lag or 0)
-    return sa.cuda_kernel_plan("cuda" if kind == "cuda" else "cuda_cluster", int(splits), gather_lag)
+    gather_lag = cuda_ext.GATHER_LAG_ON_LANDING if landed else int(lag or 0)
+    return plans.cuda_kernel_plan("cuda" if kind == "cuda" else "cuda_cluster", int(splits), gather_lag)
 
 
-def variants(sa, resident: int, default: Callable[[int], object]) -> dict[str, Callable[[int], object]]:
+def variants(plans, cuda_ext, resident: int, default: Callable[[int], object]) -> dict[str, Callable[[int], object]]:
     """name -> (T -> Plan, or None where the variant does not apply).
 
     ``default`` is the entry's GPU policy (the CUDA kernel), given by the caller; ``resident``
@@ -87,13 +89,13 @@ def variants(sa, resident: int, default: Callable[[int], object]) -> dict[str, C
     before has landed). Any such name is accepted, not only those of CUDA_VARIANTS (see
     cuda_variant_plan).
     """
-    table = {"default": default, "cuda_two_launch": lambda T: sa.cuda_plan(T, resident, force_two_launch=True)}
-    return with_named(sa, table, list(CUDA_VARIANTS))
+    table = {"default": default, "cuda_two_launch": lambda T: plans.cuda_plan(T, resident, force_two_launch=True)}
+    return with_named(plans, cuda_ext, table, list(CUDA_VARIANTS))
 
 
-def with_named(sa, table: dict[str, Callable[[int], object]], names: list[str]) -> dict[str, Callable[[int], object]]:
+def with_named(plans, cuda_ext, table: dict[str, Callable[[int], object]], names: list[str]) -> dict[str, Callable[[int], object]]:
     """``table`` plus the CUDA variants among ``names`` it lacks (cuda_variant_plan); unknown names are left out."""
-    extra = {name: cuda_variant_plan(sa, name) for name in names if name not in table}
+    extra = {name: cuda_variant_plan(plans, cuda_ext, name) for name in names if name not in table}
     return table | {name: fixed(plan) for name, plan in extra.items() if plan is not None}
 
 
@@ -130,12 +132,12 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     if args.list:
-        sa = load_solution()
+        _, plans, cuda_ext = load_solution()
         if torch.cuda.is_available():
-            resident, default = sa.attention_ext.resident_programs(), lambda T: sa.default_plan(T, torch.device("cuda"))
+            resident, default = cuda_ext.resident_programs(), lambda T: plans.default_plan(T, torch.device("cuda"))
         else:  # the H200's figures: 132 programs, 7 clusters of 16
-            resident, default = 132, lambda T: sa.cuda_plan(T, 132, 7)
-        table = with_named(sa, variants(sa, resident, default), args.variant)
+            resident, default = 132, lambda T: plans.cuda_plan(T, 132, 7)
+        table = with_named(plans, cuda_ext, variants(plans, cuda_ext, resident, default), args.variant)
         if unknown_names(table, args.variant):
             return 2
         list_plans(table, args.variant or list(table), [1, 2, 6, 7, 8])
@@ -144,9 +146,9 @@ def main() -> int:
         print("bench_attention_variants: needs a CUDA GPU (--list works without one)", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    sa = load_solution()
-    resident = sa.attention_ext.resident_programs()
-    all_variants = with_named(sa, variants(sa, resident, lambda T: sa.default_plan(T, device)), args.variant)
+    entry, plans, cuda_ext = load_solution()
+    resident = cuda_ext.resident_programs()
+    all_variants = with_named(plans, cuda_ext, variants(plans, cuda_ext, resident, lambda T: plans.default_plan(T, device)), args.variant)
     chosen = {k: v for k, v in all_variants.items() if not args.variant or k in args.variant}
     if unknown_names(all_variants, args.variant):
         return 2
@@ -158,7 +160,7 @@ def main() -> int:
     timer = make_timer(timer_name)
     flusher = L2Flusher(device)
     print(f"{torch.cuda.get_device_name(device)}, {resident} co-resident programs, "
-          f"resident clusters {({s: sa.attention_ext.resident_clusters(s) for s in (8, 16)})}, "
+          f"resident clusters {({s: cuda_ext.resident_clusters(s) for s in (8, 16)})}, "
           f"timer {timer.name}, {args.iterations} iterations (median), cold L2")
 
     results: dict[str, dict[str, float | str]] = {}
@@ -178,7 +180,7 @@ def main() -> int:
 
             def call(i: int, args_of=args_of, outs=outs, plan=plan) -> None:
                 k = i % len(args_of)
-                sa.sparse_attention(*args_of[k], outs[k]["output"], outs[k]["lse"], plan=plan)
+                entry.sparse_attention(*args_of[k], outs[k]["output"], outs[k]["lse"], plan=plan)
 
             try:
                 failed = None

@@ -12,6 +12,7 @@ empty row must give output 0 and lse exactly -inf.
 
 from __future__ import annotations
 
+import importlib
 import random
 import re
 import shutil
@@ -31,7 +32,9 @@ SOLUTION_DIR = ROOT / "solutions" / "triton"
 ATTENTION_CSRC = SOLUTION_DIR / "attention" / "csrc"
 
 
-_, sa = import_entry(load_solution(SOLUTION_DIR), attn.NAME)
+_, entry = import_entry(load_solution(SOLUTION_DIR), attn.NAME)  # attention/entry.py
+plans = importlib.import_module(f"{entry.__package__}.plan")  # attention/plan.py
+cuda_ext = importlib.import_module(f"{entry.__package__}.cuda")  # attention/cuda.py
 CPU = torch.device("cpu")
 FULL = attn.TOPK
 
@@ -44,7 +47,7 @@ def make_inputs(counts: list[int], padding: str = "tail", num_pages: int = 96, s
 
 def run_solution(axes, inputs, plan=None, device=CPU) -> tuple[dict, object]:
     outputs = attn.DEFINITION.allocate_outputs(axes, device)  # NaN poison
-    used = sa.sparse_attention(*attn.DEFINITION.input_args(inputs), outputs["output"], outputs["lse"], plan=plan)
+    used = entry.sparse_attention(*attn.DEFINITION.input_args(inputs), outputs["output"], outputs["lse"], plan=plan)
     return outputs, used
 
 
@@ -80,7 +83,7 @@ INTERPRETER_CASES = [
 @pytest.mark.parametrize("counts,padding", INTERPRETER_CASES, ids=lambda v: str(v) if isinstance(v, str) else "-".join(map(str, v)))
 def test_default_path_under_interpreter(counts, padding):
     outputs, used = check(counts, padding, num_pages=160)
-    assert used.path == ("dsplit" if len(counts) <= sa.DSPLIT_MAX_TOKENS_INTERPRETER else "two_launch")
+    assert used.path == ("dsplit" if len(counts) <= plans.DSPLIT_MAX_TOKENS_INTERPRETER else "two_launch")
     if 0 in counts:
         row = counts.index(0)
         assert torch.isneginf(outputs["lse"][row]).all() and outputs["output"][row].eq(0).all()
@@ -90,18 +93,18 @@ def test_gpu_tilings_under_interpreter():
     """The GPU's block and split sizes (not just the interpreter's large ones) compute the same thing."""
     counts = [FULL, 0, 65, 2047]
     for plan in (
-        sa.Plan("two_launch", splits=64, block_n=32),
-        sa.Plan("two_launch", splits=16, block_n=128),
-        sa.Plan("two_launch", splits=8, block_n=64, partial_dtype=torch.bfloat16),  # two blocks per split
+        plans.Plan("two_launch", splits=64, block_n=32),
+        plans.Plan("two_launch", splits=16, block_n=128),
+        plans.Plan("two_launch", splits=8, block_n=64, partial_dtype=torch.bfloat16),  # two blocks per split
     ):
         check(counts, "scattered", num_pages=128, seed=3, plan=plan)
-    check([FULL, 64], "tail", num_pages=128, seed=4, plan=sa.Plan("dsplit", splits=16, block_n=64))
+    check([FULL, 64], "tail", num_pages=128, seed=4, plan=plans.Plan("dsplit", splits=16, block_n=64))
 
 
 def test_split_path_for_short_rows_and_dsplit_for_many_tokens():
     # Both kernels must be correct for any T, whatever the default dispatch.
-    check([1, FULL], "tail", num_pages=96, seed=5, plan=sa.Plan("two_launch", splits=4, block_n=256))
-    check([0, 1, 63, 64, 65], "scattered", num_pages=96, seed=6, plan=sa.Plan("dsplit", splits=4, block_n=256))
+    check([1, FULL], "tail", num_pages=96, seed=5, plan=plans.Plan("two_launch", splits=4, block_n=256))
+    check([0, 1, 63, 64, 65], "scattered", num_pages=96, seed=6, plan=plans.Plan("dsplit", splits=4, block_n=256))
 
 
 def test_strided_views_of_a_combined_cache():
@@ -125,52 +128,52 @@ def test_other_scale_and_large_logits():
 
 def test_plans_assert_their_tiling():
     with pytest.raises(AssertionError, match="unknown path 'fused'"):
-        sa.Plan("fused", splits=16, block_n=64).validate()  # a path of neither kernel
+        plans.Plan("fused", splits=16, block_n=64).validate()  # a path of neither kernel
     with pytest.raises(AssertionError, match="read out of range"):
-        sa.Plan("two_launch", splits=32, block_n=128).validate()  # BLOCK_N > split size of 64
+        plans.Plan("two_launch", splits=32, block_n=128).validate()  # BLOCK_N > split size of 64
     with pytest.raises(AssertionError, match="powers of two"):
-        sa.Plan("two_launch", splits=12, block_n=32).validate()
+        plans.Plan("two_launch", splits=12, block_n=32).validate()
     with pytest.raises(AssertionError, match="value slices"):
-        sa.Plan("dsplit", splits=64, block_n=64).validate()  # 8-column slices are too narrow for tl.dot
+        plans.Plan("dsplit", splits=64, block_n=64).validate()  # 8-column slices are too narrow for tl.dot
     with pytest.raises(AssertionError, match="at least 16"):
-        sa.Plan("two_launch", splits=4, block_n=8).validate()
+        plans.Plan("two_launch", splits=4, block_n=8).validate()
 
 
 def test_cuda_policy_keeps_grids_coresident():
     sms, clusters = 132, 7  # the H200: 132 programs, 7 clusters of 16
     for tokens in range(1, 200):
-        plan = sa.cuda_plan(tokens, sms, clusters)
+        plan = plans.cuda_plan(tokens, sms, clusters)
         plan.validate()
-        assert plan.block_n == sa.attention_ext.TILE_SLOTS and plan.num_stages == sa.attention_ext.STAGES
+        assert plan.block_n == cuda_ext.TILE_SLOTS and plan.num_stages == cuda_ext.STAGES
         if plan.path == "cuda_cluster":
-            assert tokens <= clusters and plan.splits == sa.CUDA_POLICY_CLUSTER_SPLITS
-        elif tokens * sa.attention_ext.MIN_SPLITS <= sms:
+            assert tokens <= clusters and plan.splits == plans.CUDA_POLICY_CLUSTER_SPLITS
+        elif tokens * cuda_ext.MIN_SPLITS <= sms:
             assert plan.path == "cuda" and tokens * plan.splits <= sms
         else:
-            assert plan.path == "cuda" and plan.splits == sa.attention_ext.MIN_SPLITS  # the launcher takes two launches then
-    assert [(p.path, p.splits) for p in (sa.cuda_plan(t, sms, clusters) for t in (1, 2, 3, 7, 8, 9, 16, 17))] == [
+            assert plan.path == "cuda" and plan.splits == cuda_ext.MIN_SPLITS  # the launcher takes two launches then
+    assert [(p.path, p.splits) for p in (plans.cuda_plan(t, sms, clusters) for t in (1, 2, 3, 7, 8, 9, 16, 17))] == [
         ("cuda", 32), ("cuda", 32), *[("cuda_cluster", 16)] * 2, ("cuda", 16), *[("cuda", 8)] * 3]
-    lags = [sa.cuda_plan(t, sms, clusters).gather_lag for t in (1, 2, 3, 7, 8, 9)]
-    assert lags == [0, 0, *[sa.CUDA_POLICY_CLUSTER_LAG] * 2, sa.CUDA_POLICY_BARRIER_LAG, 0], "lags only where measured (two tiles per program)"
-    assert sa.cuda_plan(3, sms).path == "cuda", "no cluster of 16 fits: the barrier"
-    assert sa.cuda_plan(2, 40, clusters) == sa.cuda_kernel_plan("cuda_cluster", 16, sa.CUDA_POLICY_CLUSTER_LAG), "32 splits only while co-resident"
-    forced = sa.cuda_plan(8, sms, clusters, force_two_launch=True)
-    assert forced.path == "cuda_two_launch" and sa.cuda_plan(1, sms, clusters, force_two_launch=True).path == "cuda_two_launch"
+    lags = [plans.cuda_plan(t, sms, clusters).gather_lag for t in (1, 2, 3, 7, 8, 9)]
+    assert lags == [0, 0, *[plans.CUDA_POLICY_CLUSTER_LAG] * 2, plans.CUDA_POLICY_BARRIER_LAG, 0], "lags only where measured (two tiles per program)"
+    assert plans.cuda_plan(3, sms).path == "cuda", "no cluster of 16 fits: the barrier"
+    assert plans.cuda_plan(2, 40, clusters) == plans.cuda_kernel_plan("cuda_cluster", 16, plans.CUDA_POLICY_CLUSTER_LAG), "32 splits only while co-resident"
+    forced = plans.cuda_plan(8, sms, clusters, force_two_launch=True)
+    assert forced.path == "cuda_two_launch" and plans.cuda_plan(1, sms, clusters, force_two_launch=True).path == "cuda_two_launch"
     with pytest.raises(AssertionError, match=r"power-of-two splits in \[8, 16\]"):
-        sa.cuda_kernel_plan("cuda_cluster", 32)  # a cluster holds at most 16 programs
+        plans.cuda_kernel_plan("cuda_cluster", 32)  # a cluster holds at most 16 programs
     with pytest.raises(AssertionError, match="gather lag"):
-        sa.cuda_kernel_plan("cuda", 16, gather_lag=-1)
+        plans.cuda_kernel_plan("cuda", 16, gather_lag=-1)
     with pytest.raises(AssertionError, match="only the CUDA kernel has a gather lag"):
-        sa.Plan("two_launch", 16, 64, 8, 2, gather_lag=1000).validate()
+        plans.Plan("two_launch", 16, 64, 8, 2, gather_lag=1000).validate()
     with pytest.raises(AssertionError, match="bfloat16 partials"):
-        sa.Plan("cuda_cluster", 16, sa.attention_ext.TILE_SLOTS, 8, sa.attention_ext.STAGES, partial_dtype=torch.float32).validate()
-    assert sa.cuda_kernel_plan("cuda_cluster", 8, 1000).partial_dtype == torch.bfloat16
+        plans.Plan("cuda_cluster", 16, cuda_ext.TILE_SLOTS, 8, cuda_ext.STAGES, partial_dtype=torch.float32).validate()
+    assert plans.cuda_kernel_plan("cuda_cluster", 8, 1000).partial_dtype == torch.bfloat16
     with pytest.raises(AssertionError, match="power-of-two splits"):
-        sa.Plan("cuda", splits=4, block_n=64, partial_dtype=torch.bfloat16).validate()
-    with pytest.raises(AssertionError, match=f"tile is {sa.attention_ext.TILE_SLOTS} slots"):
-        sa.Plan("cuda", splits=16, block_n=2 * sa.attention_ext.TILE_SLOTS, partial_dtype=torch.bfloat16).validate()
-    with pytest.raises(AssertionError, match=f"has {sa.attention_ext.STAGES} gather stages"):
-        sa.Plan("cuda", splits=16, block_n=sa.attention_ext.TILE_SLOTS, num_stages=1, partial_dtype=torch.bfloat16).validate()
+        plans.Plan("cuda", splits=4, block_n=64, partial_dtype=torch.bfloat16).validate()
+    with pytest.raises(AssertionError, match=f"tile is {cuda_ext.TILE_SLOTS} slots"):
+        plans.Plan("cuda", splits=16, block_n=2 * cuda_ext.TILE_SLOTS, partial_dtype=torch.bfloat16).validate()
+    with pytest.raises(AssertionError, match=f"has {cuda_ext.STAGES} gather stages"):
+        plans.Plan("cuda", splits=16, block_n=cuda_ext.TILE_SLOTS, num_stages=1, partial_dtype=torch.bfloat16).validate()
 
 
 def test_ticket_barrier_arithmetic_releases_exactly_at_the_last_arrival():
@@ -179,7 +182,7 @@ def test_ticket_barrier_arithmetic_releases_exactly_at_the_last_arrival():
     random split counts and interleavings from just below 2^32: no program may be released
     before the call's last arrival, every one must be released by it, and each call must leave
     the word on a multiple of TICKETS_PER_CALL. (The kernel itself runs in the GPU tests.)"""
-    per_call, wrap = sa.attention_ext.TICKETS_PER_CALL, 2**32
+    per_call, wrap = cuda_ext.TICKETS_PER_CALL, 2**32
     rng = random.Random(7)
     word = wrap - 3 * per_call
     for _ in range(400):
@@ -206,7 +209,7 @@ def test_ticket_barrier_arithmetic_releases_exactly_at_the_last_arrival():
 def test_cuda_path_is_refused_under_interpreter():
     axes, inputs = make_inputs([3], num_pages=16)
     with pytest.raises(ValueError, match="not the Triton interpreter"):
-        run_solution(axes, inputs, sa.Plan("cuda", splits=16, block_n=sa.attention_ext.TILE_SLOTS, num_stages=sa.attention_ext.STAGES, partial_dtype=torch.bfloat16))
+        run_solution(axes, inputs, plans.Plan("cuda", splits=16, block_n=cuda_ext.TILE_SLOTS, num_stages=cuda_ext.STAGES, partial_dtype=torch.bfloat16))
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal of CPU tensors on a machine without CUDA")
@@ -215,7 +218,7 @@ def test_cuda_entry_refuses_cpu_tensors_before_the_binding():
     outputs = attn.DEFINITION.allocate_outputs(axes, CPU)
     scratch = torch.empty(2 * 16 * 16 * 512, dtype=torch.bfloat16), torch.empty(2 * 16 * 16), torch.zeros(64, dtype=torch.int32)
     with pytest.raises(ValueError, match="q_nope must be a CUDA tensor") as info:
-        sa.attention_ext.run(*attn.DEFINITION.input_args(inputs), outputs["output"], outputs["lse"], *scratch, 16)
+        cuda_ext.run(*attn.DEFINITION.input_args(inputs), outputs["output"], outputs["lse"], *scratch, 16)
     assert "sync must be a CUDA tensor" in str(info.value)  # every bad argument is named, not just the first
 
 
@@ -244,11 +247,11 @@ def test_rejects_wrong_shapes_and_dtypes():
     outputs = attn.DEFINITION.allocate_outputs(axes, CPU)
     args = attn.DEFINITION.input_args(inputs)
     with pytest.raises(ValueError, match="lse"):
-        sa.kernel(*args, outputs["output"], outputs["lse"].double())
+        entry.kernel(*args, outputs["output"], outputs["lse"].double())
     bad = list(args)
     bad[4] = bad[4].long()
     with pytest.raises(ValueError, match="sparse_indices"):
-        sa.kernel(*bad, outputs["output"], outputs["lse"])
+        entry.kernel(*bad, outputs["output"], outputs["lse"])
 
 
 # --------------------------------------------------------------------------- GPU
@@ -283,7 +286,7 @@ def cuda() -> torch.device:
 def test_gpu_refuses_triton_plans(cuda):
     """On a GPU the CUDA kernel runs: the Triton kernels are the interpreter's path only."""
     axes, inputs = make_inputs([FULL, 3], "scattered", 64, seed=16, device=cuda)
-    for plan in (sa.Plan("dsplit", 16, 64, 8, 2), sa.Plan("two_launch", 16, 64, 8, 2)):
+    for plan in (plans.Plan("dsplit", 16, 64, 8, 2), plans.Plan("two_launch", 16, 64, 8, 2)):
         with pytest.raises(ValueError, match="the Triton kernels are this solution's interpreter path"):
             run_solution(axes, inputs, plan, cuda)
 
@@ -292,8 +295,8 @@ def test_gpu_refuses_triton_plans(cuda):
 @pytest.mark.parametrize("counts,padding", GPU_CASES, ids=_ids)
 def test_gpu_default_plan(cuda, counts, padding):
     _, used = check(counts, padding, GPU_CONTEST_PAGES, seed=11, device=cuda)
-    assert used == sa.default_plan(len(counts), cuda)
-    resident = sa.attention_ext.resident_programs() if used.path == "cuda" else sa.attention_ext.resident_clusters(used.splits) * used.splits
+    assert used == plans.default_plan(len(counts), cuda)
+    resident = cuda_ext.resident_programs() if used.path == "cuda" else cuda_ext.resident_clusters(used.splits) * used.splits
     assert len(counts) * used.splits <= resident, "T <= 8 fits one co-resident launch"
 
 
@@ -305,9 +308,9 @@ def run_cuda(axes, inputs, splits: int, combine: str, device, gather_lag: int = 
     scratch = 0 if combine == "cluster" else T * splits
     part_out = torch.full((scratch * 16 * 512,), float("nan"), dtype=torch.bfloat16, device=device)
     part_lse = torch.full((scratch * 16,), float("nan"), dtype=torch.float32, device=device)
-    sync = sa._sync_words_for(device).get(device, T)
+    sync = cuda_ext.sync_words_for(device).get(device, T)
     args = attn.DEFINITION.input_args(inputs)
-    launch = sa.attention_ext.run(*args, outputs["output"], outputs["lse"], part_out, part_lse, sync, splits, combine, gather_lag)
+    launch = cuda_ext.run(*args, outputs["output"], outputs["lse"], part_out, part_lse, sync, splits, combine, gather_lag)
     torch.cuda.synchronize()
     return outputs, launch
 
@@ -319,8 +322,8 @@ def test_gpu_cuda_kernel_every_split_count(cuda, counts, padding):
     lag, each tile only once the one before has landed)."""
     axes, inputs = make_inputs(counts, padding, GPU_CONTEST_PAGES, seed=13, device=cuda)
     expected = attn.expect(inputs)
-    resident = sa.attention_ext.resident_programs()
-    ext = sa.attention_ext
+    resident = cuda_ext.resident_programs()
+    ext = cuda_ext
     lags = (0, 1500, ext.GATHER_LAG_ON_LANDING)
     runs = [(splits, combine, lag) for splits in (8, 16, 32, 64) for combine in ("barrier", "two_launch") for lag in lags]
     runs += [(splits, "cluster", lag) for splits in (8, 16) for lag in lags]
@@ -336,7 +339,7 @@ def test_gpu_cuda_kernel_every_split_count(cuda, counts, padding):
 
 @pytest.mark.gpu
 def test_gpu_cluster_combine_is_schedulable_and_refuses_large_clusters(cuda):
-    ext = sa.attention_ext
+    ext = cuda_ext
     assert ext.resident_clusters(8) >= 1 and ext.resident_clusters(16) >= 1, "clusters of 8 and 16 programs must fit the H200"
     axes, inputs = make_inputs([FULL, 3], "scattered", 64, seed=15, device=cuda)
     with pytest.raises(ValueError, match=r"splits must be a power of two in \[8, 16\] for the cluster combine"):
@@ -367,15 +370,15 @@ def test_gpu_cuda_kernel_rejects_misaligned_views(cuda):
     wide = torch.zeros((8, 64, 515), dtype=torch.bfloat16, device=cuda)  # row stride 515: not 16-byte rows
     bad = dict(inputs, ckv_cache=wide[..., :512])
     with pytest.raises(ValueError, match="ckv_cache must be 16-byte aligned"):
-        sa.kernel(*attn.DEFINITION.input_args(bad), outputs["output"], outputs["lse"])
+        entry.kernel(*attn.DEFINITION.input_args(bad), outputs["output"], outputs["lse"])
 
 
 def cuda_barrier_plan(tokens: int, device: torch.device):
     """The CUDA kernel with its global-memory barrier (most splits up to 16 that stay co-resident)."""
     splits = 16
-    while tokens * splits > sa.attention_ext.resident_programs():
+    while tokens * splits > cuda_ext.resident_programs():
         splits //= 2
-    return sa.cuda_kernel_plan("cuda", splits)
+    return plans.cuda_kernel_plan("cuda", splits)
 
 
 BARRIER_ROWS = [[FULL] * 8, [1, 0, 2047], [FULL], [64, 65, 0, 1, 5, 7], [300] * 4, [0, 0, 0]]
@@ -389,15 +392,15 @@ def test_gpu_cuda_ticket_barrier_survives_many_calls_and_wraps(cuda):
     correct (a call misaligned by an earlier call's S would hang or pass its barrier early)."""
     cases = [make_inputs(counts, "tail", 1024, seed=20 + i, device=cuda) for i, counts in enumerate(BARRIER_ROWS)]
     expected = [attn.expect(inputs) for _, inputs in cases]
-    buffers = sa._sync_words_for(cuda)
-    words = buffers.get(cuda, 8).view(-1, sa.SYNC_STRIDE)
-    per_call = sa.attention_ext.TICKETS_PER_CALL
+    buffers = cuda_ext.sync_words_for(cuda)
+    words = buffers.get(cuda, 8).view(-1, cuda_ext.SYNC_STRIDE)
+    per_call = cuda_ext.TICKETS_PER_CALL
     words[:, 0] = -2 * per_call  # 2^32 - 128 as the kernel's unsigned: the first calls wrap around
     wrapped = torch.zeros(words.shape[0], dtype=torch.bool, device=cuda)
     for call in range(600):
         axes, inputs = cases[call % len(cases)]
         T = axes["num_tokens"]
-        plan = cuda_barrier_plan(T, cuda) if call % 3 else sa.cuda_kernel_plan("cuda", 8)  # split counts change
+        plan = cuda_barrier_plan(T, cuda) if call % 3 else plans.cuda_kernel_plan("cuda", 8)  # split counts change
         before = words[:, 0].clone()
         outputs, _ = run_solution(axes, inputs, plan, cuda)
         assert words.data_ptr() == buffers.words.data_ptr(), "same words reused"
@@ -430,10 +433,10 @@ def test_gpu_side_stream_has_its_own_buffers(cuda):
     plan = cuda_barrier_plan(4, cuda)
     with torch.cuda.stream(side):
         on_side = [run_solution(axes, inputs, plan, cuda)[0] for _ in range(20)]
-        side_buffers = sa._sync_words_for(cuda)
+        side_buffers = cuda_ext.sync_words_for(cuda)
     on_main = [run_solution(axes, inputs, plan, cuda)[0] for _ in range(20)]
     torch.cuda.synchronize()
-    assert side_buffers is not sa._sync_words_for(cuda)
+    assert side_buffers is not cuda_ext.sync_words_for(cuda)
     for outputs in on_side[-1:] + on_main[-1:]:
         assert judge(attn.DEFINITION, axes, inputs, outputs, expected, Tolerance(), cuda).passed
 
@@ -441,7 +444,7 @@ def test_gpu_side_stream_has_its_own_buffers(cuda):
 @pytest.mark.gpu
 def test_gpu_env_forces_two_launch(cuda, monkeypatch):
     monkeypatch.setenv("DSA_ATTN_TWO_LAUNCH", "1")
-    assert sa.default_plan(8, cuda).path == "cuda_two_launch"
+    assert plans.default_plan(8, cuda).path == "cuda_two_launch"
     check([FULL, 0, 1], "tail", 256, seed=32, device=cuda)
 
 
@@ -449,14 +452,14 @@ def test_gpu_env_forces_two_launch(cuda, monkeypatch):
 def test_gpu_many_tokens_fall_back_to_two_launch(cuda):
     counts = [FULL if t % 3 == 0 else (t * 37) % 2048 for t in range(48)]
     axes, inputs = make_inputs(counts, "tail", GPU_CONTEST_PAGES, seed=33, device=cuda)
-    plan = sa.default_plan(len(counts), cuda)
-    assert plan.splits == 8 and len(counts) * plan.splits > sa.attention_ext.resident_programs()
+    plan = plans.default_plan(len(counts), cuda)
+    assert plan.splits == 8 and len(counts) * plan.splits > cuda_ext.resident_programs()
     outputs, launch = run_cuda(axes, inputs, plan.splits, "barrier", cuda)
-    assert launch == sa.attention_ext.TWO_LAUNCH
+    assert launch == cuda_ext.TWO_LAUNCH
     assert_correct(axes, inputs, outputs, cuda)
     # clusters need no co-residency with each other: more than fit at once still finish correctly
-    assert len(counts) > sa.attention_ext.resident_clusters(8)
+    assert len(counts) > cuda_ext.resident_clusters(8)
     outputs, launch = run_cuda(axes, inputs, 8, "cluster", cuda)
-    assert launch == sa.attention_ext.CLUSTER
+    assert launch == cuda_ext.CLUSTER
     assert_correct(axes, inputs, outputs, cuda)
 

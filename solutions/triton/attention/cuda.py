@@ -142,3 +142,58 @@ def run(
             COMBINES[combine], gather_lag, stamps,
         )
     )
+
+
+# --------------------------------------------------------------------------- a call's buffers
+
+
+def device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+class _SyncWords:
+    """The CUDA kernel's barrier words on one (device, stream), kept for the process's lifetime."""
+
+    def __init__(self) -> None:
+        self.words: torch.Tensor | None = None
+
+    def get(self, device: torch.device, tokens: int) -> torch.Tensor:
+        if self.words is None or self.words.numel() < tokens * SYNC_STRIDE:
+            # Zeroed once here; afterwards the ticket barrier keeps its own invariant (see
+            # attention_sm90.cu's split_kernel). Growing replaces the buffer: a call
+            # still in flight on this stream keeps the old one alive through the caching
+            # allocator's stream ordering.
+            self.words = torch.zeros(max(tokens, 64) * SYNC_STRIDE, dtype=torch.int32, device=device)
+        return self.words
+
+
+_SYNC: dict[tuple, _SyncWords] = {}
+
+
+def sync_words_for(device: torch.device) -> _SyncWords:
+    """The CUDA kernel's barrier words on ``device``'s current stream."""
+    index = device_index(device)
+    key = (f"cuda:{index}", torch.cuda.current_stream(index).cuda_stream)
+    if key not in _SYNC:
+        _SYNC[key] = _SyncWords()
+    return _SYNC[key]
+
+
+def launch(
+    q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, splits: int, combine: str, gather_lag: int = 0,
+    phase_clocks: torch.Tensor | None = None,
+) -> int:
+    """The CUDA kernel for T >= 1 tokens with its scratch and barrier words (``run`` with the
+    buffers a call needs); returns FUSED, TWO_LAUNCH or CLUSTER. ``phase_clocks``: see ``run``."""
+    T = q_nope.shape[0]
+    device = q_nope.device
+    # Scratch per call (a host-side lookup in the caching allocator); the cluster combine keeps
+    # its partials in shared memory and needs none.
+    scratch = 0 if combine == "cluster" else T * splits
+    part_out = torch.empty(scratch * NUM_HEADS * D_CKV, dtype=torch.bfloat16, device=device)
+    part_lse = torch.empty(scratch * NUM_HEADS, dtype=torch.float32, device=device)
+    sync = sync_words_for(device).get(device, T) if combine != "cluster" else part_lse.new_empty(0, dtype=torch.int32)
+    return run(
+        q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, part_out, part_lse, sync,
+        splits, combine=combine, gather_lag=gather_lag, phase_clocks=phase_clocks,
+    )
