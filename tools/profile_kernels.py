@@ -75,8 +75,8 @@ def direct_call(definition, axes, inputs, device):
         sa = solution_module(attn.NAME)
         return lambda: sa.sparse_attention(*args, outputs["output"], outputs["lse"])
     ix = solution_module(indexer.NAME)
-    topk = solution_module(indexer.NAME, "topk").filtered_topk if ix._cuda_topk is not None else ix.portable_topk
-    return lambda: ix._scored_path(topk, *args, outputs["topk_indices"]) if args[4].shape[1] * 64 > indexer.TOPK else ix.kernel(*args, outputs["topk_indices"])
+    topk = solution_module(indexer.NAME, "topk").filtered_topk if ix.USE_CUDA_TOPK else ix.portable_topk
+    return lambda: ix.scored_path(topk, *args, outputs["topk_indices"]) if args[4].shape[1] * 64 > indexer.TOPK else ix.kernel(*args, outputs["topk_indices"])
 
 
 def run_ncu(cases: list[str], device: torch.device) -> int:

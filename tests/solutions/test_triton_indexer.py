@@ -9,6 +9,8 @@ compiled as host C++ over a fiber-based SIMT layer), and its source is compiled 
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import os
 import shutil
@@ -35,9 +37,10 @@ DEVICE = torch.device("cuda") if HAS_CUDA else torch.device("cpu")
 NUM_PAGES = 2000  # cache pages for synthetic cases (the contest's 11923 only in trace cases)
 
 _solution = load_solution(SOLUTION_DIR)
-kernel, entry_module = import_entry(_solution, indexer.NAME)
-kernels = entry_module.kernels  # the Triton kernels module
-topk_ext = entry_module.topk_ext
+kernel, entry_module = import_entry(_solution, indexer.NAME)  # indexer/entry.py
+kernels = importlib.import_module(f"{entry_module.__package__}.score")  # the Triton kernels
+topk_ext = importlib.import_module(f"{entry_module.__package__}.topk")  # the CUDA top-k
+shapes = importlib.import_module(f"{entry_module.__package__}.shapes")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -125,9 +128,14 @@ def test_entry_on_contest_shaped_trace_cases():
         assert_passes(axes, inputs, run(kernel, inputs))
 
 
-def test_plain_pipeline_matches_contract():
+def portable_pipeline():
+    """The entry's pipeline with torch.topk + the emit kernel as its top-k (the benchmark's "plain")."""
+    return functools.partial(entry_module.run_pipeline, entry_module.scored_pipeline(entry_module.portable_topk))
+
+
+def test_portable_topk_pipeline_matches_contract():
     axes, inputs = make_inputs([5824, 2049, 10], max_pages=91, seed=5)
-    assert_passes(axes, inputs, run(entry_module.plain_pipeline, inputs))
+    assert_passes(axes, inputs, run(portable_pipeline(), inputs))
 
 
 def test_entry_rejects_wrong_inputs():
@@ -158,7 +166,7 @@ def reference_scores(inputs, b: int) -> torch.Tensor:
 
 SCORE_TILES = {
     "default": None,  # what the launcher picks here (whole-row tiles under the interpreter)
-    "gpu": kernels.GPU_SCORE_TILE,  # one page per program
+    "one_page": kernels.GPU_SCORE_TILE,  # the GPU tile (an id without "gpu", the marker's keyword)
     "4pages": kernels.ScoreTile(pages=4, num_warps=4),
     "loop4": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=4, num_stages=2),  # pipelined pages per program
 }
@@ -211,7 +219,7 @@ def test_cache_views_are_zero_copy():
     _, inputs = make_inputs([10], max_pages=1, num_pages=8)
     cache = inputs["k_index_cache_fp8"]
     values, scales = kernels.cache_views(cache)
-    assert values.data_ptr() == cache.data_ptr() and scales.data_ptr() == cache.data_ptr() + kernels.PAGE_VALUE_BYTES
+    assert values.data_ptr() == cache.data_ptr() and scales.data_ptr() == cache.data_ptr() + shapes.PAGE_VALUE_BYTES
     assert values.shape == (8, 64, 128) and values.dtype == torch.float8_e4m3fn
     assert scales.shape == (8, 64) and scales.dtype == torch.float32
 
@@ -268,12 +276,11 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
                  "seq_lens_ptr": "*i32", "block_table_ptr": "*i32", "scores_ptr": "*fp32", "row_width": "i32", "stride_bt_row": "i32"}
     tile = K.GPU_SCORE_TILE
     result = {}
-    for fp8 in (False, True):
-        consts = {"NUM_HEADS": shapes.NUM_HEADS, "HEAD_DIM": shapes.HEAD_DIM, "PAGE_SIZE": shapes.PAGE_SIZE, "PAGE_BYTES": shapes.PAGE_BYTES,
-                  "TOPK": shapes.TOPK, "PAGES": tile.pages, "BLOCK_N": tile.block_n, "LOOP_PAGES": tile.loop_pages, "SKIP_SHORT_ROWS": True,
-                  "FP8_MMA": fp8, "DOT_FP32": False, "SENTINEL": K.SENTINEL_SCORE}
-        result["fp8" if fp8 else "fp16"] = compile_kernel(K._score_kernel, score_sig, consts, tile.num_warps)
-    result["fp16_loop"] = compile_kernel(K._score_kernel, score_sig, dict(consts, FP8_MMA=False, LOOP_PAGES=4), tile.num_warps)
+    consts = {"NUM_HEADS": shapes.NUM_HEADS, "HEAD_DIM": shapes.HEAD_DIM, "PAGE_SIZE": shapes.PAGE_SIZE, "PAGE_BYTES": shapes.PAGE_BYTES,
+              "TOPK": shapes.TOPK, "PAGES": tile.pages, "BLOCK_N": tile.block_n, "LOOP_PAGES": tile.loop_pages, "SKIP_SHORT_ROWS": True,
+              "DOT_FP32": False, "SENTINEL": K.SENTINEL_SCORE}
+    result["fp16"] = compile_kernel(K._score_kernel, score_sig, consts, tile.num_warps)
+    result["fp16_loop"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LOOP_PAGES=4), tile.num_warps)
     emit_sig = {"block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "positions_ptr": "*i64", "out_ptr": "*i32",
                 "stride_bt_row": "i32", "stride_pos_row": "i32", "stride_out_row": "i32"}
     for has_positions in (False, True):
@@ -296,7 +303,6 @@ def test_triton_kernels_compile_for_sm90():
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["fp16"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"], result
-    assert any("e4m3" in m for m in result["fp8"]["mma"]), result
     assert result["fp16"]["vector_loads"], "key loads did not vectorise"
     assert result["fp16_loop"]["mma"] == result["fp16"]["mma"] and result["fp16_loop"]["vector_loads"], result
 
@@ -498,7 +504,7 @@ def test_gpu_entry_uses_cuda_topk():
     assert entry_module.USE_CUDA_TOPK and entry_module._cuda_topk is not None
     axes, inputs = make_inputs([5824, 3000, 2049, 17], max_pages=91, seed=8)
     assert_passes(axes, inputs, run(kernel, inputs))
-    assert_passes(axes, inputs, run(entry_module.plain_pipeline, inputs))
+    assert_passes(axes, inputs, run(portable_pipeline(), inputs))
 
 
 @pytest.mark.gpu

@@ -37,14 +37,11 @@ class ScoreTile:
 
     The dot multiplies the FP8 values converted to fp16 by default (exact, see the kernel).
     ``dot_fp32`` converts them to fp32 instead, equally exact; the interpreter uses it because
-    numpy runs fp32 matmuls through BLAS but fp16 ones through slow loops. ``fp8_mma`` selects
-    the native FP8 tensor-core dot: faster, but its Hopper accumulation is too coarse for the
-    checker (kept for measurement).
+    numpy runs fp32 matmuls through BLAS but fp16 ones through slow loops.
     """
 
     pages: int
     num_warps: int
-    fp8_mma: bool = False
     dot_fp32: bool = False
     num_stages: int = 1
     loop_pages: int = 1
@@ -52,7 +49,6 @@ class ScoreTile:
     def __post_init__(self) -> None:
         assert self.pages >= 1 and self.pages & (self.pages - 1) == 0, "tile sizes must be powers of two"
         assert self.num_warps in (1, 2, 4, 8)
-        assert not (self.fp8_mma and self.dot_fp32), "pick one dot precision"
         assert self.loop_pages >= 1 and (self.loop_pages == 1 or self.pages == 1), "a looping program takes one-page tiles"
 
     @property
@@ -130,14 +126,9 @@ def cache_views(k_index_cache_fp8: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 @triton.jit
-def _page_logits(keys, q_t, FP8_MMA: tl.constexpr, DOT_FP32: tl.constexpr):
+def _page_logits(keys, q_t, DOT_FP32: tl.constexpr):
     """[tokens, NUM_HEADS] fp32 logits of FP8 keys [tokens, HEAD_DIM] against q_t [HEAD_DIM, NUM_HEADS]."""
-    if FP8_MMA:
-        # Native FP8 tensor-core dot (wgmma e4m3). Hopper reportedly accumulates it in a ~22-bit format
-        # (products aligned to the largest of each k=32 step, then truncated), which can move
-        # scores by more than the checker's tie tolerance; kept for measurement only.
-        return tl.dot(keys, q_t, out_dtype=tl.float32)
-    elif DOT_FP32:
+    if DOT_FP32:
         # Equally exact; the interpreter's choice (numpy's fp32 matmul is BLAS).
         return tl.dot(keys.to(tl.float32), q_t.to(tl.float32), input_precision="ieee", out_dtype=tl.float32)
     else:
@@ -152,7 +143,7 @@ def _score_pages_loop(
     q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
     pid_n, row, seq_len,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, TOPK: tl.constexpr,
-    LOOP_PAGES: tl.constexpr, SKIP_SHORT_ROWS: tl.constexpr, FP8_MMA: tl.constexpr, DOT_FP32: tl.constexpr, SENTINEL: tl.constexpr,
+    LOOP_PAGES: tl.constexpr, SKIP_SHORT_ROWS: tl.constexpr, DOT_FP32: tl.constexpr, SENTINEL: tl.constexpr,
 ):
     """Pages [pid_n * LOOP_PAGES, +LOOP_PAGES) of row ``row``, one page per loop step.
 
@@ -182,7 +173,7 @@ def _score_pages_loop(
         page = tl.load(block_table_ptr + row * stride_bt_row + first_page + i).to(tl.int64)
         keys = tl.load(k_values_ptr + page * PAGE_BYTES + token_offsets, mask=valid[:, None])
         scale = tl.load(k_scales_ptr + page * (PAGE_BYTES // 4) + slot, mask=valid, other=0.0)
-        logits = _page_logits(keys, q_t, FP8_MMA, DOT_FP32)
+        logits = _page_logits(keys, q_t, DOT_FP32)
         head_sum = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)
         tl.store(out_row + tokens, tl.where(valid, head_sum * scale, SENTINEL))
 
@@ -207,7 +198,6 @@ def _score_kernel(
     BLOCK_N: tl.constexpr,  # tokens per tile, PAGES * PAGE_SIZE
     LOOP_PAGES: tl.constexpr,  # one-page tiles per program (PAGES == 1), looped
     SKIP_SHORT_ROWS: tl.constexpr,
-    FP8_MMA: tl.constexpr,
     DOT_FP32: tl.constexpr,
     SENTINEL: tl.constexpr,
 ):
@@ -226,7 +216,7 @@ def _score_kernel(
     if LOOP_PAGES > 1:
         _score_pages_loop(q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
                           pid_n, row, seq_len, NUM_HEADS, HEAD_DIM, PAGE_SIZE, PAGE_BYTES, TOPK, LOOP_PAGES, SKIP_SHORT_ROWS,
-                          FP8_MMA, DOT_FP32, SENTINEL)
+                          DOT_FP32, SENTINEL)
         return
     if PAGES == 1:
         # GPU tile: its single block-table entry (pid_n < max_num_pages, so it exists) is loaded
@@ -267,7 +257,7 @@ def _score_kernel(
     # Query transposed, [HEAD_DIM, NUM_HEADS]: K-major, as the tensor cores want their B operand.
     heads = tl.arange(0, NUM_HEADS)
     q_t = tl.load(q_ptr + row * (NUM_HEADS * HEAD_DIM) + heads[None, :] * HEAD_DIM + dims[:, None])
-    logits = _page_logits(keys, q_t, FP8_MMA, DOT_FP32)  # [BLOCK_N, NUM_HEADS]
+    logits = _page_logits(keys, q_t, DOT_FP32)  # [BLOCK_N, NUM_HEADS]
     w = tl.load(weights_ptr + row * NUM_HEADS + heads)  # [NUM_HEADS]
     head_sum = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)  # [BLOCK_N]
     tl.store(out_ptrs, tl.where(tokens < seq_len, head_sum * scale, SENTINEL), mask=in_row)
@@ -303,7 +293,7 @@ def launch_scores(
     _score_kernel[grid](
         q_index_fp8, values, scales, weights, seq_lens, block_table, scores, row_width, block_table.stride(0),
         NUM_HEADS=NUM_HEADS, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, PAGE_BYTES=PAGE_BYTES, TOPK=TOPK,
-        PAGES=tile.pages, BLOCK_N=tile.block_n, LOOP_PAGES=tile.loop_pages, SKIP_SHORT_ROWS=skip_short_rows, FP8_MMA=tile.fp8_mma,
+        PAGES=tile.pages, BLOCK_N=tile.block_n, LOOP_PAGES=tile.loop_pages, SKIP_SHORT_ROWS=skip_short_rows,
         DOT_FP32=tile.dot_fp32, SENTINEL=SENTINEL_SCORE, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
 
