@@ -222,16 +222,14 @@ def test_cuda_entry_refuses_cpu_tensors_before_the_binding():
     assert "sync must be a CUDA tensor" in str(info.value)  # every bad argument is named, not just the first
 
 
-@pytest.mark.parametrize("tile_slots", [64, 32])
-def test_cuda_source_compiles_alone_with_nvcc(tmp_path, tile_slots):
-    """The kernel as built (64-slot tiles) and its 32-slot-tile build (the measured alternative)."""
+def test_cuda_source_compiles_alone_with_nvcc(tmp_path):
+    """The kernels as the extension builds them: without spills, all three entry functions."""
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
     if nvcc is None:
         pytest.skip("nvcc is not installed")
     obj = tmp_path / "attention_sm90.o"
     proc = subprocess.run(
-        [nvcc, "-arch=sm_90a", "-O3", f"-DDSA_ATTENTION_TILE_SLOTS={tile_slots}", "-Xptxas", "-v", "-c", str(ATTENTION_CSRC / "attention_sm90.cu"),
-         "-o", str(obj)],
+        [nvcc, "-arch=sm_90a", "-O3", "-Xptxas", "-v", "-c", str(ATTENTION_CSRC / "attention_sm90.cu"), "-o", str(obj)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
