@@ -253,7 +253,7 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
     if plan_spec:
         try:
             fixed_plan = plans.cuda_kernel_plan(*plan_spec)
-        except AssertionError as err:  # the plan's own checks name what is wrong
+        except ValueError as err:  # the plan's own checks name what is wrong
             print(f"profile_kernels: --plan {':'.join(map(str, plan_spec))}: {err}", file=sys.stderr)
             return 2
     flusher = L2Flusher(device)

@@ -126,16 +126,16 @@ def test_other_scale_and_large_logits():
         assert_correct(axes, inputs, outputs)
 
 
-def test_plans_assert_their_tiling():
-    with pytest.raises(AssertionError, match="unknown path 'fused'"):
+def test_plans_check_their_tiling():
+    with pytest.raises(ValueError, match="unknown path 'fused'"):
         plans.Plan("fused", splits=16, block_n=64).validate()  # a path of neither kernel
-    with pytest.raises(AssertionError, match="read out of range"):
+    with pytest.raises(ValueError, match="read out of range"):
         plans.Plan("two_launch", splits=32, block_n=128).validate()  # BLOCK_N > split size of 64
-    with pytest.raises(AssertionError, match="powers of two"):
+    with pytest.raises(ValueError, match="powers of two"):
         plans.Plan("two_launch", splits=12, block_n=32).validate()
-    with pytest.raises(AssertionError, match="value slices"):
+    with pytest.raises(ValueError, match="value slices"):
         plans.Plan("dsplit", splits=64, block_n=64).validate()  # 8-column slices are too narrow for tl.dot
-    with pytest.raises(AssertionError, match="at least 16"):
+    with pytest.raises(ValueError, match="at least 16"):
         plans.Plan("two_launch", splits=4, block_n=8).validate()
 
 
@@ -159,20 +159,20 @@ def test_cuda_policy_keeps_grids_coresident():
     assert plans.cuda_plan(2, 40, clusters) == plans.cuda_kernel_plan("cuda_cluster", 16, plans.CUDA_POLICY_CLUSTER_LAG), "32 splits only while co-resident"
     forced = plans.cuda_plan(8, sms, clusters, force_two_launch=True)
     assert forced.path == "cuda_two_launch" and plans.cuda_plan(1, sms, clusters, force_two_launch=True).path == "cuda_two_launch"
-    with pytest.raises(AssertionError, match=r"power-of-two splits in \[8, 16\]"):
+    with pytest.raises(ValueError, match=r"power-of-two splits in \[8, 16\]"):
         plans.cuda_kernel_plan("cuda_cluster", 32)  # a cluster holds at most 16 programs
-    with pytest.raises(AssertionError, match="gather lag"):
+    with pytest.raises(ValueError, match="gather lag"):
         plans.cuda_kernel_plan("cuda", 16, gather_lag=-1)
-    with pytest.raises(AssertionError, match="only the CUDA kernel has a gather lag"):
+    with pytest.raises(ValueError, match="only the CUDA kernel has a gather lag"):
         plans.Plan("two_launch", 16, 64, 8, 2, gather_lag=1000).validate()
-    with pytest.raises(AssertionError, match="bfloat16 partials"):
+    with pytest.raises(ValueError, match="bfloat16 partials"):
         plans.Plan("cuda_cluster", 16, cuda_ext.TILE_SLOTS, 8, cuda_ext.STAGES, partial_dtype=torch.float32).validate()
     assert plans.cuda_kernel_plan("cuda_cluster", 8, 1000).partial_dtype == torch.bfloat16
-    with pytest.raises(AssertionError, match="power-of-two splits"):
+    with pytest.raises(ValueError, match="power-of-two splits"):
         plans.Plan("cuda", splits=4, block_n=64, partial_dtype=torch.bfloat16).validate()
-    with pytest.raises(AssertionError, match=f"tile is {cuda_ext.TILE_SLOTS} slots"):
+    with pytest.raises(ValueError, match=f"tile is {cuda_ext.TILE_SLOTS} slots"):
         plans.Plan("cuda", splits=16, block_n=2 * cuda_ext.TILE_SLOTS, partial_dtype=torch.bfloat16).validate()
-    with pytest.raises(AssertionError, match=f"has {cuda_ext.STAGES} gather stages"):
+    with pytest.raises(ValueError, match=f"has {cuda_ext.STAGES} gather stages"):
         plans.Plan("cuda", splits=16, block_n=cuda_ext.TILE_SLOTS, num_stages=1, partial_dtype=torch.bfloat16).validate()
 
 

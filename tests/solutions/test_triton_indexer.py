@@ -204,6 +204,20 @@ def test_gpu_score_tile_policy(monkeypatch):
     assert thresholds == sorted(thresholds, reverse=True), "larger calls first"
 
 
+def test_score_tiles_and_launchers_check_their_arguments():
+    with pytest.raises(ValueError, match="power of two"):
+        kernels.ScoreTile(pages=3, num_warps=4)
+    with pytest.raises(ValueError, match="one-page tiles"):
+        kernels.ScoreTile(pages=2, num_warps=4, loop_pages=2)
+    with pytest.raises(ValueError, match="num_warps"):
+        kernels.ScoreTile(pages=1, num_warps=3)
+    _, inputs = make_inputs([3000], max_pages=50, seed=1)
+    with pytest.raises(ValueError, match=r"scores must be a contiguous float32 \[1, 3200\]"):
+        kernels.launch_scores(*args_of(inputs), torch.empty((1, 3199), device=DEVICE))
+    with pytest.raises(ValueError, match="topk_indices must be int32"):
+        kernels.launch_emit_ids(inputs["block_table"], inputs["seq_lens"], torch.empty((1, indexer.TOPK), dtype=torch.int64, device=DEVICE))
+
+
 def test_score_kernel_scores_short_rows_when_asked():
     lens = [100, 2048]
     _, inputs = make_inputs(lens, max_pages=40, seed=4)

@@ -12,7 +12,7 @@ from types import ModuleType
 
 import torch
 
-from ..common.cuda_build import build_extension
+from ..common.cuda_build import CudaBuildError, build_extension
 from .shapes import D_CKV, D_KPE, NUM_HEADS, PAGE_SIZE, TOPK, check_io
 
 HERE = Path(__file__).resolve().parent
@@ -59,7 +59,8 @@ def load_attention_extension(verbose: bool | None = None) -> ModuleType:
             "GATHER_LAG_ON_LANDING": GATHER_LAG_ON_LANDING,
         }  # fmt: skip
         mismatched = [name for name, value in expected.items() if getattr(module, name) != value]
-        assert not mismatched, f"attention/cuda.py and csrc/attention_sm90.h disagree on {mismatched}"
+        if mismatched:
+            raise CudaBuildError(f"attention/cuda.py and shapes.py disagree with csrc/attention_sm90.h on {mismatched}")
         _module = module
     return _module
 

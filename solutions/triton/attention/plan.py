@@ -2,7 +2,7 @@
 
 On a GPU the CUDA kernel runs (``cuda_plan``, tuned on the H200: the CUDA_POLICY_* constants);
 under the Triton interpreter the Triton kernels do (``interpreter_plan``). ``default_plan``
-picks between them.
+picks between them. ``Plan.validate`` raises ValueError naming what a plan gets wrong.
 """
 
 from __future__ import annotations
@@ -53,31 +53,48 @@ class Plan:
     gather_lag: int = 0
 
     def validate(self) -> None:
-        """Tiling relations, checked on the host too so a bad plan fails with a clear message."""
-        assert self.path in PATHS, f"unknown path {self.path!r}"
+        """Tiling relations, checked on the host too so a bad plan fails with a clear message: raises
+        ValueError naming the plan and what it gets wrong (the kernels' ``tl.static_assert`` and
+        the CUDA launcher's checks would otherwise be the first to object)."""
+        if self.path not in PATHS:
+            raise ValueError(f"unknown path {self.path!r}: the paths are {', '.join(PATHS)}")
         if self.path in CUDA_PATHS:
             lo = cuda.MIN_SPLITS
             hi = cuda.MAX_CLUSTER_SPLITS if self.path == "cuda_cluster" else cuda.MAX_SPLITS
-            assert _is_pow2(self.splits) and lo <= self.splits <= hi, f"{self}: the CUDA kernel takes power-of-two splits in [{lo}, {hi}] here"
-            assert self.block_n == cuda.TILE_SLOTS, f"{self}: the CUDA kernel's tile is {cuda.TILE_SLOTS} slots"
-            assert self.num_stages == cuda.STAGES, f"{self}: the CUDA kernel has {cuda.STAGES} gather stages"
-            lag_max = cuda.GATHER_LAG_ON_LANDING
-            assert 0 <= self.gather_lag <= lag_max, f"{self}: the gather lag is in [0, {lag_max}] cycles"
-            assert self.partial_dtype == CUDA_PARTIAL_DTYPE, f"{self}: the CUDA kernel keeps {CUDA_PARTIAL_DTYPE} partials"
+            if not (_is_pow2(self.splits) and lo <= self.splits <= hi):
+                raise ValueError(f"{self}: the CUDA kernel takes power-of-two splits in [{lo}, {hi}] here")
+            if self.block_n != cuda.TILE_SLOTS:
+                raise ValueError(f"{self}: the CUDA kernel's tile is {cuda.TILE_SLOTS} slots")
+            if self.num_stages != cuda.STAGES:
+                raise ValueError(f"{self}: the CUDA kernel has {cuda.STAGES} gather stages")
+            if not 0 <= self.gather_lag <= cuda.GATHER_LAG_ON_LANDING:
+                raise ValueError(f"{self}: the gather lag is in [0, {cuda.GATHER_LAG_ON_LANDING}] cycles")
+            if self.partial_dtype != CUDA_PARTIAL_DTYPE:
+                raise ValueError(f"{self}: the CUDA kernel keeps {CUDA_PARTIAL_DTYPE} partials")
             return
-        assert self.gather_lag == 0, f"{self}: only the CUDA kernel has a gather lag"
-        assert _is_pow2(self.splits) and _is_pow2(self.block_n), f"{self}: splits and block_n must be powers of two"
-        assert self.block_n >= 16, f"{self}: tl.dot needs blocks of at least 16 slots"
-        assert self.partial_dtype in (torch.float32, torch.bfloat16), f"{self}: partials are fp32 or bf16"
+        if self.gather_lag != 0:
+            raise ValueError(f"{self}: only the CUDA kernel has a gather lag")
+        if not (_is_pow2(self.splits) and _is_pow2(self.block_n)):
+            raise ValueError(f"{self}: splits and block_n must be powers of two")
+        if self.block_n < 16:
+            raise ValueError(f"{self}: tl.dot needs blocks of at least 16 slots")
+        if self.partial_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"{self}: partials are fp32 or bf16")
         if self.path == "dsplit":
-            assert D_CKV % self.splits == 0 and D_CKV // self.splits >= 16, f"{self}: value slices of >= 16 columns"
-            assert TOPK % self.block_n == 0, f"{self}: blocks must tile {TOPK} slots"
-        else:
-            assert 2 <= self.splits <= D_CKV and TOPK % self.splits == 0, f"{self}: splits must divide {TOPK}"
-            split_size = TOPK // self.splits
-            assert self.block_n <= split_size, f"{self}: block_n {self.block_n} > split size {split_size} would read out of range"
-            assert split_size % self.block_n == 0, f"{self}: block_n must divide the split size {split_size}"
-            assert D_CKV % self.splits == 0, f"{self}: the combine slices {D_CKV} columns per split"
+            if D_CKV % self.splits or D_CKV // self.splits < 16:
+                raise ValueError(f"{self}: value slices of >= 16 columns")
+            if TOPK % self.block_n:
+                raise ValueError(f"{self}: blocks must tile {TOPK} slots")
+            return
+        if not 2 <= self.splits <= D_CKV or TOPK % self.splits:
+            raise ValueError(f"{self}: splits must divide {TOPK}")
+        split_size = TOPK // self.splits
+        if self.block_n > split_size:
+            raise ValueError(f"{self}: block_n {self.block_n} > split size {split_size} would read out of range")
+        if split_size % self.block_n:
+            raise ValueError(f"{self}: block_n must divide the split size {split_size}")
+        if D_CKV % self.splits:
+            raise ValueError(f"{self}: the combine slices {D_CKV} columns per split")
 
 
 def _is_pow2(n: int) -> bool:

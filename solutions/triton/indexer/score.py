@@ -47,9 +47,13 @@ class ScoreTile:
     loop_pages: int = 1
 
     def __post_init__(self) -> None:
-        assert self.pages >= 1 and self.pages & (self.pages - 1) == 0, "tile sizes must be powers of two"
-        assert self.num_warps in (1, 2, 4, 8)
-        assert self.loop_pages >= 1 and (self.loop_pages == 1 or self.pages == 1), "a looping program takes one-page tiles"
+        """Tiling relations, checked when a tile is made: raises ValueError naming the tile."""
+        if self.pages < 1 or self.pages & (self.pages - 1):
+            raise ValueError(f"{self}: pages per tile must be a power of two")
+        if self.num_warps not in (1, 2, 4, 8):
+            raise ValueError(f"{self}: num_warps must be 1, 2, 4 or 8")
+        if self.loop_pages < 1 or (self.loop_pages > 1 and self.pages != 1):
+            raise ValueError(f"{self}: loop_pages must be >= 1, and a looping program takes one-page tiles")
 
     @property
     def pages_per_program(self) -> int:
@@ -280,15 +284,20 @@ def launch_scores(
     """
     batch, max_pages = block_table.shape
     row_width = max_pages * PAGE_SIZE
-    assert scores.shape == (batch, row_width) and scores.dtype == torch.float32 and scores.is_contiguous()
-    assert q_index_fp8.shape == (batch, NUM_HEADS, HEAD_DIM) and q_index_fp8.is_contiguous()
-    assert weights.shape == (batch, NUM_HEADS) and weights.is_contiguous()
-    assert block_table.stride(1) == 1
+    if tuple(scores.shape) != (batch, row_width) or scores.dtype != torch.float32 or not scores.is_contiguous():
+        raise ValueError(f"scores must be a contiguous float32 [{batch}, {row_width}] tensor, got {scores.dtype} {tuple(scores.shape)}")
+    if tuple(q_index_fp8.shape) != (batch, NUM_HEADS, HEAD_DIM) or not q_index_fp8.is_contiguous():
+        raise ValueError(f"q_index_fp8 must be contiguous [{batch}, {NUM_HEADS}, {HEAD_DIM}], got {tuple(q_index_fp8.shape)}")
+    if tuple(weights.shape) != (batch, NUM_HEADS) or not weights.is_contiguous():
+        raise ValueError(f"weights must be contiguous [{batch}, {NUM_HEADS}], got {tuple(weights.shape)}")
+    if block_table.stride(1) != 1:
+        raise ValueError("block_table must be contiguous in its last dimension")
     if batch == 0:
         return
     tile = tile or default_score_tile(max_pages, batch)
-    values, scales = cache_views(k_index_cache_fp8)
-    assert values.stride() == (PAGE_BYTES, HEAD_DIM, 1) and scales.stride() == (PAGE_BYTES // SCALE_BYTES, 1)
+    values, scales = cache_views(k_index_cache_fp8)  # the kernel hard-codes these strides (constexpr page layout)
+    if values.stride() != (PAGE_BYTES, HEAD_DIM, 1) or scales.stride() != (PAGE_BYTES // SCALE_BYTES, 1):
+        raise ValueError(f"k_index_cache_fp8 views must have the {PAGE_BYTES}-byte page stride, got {values.stride()} and {scales.stride()}")
     grid = (triton.cdiv(max_pages, tile.pages_per_program), batch)
     _score_kernel[grid](
         q_index_fp8, values, scales, weights, seq_lens, block_table, scores, row_width, block_table.stride(0),
@@ -342,10 +351,12 @@ def launch_emit_ids(
 ) -> None:
     """Write ``topk_indices [B, TOPK]``: passthrough rows, and (given ``positions``) selected rows."""
     batch = block_table.shape[0]
-    assert topk_indices.shape == (batch, TOPK) and topk_indices.dtype == torch.int32 and topk_indices.stride(1) == 1
-    assert block_table.stride(1) == 1
-    if positions is not None:
-        assert positions.shape == (batch, TOPK) and positions.stride(1) == 1
+    if tuple(topk_indices.shape) != (batch, TOPK) or topk_indices.dtype != torch.int32 or topk_indices.stride(1) != 1:
+        raise ValueError(f"topk_indices must be int32 [{batch}, {TOPK}] with contiguous rows, got {topk_indices.dtype} {tuple(topk_indices.shape)}")
+    if block_table.stride(1) != 1:
+        raise ValueError("block_table must be contiguous in its last dimension")
+    if positions is not None and (tuple(positions.shape) != (batch, TOPK) or positions.stride(1) != 1):
+        raise ValueError(f"positions must be [{batch}, {TOPK}] with contiguous rows, got {tuple(positions.shape)}")
     if batch == 0:
         return
     block = INTERPRETER_EMIT_BLOCK if INTERPRETING else GPU_EMIT_BLOCK

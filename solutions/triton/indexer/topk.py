@@ -7,7 +7,7 @@ from types import ModuleType
 
 import torch
 
-from ..common.cuda_build import build_extension
+from ..common.cuda_build import CudaBuildError, build_extension
 from .shapes import PAGE_SIZE, TOPK
 
 HERE = Path(__file__).resolve().parent
@@ -28,7 +28,10 @@ def load_topk_extension(verbose: bool | None = None) -> ModuleType:
     global _module
     if _module is None:
         module = build_extension("dsa_topk_filtered", "the CUDA filtered top-k", HERE, SOURCES, HEADERS, verbose)
-        assert (module.TOPK, module.PAGE_SIZE, module.MAX_CANDIDATES, module.FAST_CANDIDATES) == (TOPK, PAGE_SIZE, MAX_CANDIDATES, FAST_CANDIDATES)
+        expected = {"TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "MAX_CANDIDATES": MAX_CANDIDATES, "FAST_CANDIDATES": FAST_CANDIDATES}
+        mismatched = [name for name, value in expected.items() if getattr(module, name) != value]
+        if mismatched:
+            raise CudaBuildError(f"indexer/topk.py and shapes.py disagree with csrc/topk_filtered.h on {mismatched}")
         _module = module
     return _module
 
