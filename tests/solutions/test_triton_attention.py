@@ -140,25 +140,28 @@ def test_plans_check_their_tiling():
 
 
 def test_cuda_policy_keeps_grids_coresident():
-    sms, clusters = 132, 7  # the H200: 132 programs, 7 clusters of 16
-    for tokens in range(1, 200):
-        plan = plans.cuda_plan(tokens, sms, clusters)
-        plan.validate()
-        assert plan.block_n == cuda_ext.TILE_SLOTS and plan.num_stages == cuda_ext.STAGES
-        if plan.path == "cuda_cluster":
-            assert tokens <= clusters and plan.splits == plans.CUDA_POLICY_CLUSTER_SPLITS
-        elif tokens * cuda_ext.MIN_SPLITS <= sms:
-            assert plan.path == "cuda" and tokens * plan.splits <= sms
-        else:
-            assert plan.path == "cuda" and plan.splits == cuda_ext.MIN_SPLITS  # the launcher takes two launches then
-    assert [(p.path, p.splits) for p in (plans.cuda_plan(t, sms, clusters) for t in (1, 2, 3, 7, 8, 9, 16, 17))] == [
-        ("cuda", 32), ("cuda", 32), *[("cuda_cluster", 16)] * 2, ("cuda", 16), *[("cuda", 8)] * 3]
-    lags = [plans.cuda_plan(t, sms, clusters).gather_lag for t in (1, 2, 3, 7, 8, 9)]
-    assert lags == [0, 0, *[plans.CUDA_POLICY_CLUSTER_LAG] * 2, plans.CUDA_POLICY_BARRIER_LAG, 0], "lags only where measured (two tiles per program)"
-    assert plans.cuda_plan(3, sms).path == "cuda", "no cluster of 16 fits: the barrier"
-    assert plans.cuda_plan(2, 40, clusters) == plans.cuda_kernel_plan("cuda_cluster", 16, plans.CUDA_POLICY_CLUSTER_LAG), "32 splits only while co-resident"
-    forced = plans.cuda_plan(8, sms, clusters, force_two_launch=True)
-    assert forced.path == "cuda_two_launch" and plans.cuda_plan(1, sms, clusters, force_two_launch=True).path == "cuda_two_launch"
+    """Whatever the tuned split counts and lags (CUDA_POLICY_*): every plan the GPU policy picks
+    passes its checks, its splits cover the 2048 slots in whole tiles, its lag is non-negative, a
+    barrier grid is co-resident unless even the fewest splits are not, a cluster plan is taken
+    only where one cluster per token fits, and forcing two launches is obeyed."""
+    # the H200 (132 programs, 7 clusters of 16), a smaller GPU, and GPUs without clusters
+    for resident, clusters in ((132, 7), (40, 2), (132, 0), (16, 0)):
+        for tokens in range(1, 200):
+            for forced in (False, True):
+                plan = plans.cuda_plan(tokens, resident, clusters, force_two_launch=forced)
+                plan.validate()
+                where = (resident, clusters, tokens, forced, plan)
+                assert plan.block_n == cuda_ext.TILE_SLOTS and plan.num_stages == cuda_ext.STAGES, where
+                assert attn.TOPK % plan.splits == 0 and (attn.TOPK // plan.splits) % plan.block_n == 0, where
+                assert plan.gather_lag >= 0, where
+                if forced:
+                    assert plan.path == "cuda_two_launch", where
+                elif plan.path == "cuda_cluster":
+                    assert tokens <= clusters and plan.splits <= cuda_ext.MAX_CLUSTER_SPLITS, where
+                else:
+                    assert plan.path == "cuda", where
+                if plan.path != "cuda_cluster":  # the launcher takes two launches when even this is not co-resident
+                    assert tokens * plan.splits <= resident or plan.splits == cuda_ext.MIN_SPLITS, where
     with pytest.raises(ValueError, match=r"power-of-two splits in \[8, 16\]"):
         plans.cuda_kernel_plan("cuda_cluster", 32)  # a cluster holds at most 16 programs
     with pytest.raises(ValueError, match="gather lag"):
@@ -451,7 +454,7 @@ def test_gpu_many_tokens_fall_back_to_two_launch(cuda):
     counts = [FULL if t % 3 == 0 else (t * 37) % 2048 for t in range(48)]
     axes, inputs = make_inputs(counts, "tail", GPU_CONTEST_PAGES, seed=33, device=cuda)
     plan = plans.default_plan(len(counts), cuda)
-    assert plan.splits == 8 and len(counts) * plan.splits > cuda_ext.resident_programs()
+    assert plan.splits == cuda_ext.MIN_SPLITS and len(counts) * plan.splits > cuda_ext.resident_programs()
     outputs, launch = run_cuda(axes, inputs, plan.splits, "barrier", cuda)
     assert launch == cuda_ext.TWO_LAUNCH
     assert_correct(axes, inputs, outputs, cuda)

@@ -193,15 +193,20 @@ def test_score_kernel_matches_row_scores(tile):
 
 
 def test_gpu_score_tile_policy(monkeypatch):
-    # The GPU policy (checked here with the interpreter switched off in the policy only): one-page
-    # programs for small calls, looping programs for the largest ones.
+    # The GPU policy (checked with the interpreter switched off in the policy only), whatever its
+    # tuned thresholds: larger calls are matched first, every tile is a one-page fp16 tile, the
+    # smallest scored call gets no loop, and more programs never get fewer pages per program.
     monkeypatch.setattr(kernels, "INTERPRETING", False)
-    assert kernels.default_score_tile(33, 1) == kernels.GPU_SCORE_TILE
-    assert kernels.default_score_tile(40, 29) == kernels.GPU_SCORE_TILE
-    assert kernels.default_score_tile(84, 23).loop_pages == 2
-    assert kernels.default_score_tile(91, 31).loop_pages == 4
     thresholds = [t for t, _ in kernels.GPU_LOOP_TILES]
     assert thresholds == sorted(thresholds, reverse=True), "larger calls first"
+    assert kernels.default_score_tile(33, 1).loop_pages == 1
+    calls = sorted((batch * pages, batch, pages) for batch in range(1, 32) for pages in range(33, 92))
+    loops = []
+    for _, batch, pages in calls:
+        tile = kernels.default_score_tile(pages, batch)
+        assert tile.pages == 1 and not tile.dot_fp32, (batch, pages, tile)
+        loops.append(tile.loop_pages)
+    assert loops == sorted(loops), "more programs, never fewer pages per program"
 
 
 def test_score_tiles_and_launchers_check_their_arguments():
