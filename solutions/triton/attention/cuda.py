@@ -1,8 +1,11 @@
-"""The hand-written CUDA sparse attention (``csrc/attention_sm90.cu``): its build and a checked entry.
+"""The hand-written CUDA sparse attention (``csrc/attention_sm90.cu``): its build, a checked entry, and a call's buffers.
 
 ``run`` checks every argument in Python before the binding sees it (the binding's own checks
 only guard the pointers it hands on; see indexer/topk.py for why bad input must never first
-reach an extension on the H200 machine's toolchain).
+reach an extension on the H200 machine's toolchain). ``launch`` is ``run`` with the scratch a
+call needs and the barrier words, which persist across calls: zeroed once when allocated, kept
+per (device, stream), while scratch is allocated per call, so concurrent streams never share
+either.
 """
 
 from __future__ import annotations
