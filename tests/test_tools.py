@@ -37,14 +37,34 @@ def test_bench_indexer_cpu_dry_run_checks_and_reports(tmp_path):
     assert "all 2 cases" in proc.stdout
 
 
+_LISTED_PLAN = re.compile(r"  T=(\d+): Plan\(path='(\w+)', splits=(\d+), block_n=(\d+), .*gather_lag=(\d+)\)")
+
+
+def listed_plans(stdout: str) -> dict[str, dict[int, tuple[str, int, int, int]]]:
+    """bench_attention_variants --list output as {variant: {T: (path, splits, block_n, gather lag)}}."""
+    plans: dict[str, dict[int, tuple[str, int, int, int]]] = {}
+    for line in stdout.splitlines():
+        found = _LISTED_PLAN.fullmatch(line)
+        if found is None:
+            plans[line] = {}
+            continue
+        tokens, path, *numbers = found.groups()
+        plans[list(plans)[-1]][int(tokens)] = (path, *map(int, numbers))
+    return plans
+
+
 def test_bench_attention_variants_lists_plans_without_a_gpu():
-    proc = run_tool("bench_attention_variants.py", "--list", "--variant", "default", "--variant", "triton")
+    # Without a GPU the list uses the H200's residency; whatever the tuned split counts, every
+    # plan is a CUDA kernel plan whose splits tile the 2048 slots, with a non-negative lag.
+    proc = run_tool("bench_attention_variants.py", "--list", "--variant", "default", "--variant", "cuda_two_launch")
     assert proc.returncode == 0, proc.stderr
-    assert "T=1: Plan(path='cuda', splits=32, block_n=64" in proc.stdout
-    assert "T=6: Plan(path='cuda_cluster', splits=16, block_n=64" in proc.stdout
-    assert "T=8: Plan(path='cuda', splits=16, block_n=64" in proc.stdout
-    assert "T=1: Plan(path='two_launch', splits=64" in proc.stdout
-    assert "T=8: Plan(path='fused', splits=16, block_n=64" in proc.stdout
+    listed = listed_plans(proc.stdout)
+    assert list(listed) == ["default", "cuda_two_launch"] and all(list(by_t) == [1, 2, 6, 7, 8] for by_t in listed.values())
+    for name, by_t in listed.items():
+        for tokens, (path, splits, block_n, lag) in by_t.items():
+            assert path in (("cuda", "cuda_cluster") if name == "default" else ("cuda_two_launch",)), (name, tokens, path)
+            assert 2048 % splits == 0 and (2048 // splits) % block_n == 0 and lag >= 0, (name, tokens)
+            assert tokens * splits <= 132 or path == "cuda_cluster" or splits == 8, "co-resident on 132 SMs, or the fewest splits"
 
 
 def test_bench_attention_variants_builds_named_cuda_plans():
@@ -52,8 +72,9 @@ def test_bench_attention_variants_builds_named_cuda_plans():
     other names are refused with the known ones listed."""
     proc = run_tool("bench_attention_variants.py", "--list", "--variant", "cuda_s8_lag1500", "--variant", "cluster_s16_landed")
     assert proc.returncode == 0, proc.stderr
-    assert "T=8: Plan(path='cuda', splits=8, block_n=64, num_warps=8, num_stages=2, partial_dtype=torch.bfloat16, graph=False, gather_lag=1500)" in proc.stdout
-    assert f"T=1: Plan(path='cuda_cluster', splits=16, block_n=64, num_warps=8, num_stages=2, partial_dtype=torch.bfloat16, graph=False, gather_lag={2**31 - 1})" in proc.stdout
+    listed = listed_plans(proc.stdout)
+    assert set(listed["cuda_s8_lag1500"].values()) == {("cuda", 8, 64, 1500)}
+    assert set(listed["cluster_s16_landed"].values()) == {("cuda_cluster", 16, 64, 2**31 - 1)}
     proc = run_tool("bench_attention_variants.py", "--list", "--variant", "cuda_s16_d1")
     assert proc.returncode == 2 and "unknown variant(s) ['cuda_s16_d1']" in proc.stderr
 
@@ -67,18 +88,16 @@ def test_gpu_tools_refuse_without_cuda(script, args):
 
 def test_kernel_sass_digest_is_stable_and_covers_every_kernel():
     # Two runs give the same digests (the equivalence check in benchmarks/README.md relies on it),
-    # one line per kernel of the default attention plans plus the CUDA top-k.
+    # one line per CUDA source: the top-k and the attention.
     runs = [run_tool("kernel_sass_digest.py") for _ in range(2)]
     for proc in runs:
-        if proc.returncode == 2 or "No module named 'triton.backends" in proc.stderr:
+        if proc.returncode == 2:
             pytest.skip(f"no sm_90 toolchain here: {proc.stderr.strip()[-200:]}")
         assert proc.returncode == 0, proc.stderr
     assert runs[0].stdout == runs[1].stdout
     lines = runs[0].stdout.splitlines()
-    assert any(line.startswith("attention fused") for line in lines) and any(line.startswith("attention combine") for line in lines)
-    assert any(line.startswith("top-k") for line in lines) or "no nvcc" in runs[0].stdout
-    assert any(line.startswith("attention  CUDA") for line in lines) or "no nvcc" in runs[0].stdout
-    assert all(re.search(r" [0-9a-f]{16}$", line) for line in lines if not line.startswith("top-k: no nvcc"))
+    assert [line.split()[0] for line in lines] == ["top-k", "attention"], lines
+    assert all(re.search(r" [0-9a-f]{16}$", line) for line in lines)
 
 
 def test_attention_phase_summary_reads_stamps_and_leaves_out_skipped_tiles():

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Time variants of the sparse-attention solution (CUDA kernel, Triton kernels) on a CUDA GPU.
+"""Time variants of the sparse-attention solution's CUDA kernel on a CUDA GPU.
 
     python tools/bench_attention_variants.py [--case 'attention_1*'] [--variant default --variant dsplit16]
                                              [--iterations 30] [--timer auto] [--out results/attn_variants.json]
@@ -11,19 +11,19 @@ L2 flushed before every call, the two input sets alternating, the median over it
 Timing uses CUPTI when the ``cupti`` module imports (first kernel start to last kernel end of
 each call, as ``dsa-bench run`` does), else CUDA events, and the table says which.
 
-A variant maps a token count T to a ``Plan`` (path, splits, block_n, num_warps, num_stages,
-partial dtype) or to None where it does not apply (a fused grid that would not be co-resident).
+A variant maps a token count T to a ``Plan`` of the CUDA kernel (path, splits, gather lag) or
+to None where it does not apply.
 The table shows microseconds per case and variant; below it, per variant, the mean over all
 cases, over T <= 2 and T >= 3, and the T = 8 full-row cases, against the targets (mean <= 10 us,
 T = 8 full <= 12 us). The last lines name the fastest variant per case and overall: use them to
-set the defaults in solutions/triton/sparse_attention.py (cuda_plan; for the Triton kernels
-triton_gpu_plan, DSPLIT_MAX_TOKENS_GPU, SPLIT_BLOCK_N, SPLIT_NUM_WARPS, SPLIT_NUM_STAGES).
+set the defaults in solutions/triton/attention/plan.py (cuda_plan and its CUDA_POLICY_* constants).
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
+import importlib
 import json
 import re
 import statistics
@@ -49,8 +49,9 @@ TARGET_T8_FULL_US = 12.0
 
 
 def load_solution():
-    """The solution's sparse-attention module, imported the way the harness imports it."""
-    return import_entry(load_solution_folder(ROOT / "solutions" / "triton"), attn.NAME)[1]
+    """The solution's sparse-attention entry, plan and cuda modules, imported the way the harness imports them."""
+    entry = import_entry(load_solution_folder(ROOT / "solutions" / "triton"), attn.NAME)[1]
+    return entry, importlib.import_module(f"{entry.__package__}.plan"), importlib.import_module(f"{entry.__package__}.cuda")
 
 
 #: The CUDA kernel's fixed plans listed by default (cuda_variant_plan builds any other such name).
@@ -66,7 +67,7 @@ def fixed(plan) -> Callable[[int], object]:
     return lambda T: plan
 
 
-def cuda_variant_plan(sa, name: str):
+def cuda_variant_plan(plans, cuda_ext, name: str):
     """The plan a CUDA variant name spells: ``cuda_s16`` (barrier, 16 splits), ``cluster_s8``,
     ``cuda_s16_lag2000`` (gather lag of 2000 cycles), ``cluster_s16_landed``; None when the name
     is not one."""
@@ -74,46 +75,28 @@ def cuda_variant_plan(sa, name: str):
     if match is None:
         return None
     kind, splits, lag, landed = match.groups()
-    gather_lag = sa.attention_ext.GATHER_LAG_ON_LANDING if landed else int(lag or 0)
-    return sa.cuda_kernel_plan("cuda" if kind == "cuda" else "cuda_cluster", int(splits), gather_lag)
+    gather_lag = cuda_ext.GATHER_LAG_ON_LANDING if landed else int(lag or 0)
+    return plans.cuda_kernel_plan("cuda" if kind == "cuda" else "cuda_cluster", int(splits), gather_lag)
 
 
-def variants(sa, coresident: int, default: Callable[[int], object]) -> dict[str, Callable[[int], object]]:
+def variants(plans, cuda_ext, resident: int, default: Callable[[int], object]) -> dict[str, Callable[[int], object]]:
     """name -> (T -> Plan, or None where the variant does not apply).
 
-    ``default`` is the entry's GPU policy (the CUDA kernel), given by the caller; ``cuda_s*`` fix its split count
-    (a grid that is not co-resident launches the combine separately), ``cluster_s*`` its split
-    count with the cluster combine, ``*_lagN`` its gather lag (N cycles; ``landed``: each tile
-    once the one before has landed). Any such name is accepted, not only those of
-    CUDA_VARIANTS (see cuda_variant_plan). ``triton*`` and ``dsplit*`` are the Triton kernels,
-    ``triton`` with their own GPU policy.
+    ``default`` is the entry's GPU policy (the CUDA kernel), given by the caller; ``resident``
+    the CUDA kernel's co-resident programs; ``cuda_two_launch`` the policy's split counts with
+    the combine always in a second launch; ``cuda_s*`` fix its split count (a grid that is not
+    co-resident launches the combine separately), ``cluster_s*`` its split count with the
+    cluster combine, ``*_lagN`` its gather lag (N cycles; ``landed``: each tile once the one
+    before has landed). Any such name is accepted, not only those of CUDA_VARIANTS (see
+    cuda_variant_plan).
     """
-    Plan = sa.Plan
-
-    def triton_policy(T: int) -> int:  # the Triton policy's split count
-        return sa.triton_gpu_plan(T, coresident, force_two_launch=True).splits
-
-    def split_plan(path: str, splits: Callable[[int], int], block_n: int, warps: int = 8, stages: int = 2, dtype=torch.float32):
-        def make(T: int):
-            s = splits(T)
-            if not 2 <= s <= 64 or (path == "fused" and T * s > coresident):
-                return None
-            return Plan(path, s, min(block_n, attn.TOPK // s), warps, stages, dtype, graph=path == "two_launch")
-
-        return make
-
-    table = {"default": default, "cuda_two_launch": lambda T: sa.cuda_plan(T, coresident, force_two_launch=True)}
-    return with_named(sa, table, list(CUDA_VARIANTS)) | {
-        "triton": lambda T: sa.triton_gpu_plan(T, coresident),
-        "triton_fused_bn64_bf16": split_plan("fused", triton_policy, 64, dtype=torch.bfloat16),
-        "triton_g2l_s64": fixed(Plan("two_launch", 64, 32, 8, 2, graph=True)),
-        "dsplit8x128": fixed(Plan("dsplit", 8, 128, 8, 2)),
-    }
+    table = {"default": default, "cuda_two_launch": lambda T: plans.cuda_plan(T, resident, force_two_launch=True)}
+    return with_named(plans, cuda_ext, table, list(CUDA_VARIANTS))
 
 
-def with_named(sa, table: dict[str, Callable[[int], object]], names: list[str]) -> dict[str, Callable[[int], object]]:
+def with_named(plans, cuda_ext, table: dict[str, Callable[[int], object]], names: list[str]) -> dict[str, Callable[[int], object]]:
     """``table`` plus the CUDA variants among ``names`` it lacks (cuda_variant_plan); unknown names are left out."""
-    extra = {name: cuda_variant_plan(sa, name) for name in names if name not in table}
+    extra = {name: cuda_variant_plan(plans, cuda_ext, name) for name in names if name not in table}
     return table | {name: fixed(plan) for name, plan in extra.items() if plan is not None}
 
 
@@ -150,12 +133,12 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     if args.list:
-        sa = load_solution()
+        _, plans, cuda_ext = load_solution()
         if torch.cuda.is_available():
-            coresident, default = sa._max_coresident_programs(torch.device("cuda")), lambda T: sa.default_plan(T, torch.device("cuda"))
+            resident, default = cuda_ext.resident_programs(), lambda T: plans.default_plan(T, torch.device("cuda"))
         else:  # the H200's figures: 132 programs, 7 clusters of 16
-            coresident, default = 132, lambda T: sa.cuda_plan(T, 132, 7)
-        table = with_named(sa, variants(sa, coresident, default), args.variant)
+            resident, default = 132, lambda T: plans.cuda_plan(T, 132, 7)
+        table = with_named(plans, cuda_ext, variants(plans, cuda_ext, resident, default), args.variant)
         if unknown_names(table, args.variant):
             return 2
         list_plans(table, args.variant or list(table), [1, 2, 6, 7, 8])
@@ -164,9 +147,9 @@ def main() -> int:
         print("bench_attention_variants: needs a CUDA GPU (--list works without one)", file=sys.stderr)
         return 2
     device = torch.device("cuda")
-    sa = load_solution()
-    coresident = sa._max_coresident_programs(device)
-    all_variants = with_named(sa, variants(sa, coresident, lambda T: sa.default_plan(T, device)), args.variant)
+    entry, plans, cuda_ext = load_solution()
+    resident = cuda_ext.resident_programs()
+    all_variants = with_named(plans, cuda_ext, variants(plans, cuda_ext, resident, lambda T: plans.default_plan(T, device)), args.variant)
     chosen = {k: v for k, v in all_variants.items() if not args.variant or k in args.variant}
     if unknown_names(all_variants, args.variant):
         return 2
@@ -177,8 +160,8 @@ def main() -> int:
         print(f"warning: {warning}")
     timer = make_timer(timer_name)
     flusher = L2Flusher(device)
-    print(f"{torch.cuda.get_device_name(device)}, {coresident} co-resident programs, "
-          f"resident clusters {({s: sa.attention_ext.resident_clusters(s) for s in (8, 16)})}, "
+    print(f"{torch.cuda.get_device_name(device)}, {resident} co-resident programs, "
+          f"resident clusters {({s: cuda_ext.resident_clusters(s) for s in (8, 16)})}, "
           f"timer {timer.name}, {args.iterations} iterations (median), cold L2")
 
     results: dict[str, dict[str, float | str]] = {}
@@ -198,7 +181,7 @@ def main() -> int:
 
             def call(i: int, args_of=args_of, outs=outs, plan=plan) -> None:
                 k = i % len(args_of)
-                sa.sparse_attention(*args_of[k], outs[k]["output"], outs[k]["lse"], plan=plan)
+                entry.sparse_attention(*args_of[k], outs[k]["output"], outs[k]["lse"], plan=plan)
 
             try:
                 failed = None
@@ -219,8 +202,7 @@ def main() -> int:
                 samples = timer.time_iterations(call, args.iterations, lambda i: flusher.flush(), lambda i: None)
                 row[name] = statistics.median(samples) * 1000.0
             except Exception as exc:  # noqa: BLE001 - a variant that does not compile or launch here is reported, not fatal
-                # '-': a fused grid this kernel cannot keep co-resident (the solution refuses it)
-                row[name] = "-" if isinstance(exc, ValueError) and "resident" in str(exc) else "ERR"
+                row[name] = "ERR"
                 print(f"  {case.id} {name} {plan}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         results[case.id] = row
         counts = case.inputs["sparse_indices"].params.get("valid_counts", []) if "sparse_indices" in case.inputs else []

@@ -11,14 +11,13 @@ every set, then times three pipelines in this one process, each iteration with a
 - ``reference``: ``dsa_bench.definitions.indexer.reference`` (the PyTorch per-row reference),
 - ``triton``: the solution entry (passthrough / Triton score kernel + CUDA filtered top-k),
 - ``plain``: the same passthrough and score kernel, then ``torch.topk`` and the Triton emit
-  kernel (what the CUDA top-k buys).
+  kernel (what the CUDA top-k buys; ``plain_pipeline`` builds it from the entry's parts).
 
 Timing uses CUPTI when the ``cupti`` module imports (first kernel start to last kernel end of
 each call), else CUDA events, and says so in the table and the JSON. Per trial the median over
 iterations, across trials the mean. It also times the score kernel alone in a few tile variants
 (``--no-variants`` skips this) and reports each variant's worst score error against the
-reference scores and whether its top-k still passes the checker (the FP8 tensor-core variant
-is the interesting one). Prints a per-case table and the means over passthrough cases, scored
+reference scores and whether its top-k still passes the checker. Prints a per-case table and the means over passthrough cases, scored
 cases, all cases, and the largest case; writes everything as JSON to ``--out``.
 """
 
@@ -27,6 +26,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import functools
+import importlib
 import json
 import os
 import statistics
@@ -133,12 +133,23 @@ def check(definition, axes, inputs, expected, out: torch.Tensor, device) -> str 
     return None if result.passed else f"{result.status.value}: {result.message}"
 
 
+def plain_pipeline(module) -> Callable:
+    """The benchmark's middle column: the entry's checks, passthrough and score kernel, with
+    ``torch.topk`` + the Triton emit kernel (``portable_topk``) as the top-k, graphed on a GPU
+    like the entry. It isolates what the CUDA top-k buys over torch.topk."""
+    return functools.partial(module.run_pipeline, module.scored_pipeline(module.portable_topk))
+
+
+def solution_part(module, name: str):
+    """A sibling module of the indexer entry ``module`` (e.g. ``score``, ``topk``)."""
+    return importlib.import_module(f"{module.__package__}.{name}")
+
+
 def score_variants(kernels) -> dict[str, Any]:
     """Score-kernel tiles worth comparing on the GPU ("policy": the solution's choice per call)."""
     return {
         "policy": None,
         "p1_w4": kernels.GPU_SCORE_TILE,
-        "fp8mma_p1_w4": kernels.ScoreTile(pages=1, num_warps=4, fp8_mma=True),
         "p2_w4": kernels.ScoreTile(pages=2, num_warps=4),
         "loop2_st2": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=2, num_stages=2),
         "loop4_st2": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=4, num_stages=2),
@@ -150,7 +161,7 @@ def score_variants(kernels) -> dict[str, Any]:
 
 def run_variants(module, timer, flusher, definition, axes, sets_inputs, expected0, warmup, iterations, device) -> dict[str, Any]:
     """Score kernel alone per tile variant: latency, worst score error, and checker verdict."""
-    kernels = module.kernels
+    kernels, topk = solution_part(module, "score"), solution_part(module, "topk")
     results = {}
     first = sets_inputs[0]
     batch, max_pages = first["block_table"].shape
@@ -176,13 +187,13 @@ def run_variants(module, timer, flusher, definition, axes, sets_inputs, expected
             worst = max(worst, float((scores[b, :n] - ref).abs().max() / ref.abs().max().clamp_min(1e-30)))
         out = torch.empty((batch, 2048), dtype=torch.int32, device=device)
         poison_(out)
-        if module._cuda_topk is not None:
-            module.topk_ext.filtered_topk(scores, first["seq_lens"], first["block_table"], out)
+        if module.USE_CUDA_TOPK:
+            topk.filtered_topk(scores, first["seq_lens"], first["block_table"], out)
         else:
             module.portable_topk(scores, first["seq_lens"], first["block_table"], out)
         problem = check(definition, axes, first, expected0, out, device)
         results[name] = {"us": ms * 1e3, "max_score_error_rel": worst, "topk_passes_checker": problem is None, "problem": problem}
-    if module._cuda_topk is not None:
+    if module.USE_CUDA_TOPK:
         # The CUDA top-k alone, on score buffers the default score kernel filled beforehand.
         score_sets = []
         for a, inp in zip(args, sets_inputs):
@@ -190,9 +201,9 @@ def run_variants(module, timer, flusher, definition, axes, sets_inputs, expected
             kernels.launch_scores(*a, scores, skip_short_rows=True)
             score_sets.append([scores, inp["seq_lens"], inp["block_table"]])
         outs = [torch.empty((batch, 2048), dtype=torch.int32, device=device) for _ in score_sets]
-        ms = time_pipeline(timer, flusher, module.topk_ext.filtered_topk, score_sets, outs, warmup, iterations)
+        ms = time_pipeline(timer, flusher, topk.filtered_topk, score_sets, outs, warmup, iterations)
         results[TOPK_ALONE] = {"us": ms * 1e3}
-        radix_only = functools.partial(module.topk_ext.filtered_topk, fast_candidates=0)
+        radix_only = functools.partial(topk.filtered_topk, fast_candidates=0)
         ms = time_pipeline(timer, flusher, radix_only, score_sets, outs, warmup, iterations)
         results[TOPK_RADIX_ONLY] = {"us": ms * 1e3}
     return results
@@ -229,7 +240,7 @@ def main() -> int:
 
     solution = load_solution(args.solution)
     triton_fn, module = import_entry(solution, indexer.NAME)  # builds the CUDA top-k on first use
-    pipelines: dict[str, Callable] = {"reference": reference_dps, "triton": triton_fn, "plain": module.plain_pipeline}
+    pipelines: dict[str, Callable] = {"reference": reference_dps, "triton": triton_fn, "plain": plain_pipeline(module)}
     timed = [name for name in PIPELINES if not (args.no_reference and name == "reference")]
 
     if device.type == "cuda":
@@ -348,7 +359,7 @@ def main() -> int:
     variant_rows = [r for r in records if "score_variants" in r]
     if variant_rows:
         print("\nscore kernel alone, mean over scored cases (µs), worst relative score error, checker passes:")
-        for name in score_variants(module.kernels):
+        for name in score_variants(solution_part(module, "score")):
             ok = [r["score_variants"][name] for r in variant_rows if "us" in r["score_variants"].get(name, {})]
             if not ok:
                 print(f"  {name:24s} failed: {variant_rows[0]['score_variants'][name].get('error')}")

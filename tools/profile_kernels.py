@@ -28,6 +28,7 @@ fetching code and small shared data after a flush, and how much is its own data.
 from __future__ import annotations
 
 import argparse
+import importlib
 import statistics
 import sys
 from pathlib import Path
@@ -53,8 +54,11 @@ WORKLOADS = {"attention": ROOT / "workloads" / "sparse_attention_h16.yaml", "ind
 FOLDED_PAGES = 64
 
 
-def solution_module(definition_name: str):
-    return import_entry(load_solution(ROOT / "solutions" / "triton"), definition_name)[1]
+def solution_module(definition_name: str, part: str = "entry"):
+    """A module of the triton solution's folder for ``definition_name`` (``entry``, or a sibling
+    of the entry such as ``cuda`` or ``plan``), imported the way the harness imports it."""
+    entry = import_entry(load_solution(ROOT / "solutions" / "triton"), definition_name)[1]
+    return entry if part == "entry" else importlib.import_module(f"{entry.__package__}.{part}")
 
 
 def case_inputs(case_id: str, device: torch.device):
@@ -73,8 +77,8 @@ def direct_call(definition, axes, inputs, device):
         sa = solution_module(attn.NAME)
         return lambda: sa.sparse_attention(*args, outputs["output"], outputs["lse"])
     ix = solution_module(indexer.NAME)
-    topk = ix.topk_ext.filtered_topk if ix._cuda_topk is not None else ix.portable_topk
-    return lambda: ix._scored_path(topk, *args, outputs["topk_indices"]) if args[4].shape[1] * 64 > indexer.TOPK else ix.kernel(*args, outputs["topk_indices"])
+    topk = solution_module(indexer.NAME, "topk").filtered_topk if ix.USE_CUDA_TOPK else ix.portable_topk
+    return lambda: ix.scored_path(topk, *args, outputs["topk_indices"]) if args[4].shape[1] * 64 > indexer.TOPK else ix.kernel(*args, outputs["topk_indices"])
 
 
 def run_ncu(cases: list[str], device: torch.device) -> int:
@@ -168,7 +172,7 @@ def run_topk_costs(iterations: int, device: torch.device) -> int:
     """The CUDA top-k alone on synthetic rows: in-kernel passthrough rows (no selection) against
     selected rows, with the default or no shared candidate buffer and with or without the fast
     path, so a fixed per-launch cost separates from the selection's own."""
-    ix = solution_module(indexer.NAME)
+    topk = solution_module(indexer.NAME, "topk")
     timer_name, warning = choose_timer("auto", device)
     if warning:
         print(warning)
@@ -183,7 +187,7 @@ def run_topk_costs(iterations: int, device: torch.device) -> int:
         row = []
         for capacity, fast in ((-1, -1), (-1, 0), (0, -1), (0, 0)):
             def call(i: int, capacity=capacity, fast=fast) -> None:
-                ix.topk_ext.filtered_topk(scores, lens, table, out, capacity, fast)
+                topk.filtered_topk(scores, lens, table, out, capacity, fast)
 
             call(0)
             torch.cuda.synchronize()
@@ -246,13 +250,12 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
     taken by thread 0 of each program, so a phase ends when that thread passes it.
     ``plan_spec`` (path, splits, gather lag in SM cycles; ``--plan``) replaces the default plan.
     """
-    sa = solution_module(attn.NAME)
-    ext = sa.attention_ext
+    plans, cuda_ext = solution_module(attn.NAME, "plan"), solution_module(attn.NAME, "cuda")
     fixed_plan = None
     if plan_spec:
         try:
-            fixed_plan = sa.cuda_kernel_plan(*plan_spec)
-        except AssertionError as err:  # the plan's own checks name what is wrong
+            fixed_plan = plans.cuda_kernel_plan(*plan_spec)
+        except ValueError as err:  # the plan's own checks name what is wrong
             print(f"profile_kernels: --plan {':'.join(map(str, plan_spec))}: {err}", file=sys.stderr)
             return 2
     flusher = L2Flusher(device)
@@ -260,13 +263,14 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
     for case_id in cases:
         definition, axes, inputs = case_inputs(case_id, device)
         T = axes["num_tokens"]
-        plan = fixed_plan or sa.default_plan(T, device)
+        plan = fixed_plan or plans.default_plan(T, device)
         outputs = definition.allocate_outputs(axes, device)
-        stamps = torch.zeros((iterations, T * plan.splits, ext.PHASE_SLOTS), dtype=torch.int64, device=device)
+        stamps = torch.zeros((iterations, T * plan.splits, cuda_ext.PHASE_SLOTS), dtype=torch.int64, device=device)
         args = definition.input_args(inputs)
         for i in range(iterations + 2):  # the first two calls warm up (their stamps are overwritten)
             flusher.flush()
-            sa._launch_cuda(plan, *args, outputs["output"], outputs["lse"], phase_clocks=stamps[max(i - 2, 0)])
+            combine = plans.CUDA_COMBINES[plan.path]
+            cuda_ext.launch(*args, outputs["output"], outputs["lse"], plan.splits, combine, plan.gather_lag, phase_clocks=stamps[max(i - 2, 0)])
         torch.cuda.synchronize()
         p = phase_summary(stamps.cpu())
         cells = [f"{name} {p[name]:5.2f}/{p[name + ' max']:5.2f}" for name in PHASES]

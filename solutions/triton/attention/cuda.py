@@ -1,22 +1,29 @@
-"""The hand-written CUDA sparse attention (attention_sm90.cu): its build and a checked entry.
+"""The hand-written CUDA sparse attention (``csrc/attention_sm90.cu``): its build, a checked entry, and a call's buffers.
 
 ``run`` checks every argument in Python before the binding sees it (the binding's own checks
-only guard the pointers it hands on; see topk_ext for why bad input must never first reach an
-extension on the H200 machine's toolchain).
+only guard the pointers it hands on; see indexer/topk.py for why bad input must never first
+reach an extension on the H200 machine's toolchain). ``launch`` is ``run`` with the scratch a
+call needs and the barrier words, which persist across calls: zeroed once when allocated, kept
+per (device, stream), while scratch is allocated per call, so concurrent streams never share
+either.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 
 import torch
 
-from .cuda_build import build_extension
+from ..common.cuda_build import CudaBuildError, build_extension
+from .shapes import D_CKV, D_KPE, NUM_HEADS, PAGE_SIZE, TOPK, check_io
 
-SOURCES = ("attention_binding.cpp", "attention_sm90.cu")
-HEADERS = ("attention_sm90.h",)
-#: constants of attention_sm90.h (checked against the built module on load)
-HEADS, D_CKV, D_KPE, TOPK, PAGE_SIZE = 16, 512, 64, 2048, 64
+HERE = Path(__file__).resolve().parent
+#: compiled sources (relative to this folder): the torch binding and the pure-CUDA kernels
+SOURCES = ("csrc/attention_binding.cpp", "csrc/attention_sm90.cu")
+HEADERS = ("csrc/attention_sm90.h",)
+#: constants of csrc/attention_sm90.h (checked against the built module on load, as are its
+#: HEADS, D_CKV, D_KPE, TOPK and PAGE_SIZE against shapes.py)
 MIN_SPLITS, MAX_SPLITS = 8, 64
 MAX_CLUSTER_SPLITS = 16  # the cluster combine: one thread-block cluster per token
 TILE_SLOTS = 64  # slots a program gathers and scores together (attention_sm90.h)
@@ -47,11 +54,16 @@ def load_attention_extension(verbose: bool | None = None) -> ModuleType:
     """The compiled extension (built on first use); raises cuda_build.CudaBuildError with the reason."""
     global _module
     if _module is None:
-        module = build_extension("dsa_sparse_attention_sm90", "the CUDA sparse attention", SOURCES, HEADERS, verbose)
-        names = ("HEADS", "D_CKV", "D_KPE", "TOPK", "PAGE_SIZE", "MIN_SPLITS", "MAX_SPLITS", "MAX_CLUSTER_SPLITS", "SYNC_STRIDE",
-                 "TICKETS_PER_CALL", "PHASE_SLOTS", "TILE_SLOTS", "STAGES", "GATHER_LAG_ON_LANDING")
-        mismatched = [n for n in names if getattr(module, n) != globals()[n]]
-        assert not mismatched, f"attention_ext.py and attention_sm90.h disagree on {mismatched}"
+        module = build_extension("dsa_sparse_attention_sm90", "the CUDA sparse attention", HERE, SOURCES, HEADERS, verbose)
+        expected = {
+            "HEADS": NUM_HEADS, "D_CKV": D_CKV, "D_KPE": D_KPE, "TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "MIN_SPLITS": MIN_SPLITS,
+            "MAX_SPLITS": MAX_SPLITS, "MAX_CLUSTER_SPLITS": MAX_CLUSTER_SPLITS, "SYNC_STRIDE": SYNC_STRIDE,
+            "TICKETS_PER_CALL": TICKETS_PER_CALL, "PHASE_SLOTS": PHASE_SLOTS, "TILE_SLOTS": TILE_SLOTS, "STAGES": STAGES,
+            "GATHER_LAG_ON_LANDING": GATHER_LAG_ON_LANDING,
+        }  # fmt: skip
+        mismatched = [name for name, value in expected.items() if getattr(module, name) != value]
+        if mismatched:
+            raise CudaBuildError(f"attention/cuda.py and shapes.py disagree with csrc/attention_sm90.h on {mismatched}")
         _module = module
     return _module
 
@@ -67,29 +79,6 @@ def resident_clusters(splits: int) -> int:
     return int(load_attention_extension().resident_clusters(splits))
 
 
-def check_io(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse) -> int:
-    """The contract's shapes, dtypes, contiguous last dimensions and one device, checked from
-    metadata only (both kernels' entry, CPU or GPU); raises ValueError naming the tensor. Returns T."""
-    T = q_nope.shape[0]
-    expected = {
-        "q_nope": (q_nope, (T, HEADS, D_CKV), torch.bfloat16),
-        "q_pe": (q_pe, (T, HEADS, D_KPE), torch.bfloat16),
-        "ckv_cache": (ckv_cache, (ckv_cache.shape[0], PAGE_SIZE, D_CKV), torch.bfloat16),
-        "kpe_cache": (kpe_cache, (ckv_cache.shape[0], PAGE_SIZE, D_KPE), torch.bfloat16),
-        "sparse_indices": (sparse_indices, (T, TOPK), torch.int32),
-        "output": (output, (T, HEADS, D_CKV), torch.bfloat16),
-        "lse": (lse, (T, HEADS), torch.float32),
-    }
-    for name, (tensor, shape, dtype) in expected.items():
-        if tuple(tensor.shape) != shape or tensor.dtype != dtype:
-            raise ValueError(f"{name}: expected {dtype} {list(shape)}, got {tensor.dtype} {list(tensor.shape)}")
-        if tensor.stride(-1) != 1:
-            raise ValueError(f"{name}: the last dimension must be contiguous (stride {tensor.stride(-1)})")
-        if tensor.device != q_nope.device:
-            raise ValueError(f"{name} is on {tensor.device}, q_nope on {q_nope.device}")
-    return T
-
-
 def _aligned(t: torch.Tensor, name: str, problems: list[str]) -> None:
     """cp.async copies 16-byte chunks: the base and every row stride must be 16-byte multiples."""
     if t.data_ptr() % 16 or any(s % 8 for s in t.stride()[:-1]):
@@ -101,7 +90,7 @@ def run(
     sm_scale: float, output: torch.Tensor, lse: torch.Tensor, part_out: torch.Tensor, part_lse: torch.Tensor, sync: torch.Tensor,
     splits: int, combine: str = "barrier", gather_lag: int = 0, phase_clocks: torch.Tensor | None = None,
 ) -> int:
-    """Launch the attention (shapes: sparse_attention.py's docstring); returns FUSED, TWO_LAUNCH or CLUSTER.
+    """Launch the attention (shapes: shapes.py); returns FUSED, TWO_LAUNCH or CLUSTER.
 
     ``combine``: a key of COMBINES; ``gather_lag``: SM cycles in [0, GATHER_LAG_ON_LANDING].
     ``part_out`` [>= T*splits*16*512] bf16 and ``part_lse`` [>= T*splits*16] fp32 are scratch;
@@ -138,7 +127,7 @@ def run(
     if T > MAX_TOKENS:
         problems.append(f"at most {MAX_TOKENS} tokens per call, got {T}")
     if combine != "cluster" and (
-        part_out.numel() < T * splits * HEADS * D_CKV or part_lse.numel() < T * splits * HEADS or sync.numel() < T * SYNC_STRIDE
+        part_out.numel() < T * splits * NUM_HEADS * D_CKV or part_lse.numel() < T * splits * NUM_HEADS or sync.numel() < T * SYNC_STRIDE
     ):
         problems.append("part_out, part_lse or sync is too small for this call")
     if not (part_out.is_contiguous() and part_lse.is_contiguous() and sync.is_contiguous()):
@@ -156,4 +145,59 @@ def run(
             q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, float(sm_scale), output, lse, part_out, part_lse, sync, splits,
             COMBINES[combine], gather_lag, stamps,
         )
+    )
+
+
+# --------------------------------------------------------------------------- a call's buffers
+
+
+def device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+class _SyncWords:
+    """The CUDA kernel's barrier words on one (device, stream), kept for the process's lifetime."""
+
+    def __init__(self) -> None:
+        self.words: torch.Tensor | None = None
+
+    def get(self, device: torch.device, tokens: int) -> torch.Tensor:
+        if self.words is None or self.words.numel() < tokens * SYNC_STRIDE:
+            # Zeroed once here; afterwards the ticket barrier keeps its own invariant (see
+            # attention_sm90.cu's split_kernel). Growing replaces the buffer: a call
+            # still in flight on this stream keeps the old one alive through the caching
+            # allocator's stream ordering.
+            self.words = torch.zeros(max(tokens, 64) * SYNC_STRIDE, dtype=torch.int32, device=device)
+        return self.words
+
+
+_SYNC: dict[tuple, _SyncWords] = {}
+
+
+def sync_words_for(device: torch.device) -> _SyncWords:
+    """The CUDA kernel's barrier words on ``device``'s current stream."""
+    index = device_index(device)
+    key = (f"cuda:{index}", torch.cuda.current_stream(index).cuda_stream)
+    if key not in _SYNC:
+        _SYNC[key] = _SyncWords()
+    return _SYNC[key]
+
+
+def launch(
+    q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, splits: int, combine: str, gather_lag: int = 0,
+    phase_clocks: torch.Tensor | None = None,
+) -> int:
+    """The CUDA kernel for T >= 1 tokens with its scratch and barrier words (``run`` with the
+    buffers a call needs); returns FUSED, TWO_LAUNCH or CLUSTER. ``phase_clocks``: see ``run``."""
+    T = q_nope.shape[0]
+    device = q_nope.device
+    # Scratch per call (a host-side lookup in the caching allocator); the cluster combine keeps
+    # its partials in shared memory and needs none.
+    scratch = 0 if combine == "cluster" else T * splits
+    part_out = torch.empty(scratch * NUM_HEADS * D_CKV, dtype=torch.bfloat16, device=device)
+    part_lse = torch.empty(scratch * NUM_HEADS, dtype=torch.float32, device=device)
+    sync = sync_words_for(device).get(device, T) if combine != "cluster" else part_lse.new_empty(0, dtype=torch.int32)
+    return run(
+        q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse, part_out, part_lse, sync,
+        splits, combine=combine, gather_lag=gather_lag, phase_clocks=phase_clocks,
     )

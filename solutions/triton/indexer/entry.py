@@ -18,13 +18,15 @@ Paths, picked from shapes only (no host-device synchronisation):
 
 1. Passthrough: ``max_num_pages * 64 <= 2048`` means every row keeps all its tokens. One small
    Triton kernel expands the block table into physical ids with -1 padding; nothing is scored.
-2. Scored, on a GPU: the fused Triton score kernel (``indexer_kernels``) writes fp32 scores of
+2. Scored, on a GPU: the fused Triton score kernel (``score.py``) writes fp32 scores of
    the rows longer than 2048 into a ``[B, max_num_pages * 64]`` buffer, then the CUDA filtered
-   radix top-k (``topk_filtered.cuh``) selects 2048 per row and writes physical ids straight
+   radix top-k (``topk.py``, ``csrc/topk_filtered.cuh``) selects 2048 per row and writes physical ids straight
    from the block table. Rows with L <= 2048 are passed through by the top-k kernel itself.
    The two launches are replayed as one CUDA graph per argument set (``LaunchGraphs``).
 3. Scored, without CUDA (``TRITON_INTERPRET=1`` on CPU tensors): the same score kernel, then
    ``torch.topk`` and the Triton emit kernel. ``solution_notes()`` says which top-k is active.
+
+The contract's constants and the cache page layout are in ``shapes.py``.
 """
 
 from __future__ import annotations
@@ -33,15 +35,15 @@ import functools
 
 import torch
 
-from . import indexer_kernels as kernels
-from . import topk_ext
-from .indexer_kernels import HEAD_DIM, INTERPRETING, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, TOPK
-from .launch_graphs import LaunchGraphs
+from ..common.launch_graphs import LaunchGraphs
+from . import score, topk
+from .score import INTERPRETING
+from .shapes import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, TOPK
 
 #: The CUDA top-k is used whenever Triton compiles for a GPU; it is built at import so that the
 #: harness reports a missing nvcc or a build failure as this solution's compile error.
 USE_CUDA_TOPK = not INTERPRETING and torch.cuda.is_available()
-_cuda_topk = topk_ext.load_topk_extension() if USE_CUDA_TOPK else None
+_cuda_topk = topk.load_topk_extension() if USE_CUDA_TOPK else None
 
 
 def solution_notes() -> str:
@@ -94,11 +96,11 @@ def _contiguous(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [t if t.is_contiguous() else t.contiguous() for t in tensors]
 
 
-def _scored_path(select_topk, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices) -> None:
+def scored_path(select_topk, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices) -> None:
     """Triton scores of the rows longer than 2048, then ``select_topk`` writes the ids."""
     batch, max_pages = block_table.shape
     scores = torch.empty((batch, max_pages * PAGE_SIZE), dtype=torch.float32, device=q_index_fp8.device)
-    kernels.launch_scores(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, scores, skip_short_rows=True)
+    score.launch_scores(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, scores, skip_short_rows=True)
     select_topk(scores, seq_lens, block_table, topk_indices)
 
 
@@ -109,21 +111,25 @@ def portable_topk(scores: torch.Tensor, seq_lens: torch.Tensor, block_table: tor
     them through and ignores their topk positions. Longer rows hold -inf past L, never chosen.
     """
     positions = torch.topk(scores, TOPK, dim=1, sorted=False).indices
-    kernels.launch_emit_ids(block_table, seq_lens, topk_indices, positions)
+    score.launch_emit_ids(block_table, seq_lens, topk_indices, positions)
 
 
-def _graphed_or_eager(select_topk):
-    scored = functools.partial(_scored_path, select_topk)
+def scored_pipeline(select_topk):
+    """``scored_path`` with ``select_topk``, replayed as one CUDA graph per argument set on a GPU.
+
+    The entry uses the CUDA top-k (torch.topk under the interpreter); the indexer benchmark
+    builds its comparison pipeline from ``portable_topk``.
+    """
+    scored = functools.partial(scored_path, select_topk)
     return LaunchGraphs(scored) if torch.cuda.is_available() and not INTERPRETING else scored
 
 
-#: The entry's scored path (CUDA top-k on a GPU, torch.topk under the interpreter) and the
-#: benchmark's plain pipeline (torch.topk everywhere), each graphed on a GPU.
-_scored_graphs = _graphed_or_eager(topk_ext.filtered_topk if _cuda_topk is not None else portable_topk)
-_plain_scored = _graphed_or_eager(portable_topk)
+#: The entry's scored path: the CUDA top-k on a GPU, torch.topk under the interpreter.
+_scored_graphs = scored_pipeline(topk.filtered_topk if _cuda_topk is not None else portable_topk)
 
 
-def _run(scored, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices) -> None:
+def run_pipeline(scored, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices) -> None:
+    """Checks the inputs, then the passthrough kernel, or ``scored`` (see ``scored_pipeline``)."""
     _check_inputs(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices)
     q_index_fp8, weights, seq_lens = _contiguous(q_index_fp8, weights, seq_lens)
     if block_table.stride(1) != 1:
@@ -132,7 +138,7 @@ def _run(scored, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table,
     if batch == 0:
         return
     if max_pages * PAGE_SIZE <= TOPK:
-        kernels.launch_emit_ids(block_table, seq_lens, topk_indices)
+        score.launch_emit_ids(block_table, seq_lens, topk_indices)
         return
     scored(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices)
 
@@ -146,19 +152,5 @@ def kernel(
     topk_indices: torch.Tensor,
 ) -> None:
     """Write the top-2048 physical ids of every row into ``topk_indices`` (see the module doc)."""
-    _run(_scored_graphs, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices)
+    run_pipeline(_scored_graphs, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices)
 
-
-def plain_pipeline(
-    q_index_fp8: torch.Tensor,
-    k_index_cache_fp8: torch.Tensor,
-    weights: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    topk_indices: torch.Tensor,
-) -> None:
-    """The same passthrough and score kernel, with torch.topk + the emit kernel as the top-k.
-
-    The benchmark's middle column: it isolates what the CUDA top-k buys over torch.topk.
-    """
-    _run(_plain_scored, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices)

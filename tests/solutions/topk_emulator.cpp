@@ -7,7 +7,7 @@
 // written. Shared memory is process-wide storage reused block after block. It checks logic, not
 // GPU timing or the memory model.
 //
-// Build:  g++ -O2 -std=c++17 -DDSA_TOPK_HOST_EMULATION topk_emulator.cpp -o topk_emulator
+// Build:  g++ -O2 -std=c++17 -DDSA_TOPK_HOST_EMULATION -Isolutions/triton/indexer/csrc topk_emulator.cpp -o topk_emulator
 // Run:    topk_emulator INPUT OUTPUT
 // INPUT (little-endian): int32 batch, score_stride, bt_stride, max_len, candidate_capacity,
 //   threads (256, 512 or 1024), fast_candidates; float32 scores[batch * score_stride]; int32 seq_lens[batch];

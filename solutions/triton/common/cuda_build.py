@@ -16,8 +16,6 @@ from types import ModuleType
 
 import torch
 
-HERE = Path(__file__).resolve().parent
-
 
 class CudaBuildError(RuntimeError):
     """A CUDA extension of this solution cannot be built or loaded here."""
@@ -34,15 +32,21 @@ def nvcc_path() -> str | None:
     return shutil.which("nvcc")
 
 
-def source_digest(files: tuple[str, ...]) -> str:
+def source_digest(folder: Path, files: tuple[str, ...]) -> str:
+    """Digest of ``files`` (paths relative to ``folder``): their names and their bytes."""
     digest = hashlib.sha256()
     for name in files:
-        digest.update(name.encode() + b"\0" + (HERE / name).read_bytes() + b"\0")
+        digest.update(name.encode() + b"\0" + (folder / name).read_bytes() + b"\0")
     return digest.hexdigest()[:12]
 
 
-def build_extension(stem: str, what: str, sources: tuple[str, ...], headers: tuple[str, ...], verbose: bool | None = None) -> ModuleType:
+def build_extension(
+    stem: str, what: str, folder: Path, sources: tuple[str, ...], headers: tuple[str, ...], verbose: bool | None = None
+) -> ModuleType:
     """Builds (or loads from the cache) ``sources``; ``what`` names the extension in errors.
+
+    ``sources`` and ``headers`` are paths relative to ``folder`` (the Python module that builds
+    them passes its own folder, whose ``csrc/`` holds them).
 
     ``headers`` are only hashed: ninja does not see edits to headers it was not told about.
     Raises CudaBuildError when there is no GPU, no nvcc, or the compiler fails.
@@ -64,8 +68,8 @@ def build_extension(stem: str, what: str, sources: tuple[str, ...], headers: tup
         verbose = bool(os.environ.get("DSA_BENCH_VERBOSE_BUILD"))
     try:
         return load(
-            name=f"{stem}_{source_digest(sources + headers)}",
-            sources=[str(HERE / s) for s in sources],
+            name=f"{stem}_{source_digest(folder, sources + headers)}",
+            sources=[str(folder / s) for s in sources],
             extra_cflags=["-O3"],
             extra_cuda_cflags=["-O3", "-lineinfo"],  # line info: profilers map stalls to source lines
             verbose=verbose,

@@ -1,22 +1,24 @@
-"""The CUDA filtered top-k: its just-in-time build (``cuda_build``) and a checked Python entry."""
+"""The CUDA filtered top-k (``csrc/topk_filtered.cuh``): its just-in-time build and a checked Python entry."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 
 import torch
 
-from .cuda_build import build_extension
+from ..common.cuda_build import CudaBuildError, build_extension
+from .shapes import PAGE_SIZE, TOPK
 
-#: compiled sources: the torch binding (host compiler) and the pure-CUDA launcher (nvcc)
-SOURCES = ("topk_binding.cpp", "topk_filtered.cu")
+HERE = Path(__file__).resolve().parent
+#: compiled sources (relative to this folder): the torch binding (host compiler) and the pure-CUDA launcher (nvcc)
+SOURCES = ("csrc/topk_binding.cpp", "csrc/topk_filtered.cu")
 #: headers they include (part of the build's digest)
-HEADERS = ("topk_filtered.h", "topk_filtered.cuh")
-#: constants of topk_filtered.h (checked against the built module in load_topk_extension)
+HEADERS = ("csrc/topk_filtered.h", "csrc/topk_filtered.cuh")
+#: constants of csrc/topk_filtered.h (checked against the built module in load_topk_extension, as are
+#: its TOPK and PAGE_SIZE against shapes.py)
 MAX_CANDIDATES = 8192  # the radix select's largest shared candidate buffer (entries)
 FAST_CANDIDATES = 1024  # the fast path's largest threshold bin
-TOPK = 2048
-PAGE_SIZE = 64
 
 _module: ModuleType | None = None
 
@@ -25,8 +27,11 @@ def load_topk_extension(verbose: bool | None = None) -> ModuleType:
     """The compiled extension (built on first use); raises cuda_build.CudaBuildError with the reason."""
     global _module
     if _module is None:
-        module = build_extension("dsa_topk_filtered", "the CUDA filtered top-k", SOURCES, HEADERS, verbose)
-        assert (module.TOPK, module.PAGE_SIZE, module.MAX_CANDIDATES, module.FAST_CANDIDATES) == (TOPK, PAGE_SIZE, MAX_CANDIDATES, FAST_CANDIDATES)
+        module = build_extension("dsa_topk_filtered", "the CUDA filtered top-k", HERE, SOURCES, HEADERS, verbose)
+        expected = {"TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "MAX_CANDIDATES": MAX_CANDIDATES, "FAST_CANDIDATES": FAST_CANDIDATES}
+        mismatched = [name for name, value in expected.items() if getattr(module, name) != value]
+        if mismatched:
+            raise CudaBuildError(f"indexer/topk.py and shapes.py disagree with csrc/topk_filtered.h on {mismatched}")
         _module = module
     return _module
 

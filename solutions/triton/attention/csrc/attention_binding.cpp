@@ -1,5 +1,5 @@
 // Thin torch binding of the hand-written sparse MLA attention. The CUDA side (kernels and
-// launcher) lives in attention_sm90.cu and knows nothing of torch. attention_ext.py checks every
+// launcher) lives in attention_sm90.cu and knows nothing of torch. attention/cuda.py checks every
 // argument before it gets here; the checks below only guard the pointers this file hands on.
 #include <torch/extension.h>
 

@@ -16,20 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-# --------------------------------------------------------------------------- contract constants
-
-NUM_HEADS = 64  # index heads per query
-HEAD_DIM = 128  # FP8 values per key
-PAGE_SIZE = 64  # tokens per cache page
-TOPK = 2048  # tokens kept per row
-#: DeepGEMM paged layout of one cache page: all tokens' FP8 values, then one fp32 scale per token.
-PAGE_VALUE_BYTES = PAGE_SIZE * HEAD_DIM  # 8192
-SCALE_BYTES = 4
-PAGE_BYTES = PAGE_VALUE_BYTES + PAGE_SIZE * SCALE_BYTES  # 8448
-BYTES_PER_TOKEN = HEAD_DIM + SCALE_BYTES  # 132: the cache tensor's last dim (a view, not the layout)
-assert PAGE_BYTES == PAGE_SIZE * BYTES_PER_TOKEN
-assert PAGE_VALUE_BYTES % 16 == 0, "scales must start 16-byte aligned inside a page"
-assert TOPK % PAGE_SIZE == 0
+from .shapes import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, PAGE_VALUE_BYTES, SCALE_BYTES, TOPK
 
 #: Score of a position at or beyond seq_len. Every real score is finite (masked loads keep the
 #: NaN bytes of unreachable cache pages out), so -inf ranks below all of them and torch.topk
@@ -50,23 +37,23 @@ class ScoreTile:
 
     The dot multiplies the FP8 values converted to fp16 by default (exact, see the kernel).
     ``dot_fp32`` converts them to fp32 instead, equally exact; the interpreter uses it because
-    numpy runs fp32 matmuls through BLAS but fp16 ones through slow loops. ``fp8_mma`` selects
-    the native FP8 tensor-core dot: faster, but its Hopper accumulation is too coarse for the
-    checker (kept for measurement).
+    numpy runs fp32 matmuls through BLAS but fp16 ones through slow loops.
     """
 
     pages: int
     num_warps: int
-    fp8_mma: bool = False
     dot_fp32: bool = False
     num_stages: int = 1
     loop_pages: int = 1
 
     def __post_init__(self) -> None:
-        assert self.pages >= 1 and self.pages & (self.pages - 1) == 0, "tile sizes must be powers of two"
-        assert self.num_warps in (1, 2, 4, 8)
-        assert not (self.fp8_mma and self.dot_fp32), "pick one dot precision"
-        assert self.loop_pages >= 1 and (self.loop_pages == 1 or self.pages == 1), "a looping program takes one-page tiles"
+        """Tiling relations, checked when a tile is made: raises ValueError naming the tile."""
+        if self.pages < 1 or self.pages & (self.pages - 1):
+            raise ValueError(f"{self}: pages per tile must be a power of two")
+        if self.num_warps not in (1, 2, 4, 8):
+            raise ValueError(f"{self}: num_warps must be 1, 2, 4 or 8")
+        if self.loop_pages < 1 or (self.loop_pages > 1 and self.pages != 1):
+            raise ValueError(f"{self}: loop_pages must be >= 1, and a looping program takes one-page tiles")
 
     @property
     def pages_per_program(self) -> int:
@@ -143,14 +130,9 @@ def cache_views(k_index_cache_fp8: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 @triton.jit
-def _page_logits(keys, q_t, FP8_MMA: tl.constexpr, DOT_FP32: tl.constexpr):
+def _page_logits(keys, q_t, DOT_FP32: tl.constexpr):
     """[tokens, NUM_HEADS] fp32 logits of FP8 keys [tokens, HEAD_DIM] against q_t [HEAD_DIM, NUM_HEADS]."""
-    if FP8_MMA:
-        # Native FP8 tensor-core dot (wgmma e4m3). Hopper reportedly accumulates it in a ~22-bit format
-        # (products aligned to the largest of each k=32 step, then truncated), which can move
-        # scores by more than the checker's tie tolerance; kept for measurement only.
-        return tl.dot(keys, q_t, out_dtype=tl.float32)
-    elif DOT_FP32:
+    if DOT_FP32:
         # Equally exact; the interpreter's choice (numpy's fp32 matmul is BLAS).
         return tl.dot(keys.to(tl.float32), q_t.to(tl.float32), input_precision="ieee", out_dtype=tl.float32)
     else:
@@ -165,7 +147,7 @@ def _score_pages_loop(
     q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
     pid_n, row, seq_len,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, TOPK: tl.constexpr,
-    LOOP_PAGES: tl.constexpr, SKIP_SHORT_ROWS: tl.constexpr, FP8_MMA: tl.constexpr, DOT_FP32: tl.constexpr, SENTINEL: tl.constexpr,
+    LOOP_PAGES: tl.constexpr, SKIP_SHORT_ROWS: tl.constexpr, DOT_FP32: tl.constexpr, SENTINEL: tl.constexpr,
 ):
     """Pages [pid_n * LOOP_PAGES, +LOOP_PAGES) of row ``row``, one page per loop step.
 
@@ -195,7 +177,7 @@ def _score_pages_loop(
         page = tl.load(block_table_ptr + row * stride_bt_row + first_page + i).to(tl.int64)
         keys = tl.load(k_values_ptr + page * PAGE_BYTES + token_offsets, mask=valid[:, None])
         scale = tl.load(k_scales_ptr + page * (PAGE_BYTES // 4) + slot, mask=valid, other=0.0)
-        logits = _page_logits(keys, q_t, FP8_MMA, DOT_FP32)
+        logits = _page_logits(keys, q_t, DOT_FP32)
         head_sum = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)
         tl.store(out_row + tokens, tl.where(valid, head_sum * scale, SENTINEL))
 
@@ -220,7 +202,6 @@ def _score_kernel(
     BLOCK_N: tl.constexpr,  # tokens per tile, PAGES * PAGE_SIZE
     LOOP_PAGES: tl.constexpr,  # one-page tiles per program (PAGES == 1), looped
     SKIP_SHORT_ROWS: tl.constexpr,
-    FP8_MMA: tl.constexpr,
     DOT_FP32: tl.constexpr,
     SENTINEL: tl.constexpr,
 ):
@@ -239,7 +220,7 @@ def _score_kernel(
     if LOOP_PAGES > 1:
         _score_pages_loop(q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
                           pid_n, row, seq_len, NUM_HEADS, HEAD_DIM, PAGE_SIZE, PAGE_BYTES, TOPK, LOOP_PAGES, SKIP_SHORT_ROWS,
-                          FP8_MMA, DOT_FP32, SENTINEL)
+                          DOT_FP32, SENTINEL)
         return
     if PAGES == 1:
         # GPU tile: its single block-table entry (pid_n < max_num_pages, so it exists) is loaded
@@ -280,7 +261,7 @@ def _score_kernel(
     # Query transposed, [HEAD_DIM, NUM_HEADS]: K-major, as the tensor cores want their B operand.
     heads = tl.arange(0, NUM_HEADS)
     q_t = tl.load(q_ptr + row * (NUM_HEADS * HEAD_DIM) + heads[None, :] * HEAD_DIM + dims[:, None])
-    logits = _page_logits(keys, q_t, FP8_MMA, DOT_FP32)  # [BLOCK_N, NUM_HEADS]
+    logits = _page_logits(keys, q_t, DOT_FP32)  # [BLOCK_N, NUM_HEADS]
     w = tl.load(weights_ptr + row * NUM_HEADS + heads)  # [NUM_HEADS]
     head_sum = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)  # [BLOCK_N]
     tl.store(out_ptrs, tl.where(tokens < seq_len, head_sum * scale, SENTINEL), mask=in_row)
@@ -303,20 +284,25 @@ def launch_scores(
     """
     batch, max_pages = block_table.shape
     row_width = max_pages * PAGE_SIZE
-    assert scores.shape == (batch, row_width) and scores.dtype == torch.float32 and scores.is_contiguous()
-    assert q_index_fp8.shape == (batch, NUM_HEADS, HEAD_DIM) and q_index_fp8.is_contiguous()
-    assert weights.shape == (batch, NUM_HEADS) and weights.is_contiguous()
-    assert block_table.stride(1) == 1
+    if tuple(scores.shape) != (batch, row_width) or scores.dtype != torch.float32 or not scores.is_contiguous():
+        raise ValueError(f"scores must be a contiguous float32 [{batch}, {row_width}] tensor, got {scores.dtype} {tuple(scores.shape)}")
+    if tuple(q_index_fp8.shape) != (batch, NUM_HEADS, HEAD_DIM) or not q_index_fp8.is_contiguous():
+        raise ValueError(f"q_index_fp8 must be contiguous [{batch}, {NUM_HEADS}, {HEAD_DIM}], got {tuple(q_index_fp8.shape)}")
+    if tuple(weights.shape) != (batch, NUM_HEADS) or not weights.is_contiguous():
+        raise ValueError(f"weights must be contiguous [{batch}, {NUM_HEADS}], got {tuple(weights.shape)}")
+    if block_table.stride(1) != 1:
+        raise ValueError("block_table must be contiguous in its last dimension")
     if batch == 0:
         return
     tile = tile or default_score_tile(max_pages, batch)
-    values, scales = cache_views(k_index_cache_fp8)
-    assert values.stride() == (PAGE_BYTES, HEAD_DIM, 1) and scales.stride() == (PAGE_BYTES // SCALE_BYTES, 1)
+    values, scales = cache_views(k_index_cache_fp8)  # the kernel hard-codes these strides (constexpr page layout)
+    if values.stride() != (PAGE_BYTES, HEAD_DIM, 1) or scales.stride() != (PAGE_BYTES // SCALE_BYTES, 1):
+        raise ValueError(f"k_index_cache_fp8 views must have the {PAGE_BYTES}-byte page stride, got {values.stride()} and {scales.stride()}")
     grid = (triton.cdiv(max_pages, tile.pages_per_program), batch)
     _score_kernel[grid](
         q_index_fp8, values, scales, weights, seq_lens, block_table, scores, row_width, block_table.stride(0),
         NUM_HEADS=NUM_HEADS, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, PAGE_BYTES=PAGE_BYTES, TOPK=TOPK,
-        PAGES=tile.pages, BLOCK_N=tile.block_n, LOOP_PAGES=tile.loop_pages, SKIP_SHORT_ROWS=skip_short_rows, FP8_MMA=tile.fp8_mma,
+        PAGES=tile.pages, BLOCK_N=tile.block_n, LOOP_PAGES=tile.loop_pages, SKIP_SHORT_ROWS=skip_short_rows,
         DOT_FP32=tile.dot_fp32, SENTINEL=SENTINEL_SCORE, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
 
@@ -365,10 +351,12 @@ def launch_emit_ids(
 ) -> None:
     """Write ``topk_indices [B, TOPK]``: passthrough rows, and (given ``positions``) selected rows."""
     batch = block_table.shape[0]
-    assert topk_indices.shape == (batch, TOPK) and topk_indices.dtype == torch.int32 and topk_indices.stride(1) == 1
-    assert block_table.stride(1) == 1
-    if positions is not None:
-        assert positions.shape == (batch, TOPK) and positions.stride(1) == 1
+    if tuple(topk_indices.shape) != (batch, TOPK) or topk_indices.dtype != torch.int32 or topk_indices.stride(1) != 1:
+        raise ValueError(f"topk_indices must be int32 [{batch}, {TOPK}] with contiguous rows, got {topk_indices.dtype} {tuple(topk_indices.shape)}")
+    if block_table.stride(1) != 1:
+        raise ValueError("block_table must be contiguous in its last dimension")
+    if positions is not None and (tuple(positions.shape) != (batch, TOPK) or positions.stride(1) != 1):
+        raise ValueError(f"positions must be [{batch}, {TOPK}] with contiguous rows, got {tuple(positions.shape)}")
     if batch == 0:
         return
     block = INTERPRETER_EMIT_BLOCK if INTERPRETING else GPU_EMIT_BLOCK

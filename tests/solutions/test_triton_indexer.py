@@ -9,6 +9,8 @@ compiled as host C++ over a fiber-based SIMT layer), and its source is compiled 
 
 from __future__ import annotations
 
+import functools
+import importlib
 import json
 import os
 import shutil
@@ -30,13 +32,16 @@ from dsa_bench.solution import load_solution
 from dsa_bench.workloads import build_inputs, load_workload
 
 SOLUTION_DIR = ROOT / "solutions" / "triton"
+TOPK_CSRC = SOLUTION_DIR / "indexer" / "csrc"
+EMULATOR_SOURCE = Path(__file__).resolve().parent / "topk_emulator.cpp"  # includes csrc/topk_filtered.cuh
 DEVICE = torch.device("cuda") if HAS_CUDA else torch.device("cpu")
 NUM_PAGES = 2000  # cache pages for synthetic cases (the contest's 11923 only in trace cases)
 
 _solution = load_solution(SOLUTION_DIR)
-kernel, entry_module = import_entry(_solution, indexer.NAME)
-kernels = entry_module.kernels  # the Triton kernels module
-topk_ext = entry_module.topk_ext
+kernel, entry_module = import_entry(_solution, indexer.NAME)  # indexer/entry.py
+kernels = importlib.import_module(f"{entry_module.__package__}.score")  # the Triton kernels
+topk_ext = importlib.import_module(f"{entry_module.__package__}.topk")  # the CUDA top-k
+shapes = importlib.import_module(f"{entry_module.__package__}.shapes")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -124,9 +129,14 @@ def test_entry_on_contest_shaped_trace_cases():
         assert_passes(axes, inputs, run(kernel, inputs))
 
 
-def test_plain_pipeline_matches_contract():
+def portable_pipeline():
+    """The entry's pipeline with torch.topk + the emit kernel as its top-k (the benchmark's "plain")."""
+    return functools.partial(entry_module.run_pipeline, entry_module.scored_pipeline(entry_module.portable_topk))
+
+
+def test_portable_topk_pipeline_matches_contract():
     axes, inputs = make_inputs([5824, 2049, 10], max_pages=91, seed=5)
-    assert_passes(axes, inputs, run(entry_module.plain_pipeline, inputs))
+    assert_passes(axes, inputs, run(portable_pipeline(), inputs))
 
 
 def test_entry_rejects_wrong_inputs():
@@ -142,7 +152,7 @@ def test_entry_rejects_wrong_inputs():
 def test_solution_notes_name_the_active_topk():
     notes = entry_module.solution_notes()
     if HAS_CUDA:
-        assert "CUDA filtered radix select" in notes
+        assert "top-k: CUDA filtered select" in notes and "graph" in notes
     else:
         assert "torch.topk" in notes and "interpreter" in notes
 
@@ -157,7 +167,7 @@ def reference_scores(inputs, b: int) -> torch.Tensor:
 
 SCORE_TILES = {
     "default": None,  # what the launcher picks here (whole-row tiles under the interpreter)
-    "gpu": kernels.GPU_SCORE_TILE,  # one page per program
+    "one_page": kernels.GPU_SCORE_TILE,  # the GPU tile (an id without "gpu", the marker's keyword)
     "4pages": kernels.ScoreTile(pages=4, num_warps=4),
     "loop4": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=4, num_stages=2),  # pipelined pages per program
 }
@@ -184,15 +194,34 @@ def test_score_kernel_matches_row_scores(tile):
 
 
 def test_gpu_score_tile_policy(monkeypatch):
-    # The GPU policy (checked here with the interpreter switched off in the policy only): one-page
-    # programs for small calls, looping programs for the largest ones.
+    # The GPU policy (checked with the interpreter switched off in the policy only), whatever its
+    # tuned thresholds: larger calls are matched first, every tile is a one-page fp16 tile, the
+    # smallest scored call gets no loop, and more programs never get fewer pages per program.
     monkeypatch.setattr(kernels, "INTERPRETING", False)
-    assert kernels.default_score_tile(33, 1) == kernels.GPU_SCORE_TILE
-    assert kernels.default_score_tile(40, 29) == kernels.GPU_SCORE_TILE
-    assert kernels.default_score_tile(84, 23).loop_pages == 2
-    assert kernels.default_score_tile(91, 31).loop_pages == 4
     thresholds = [t for t, _ in kernels.GPU_LOOP_TILES]
     assert thresholds == sorted(thresholds, reverse=True), "larger calls first"
+    assert kernels.default_score_tile(33, 1).loop_pages == 1
+    calls = sorted((batch * pages, batch, pages) for batch in range(1, 32) for pages in range(33, 92))
+    loops = []
+    for _, batch, pages in calls:
+        tile = kernels.default_score_tile(pages, batch)
+        assert tile.pages == 1 and not tile.dot_fp32, (batch, pages, tile)
+        loops.append(tile.loop_pages)
+    assert loops == sorted(loops), "more programs, never fewer pages per program"
+
+
+def test_score_tiles_and_launchers_check_their_arguments():
+    with pytest.raises(ValueError, match="power of two"):
+        kernels.ScoreTile(pages=3, num_warps=4)
+    with pytest.raises(ValueError, match="one-page tiles"):
+        kernels.ScoreTile(pages=2, num_warps=4, loop_pages=2)
+    with pytest.raises(ValueError, match="num_warps"):
+        kernels.ScoreTile(pages=1, num_warps=3)
+    _, inputs = make_inputs([3000], max_pages=50, seed=1)
+    with pytest.raises(ValueError, match=r"scores must be a contiguous float32 \[1, 3200\]"):
+        kernels.launch_scores(*args_of(inputs), torch.empty((1, 3199), device=DEVICE))
+    with pytest.raises(ValueError, match="topk_indices must be int32"):
+        kernels.launch_emit_ids(inputs["block_table"], inputs["seq_lens"], torch.empty((1, indexer.TOPK), dtype=torch.int64, device=DEVICE))
 
 
 def test_score_kernel_scores_short_rows_when_asked():
@@ -210,7 +239,7 @@ def test_cache_views_are_zero_copy():
     _, inputs = make_inputs([10], max_pages=1, num_pages=8)
     cache = inputs["k_index_cache_fp8"]
     values, scales = kernels.cache_views(cache)
-    assert values.data_ptr() == cache.data_ptr() and scales.data_ptr() == cache.data_ptr() + kernels.PAGE_VALUE_BYTES
+    assert values.data_ptr() == cache.data_ptr() and scales.data_ptr() == cache.data_ptr() + shapes.PAGE_VALUE_BYTES
     assert values.shape == (8, 64, 128) and values.dtype == torch.float8_e4m3fn
     assert scales.shape == (8, 64) and scales.dtype == torch.float32
 
@@ -236,7 +265,7 @@ def test_topk_cuda_source_compiles_alone_with_nvcc(tmp_path):
     if nvcc is None:
         pytest.skip("nvcc is not installed")
     proc = subprocess.run(
-        [nvcc, "-arch=sm_90a", "-O3", "-c", str(SOLUTION_DIR / "topk_filtered.cu"), "-o", str(tmp_path / "topk_filtered.o")],
+        [nvcc, "-arch=sm_90a", "-O3", "-c", str(TOPK_CSRC / "topk_filtered.cu"), "-o", str(tmp_path / "topk_filtered.o")],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -250,7 +279,8 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    import indexer_kernels as K
+    import indexer.score as K
+    import indexer.shapes as shapes
 
     def compile_kernel(fn, signature, constexprs, num_warps):
         names = list(fn.arg_names)
@@ -266,16 +296,15 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
                  "seq_lens_ptr": "*i32", "block_table_ptr": "*i32", "scores_ptr": "*fp32", "row_width": "i32", "stride_bt_row": "i32"}
     tile = K.GPU_SCORE_TILE
     result = {}
-    for fp8 in (False, True):
-        consts = {"NUM_HEADS": K.NUM_HEADS, "HEAD_DIM": K.HEAD_DIM, "PAGE_SIZE": K.PAGE_SIZE, "PAGE_BYTES": K.PAGE_BYTES,
-                  "TOPK": K.TOPK, "PAGES": tile.pages, "BLOCK_N": tile.block_n, "LOOP_PAGES": tile.loop_pages, "SKIP_SHORT_ROWS": True,
-                  "FP8_MMA": fp8, "DOT_FP32": False, "SENTINEL": K.SENTINEL_SCORE}
-        result["fp8" if fp8 else "fp16"] = compile_kernel(K._score_kernel, score_sig, consts, tile.num_warps)
-    result["fp16_loop"] = compile_kernel(K._score_kernel, score_sig, dict(consts, FP8_MMA=False, LOOP_PAGES=4), tile.num_warps)
+    consts = {"NUM_HEADS": shapes.NUM_HEADS, "HEAD_DIM": shapes.HEAD_DIM, "PAGE_SIZE": shapes.PAGE_SIZE, "PAGE_BYTES": shapes.PAGE_BYTES,
+              "TOPK": shapes.TOPK, "PAGES": tile.pages, "BLOCK_N": tile.block_n, "LOOP_PAGES": tile.loop_pages, "SKIP_SHORT_ROWS": True,
+              "DOT_FP32": False, "SENTINEL": K.SENTINEL_SCORE}
+    result["fp16"] = compile_kernel(K._score_kernel, score_sig, consts, tile.num_warps)
+    result["fp16_loop"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LOOP_PAGES=4), tile.num_warps)
     emit_sig = {"block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "positions_ptr": "*i64", "out_ptr": "*i32",
                 "stride_bt_row": "i32", "stride_pos_row": "i32", "stride_out_row": "i32"}
     for has_positions in (False, True):
-        compile_kernel(K._emit_ids_kernel, emit_sig, {"PAGE_SIZE": 64, "TOPK": 2048, "BLOCK": K.GPU_EMIT_BLOCK,
+        compile_kernel(K._emit_ids_kernel, emit_sig, {"PAGE_SIZE": shapes.PAGE_SIZE, "TOPK": shapes.TOPK, "BLOCK": K.GPU_EMIT_BLOCK,
                        "HAS_POSITIONS": has_positions}, 4)
     print(json.dumps(result))
     """
@@ -294,7 +323,6 @@ def test_triton_kernels_compile_for_sm90():
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["fp16"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"], result
-    assert any("e4m3" in m for m in result["fp8"]["mma"]), result
     assert result["fp16"]["vector_loads"], "key loads did not vectorise"
     assert result["fp16_loop"]["mma"] == result["fp16"]["mma"] and result["fp16_loop"]["vector_loads"], result
 
@@ -309,7 +337,7 @@ def emulator(tmp_path_factory) -> Path:
         pytest.skip("no C++ compiler for the top-k emulator")
     exe = tmp_path_factory.mktemp("topk_emulator") / "topk_emulator"
     proc = subprocess.run(
-        [compiler, "-O2", "-std=c++17", "-DDSA_TOPK_HOST_EMULATION", str(SOLUTION_DIR / "topk_emulator.cpp"), "-o", str(exe)],
+        [compiler, "-O2", "-std=c++17", "-DDSA_TOPK_HOST_EMULATION", f"-I{TOPK_CSRC}", str(EMULATOR_SOURCE), "-o", str(exe)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -496,7 +524,7 @@ def test_gpu_entry_uses_cuda_topk():
     assert entry_module.USE_CUDA_TOPK and entry_module._cuda_topk is not None
     axes, inputs = make_inputs([5824, 3000, 2049, 17], max_pages=91, seed=8)
     assert_passes(axes, inputs, run(kernel, inputs))
-    assert_passes(axes, inputs, run(entry_module.plain_pipeline, inputs))
+    assert_passes(axes, inputs, run(portable_pipeline(), inputs))
 
 
 @pytest.mark.gpu

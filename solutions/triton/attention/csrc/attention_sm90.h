@@ -49,15 +49,9 @@ struct AttentionArgs {
 
 constexpr int kGatherLagOnLanding = 0x7fffffff;
 // Slots a program gathers and scores together, and the tiles it holds in shared memory (at most
-// that many in flight): 64 and 2 (the measured choice), or 32 and 4 when built with
-// -DDSA_ATTENTION_TILE_SLOTS=32 (two warps then share each logit n-tile, each over half of its
-// k-steps; git tag experiments/attention-tile32). attention_ext.py holds the same two numbers.
-#ifndef DSA_ATTENTION_TILE_SLOTS
-#define DSA_ATTENTION_TILE_SLOTS 64
-#endif
-constexpr int kGatherTileSlots = DSA_ATTENTION_TILE_SLOTS;
-constexpr int kGatherStages = kGatherTileSlots == 64 ? 2 : 4;
-static_assert(kGatherTileSlots == 64 || kGatherTileSlots == 32, "tiles of 64 or 32 slots");
+// that many in flight). attention/cuda.py holds the same two numbers (TILE_SLOTS, STAGES).
+constexpr int kGatherTileSlots = 64;
+constexpr int kGatherStages = 2;
 
 // Phase stamps of one program (thread 0), when phase_clocks is set: the global timer (ns) at
 // entry and exit, and the SM clock (cycles) at entry and at the end of each phase.
