@@ -86,6 +86,7 @@ def test_gpu_tools_refuse_without_cuda(script, args):
     assert proc.returncode == 2 and "GPU" in proc.stderr
 
 
+@pytest.mark.slow
 def test_kernel_sass_digest_is_stable_and_covers_every_kernel():
     # Two runs give the same digests (the equivalence check in benchmarks/README.md relies on it),
     # one line per CUDA source: the top-k and the attention.
@@ -166,6 +167,7 @@ def test_gather_floor_needs_a_gpu():
     assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
 
 
+@pytest.mark.slow
 def test_gather_floor_kernels_compile_alone_with_nvcc(tmp_path):
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
     if nvcc is None:

@@ -226,6 +226,7 @@ def test_cuda_entry_refuses_cpu_tensors_before_the_binding():
     assert "sync must be a CUDA tensor" in str(info.value)  # every bad argument is named, not just the first
 
 
+@pytest.mark.slow
 def test_cuda_source_compiles_alone_with_nvcc(tmp_path):
     """The kernels as the extension builds them: without spills, all three entry functions."""
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)

@@ -260,6 +260,7 @@ def test_emit_kernel_maps_positions_through_the_block_table():
 # --------------------------------------------------------------------------- sources compile
 
 
+@pytest.mark.slow
 def test_topk_cuda_source_compiles_alone_with_nvcc(tmp_path):
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
     if nvcc is None:
@@ -311,6 +312,7 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_triton_kernels_compile_for_sm90():
     # Compiles the GPU tiles for Hopper with this machine's Triton (no GPU needed): the score
     # kernel must use wgmma and 16-byte key loads.
