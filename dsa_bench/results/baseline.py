@@ -11,13 +11,11 @@ from typing import Any, Literal
 from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import check_document, check_output_path, has_json_format, read_json, write_atomic
+from dsa_bench.models import ClosedModel, Name, OpenModel
 from dsa_bench.results.records import (
     CaseRecord,
-    ClosedModel,
     LoadedResults,
     Measure,
-    Name,
-    OpenModel,
     SolutionMetaModel,
     StatusName,
     check_format,

@@ -13,11 +13,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import check_document, check_output_path, has_json_format, read_json, write_atomic
+from dsa_bench.models import ClosedModel, Name, OpenModel
 
 RESULTS_FORMAT = "dsa-bench-results"
 
@@ -159,21 +160,6 @@ StatusName = Literal[tuple(s.value for s in Status)]  # type: ignore[valid-type]
 
 #: a latency, speedup, spread or duration: finite and not negative
 Measure = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-
-
-Name = Annotated[str, Field(min_length=1)]
-
-
-class ClosedModel(BaseModel):
-    """A part of the format dsa-bench defines completely: unknown fields are errors."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-
-class OpenModel(BaseModel):
-    """A part of the format that may carry more than dsa-bench reads (headers, blocks)."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
 
 
 class TimingModel(ClosedModel):
