@@ -247,6 +247,7 @@ def _shown(value: Any) -> str:
 _EXPECTED = {
     "string_type": "a string",
     "string_too_short": "a non-empty string",
+    "string_unicode": "valid Unicode text (no lone surrogates)",
     "int_type": "an integer",
     "int_from_float": "an integer",
     "float_type": "a number",
