@@ -1,6 +1,6 @@
 """Workload files and trace files (their models, loading them), and building a case's inputs.
 
-A workload (YAML, :class:`WorkloadModel`) names a definition, a trace file and run settings
+A workload (YAML, :class:`WorkloadFileModel`) names a definition, a trace file and run settings
 (:class:`SettingsModel`). A trace (JSONL) holds one case per line (:class:`TraceLineModel`)::
 
     {"id": "b3_p20", "axes": {"batch_size": 3, ...},
@@ -159,7 +159,7 @@ class _SettingsField(ClosedModel):
     settings: SettingsModel | None = None
 
 
-class WorkloadModel(ClosedModel):
+class WorkloadFileModel(ClosedModel):
     """A workload YAML file."""
 
     name: Name | None = None  # default: the file's name without .yaml
@@ -171,7 +171,7 @@ class WorkloadModel(ClosedModel):
 
 def load_workload(path: Path) -> Workload:
     """Load and fully validate a workload YAML file and its trace."""
-    workload = check_document(WorkloadModel, read_yaml(path, "workload"), str(path))
+    workload = check_document(WorkloadFileModel, read_yaml(path, "workload"), str(path))
     definition = get_definition(workload.definition)
     trace_path = (path.parent / workload.trace).resolve()
     cases = load_trace(trace_path, definition)

@@ -1,7 +1,15 @@
-"""Result records, the environment record, summaries, and the versioned results file.
+"""Result records, the versioned results file (its model), writing it as records arrive and reading it back.
 
 The results file is one JSON document rewritten atomically after every record, so an
 interrupted run keeps everything it finished and the file is always valid JSON.
+
+The records a run fills (:class:`Timing`, :class:`CaseRecord`) are dataclasses with their own
+``to_json``/``from_json``, and the file is checked by separate models (:class:`ResultsModel`,
+:class:`RecordModel`, :class:`TimingModel`): the runner builds a record field by field, and
+builds a Timing from whatever samples a worker sent before the judge refuses impossible ones
+(a model would raise there, mid-run); and ``to_json`` writes the figures derived from the
+samples (mean, median, ...) ahead of the samples, where a model's computed fields would come
+after them. ``test_models_cover_every_recorded_field`` keeps records and models in step.
 """
 
 from __future__ import annotations
