@@ -255,7 +255,7 @@ def _source_of_its_type(raw: Any) -> Any:
     return model.model_validate(raw)
 
 
-Source = Annotated[RandomSource | ExplicitSource | ScalarSource | SafetensorsSource, BeforeValidator(_source_of_its_type)]
+InputSourceModel = RandomSource | ExplicitSource | ScalarSource | SafetensorsSource
 
 
 class TraceLineModel(ClosedModel):
@@ -263,7 +263,7 @@ class TraceLineModel(ClosedModel):
 
     id: Name
     axes: dict[str, Annotated[int, Field(ge=1)]]  # the variable axes (constant ones may be repeated)
-    inputs: dict[str, Source] = {}  # inputs not named are random
+    inputs: dict[str, Annotated[InputSourceModel, BeforeValidator(_source_of_its_type)]] = {}  # inputs not named are random
     note: str = ""  # for people reading the trace
 
 
@@ -326,7 +326,7 @@ def _check_axes(given: dict[str, int], definition: Definition, where: str) -> di
     return axes
 
 
-def _input_source(source: RandomSource | ExplicitSource | ScalarSource | SafetensorsSource, label: str, where: str, base_dir: Path) -> InputSource:
+def _input_source(source: InputSourceModel, label: str, where: str, base_dir: Path) -> InputSource:
     """A validated source as the case holds it (its fields are InputSource's); a safetensors
     path must stay inside ``base_dir``."""
     fields = source.model_dump(exclude={"type"})
