@@ -247,6 +247,7 @@ def _shown(value: Any) -> str:
 _EXPECTED = {
     "string_type": "a string",
     "string_too_short": "a non-empty string",
+    "string_unicode": "valid Unicode text (no lone surrogates)",
     "int_type": "an integer",
     "int_from_float": "an integer",
     "float_type": "a number",
@@ -260,9 +261,26 @@ _EXPECTED = {
 }
 
 
+#: Error type of :func:`field_sentence`.
+_FIELD_SENTENCE = "field_sentence"
+
+
+def field_sentence(text: str) -> Exception:
+    """The error a model's validator raises for a message in its own words that reads on from the
+    field's name: ``inputs.x.value`` + ``must be a finite number, got nan`` (a top-level field is
+    named ``field 'x'``). A plain ValueError's text follows the name and a colon instead."""
+    from pydantic_core import PydanticCustomError
+
+    return PydanticCustomError(_FIELD_SENTENCE, "{sentence}", {"sentence": text})
+
+
 def _problem(error: dict[str, Any]) -> str:
     kind, ctx = error["type"], error.get("ctx") or {}
     where = _location(error["loc"])
+    if kind == _FIELD_SENTENCE:
+        loc = tuple(error["loc"])
+        subject = f"field {loc[0]!r}" if len(loc) == 1 and isinstance(loc[0], str) else where
+        return f"{subject} {ctx['sentence']}"
     if kind == "missing":
         return f"{where}: missing (a required field)"
     if kind == "extra_forbidden":

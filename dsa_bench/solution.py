@@ -1,6 +1,6 @@
-"""Solution folders: their manifest, their content hash, and importing or building an entry point.
+"""Solution folders: their manifest (its model, loading it), their files and content hash.
 
-A solution is a folder with ``solution.yaml``::
+A solution is a folder with ``solution.yaml`` (:class:`ManifestModel`)::
 
     name: triton
     author: dsa-bench
@@ -14,8 +14,9 @@ A solution is a folder with ``solution.yaml``::
         destination_passing_style: true       # kernel(*inputs, *outputs); false: returns outputs
         sources: [topk.cu]                    # extra files the entry needs beyond its imports
 
-A Python entry module may define ``solution_notes() -> str``; the run records what it returns
-(for example which top-k path a machine without CUDA used).
+Loading validates the manifest with its model, then checks that every file an entry names lies
+in the folder. A Python entry module may define ``solution_notes() -> str``; the run records
+what it returns (for example which top-k path a machine without CUDA used).
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator
 
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.files import read_yaml
+from dsa_bench.files import check_document, field_sentence, read_yaml
+from dsa_bench.models import ClosedModel, Name
 
 MANIFEST = "solution.yaml"
-
-
-LANGUAGES = ("python", "triton", "cuda")
 
 
 #: The name reserved for the project's reference solution (see project.check_run_solutions).
@@ -70,66 +71,81 @@ class Solution:
         return self.entries[definition]
 
 
+def _entry_point_shape(value: Any) -> Any:
+    if not isinstance(value, str) or value.count("::") != 1:
+        raise field_sentence(f"must look like 'file.py::function', got {value!r}")
+    function = value.split("::")[1]
+    if not function.isidentifier():
+        raise ValueError(f"{function!r} is not a function name")
+    return value
+
+
+class EntryModel(ClosedModel):
+    """``entries.<definition>`` of a manifest: how the solution implements that definition."""
+
+    language: Literal["python", "triton", "cuda"]  # before entry_point, whose check reads it
+    # file.py::function or file.cu::function, relative to the folder (a missing one gets the same message)
+    entry_point: Annotated[str, BeforeValidator(_entry_point_shape)] = Field(default=None, validate_default=True)
+    destination_passing_style: bool = True  # kernel(*inputs, *outputs); false: it returns the outputs
+    sources: list[Name] = []  # files the entry needs beyond what its imports and #includes show
+
+    @field_validator("entry_point")
+    @classmethod
+    def _file_suits_language(cls, entry_point: str, info: ValidationInfo) -> str:
+        language, file = info.data.get("language"), entry_point.split("::")[0]
+        wanted = (".cu", ".cpp") if language == "cuda" else (".py",)
+        if language is not None and not file.endswith(wanted):
+            raise ValueError(f"a {language} entry must be a {' or '.join(wanted)} file, got {file!r}")
+        return entry_point
+
+
+def _printable_name(value: Any) -> Any:
+    if value is not None and not (isinstance(value, str) and value.strip() and value.isprintable()):
+        raise field_sentence(f"must be a non-empty string of printable characters, got {value!r}")
+    return value
+
+
+class ManifestModel(ClosedModel):
+    """A solution folder's ``solution.yaml``."""
+
+    name: Annotated[str | None, BeforeValidator(_printable_name)] = None  # default: the folder's name
+    author: str = ""
+    description: str = ""
+    target_hardware: list[str] = []
+    dependencies: list[str] = []
+    entries: Annotated[dict[str, EntryModel], Field(min_length=1)]  # by definition name
+
+
 def load_solution(folder: Path) -> Solution:
-    """Read and validate a solution folder's manifest."""
+    """Read and validate a solution folder's manifest; every file an entry names must lie in the folder."""
     manifest = folder / MANIFEST
     where = str(manifest)
     if not folder.is_dir():
         raise DsaBenchError("solution folder does not exist", str(folder))
     if not manifest.is_file():
         raise DsaBenchError(f"no {MANIFEST} in this solution folder", str(folder))
-    data = read_yaml(manifest, "solution manifest")
-    if not isinstance(data, dict):
-        raise DsaBenchError("expected a mapping with name, author, description and entries", where)
-    entries_raw = data.get("entries")
-    if not isinstance(entries_raw, dict) or not entries_raw:
-        raise DsaBenchError("field 'entries' must map at least one definition name to its entry", where)
-    entries = {name: _parse_entry(name, raw, folder, where) for name, raw in entries_raw.items()}
-    name = data.get("name")
-    if name is None:
-        name = folder.resolve().name
-    elif not isinstance(name, str) or not name.strip() or not name.isprintable():
-        raise DsaBenchError(f"field 'name' must be a non-empty string of printable characters, got {name!r}", where)
+    data = check_document(ManifestModel, read_yaml(manifest, "solution manifest"), where)
     return Solution(
-        name=name,
+        name=folder.resolve().name if data.name is None else data.name,
         path=folder.resolve(),
-        author=str(data.get("author", "")),
-        description=str(data.get("description", "")),
-        target_hardware=tuple(str(x) for x in data.get("target_hardware", []) or []),
-        dependencies=tuple(str(x) for x in data.get("dependencies", []) or []),
-        entries=entries,
+        author=data.author,
+        description=data.description,
+        target_hardware=tuple(data.target_hardware),
+        dependencies=tuple(data.dependencies),
+        entries={definition: _entry(definition, entry, folder, where) for definition, entry in data.entries.items()},
     )
 
 
-def _parse_entry(definition: str, raw: Any, folder: Path, where: str) -> SolutionEntry:
+def _entry(definition: str, entry: EntryModel, folder: Path, where: str) -> SolutionEntry:
     label = f"entries.{definition}"
-    if not isinstance(raw, dict):
-        raise DsaBenchError(f"{label} must be a mapping with entry_point and language", where)
-    entry_point = raw.get("entry_point")
-    if not isinstance(entry_point, str) or entry_point.count("::") != 1:
-        raise DsaBenchError(f"{label}.entry_point must look like 'file.py::function', got {entry_point!r}", where)
-    file, function = entry_point.split("::")
-    if not function.isidentifier():
-        raise DsaBenchError(f"{label}.entry_point: {function!r} is not a function name", where)
-    language = raw.get("language")
-    if language not in LANGUAGES:
-        raise DsaBenchError(f"{label}.language must be one of {', '.join(LANGUAGES)}, got {language!r}", where)
-    wanted_suffix = (".cu", ".cpp") if language == "cuda" else (".py",)
-    if not file.endswith(wanted_suffix):
-        raise DsaBenchError(f"{label}.entry_point: a {language} entry must be a {' or '.join(wanted_suffix)} file, got {file!r}", where)
-    dps = raw.get("destination_passing_style", True)
-    if not isinstance(dps, bool):
-        raise DsaBenchError(f"{label}.destination_passing_style must be true or false", where)
-    sources = raw.get("sources", []) or []
-    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
-        raise DsaBenchError(f"{label}.sources must be a list of file paths", where)
-    for rel in [file, *sources]:
+    file, function = entry.entry_point.split("::")
+    for rel in [file, *entry.sources]:
         target = (folder / rel).resolve()  # symbolic links are followed: a link out of the folder is outside
         if not target.is_relative_to(folder.resolve()):
             raise DsaBenchError(f"{label}: {rel!r} lies outside the solution folder (it resolves to {target})", where)
         if not target.is_file():
             raise DsaBenchError(f"{label}: file {rel!r} does not exist in {folder}", where)
-    return SolutionEntry(definition, file, function, language, dps, tuple(sources))
+    return SolutionEntry(definition, file, function, entry.language, entry.destination_passing_style, tuple(entry.sources))
 
 
 def solution_files(folder: Path) -> list[Path]:

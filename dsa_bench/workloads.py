@@ -1,7 +1,7 @@
-"""Workload files, trace files, and building a case's inputs.
+"""Workload files and trace files (their models, loading them), and building a case's inputs.
 
-A workload (YAML) names a definition, a trace file and run settings. A trace (JSONL) holds one
-case per line::
+A workload (YAML, :class:`WorkloadFileModel`) names a definition, a trace file and run settings
+(:class:`SettingsModel`). A trace (JSONL) holds one case per line (:class:`TraceLineModel`)::
 
     {"id": "b3_p20", "axes": {"batch_size": 3, ...},
      "inputs": {"seq_lens": {"type": "explicit", "values": [100, 2049, 7]},
@@ -10,8 +10,9 @@ case per line::
                 "sm_scale": {"type": "scalar", "value": 0.135},
                 "q_nope": {"type": "safetensors", "path": "blobs/x.safetensors", "tensor_key": "q"}}}
 
-Inputs a case does not name are random. Loading validates every case against its definition
-and reports problems as ``file:line: field: what was expected``.
+Inputs a case does not name are random. Loading validates each file with its model, then
+every case against its definition (axis and input names, a safetensors path inside the trace's
+folder, the definition's own checks); problems read ``file:line: field: what was expected``.
 """
 
 from __future__ import annotations
@@ -22,17 +23,17 @@ import math
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Annotated, Any, Literal, Mapping
 
 import torch
+from pydantic import BeforeValidator, Field
 
 from dsa_bench.definitions import get_definition
 from dsa_bench.definitions.base import DTYPE_NAMES, Definition, InputRng, Tolerance, Value, is_finite_number, is_integer
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.files import read_jsonl, read_yaml
+from dsa_bench.files import check_document, field_sentence, read_jsonl, read_yaml
+from dsa_bench.models import ClosedModel, Name
 from dsa_bench.paths import path_inside
-
-INPUT_KINDS = ("random", "explicit", "scalar", "safetensors")
 
 
 @dataclass(frozen=True)
@@ -119,51 +120,76 @@ def setting_problem(key: str, value: Any) -> str | None:
     return None
 
 
+def _checked_setting(key: str) -> BeforeValidator:
+    """The check of run setting ``key`` (see :func:`setting_problem`), before the type's own."""
+
+    def check(value: Any) -> Any:
+        problem = setting_problem(key, value)
+        if problem is not None:
+            raise field_sentence(f"= {value!r}: {problem}")
+        return value
+
+    return BeforeValidator(check)
+
+
+class SettingsModel(ClosedModel):
+    """A workload's ``settings``: the run settings (bounds in :data:`COUNT_BOUNDS`) and the
+    tolerances (finite, >= 0); each defaults to RunSettings' and Tolerance's value."""
+
+    seed: Annotated[int, _checked_setting("seed")] = RunSettings.seed
+    input_sets: Annotated[int, _checked_setting("input_sets")] = RunSettings.input_sets
+    warmup: Annotated[int, _checked_setting("warmup")] = RunSettings.warmup
+    iterations: Annotated[int, _checked_setting("iterations")] = RunSettings.iterations
+    trials: Annotated[int, _checked_setting("trials")] = RunSettings.trials
+    atol: Annotated[float, _checked_setting("atol")] = Tolerance.atol
+    rtol: Annotated[float, _checked_setting("rtol")] = Tolerance.rtol
+    lse_atol: Annotated[float, _checked_setting("lse_atol")] = Tolerance.lse_atol
+    score_rtol: Annotated[float, _checked_setting("score_rtol")] = Tolerance.score_rtol
+
+    def run_settings(self) -> RunSettings:
+        return RunSettings(
+            **{key: getattr(self, key) for key in COUNT_BOUNDS},
+            tolerance=Tolerance(**{key: getattr(self, key) for key in TOLERANCES}),
+        )
+
+
+class _SettingsField(ClosedModel):
+    """``settings`` alone, so that its problems are named ``settings.<key>`` as in a workload file."""
+
+    settings: SettingsModel | None = None
+
+
+class WorkloadFileModel(ClosedModel):
+    """A workload YAML file."""
+
+    name: Name | None = None  # default: the file's name without .yaml
+    description: str = ""
+    definition: Name
+    trace: Name  # relative to the workload file's folder
+    settings: SettingsModel | None = None  # null or absent: every setting's default
+
+
 def load_workload(path: Path) -> Workload:
     """Load and fully validate a workload YAML file and its trace."""
-    where = str(path)
-    data = read_yaml(path, "workload")
-    if not isinstance(data, dict):
-        raise DsaBenchError("expected a mapping with keys name, definition, trace, settings", where)
-    unknown = set(data) - {"name", "definition", "trace", "settings", "description"}
-    if unknown:
-        raise DsaBenchError(f"unknown key(s) {sorted(unknown)}; expected name, definition, trace, settings, description", where)
-    for key in ("definition", "trace"):
-        if not isinstance(data.get(key), str):
-            raise DsaBenchError(f"field {key!r} must be a string", where)
-    definition = get_definition(data["definition"])
-    settings = parse_settings({} if data.get("settings") is None else data["settings"], where)
-    trace_path = (path.parent / data["trace"]).resolve()
+    workload = check_document(WorkloadFileModel, read_yaml(path, "workload"), str(path))
+    definition = get_definition(workload.definition)
+    trace_path = (path.parent / workload.trace).resolve()
     cases = load_trace(trace_path, definition)
     return Workload(
-        name=str(data.get("name", path.stem)),
+        name=path.stem if workload.name is None else workload.name,
         path=path.resolve(),
         definition=definition,
         cases=tuple(cases),
-        settings=settings,
-        description=str(data.get("description", "")),
+        settings=(workload.settings or SettingsModel()).run_settings(),
+        description=workload.description,
         trace_path=trace_path,
     )
 
 
 def parse_settings(raw: Any, where: str) -> RunSettings:
-    """A workload's ``settings`` mapping, every value checked (see :func:`setting_problem`)."""
-    if not isinstance(raw, dict):
-        raise DsaBenchError("field 'settings' must be a mapping", where)
-    values: dict[str, Any] = {}
-    tol: dict[str, float] = {}
-    for key, value in raw.items():
-        if key not in COUNT_BOUNDS and key not in TOLERANCES:
-            known = sorted([*COUNT_BOUNDS, *TOLERANCES])
-            raise DsaBenchError(f"unknown setting {key!r}; known settings: {', '.join(known)}", where)
-        problem = setting_problem(key, value)
-        if problem is not None:
-            raise DsaBenchError(f"settings.{key} = {value!r}: {problem}", where)
-        if key in TOLERANCES:
-            tol[key] = float(value)
-        else:
-            values[key] = value
-    return RunSettings(**values, tolerance=Tolerance(**tol))
+    """A workload's ``settings`` mapping (None: the defaults), every value checked (see :func:`setting_problem`)."""
+    settings = check_document(_SettingsField, {"settings": raw}, where).settings
+    return (settings or SettingsModel()).run_settings()
 
 
 def load_trace(path: Path, definition: Definition) -> list[Case]:
@@ -181,34 +207,85 @@ def load_trace(path: Path, definition: Definition) -> list[Case]:
     return cases
 
 
+class RandomSource(ClosedModel):
+    type: Literal["random"]
+    params: dict[str, Any] = {}  # the generator's parameters, checked by the definition
+
+
+class ExplicitSource(ClosedModel):
+    type: Literal["explicit"]
+    values: Any  # nested lists, checked against the input's dtype and shape
+
+
+def _finite_number(value: Any) -> Any:
+    if not is_finite_number(value):
+        raise field_sentence(f"must be a finite number, got {value!r}")
+    return value
+
+
+class ScalarSource(ClosedModel):
+    type: Literal["scalar"]
+    value: Annotated[int | float, BeforeValidator(_finite_number)]
+
+
+class SafetensorsSource(ClosedModel):
+    type: Literal["safetensors"]
+    path: Name  # relative to the trace's folder, and inside it
+    tensor_key: Name
+
+
+_SOURCE_MODELS: dict[str, type[ClosedModel]] = {
+    "random": RandomSource,
+    "explicit": ExplicitSource,
+    "scalar": ScalarSource,
+    "safetensors": SafetensorsSource,
+}
+
+
+INPUT_KINDS = tuple(_SOURCE_MODELS)
+
+
+def _source_of_its_type(raw: Any) -> Any:
+    """``raw`` validated by the model its ``type`` names. (A discriminated union would put the
+    type into every error's location: ``inputs.x.scalar.value``.)"""
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    model = _SOURCE_MODELS.get(kind) if isinstance(kind, str) else None
+    if model is None:
+        raise field_sentence(f"must be an object with 'type' one of {', '.join(INPUT_KINDS)}")
+    return model.model_validate(raw)
+
+
+InputSourceModel = RandomSource | ExplicitSource | ScalarSource | SafetensorsSource
+
+
+class TraceLineModel(ClosedModel):
+    """One line of a trace: a case (or a flashinfer-bench workload, with its uuid as the id)."""
+
+    id: Name
+    axes: dict[str, Annotated[int, Field(ge=1)]]  # the variable axes (constant ones may be repeated)
+    inputs: dict[str, Annotated[InputSourceModel, BeforeValidator(_source_of_its_type)]] = {}  # inputs not named are random
+    note: str = ""  # for people reading the trace
+
+
 def parse_case(record: Any, definition: Definition, where: str, base_dir: Path) -> Case:
-    if not isinstance(record, dict):
-        raise DsaBenchError("a case must be a JSON object with id, axes and inputs", where)
-    unknown = set(record) - {"id", "axes", "inputs", "note"}
-    if unknown:
-        raise DsaBenchError(f"unknown field(s) {sorted(unknown)}; expected id, axes, inputs", where)
-    case_id = record.get("id")
-    if not isinstance(case_id, str) or not case_id:
-        raise DsaBenchError("field 'id' must be a non-empty string", where)
-    axes = _parse_axes(record.get("axes"), definition, where)
-    check_case_size(definition, definition.axes(axes), case_id, where)
-    raw_inputs = record.get("inputs", {})
-    if not isinstance(raw_inputs, dict):
-        raise DsaBenchError("field 'inputs' must be an object", where)
+    """One trace line, validated by :class:`TraceLineModel` and then against ``definition``."""
+    line = check_document(TraceLineModel, record, where)
+    axes = _check_axes(line.axes, definition, where)
+    check_case_size(definition, definition.axes(axes), line.id, where)
     names = [spec.name for spec in definition.inputs]
     inputs: dict[str, InputSource] = {}
-    for name, raw in raw_inputs.items():
+    for name, source in line.inputs.items():
         if name not in names:
             raise DsaBenchError(f"inputs.{name}: not an input of {definition.name}; inputs are {', '.join(names)}", where)
-        inputs[name] = _parse_source(raw, f"inputs.{name}", where, base_dir)
+        inputs[name] = _input_source(source, f"inputs.{name}", where, base_dir)
     for name in names:
         inputs.setdefault(name, InputSource("random"))
-    case = Case(case_id, axes, inputs, where)
+    case = Case(line.id, axes, inputs, where)
     full_axes = definition.axes(axes)
     given = resolve_given(case, definition, torch.device("cpu"))
     problems = definition.validate(full_axes, given, random_params(case))
     if problems:
-        raise DsaBenchError(f"case {case_id!r}: " + "; ".join(problems), where)
+        raise DsaBenchError(f"case {line.id!r}: " + "; ".join(problems), where)
     return case
 
 
@@ -232,19 +309,16 @@ def _bytes(count: int) -> str:
     return f"{count} bytes" if count < 10**18 else f"{Decimal(count):.3e} bytes"
 
 
-def _parse_axes(raw: Any, definition: Definition, where: str) -> dict[str, int]:
-    if not isinstance(raw, dict):
-        raise DsaBenchError("field 'axes' must be an object", where)
+def _check_axes(given: dict[str, int], definition: Definition, where: str) -> dict[str, int]:
+    """The variable axes of a case: each one given, none unknown, constant ones as the definition fixes them."""
     axes: dict[str, int] = {}
-    for name, value in raw.items():
+    for name, value in given.items():
         if name in definition.const_axes:
             if value != definition.const_axes[name]:
                 raise DsaBenchError(f"axes.{name} = {value!r} but the definition fixes it to {definition.const_axes[name]}", where)
             continue
         if name not in definition.var_axes:
             raise DsaBenchError(f"axes.{name}: not an axis of {definition.name}; variable axes are {', '.join(definition.var_axes)}", where)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise DsaBenchError(f"axes.{name} must be a positive integer, got {value!r}", where)
         axes[name] = value
     missing = [a for a in definition.var_axes if a not in axes]
     if missing:
@@ -252,28 +326,13 @@ def _parse_axes(raw: Any, definition: Definition, where: str) -> dict[str, int]:
     return axes
 
 
-def _parse_source(raw: Any, field_name: str, where: str, base_dir: Path) -> InputSource:
-    if not isinstance(raw, dict) or raw.get("type") not in INPUT_KINDS:
-        raise DsaBenchError(f"{field_name} must be an object with 'type' one of {', '.join(INPUT_KINDS)}", where)
-    kind = raw["type"]
-    if kind == "random":
-        params = raw.get("params", {})
-        if not isinstance(params, dict):
-            raise DsaBenchError(f"{field_name}.params must be an object", where)
-        return InputSource("random", params=params)
-    if kind == "explicit":
-        if "values" not in raw:
-            raise DsaBenchError(f"{field_name}.values is required for an explicit input", where)
-        return InputSource("explicit", values=raw["values"])
-    if kind == "scalar":
-        value = raw.get("value")
-        if not is_finite_number(value):
-            raise DsaBenchError(f"{field_name}.value must be a finite number, got {value!r}", where)
-        return InputSource("scalar", value=value)
-    path, key = raw.get("path"), raw.get("tensor_key")
-    if not isinstance(path, str) or not isinstance(key, str):
-        raise DsaBenchError(f"{field_name} needs string fields 'path' and 'tensor_key'", where)
-    return InputSource("safetensors", path=path_inside(base_dir, path, f"{field_name}.path", where), tensor_key=key)
+def _input_source(source: InputSourceModel, label: str, where: str, base_dir: Path) -> InputSource:
+    """A validated source as the case holds it (its fields are InputSource's); a safetensors
+    path must stay inside ``base_dir``."""
+    fields = source.model_dump(exclude={"type"})
+    if "path" in fields:
+        fields["path"] = path_inside(base_dir, fields["path"], f"{label}.path", where)
+    return InputSource(source.type, **fields)
 
 
 # --------------------------------------------------------------------------- inputs

@@ -188,3 +188,27 @@ def test_verify_fails_when_the_packed_solution_misses_a_file(tmp_path):
     manifest.write_text(manifest.read_text() + "    sources: [hidden_helper.py]\n")
     (item,) = pack_solution(folder, tmp_path / "out2")
     assert item.reasons["hidden_helper.py"] == "listed in solution.yaml"
+
+
+def test_solution_document_model_messages():
+    doc = {
+        "name": "n",
+        "definition": INDEXER,
+        "author": "me",
+        "spec": {"language": "python", "target_hardware": ["cpu"], "entry_point": "k.py::run"},
+        "sources": [{"path": "k.py", "content": "def run():\n    pass\n"}],
+        "schema_version": 2,  # the ecosystem's models ignore fields they do not know; so does dsa-bench
+    }
+    check_solution_document(doc, "x.json")
+
+    def refused(change: dict) -> str:
+        with pytest.raises(DsaBenchError) as info:
+            check_solution_document({**doc, **change}, "x.json")
+        return str(info.value).removeprefix("x.json: ")
+
+    assert refused({"spec": {**doc["spec"], "language": "rust"}}).startswith("spec.language: expected one of 'python', 'triton', 'cpp', 'cuda' or 'tilelang'")
+    assert refused({"spec": {**doc["spec"], "entry_point": "k.cu::run"}}) == "spec.entry_point: a python entry must be a .py file, got 'k.cu'"
+    assert refused({"spec": {**doc["spec"], "dependencies": [""]}}) == "spec.dependencies[0]: expected a non-empty string, got ''"
+    assert refused({"sources": [*doc["sources"], {"path": "x\udc80.h", "content": "x"}]}) == "sources[1].path 'x\\udc80.h': expected valid Unicode text (it holds a lone surrogate)"
+    assert refused({"sources": [*doc["sources"], {"path": "x.h", "content": ""}]}) == "sources[1].content: expected a non-empty string, got ''"
+    assert refused({"definition": None}) == "field 'definition' must be a non-empty string, got None"

@@ -173,3 +173,58 @@ def test_trace_must_not_be_empty(tmp_path):
     (tmp_path / "t.jsonl").write_text("\n")
     with pytest.raises(DsaBenchError, match="no cases"):
         load_trace(tmp_path / "t.jsonl", INDEXER)
+
+
+def test_settings_model_has_every_run_setting_and_tolerance_with_their_defaults():
+    from dsa_bench.workloads import COUNT_BOUNDS, TOLERANCES, RunSettings, SettingsModel, parse_settings
+
+    assert list(SettingsModel.model_fields) == [*COUNT_BOUNDS, *TOLERANCES]
+    assert SettingsModel().run_settings() == RunSettings() == parse_settings(None, "w.yaml")
+
+
+@pytest.mark.parametrize(
+    "inputs,expected",
+    [
+        # a misspelt field used to be ignored, so the input silently became random with default parameters
+        ({"seq_lens": {"type": "random", "parms": {"max": 5}}}, "t.jsonl:1: inputs.seq_lens.parms: unknown field"),
+        ({"seq_lens": {"type": "explicit"}}, "t.jsonl:1: inputs.seq_lens.values: missing (a required field)"),
+        ({"seq_lens": {"type": "random", "params": [1]}}, "t.jsonl:1: inputs.seq_lens.params: expected an object, got a list of 1"),
+        ({"seq_lens": {"type": ["random"]}}, "t.jsonl:1: inputs.seq_lens must be an object with 'type' one of random, explicit, scalar, safetensors"),
+        ({"seq_lens": {"type": "safetensors", "path": "x.safetensors"}}, "t.jsonl:1: inputs.seq_lens.tensor_key: missing (a required field)"),
+    ],
+)
+def test_trace_line_model_names_the_field_without_the_source_type(tmp_path, inputs, expected):
+    expect_error(write_trace(tmp_path, [indexer_line(inputs=inputs)]), expected)
+
+
+def test_trace_line_and_workload_file_models_refuse_unknown_and_mistyped_fields(tmp_path):
+    expect_error(write_trace(tmp_path, [indexer_line(comment="x")]), "t.jsonl:1: comment: unknown field")
+    expect_error(write_trace(tmp_path, [indexer_line(id="")]), "t.jsonl:1: id: expected a non-empty string, got ''")
+    expect_error(write_trace(tmp_path, [indexer_line(axes={"batch_size": True, "max_num_pages": 3, "num_pages": 16})]), "axes.batch_size: expected an integer, got True")
+    assert load_workload(write_trace(tmp_path, [indexer_line(note="why this case")])).cases[0].id == "c"
+    path = write_trace(tmp_path, [indexer_line()])
+    path.write_text(path.read_text() + "setting:\n  seed: 3\n")
+    expect_error(path, f"{path}: setting: unknown field")
+    path.write_text(f"name: t\ndefinition: {idx.NAME}\n")
+    expect_error(path, f"{path}: trace: missing (a required field)")
+
+
+def test_manifest_model_messages(tmp_path):
+    from dsa_bench.solution import load_solution
+
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "k.py").write_text("def kernel(*args):\n    return None\n")
+
+    def refused(manifest: str) -> str:
+        (folder / "solution.yaml").write_text(manifest)
+        with pytest.raises(DsaBenchError) as info:
+            load_solution(folder)
+        return str(info.value).removeprefix(f"{folder / 'solution.yaml'}: ")
+
+    entry = f"entries:\n  {idx.NAME}:\n"
+    assert refused(f"name: s\nauthors: me\n{entry}    entry_point: k.py::kernel\n    language: python\n") == "authors: unknown field"
+    assert refused(f"{entry}    entry_point: k.py::kernel\n    language: cuda\n") == f"entries.{idx.NAME}.entry_point: a cuda entry must be a .cu or .cpp file, got 'k.py'"
+    assert refused(f"{entry}    entry_point: k.py::run-it\n    language: python\n") == f"entries.{idx.NAME}.entry_point: 'run-it' is not a function name"
+    assert refused(f"{entry}    entry_point: k.py::kernel\n    language: rust\n") == f"entries.{idx.NAME}.language: expected one of 'python', 'triton' or 'cuda', got 'rust'"
+    assert refused("entries: {}\n") == "entries: expected at least 1 item(s), got an object"

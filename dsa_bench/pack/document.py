@@ -1,20 +1,100 @@
-"""The packed Solution document (flashinfer-bench's schema): its checks and reading it from a file.
+"""The packed Solution document (flashinfer-bench's schema): its model, the checks across its sources, and reading it from a file.
+
+:class:`SolutionDocumentModel` validates each part (fields the ecosystem may add are allowed, as
+its own models ignore them); :func:`check_solution_document` adds what spans several sources.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.files import read_json
-
-#: Languages of the flashinfer-bench schema (dsa-bench itself runs python, triton and cuda).
-SCHEMA_LANGUAGES = ("python", "triton", "cpp", "cuda", "tilelang")
+from dsa_bench.files import check_document, field_sentence, read_json
+from dsa_bench.models import Name, OpenModel
 
 
-SCHEMA_BINDINGS = ("tvm-ffi", "torch")
+def _non_empty_string(value: Any) -> Any:
+    if not isinstance(value, str) or not value:
+        raise field_sentence(f"must be a non-empty string, got {value!r}")
+    return value
+
+
+NonEmptyString = Annotated[str, BeforeValidator(_non_empty_string)]
+
+
+def _file_function(value: str) -> str:
+    if value.count("::") != 1 or not all(value.split("::")):
+        raise field_sentence(f"must look like 'file::function', got {value!r}")
+    return value
+
+
+class SpecModel(OpenModel):
+    """``spec`` of a packed Solution: how to build and call it."""
+
+    # the schema's languages (dsa-bench itself runs python, triton and cuda); before entry_point, whose check reads it
+    language: Literal["python", "triton", "cpp", "cuda", "tilelang"]
+    target_hardware: Annotated[list[str], Field(min_length=1)]
+    entry_point: Annotated[str, AfterValidator(_file_function)]
+    dependencies: list[Name] = []
+    destination_passing_style: bool = True
+    binding: Literal["tvm-ffi", "torch"] | None = None
+
+    @field_validator("entry_point")
+    @classmethod
+    def _python_entry_is_a_py_file(cls, entry_point: str, info: ValidationInfo) -> str:
+        language, file = info.data.get("language"), entry_point.split("::")[0]
+        if language in ("python", "triton") and not file.endswith(".py"):
+            raise ValueError(f"a {language} entry must be a .py file, got {file!r}")
+        return entry_point
+
+
+# Both run before the string checks, which cannot read a lone surrogate.
+
+
+def _source_path(path: Any) -> Any:
+    problem = source_path_problem(path) if isinstance(path, str) and path else None
+    if problem:
+        raise field_sentence(f"{path[:60]!r}{'...' if len(path) > 60 else ''}: {problem}")
+    return path
+
+
+def _unicode_text(content: Any) -> Any:
+    if isinstance(content, str) and not _encodable(content):
+        raise ValueError("not valid Unicode text (it holds a lone surrogate such as \\udc80)")
+    return content
+
+
+class SourceModel(OpenModel):
+    """One of a packed Solution's ``sources``: a file of the solution folder; a .py file must parse."""
+
+    path: Annotated[Name, BeforeValidator(_source_path)]  # relative, inside the folder it is unpacked into
+    content: Annotated[Name, BeforeValidator(_unicode_text)]
+
+    @model_validator(mode="after")
+    def _python_parses(self) -> "SourceModel":
+        if self.path.endswith(".py"):
+            try:
+                ast.parse(self.content, filename=self.path)
+            except SyntaxError as exc:
+                raise field_sentence(f"({self.path}) is not valid Python: {exc.msg} at line {exc.lineno}") from None
+            except (RecursionError, MemoryError):
+                raise field_sentence(f"({self.path}) is Python nested too deeply to parse") from None
+        return self
+
+
+class SolutionDocumentModel(OpenModel):
+    """A packed Solution (flashinfer-bench's schema; fields dsa-bench does not read may be present)."""
+
+    name: NonEmptyString
+    definition: NonEmptyString
+    author: NonEmptyString
+    description: str | None = None
+    spec: SpecModel
+    sources: Annotated[list[SourceModel], Field(min_length=1)]
 
 
 def check_solution_document(data: Any, where: str) -> None:
@@ -25,70 +105,21 @@ def check_solution_document(data: Any, where: str) -> None:
     string dependencies and a boolean destination_passing_style; at least one source, each with
     a relative path (no ``..``) and non-empty content; unique paths; the entry file among them.
     dsa-bench adds: a python/triton entry is a ``.py`` file and every ``.py`` source parses.
+    :class:`SolutionDocumentModel` checks each part; the rules across sources are code here.
     """
-
-    def fail(message: str) -> None:
-        raise DsaBenchError(message, where)
-
-    if not isinstance(data, dict):
-        fail("a Solution must be a JSON object")
-    for key in ("name", "definition", "author"):
-        if not isinstance(data.get(key), str) or not data[key]:
-            fail(f"field {key!r} must be a non-empty string")
-    if data.get("description") is not None and not isinstance(data["description"], str):
-        fail("field 'description' must be a string or null")
-    spec = data.get("spec")
-    if not isinstance(spec, dict):
-        fail("field 'spec' must be an object")
-    if spec.get("language") not in SCHEMA_LANGUAGES:
-        fail(f"spec.language must be one of {', '.join(SCHEMA_LANGUAGES)}, got {spec.get('language')!r}")
-    hardware = spec.get("target_hardware")
-    if not isinstance(hardware, list) or not hardware or not all(isinstance(h, str) for h in hardware):
-        fail("spec.target_hardware must be a non-empty list of strings")
-    entry_point = spec.get("entry_point")
-    if not isinstance(entry_point, str) or entry_point.count("::") != 1 or not all(entry_point.split("::")):
-        fail(f"spec.entry_point must look like 'file::function', got {entry_point!r}")
-    deps = spec.get("dependencies", [])
-    if not isinstance(deps, list) or not all(isinstance(d, str) and d for d in deps):
-        fail("spec.dependencies must be a list of non-empty strings")
-    if not isinstance(spec.get("destination_passing_style", True), bool):
-        fail("spec.destination_passing_style must be true or false")
-    if spec.get("binding") is not None and spec["binding"] not in SCHEMA_BINDINGS:
-        fail(f"spec.binding must be one of {', '.join(SCHEMA_BINDINGS)} or null")
-    sources = data.get("sources")
-    if not isinstance(sources, list) or not sources:
-        fail("field 'sources' must be a non-empty list")
+    document = check_document(SolutionDocumentModel, data, where)
     seen: set[str] = set()
-    for i, source in enumerate(sources):
-        if not isinstance(source, dict) or not isinstance(source.get("path"), str) or not source["path"]:
-            fail(f"sources[{i}] must be an object with a non-empty string 'path'")
-        path = source["path"]
-        if not isinstance(source.get("content"), str) or not source["content"]:
-            fail(f"sources[{i}] ({path!r}): 'content' must be a non-empty string")
-        problem = source_path_problem(path)
-        if problem:
-            fail(f"sources[{i}].path {path[:60]!r}{'...' if len(path) > 60 else ''}: {problem}")
-        if not _encodable(source["content"]):
-            fail(f"sources[{i}] ({path}): 'content' is not valid Unicode text (it holds a lone surrogate such as \\udc80)")
-        if path in seen:
-            fail(f"sources[{i}]: duplicate path {path!r}")
-        seen.add(path)
-        if path.endswith(".py"):
-            try:
-                ast.parse(source["content"], filename=path)
-            except SyntaxError as exc:
-                fail(f"sources[{i}] ({path}) is not valid Python: {exc.msg} at line {exc.lineno}")
-            except (RecursionError, MemoryError):
-                fail(f"sources[{i}] ({path}) is Python nested too deeply to parse")
+    for i, source in enumerate(document.sources):
+        if source.path in seen:
+            raise DsaBenchError(f"sources[{i}]: duplicate path {source.path!r}", where)
+        seen.add(source.path)
     folders = {parent.as_posix() for path in seen for parent in PurePosixPath(path).parents if parent.parts}
-    for i, source in enumerate(sources):
-        if source["path"] in folders:
-            fail(f"sources[{i}].path {source['path']!r}: is a file, but other sources lie inside it as a folder")
-    entry_file = entry_point.split("::")[0]
+    for i, source in enumerate(document.sources):
+        if source.path in folders:
+            raise DsaBenchError(f"sources[{i}].path {source.path!r}: is a file, but other sources lie inside it as a folder", where)
+    entry_file = document.spec.entry_point.split("::")[0]
     if entry_file not in seen:
-        fail(f"entry file {entry_file!r} of spec.entry_point is not among the sources")
-    if spec["language"] in ("python", "triton") and not entry_file.endswith(".py"):
-        fail(f"a {spec['language']} entry point must be a .py file, got {entry_file!r}")
+        raise DsaBenchError(f"entry file {entry_file!r} of spec.entry_point is not among the sources", where)
 
 
 #: Longest file name component (bytes) and source path a packed Solution may use (Linux limits).

@@ -1,23 +1,24 @@
-"""The baseline file: per-case measures of stored runs, loading, and updating it from results files.
+"""The baseline file: its model, per-case measures of stored runs, loading, and updating it from results files.
+
+A baseline case is written as its names plus :class:`CaseMeasure`'s fields (``asdict``) and read
+back the same way once :class:`BaselineModel` has checked the document.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import check_document, check_output_path, has_json_format, read_json, write_atomic
+from dsa_bench.models import ClosedModel, Name, OpenModel
 from dsa_bench.results.records import (
     CaseRecord,
-    ClosedModel,
     LoadedResults,
     Measure,
-    Name,
-    OpenModel,
     SolutionMetaModel,
     StatusName,
     check_format,
@@ -34,6 +35,8 @@ BASELINE_VERSION = 1
 
 
 class BaselineCaseModel(ClosedModel):
+    """A case of a baseline block: ``case``, ``solution`` and CaseMeasure's fields."""
+
     case: Name
     solution: Name
     status: StatusName
@@ -78,16 +81,6 @@ class CaseMeasure:
     def passed(self) -> bool:
         return self.status == Status.PASSED.value
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "speedup": self.speedup,
-            "latency_ms": self.latency_ms,
-            "spread": self.spread,
-            "reference_latency_ms": self.reference_latency_ms,
-            "reference_spread": self.reference_spread,
-        }
-
 
 Key = tuple[str, str, str]  # (workload, case, solution)
 
@@ -126,17 +119,13 @@ def load_baseline(path: Path) -> dict[str, Any]:
 
 
 def baseline_measures(document: dict[str, Any]) -> dict[Key, CaseMeasure]:
+    """Per (workload, case, solution) measure of a checked baseline document: a case holds
+    ``case``, ``solution`` and CaseMeasure's fields (BaselineCaseModel)."""
     found: dict[Key, CaseMeasure] = {}
     for workload, block in document["workloads"].items():
         for case in block["cases"]:
-            found[(workload, case["case"], case["solution"])] = CaseMeasure(
-                status=case["status"],
-                speedup=case.get("speedup"),
-                latency_ms=case.get("latency_ms"),
-                spread=case.get("spread"),
-                reference_latency_ms=case.get("reference_latency_ms"),
-                reference_spread=case.get("reference_spread"),
-            )
+            measure = {key: value for key, value in case.items() if key not in ("case", "solution")}
+            found[(workload, case["case"], case["solution"])] = CaseMeasure(**measure)
     return found
 
 
@@ -153,7 +142,7 @@ def baseline_block(results: LoadedResults) -> dict[str, Any]:
         "environment": results.environment,
         "solutions": {name: {"content_hash": meta.get("content_hash")} for name, meta in (doc.get("solutions") or {}).items()},
         "cases": [
-            {"case": case, "solution": solution, **measure.to_json()} for (_, case, solution), measure in measures_of(results).items()
+            {"case": case, "solution": solution, **asdict(measure)} for (_, case, solution), measure in measures_of(results).items()
         ],
     }
 

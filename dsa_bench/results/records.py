@@ -1,7 +1,15 @@
-"""Result records, the environment record, summaries, and the versioned results file.
+"""Result records, the versioned results file (its model), writing it as records arrive and reading it back.
 
 The results file is one JSON document rewritten atomically after every record, so an
 interrupted run keeps everything it finished and the file is always valid JSON.
+
+The records a run fills (:class:`Timing`, :class:`CaseRecord`) are dataclasses with their own
+``to_json``/``from_json``, and the file is checked by separate models (:class:`ResultsModel`,
+:class:`RecordModel`, :class:`TimingModel`): the runner builds a record field by field, and
+builds a Timing from whatever samples a worker sent before the judge refuses impossible ones
+(a model would raise there, mid-run); and ``to_json`` writes the figures derived from the
+samples (mean, median, ...) ahead of the samples, where a model's computed fields would come
+after them. ``test_models_cover_every_recorded_field`` keeps records and models in step.
 """
 
 from __future__ import annotations
@@ -13,11 +21,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Iterable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import check_document, check_output_path, has_json_format, read_json, write_atomic
+from dsa_bench.models import ClosedModel, Name, OpenModel
 
 RESULTS_FORMAT = "dsa-bench-results"
 
@@ -159,21 +168,6 @@ StatusName = Literal[tuple(s.value for s in Status)]  # type: ignore[valid-type]
 
 #: a latency, speedup, spread or duration: finite and not negative
 Measure = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-
-
-Name = Annotated[str, Field(min_length=1)]
-
-
-class ClosedModel(BaseModel):
-    """A part of the format dsa-bench defines completely: unknown fields are errors."""
-
-    model_config = ConfigDict(strict=True, extra="forbid")
-
-
-class OpenModel(BaseModel):
-    """A part of the format that may carry more than dsa-bench reads (headers, blocks)."""
-
-    model_config = ConfigDict(strict=True, extra="allow")
 
 
 class TimingModel(ClosedModel):
