@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 import typer.core
@@ -56,16 +55,16 @@ def run(
     device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N. Without CUDA the run checks correctness only."),
     timer: str = typer.Option("auto", help="auto (CUPTI, else CUDA events with a warning), cupti, cupti_api (also traces API calls and matches kernels by correlation id) or events."),
     l2_flush: str = typer.Option("clean", "--l2-flush", help="How L2 is emptied before each timed call: clean (write, then read, a buffer of 2 x L2: the call pays for its own traffic only) or dirty (write only, as a memset flush does: the call also writes back the flush's dirty lines)."),
-    seed: Optional[int] = typer.Option(None, help="Base seed (default: the workload's)."),
-    input_sets: Optional[int] = typer.Option(None, help="Random input sets per case (and rotating sets per timing trial)."),
-    warmup: Optional[int] = typer.Option(None, help="Warm-up calls per trial."),
-    iterations: Optional[int] = typer.Option(None, help="Timed calls per trial."),
-    trials: Optional[int] = typer.Option(None, help="Timing trials, each with fresh inputs."),
+    seed: int | None = typer.Option(None, help="Base seed (default: the workload's)."),
+    input_sets: int | None = typer.Option(None, help="Random input sets per case (and rotating sets per timing trial)."),
+    warmup: int | None = typer.Option(None, help="Warm-up calls per trial."),
+    iterations: int | None = typer.Option(None, help="Timed calls per trial."),
+    trials: int | None = typer.Option(None, help="Timing trials, each with fresh inputs."),
     case_timeout: float = typer.Option(600.0, help="Seconds a solution may take on one case before it is TIMEOUT."),
     compile_timeout: float = typer.Option(900.0, help="Seconds a solution may take to import/build."),
-    save: Optional[Path] = typer.Option(None, help="Results JSON path (default: results/<workload>-<time>.json)."),
+    save: Path | None = typer.Option(None, help="Results JSON path (default: results/<workload>-<time>.json)."),
     no_save: bool = typer.Option(False, "--no-save", help="Do not write a results file."),
-    dataset: Optional[Path] = typer.Option(None, "--dataset", help="A flashinfer-bench dataset folder; --workload then names one of its definitions or a workloads .jsonl file."),
+    dataset: Path | None = typer.Option(None, "--dataset", help="A flashinfer-bench dataset folder; --workload then names one of its definitions or a workloads .jsonl file."),
     worker_user: str = typer.Option("auto", "--worker-user", help="Whom solution workers run as: auto (a dedicated unprivileged id per worker when the harness is root, else the harness's user) or harness (always the harness's user)."),
 ) -> None:
     """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them."""
@@ -197,7 +196,7 @@ def _validate_trace(path: Path) -> int:
 @app.command()
 def pack(
     folder: Path = typer.Argument(..., help="Solution folder (with solution.yaml)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default: packed/<solution name>/)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Output folder (default: packed/<solution name>/)."),
     definition: list[str] = typer.Option([], "--definition", "-d", help="Pack only this definition's entry; repeat for several. Default: every entry."),
     verify: bool = typer.Option(False, "--verify", help="Unpack each JSON into a temporary folder and run it on its definition's smoke workload(s)."),
     device: str = typer.Option("auto", help="Device for --verify runs (auto, cpu, cuda, cuda:N)."),
@@ -300,7 +299,7 @@ def baseline_update(
 @app.command()
 def report(
     results: list[Path] = typer.Argument(..., help="Results JSON file(s) of `dsa-bench run --save`."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="HTML file to write (default: the first results file with .html); PNG plots go next to it."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="HTML file to write (default: the first results file with .html); PNG plots go next to it."),
 ) -> None:
     """Write a self-contained HTML report (plots embedded) and the plots as PNG files."""
     from dsa_bench.results.report import write_report

@@ -9,7 +9,8 @@ because scales are non-negative). The output row holds the physical ids
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch

@@ -8,8 +8,9 @@ Per token t over its valid indices (physical ids ``page * 64 + slot``, -1 = padd
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch

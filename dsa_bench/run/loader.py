@@ -9,8 +9,9 @@ import os
 import re
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dsa_bench.solution import Solution, SolutionEntry
 

@@ -14,9 +14,10 @@ import contextlib
 import fnmatch
 import math
 import signal
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 

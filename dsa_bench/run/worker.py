@@ -30,8 +30,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from dsa_bench.run import channel
 

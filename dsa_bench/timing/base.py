@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import abc
-from typing import Callable
+from collections.abc import Callable
 
 Step = Callable[[int], None]
 

@@ -18,7 +18,7 @@ import torch
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.timing.base import Step, Timer
 
-_registered: "CuptiTimer | None" = None
+_registered: CuptiTimer | None = None
 
 
 def cupti_problem() -> str | None:
