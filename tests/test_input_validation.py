@@ -62,7 +62,7 @@ def test_safe_file_name_keeps_plain_names_and_makes_the_rest_safe_and_distinct()
         assert safe_file_name(plain) == plain
     hostile = ["../../x", "..", ".", "", "a/b", "a\\b", "a_b-", "-rf", ".hidden", "é", "x" * 500, "a\x00b", "triton-0123456789abcdef"]
     made = [safe_file_name(n) for n in hostile]
-    for name, safe in zip(hostile, made):
+    for name, safe in zip(hostile, made, strict=True):
         assert safe and safe not in (".", "..") and safe[0] not in ".-", (name, safe)
         assert all(c.isascii() and (c.isalnum() or c in "._-") for c in safe), (name, safe)
         assert len(safe) <= MAX_FILE_NAME and Path(safe).name == safe

@@ -249,7 +249,7 @@ def print_table(results: dict, names: list[str], tokens: dict[str, int], timer: 
         if any(v in ("FAIL", "ERR") for v in vals):
             return "FAIL"
         # a variant that does not apply to a case (None plan) takes the default's time there
-        vals = [v if isinstance(v, float) else results[c].get("default") for c, v in zip([c for c in results if pick(c)], vals)]
+        vals = [v if isinstance(v, float) else results[c].get("default") for c, v in zip([c for c in results if pick(c)], vals, strict=True)]
         vals = [v for v in vals if isinstance(v, float)]
         return f"{statistics.fmean(vals):.2f}" if vals else ""
 

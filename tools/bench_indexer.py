@@ -185,7 +185,7 @@ def run_variants(module, timer, flusher, definition, axes, sets_inputs, expected
     if module._cuda_topk is not None:
         # The CUDA top-k alone, on score buffers the default score kernel filled beforehand.
         score_sets = []
-        for a, inp in zip(args, sets_inputs):
+        for a, inp in zip(args, sets_inputs, strict=True):
             scores = torch.empty((batch, max_pages * 64), dtype=torch.float32, device=device)
             kernels.launch_scores(*a, scores, skip_short_rows=True)
             score_sets.append([scores, inp["seq_lens"], inp["block_table"]])
@@ -263,7 +263,7 @@ def main() -> int:
             outs = [torch.empty((batch, indexer.TOPK), dtype=torch.int32, device=device) for _ in sets]
             # Correctness first: every set, both of our pipelines, through the harness checker.
             for name in ("triton", "plain"):
-                for k, (inp, out) in enumerate(zip(sets_inputs, outs)):
+                for k, (inp, out) in enumerate(zip(sets_inputs, outs, strict=True)):
                     poison_(out)
                     pipelines[name](*sets[k], out)
                     synchronize(device)

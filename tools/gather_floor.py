@@ -107,7 +107,7 @@ def landing_summary(stamps: torch.Tensor) -> dict:
     sms = stamps[..., 0]
     per_sm: dict[int, list[float]] = {}
     for call in range(stamps.shape[0]):
-        for sm, t in zip(sms[call].tolist(), landed[call].tolist()):
+        for sm, t in zip(sms[call].tolist(), landed[call].tolist(), strict=True):
             per_sm.setdefault(sm, []).append((call, t))
     means = {sm: statistics.fmean(t for _, t in v) for sm, v in per_sm.items()}
     within = [statistics.pstdev([t for _, t in v]) for v in per_sm.values() if len(v) > 1]

@@ -45,7 +45,7 @@ def indexer_trace(rng: np.random.Generator) -> list[dict]:
         pages[0], pages[-1] = lo, hi  # both ends of every band
         batches = rng.integers(1, 32, count)
         batches[0], batches[-1] = 1, 31
-        for p, b in zip(pages, batches):
+        for p, b in zip(pages, batches, strict=True):
             cases.append((int(b), int(p)))
     out = []
     for i, (batch, max_pages) in enumerate(cases):

@@ -24,7 +24,7 @@ def merge(paths: list[Path]) -> dict:
     merged = {k: v for k, v in first.items() if k not in ("records", "complete", "finished")}
     seen: dict[tuple[str, str], str] = {}
     records = []
-    for path, doc in zip(paths, docs):
+    for path, doc in zip(paths, docs, strict=True):
         for key in MUST_AGREE:
             if doc.get(key) != first.get(key):
                 raise SystemExit(f"{path}: field {key!r} differs from {paths[0]}")
@@ -44,7 +44,7 @@ def merge(paths: list[Path]) -> dict:
     merged["finished"] = max(d.get("finished") or d["created"] for d in docs)
     merged["merged_from"] = [
         {"file": p.name, "created": d["created"], "finished": d.get("finished"), "complete": d["complete"], "records": len(d["records"])}
-        for p, d in zip(paths, docs)
+        for p, d in zip(paths, docs, strict=True)
     ]
     return merged
 

@@ -100,7 +100,7 @@ def generate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mappin
         contexts = _context_tokens(counts, p, num_pages, rng.structure)
         pool = rng.structure.permutation(num_pages)
         rows, start = [], 0
-        for c, ctx in zip(counts, contexts):
+        for c, ctx in zip(counts, contexts, strict=True):
             n_pages = -(-ctx // PAGE_SIZE)
             rows.append(_row_indices(c, ctx, pool[start : start + n_pages], p.get("padding", "tail"), rng.structure))
             start += n_pages
@@ -180,7 +180,7 @@ def _random_indices_problems(p: Mapping[str, Any], tokens: int, num_pages: int) 
         if not 0 <= c <= TOPK:
             problems.append(f"{label}.valid_counts[{b}] = {c} is not in [0, {TOPK}]")
     if "context_tokens" in p and _integer_list_problems(contexts, "context_tokens", tokens, problems):
-        for b, (c, ctx) in enumerate(zip(counts, contexts)):
+        for b, (c, ctx) in enumerate(zip(counts, contexts, strict=True)):
             if ctx < c:
                 problems.append(f"{label}.context_tokens[{b}] = {ctx} is below valid_counts[{b}] = {c}")
     if not problems:

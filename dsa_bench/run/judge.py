@@ -110,7 +110,7 @@ def decode_timing(reply: Any, blob: bytes, ctx: CaseContext, job: TimingJob) -> 
     if len(reply.checked) != trials or len(reply.clocks) != trials:
         raise ProtocolError(f"the worker sent {len(reply.checked)} checked calls and {len(reply.clocks)} clock readings for {trials} trials")
     checked = []
-    for k, (call, seeds) in enumerate(zip(reply.checked, job.trial_seeds)):
+    for k, (call, seeds) in enumerate(zip(reply.checked, job.trial_seeds, strict=True)):
         iteration = sampled_iteration(job, k)
         if (call.trial, call.iteration, call.seed) != (k, iteration, seeds[iteration % len(seeds)]):
             raise ProtocolError(f"checked call {k} is trial {call.trial} call {call.iteration}, expected trial {k} call {iteration}")
@@ -147,7 +147,7 @@ def implausible_timing(timing: TimingResult, job: TimingJob, ctx: CaseContext, w
         return f"the timed calls add up to {total_s:.3f} s, more than the {wall_s:.3f} s the whole timing job took"
     if copy_bytes_per_s is None:
         return None
-    for trial, (samples, seeds) in enumerate(zip(timing.samples_ms, job.trial_seeds)):
+    for trial, (samples, seeds) in enumerate(zip(timing.samples_ms, job.trial_seeds, strict=True)):
         for i, sample in enumerate(samples):
             traffic = ctx.traffic_bytes(seeds[i % len(seeds)])
             if traffic is None:

@@ -254,7 +254,7 @@ def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> Case
             raise WorkerFailure(Status.RUNTIME_ERROR, f"{exc}; worker killed") from None
         checks_start = time.perf_counter()
         record.phases_s["correctness_calls"] = checks_start - started
-        result = worst([ctx.check(seed, out) for seed, out in zip(seeds, outputs)])
+        result = worst([ctx.check(seed, out) for seed, out in zip(seeds, outputs, strict=True)])
         record.phases_s["checks"] = time.perf_counter() - checks_start
         if result.passed and options.timer is not None:
             job = TimingJob(case, trial_seeds(settings, case), settings.warmup, settings.iterations, derive_seed(settings.seed, case.id, "sample"))
