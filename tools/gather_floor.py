@@ -209,7 +209,8 @@ def main() -> int:
         for order, ids in (("as-is", indices), ("program-sorted", program_sorted(indices, 16)), ("row-sorted", per_row_orders["row-sorted"])):
             reordered = list(call_args)
             reordered[[spec.name for spec in workload.definition.inputs].index("sparse_indices")] = ids
-            row[f"solution {order}"] = time_us(lambda i, reordered=reordered: sa.sparse_attention(*reordered, outs["output"], outs["lse"]))
+            attention_args = (*reordered, outs["output"], outs["lse"])
+            row[f"solution {order}"] = time_us(lambda i, attention_args=attention_args: sa.sparse_attention(*attention_args))
         valid = int((indices >= 0).sum())
         ckv, kpe = inputs["ckv_cache"], inputs["kpe_cache"]
         # the kernels address rows as id * row bytes; contiguous ids need T * 2048 rows of cache
@@ -223,7 +224,8 @@ def main() -> int:
             for mode, splits in (("bulk", 16), ("bulk", 32), ("bulk", 64), ("rows", 16), ("rows_sleep", 16), ("ldg", 16), ("ldg", 64)):
                 ids = program_sorted(indices, splits) if order == "program-sorted" else per_row_orders[order]
                 for with_kpe in (True, False):
-                    us = time_us(lambda i, ids=ids, mode=mode, splits=splits, with_kpe=with_kpe: ext.gather(ckv, kpe, ids, splits, mode, with_kpe, sink))
+                    gather_args = (ckv, kpe, ids, splits, mode, with_kpe, sink)
+                    us = time_us(lambda i, gather_args=gather_args: ext.gather(*gather_args))
                     if mode != "ldg":  # ldg keeps a checksum, not a copy
                         check_copied(sink, ids, ckv, splits)
                     name = f"{order} {mode} S={splits} {'ckv+kpe' if with_kpe else 'ckv only'}"

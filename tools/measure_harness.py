@@ -59,7 +59,7 @@ def timers(out: Path | None, iterations: int) -> None:
             timer = make()
             for _ in range(10):
                 fn()
-            samples = timer.time_iterations(lambda i: fn(), iterations, lambda i: flusher.flush(), lambda i: None)
+            samples = timer.time_iterations(lambda i, fn=fn: fn(), iterations, lambda i: flusher.flush(), lambda i: None)
             medians[timer_name] = statistics.median(samples) * 1000
         extra = medians["events"] - medians["cupti"]
         rows.append([name, *(f"{medians[k]:.2f}" for k in timer_kinds), f"{extra:+.2f}"])

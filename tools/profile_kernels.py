@@ -115,9 +115,10 @@ def run_locality(iterations: int, device: torch.device) -> int:
         for label, indices in (("spread", idx), ("folded", folded)):
             args = list(workload.definition.input_args(inputs))
             args[4] = indices
+            args += [outputs["output"], outputs["lse"]]
 
             def call(i: int, args=args) -> None:
-                sa.sparse_attention(*args, outputs["output"], outputs["lse"])
+                sa.sparse_attention(*args)
 
             for i in range(3):
                 call(i)
@@ -144,7 +145,7 @@ def run_cache_states(cases: list[str], iterations: int, device: torch.device) ->
         outputs = [definition.allocate_outputs(axes, device) for _ in range(2)]
         sets = [definition.input_args(inputs), definition.input_args(other)]
 
-        def call(i: int, k: int = 0) -> None:
+        def call(i: int, k: int = 0, entry=entry, sets=sets, outputs=outputs) -> None:
             entry(*sets[k], *outputs[k].values())
 
         for i in range(3):
@@ -182,8 +183,10 @@ def run_topk_costs(iterations: int, device: torch.device) -> int:
         out = torch.empty((batch, indexer.TOPK), dtype=torch.int32, device=device)
         row = []
         for capacity, fast in ((-1, -1), (-1, 0), (0, -1), (0, 0)):
-            def call(i: int, capacity=capacity, fast=fast) -> None:
-                ix.topk_ext.filtered_topk(scores, lens, table, out, capacity, fast)
+            topk_args = (scores, lens, table, out, capacity, fast)
+
+            def call(i: int, topk_args=topk_args) -> None:
+                ix.topk_ext.filtered_topk(*topk_args)
 
             call(0)
             torch.cuda.synchronize()
