@@ -146,7 +146,9 @@ def validate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mappin
             bad = (row < -1) | (row >= limit)
             if bool(bad.any()):
                 j = int(torch.nonzero(bad)[0])
-                problems.append(f"sparse_indices[{t}][{j}] = {int(row[j])} is neither -1 nor a token id below num_pages*{PAGE_SIZE} = {limit}")
+                problems.append(
+                    f"sparse_indices[{t}][{j}] = {int(row[j])} is neither -1 nor a token id below num_pages*{PAGE_SIZE} = {limit}"
+                )
                 continue
             valid = row[row >= 0]
             if torch.unique(valid).numel() != valid.numel():
@@ -170,8 +172,8 @@ def _random_indices_problems(p: Mapping[str, Any], tokens: int, num_pages: int) 
         needed = tokens * (TOPK // PAGE_SIZE)
         if needed > num_pages:
             problems.append(
-                f"random valid counts (up to {TOPK} per token) may need {tokens} x {TOPK // PAGE_SIZE} = {needed} pages of {PAGE_SIZE} tokens "
-                f"but num_pages = {num_pages}; give {label}.valid_counts or raise num_pages"
+                f"random valid counts (up to {TOPK} per token) may need {tokens} x {TOPK // PAGE_SIZE} = {needed} pages "
+                f"of {PAGE_SIZE} tokens but num_pages = {num_pages}; give {label}.valid_counts or raise num_pages"
             )
         return problems
     if not _integer_list_problems(counts, "valid_counts", tokens, problems):

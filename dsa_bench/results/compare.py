@@ -313,7 +313,9 @@ def render_comparison(comparison: Comparison, fmt: str = "table", show_all: bool
             ]
             for c in sorted(shown, key=lambda c: (c.key[0], c.key[2], c.ratio if c.ratio is not None else -1, c.key[1]))
         ]  # fmt: skip
-        headers = ["workload", "case", "solution", "verdict", "baseline", "now", "change", "noise band", "latency change (decides)", "status"]
+        headers = [
+            "workload", "case", "solution", "verdict", "baseline", "now", "change", "noise band", "latency change (decides)", "status"
+        ]
         out.append(tabulate(detail, headers=headers, tablefmt=tablefmt, disable_numparse=True))
 
     for title, keys in (("In the baseline but not run", comparison.only_in_baseline), ("Not in the baseline", comparison.only_in_results)):

@@ -282,7 +282,8 @@ def render_html(loaded: list[LoadedResults], figures: list[ReportFigure], pngs: 
         parts.append(f'<p class="meta">{e(results.path.name)}, created {e(str(results.document.get("created", "?")))}{complete}</p>')
         if not results.timed:
             parts.append(
-                '<p class="notice">Nothing was timed in this run (correctness only, e.g. a CPU run without CUDA): the report shows statuses only.</p>'
+                '<p class="notice">Nothing was timed in this run (correctness only, e.g. a CPU run without CUDA): '
+                "the report shows statuses only.</p>"
             )
         parts.append("<h3>Summary</h3>")
         parts.append(

@@ -226,7 +226,8 @@ def rebuild(
             values[name] = torch.empty(meta.shape, dtype=dtype, device="meta")
             continue
         tensor = blob.get(f"{prefix}{name}")
-        if tensor is None or tensor.dtype != want_dtype or tuple(tensor.shape) != want_shape or dtype != want_dtype or tuple(meta.shape) != want_shape:
+        described = dtype == want_dtype and tuple(meta.shape) == want_shape
+        if tensor is None or tensor.dtype != want_dtype or tuple(tensor.shape) != want_shape or not described:
             raise ProtocolError(f"{name}: the tensor sent does not match its description")
         values[name] = tensor
     return values

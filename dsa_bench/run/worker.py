@@ -91,7 +91,9 @@ class _Reply:
         self.specs = specs
         self.tensors: dict[str, Any] = {}
 
-    def values(self, values: Mapping[str, Any], prefix: str, specs: Mapping[str, tuple[Any, tuple[int, ...]]] | None = None) -> dict[str, Any]:
+    def values(
+        self, values: Mapping[str, Any], prefix: str, specs: Mapping[str, tuple[Any, tuple[int, ...]]] | None = None
+    ) -> dict[str, Any]:
         from dsa_bench.run.protocol import describe
 
         specs = self.specs if specs is None else specs
@@ -225,7 +227,9 @@ class _CaseRunner:
             del inputs, outs, got
         return {"type": "outputs", "sets": sets}, reply.blob()
 
-    def time(self, job: TimingJob, time_iterations: Any, flush: Any, read_clocks: Any, timer_name: str | None) -> tuple[dict[str, Any], bytes]:
+    def time(
+        self, job: TimingJob, time_iterations: Any, flush: Any, read_clocks: Any, timer_name: str | None
+    ) -> tuple[dict[str, Any], bytes]:
         """Time the solution: per trial, fresh input sets rotating call by call, queries redrawn,
         outputs re-poisoned and L2 flushed before every call (all untimed)."""
         if time_iterations is None:
