@@ -53,14 +53,17 @@ def test_bench_attention_variants_builds_named_cuda_plans():
     other names are refused with the known ones listed."""
     proc = run_tool("bench_attention_variants.py", "--list", "--variant", "cuda_s8_lag1500", "--variant", "cluster_s16_landed")
     assert proc.returncode == 0, proc.stderr
-    assert "T=8: Plan(path='cuda', splits=8, block_n=64, num_warps=8, num_stages=2, partial_dtype=torch.bfloat16, graph=False, gather_lag=1500)" in proc.stdout
-    assert f"T=1: Plan(path='cuda_cluster', splits=16, block_n=64, num_warps=8, num_stages=2, partial_dtype=torch.bfloat16, graph=False, gather_lag={2**31 - 1})" in proc.stdout
+    plan_fields = "block_n=64, num_warps=8, num_stages=2, partial_dtype=torch.bfloat16, graph=False"
+    assert f"T=8: Plan(path='cuda', splits=8, {plan_fields}, gather_lag=1500)" in proc.stdout
+    assert f"T=1: Plan(path='cuda_cluster', splits=16, {plan_fields}, gather_lag={2**31 - 1})" in proc.stdout
     proc = run_tool("bench_attention_variants.py", "--list", "--variant", "cuda_s16_d1")
     assert proc.returncode == 2 and "unknown variant(s) ['cuda_s16_d1']" in proc.stderr
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
-@pytest.mark.parametrize("script,args", [("profile_kernels.py", ["topk"]), ("profile_kernels.py", ["phases"]), ("bench_attention_variants.py", [])])
+@pytest.mark.parametrize(
+    "script,args", [("profile_kernels.py", ["topk"]), ("profile_kernels.py", ["phases"]), ("bench_attention_variants.py", [])]
+)
 def test_gpu_tools_refuse_without_cuda(script, args):
     proc = run_tool(script, *args)
     assert proc.returncode == 2 and "GPU" in proc.stderr

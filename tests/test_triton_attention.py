@@ -158,9 +158,12 @@ def test_cuda_policy_keeps_grids_coresident():
     assert [(p.path, p.splits) for p in (sa.cuda_plan(t, sms, clusters) for t in (1, 2, 3, 7, 8, 9, 16, 17))] == [
         ("cuda", 32), ("cuda", 32), *[("cuda_cluster", 16)] * 2, ("cuda", 16), *[("cuda", 8)] * 3]
     lags = [sa.cuda_plan(t, sms, clusters).gather_lag for t in (1, 2, 3, 7, 8, 9)]
-    assert lags == [0, 0, *[sa.CUDA_POLICY_CLUSTER_LAG] * 2, sa.CUDA_POLICY_BARRIER_LAG, 0], "lags only where measured (two tiles per program)"
+    measured = [0, 0, *[sa.CUDA_POLICY_CLUSTER_LAG] * 2, sa.CUDA_POLICY_BARRIER_LAG, 0]
+    assert lags == measured, "lags only where measured (two tiles per program)"
     assert sa.cuda_plan(3, sms).path == "cuda", "no cluster of 16 fits: the barrier"
-    assert sa.cuda_plan(2, 40, clusters) == sa.cuda_kernel_plan("cuda_cluster", 16, sa.CUDA_POLICY_CLUSTER_LAG), "32 splits only while co-resident"
+    assert sa.cuda_plan(2, 40, clusters) == sa.cuda_kernel_plan("cuda_cluster", 16, sa.CUDA_POLICY_CLUSTER_LAG), (
+        "32 splits only while co-resident"
+    )
     forced = sa.cuda_plan(8, sms, clusters, force_two_launch=True)
     assert forced.path == "cuda_two_launch" and sa.cuda_plan(1, sms, clusters, force_two_launch=True).path == "cuda_two_launch"
     with pytest.raises(AssertionError, match=r"power-of-two splits in \[8, 16\]"):
@@ -213,7 +216,13 @@ def test_ticket_barrier_arithmetic_releases_exactly_at_the_last_arrival():
 def test_cuda_path_is_refused_under_interpreter():
     axes, inputs = make_inputs([3], num_pages=16)
     with pytest.raises(ValueError, match="not the Triton interpreter"):
-        run_solution(axes, inputs, sa.Plan("cuda", splits=16, block_n=sa.attention_ext.TILE_SLOTS, num_stages=sa.attention_ext.STAGES, partial_dtype=torch.bfloat16))
+        run_solution(
+            axes,
+            inputs,
+            sa.Plan(
+                "cuda", splits=16, block_n=sa.attention_ext.TILE_SLOTS, num_stages=sa.attention_ext.STAGES, partial_dtype=torch.bfloat16
+            ),
+        )
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal of CPU tensors on a machine without CUDA")
@@ -234,8 +243,8 @@ def test_cuda_source_compiles_alone_with_nvcc(tmp_path, tile_slots):
         pytest.skip("nvcc is not installed")
     obj = tmp_path / "attention_sm90.o"
     proc = subprocess.run(
-        [nvcc, "-arch=sm_90a", "-O3", f"-DDSA_ATTENTION_TILE_SLOTS={tile_slots}", "-Xptxas", "-v", "-c", str(SOLUTION_DIR / "attention_sm90.cu"),
-         "-o", str(obj)],
+        [nvcc, "-arch=sm_90a", "-O3", f"-DDSA_ATTENTION_TILE_SLOTS={tile_slots}", "-Xptxas", "-v",
+         "-c", str(SOLUTION_DIR / "attention_sm90.cu"), "-o", str(obj)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -282,7 +291,12 @@ def test_kernels_compile_for_sm90_without_spills():
         pytest.skip("with CUDA the GPU tests compile and run the kernels themselves")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
-        [sys.executable, str(SOLUTION_DIR / "sparse_attention_sm90_check.py")], env=env, capture_output=True, text=True, timeout=600, check=False
+        [sys.executable, str(SOLUTION_DIR / "sparse_attention_sm90_check.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
     )
     if proc.returncode == 77:
         pytest.skip(proc.stdout.strip())
@@ -330,7 +344,9 @@ def fused_plan(tokens: int, device: torch.device):
 def test_gpu_default_plan(cuda, counts, padding):
     _, used = check(counts, padding, GPU_CONTEST_PAGES, seed=11, device=cuda)
     assert used == sa.default_plan(len(counts), cuda)
-    resident = sa.attention_ext.resident_programs() if used.path == "cuda" else sa.attention_ext.resident_clusters(used.splits) * used.splits
+    resident = (
+        sa.attention_ext.resident_programs() if used.path == "cuda" else sa.attention_ext.resident_clusters(used.splits) * used.splits
+    )
     assert len(counts) * used.splits <= resident, "T <= 8 fits one co-resident launch"
 
 
@@ -389,7 +405,9 @@ def test_gpu_cuda_kernel_strided_views_scale_and_nan_cache(cuda):
     combined = torch.cat([inputs["ckv_cache"], inputs["kpe_cache"]], dim=-1)
     q = torch.cat([inputs["q_nope"], inputs["q_pe"]], dim=-1)
     for scale in (1.0, 0.01):
-        views = dict(inputs, ckv_cache=combined[..., :512], kpe_cache=combined[..., 512:], q_nope=q[..., :512], q_pe=q[..., 512:], sm_scale=scale)
+        views = dict(
+            inputs, ckv_cache=combined[..., :512], kpe_cache=combined[..., 512:], q_nope=q[..., :512], q_pe=q[..., 512:], sm_scale=scale
+        )
         outputs, _ = run_solution(axes, views, None, cuda)
         torch.cuda.synchronize()
         reference = dict(inputs, sm_scale=scale)

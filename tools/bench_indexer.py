@@ -305,7 +305,8 @@ def main() -> int:
         failures += [f"{case.id}: {p}" for p in problems]
         status = "ok" if not problems else "FAILED"
         print(f"{case.id:24s} B={batch:2d} pages={max_pages:3d} {record['kind']:11s} ref {fmt_us(us.get('reference'))}  "
-              f"triton {fmt_us(us['triton'])}  plain {fmt_us(us['plain'])} µs  x{record['speedup_vs_reference'] or float('nan'):8.1f}  {status}")  # fmt: skip
+              f"triton {fmt_us(us['triton'])}  plain {fmt_us(us['plain'])} µs  "
+              f"x{record['speedup_vs_reference'] or float('nan'):8.1f}  {status}")  # fmt: skip
         if variants is not None:
             print("    alone: " + "  ".join(f"{n}={v['us']:.2f}" for n, v in variants.items() if "us" in v))
 
@@ -341,7 +342,9 @@ def main() -> int:
     for title, key in rows:
         print(f"{title:24s} " + " ".join(f"{fmt_us(summary[p][key]) if p in summary else '-':>12s}" for p in PIPELINES))
     if speedups:
-        print(f"triton speedup over reference: mean {summary['triton_speedup_mean']:.1f}x, geomean {summary['triton_speedup_geomean']:.1f}x")
+        print(
+            f"triton speedup over reference: mean {summary['triton_speedup_mean']:.1f}x, geomean {summary['triton_speedup_geomean']:.1f}x"
+        )
     print(
         "targets (H200): " + ", ".join(f"{k} <= {v} µs: {'met' if summary['targets_met'][k] else 'MISSED'}" for k, v in TARGETS_US.items())
     )

@@ -113,7 +113,9 @@ def landing_summary(stamps: torch.Tensor) -> dict:
     within = [statistics.pstdev([t for _, t in v]) for v in per_sm.values() if len(v) > 1]
     halves = []
     for parity in (0, 1):
-        halves.append({sm: statistics.fmean(t for c, t in v if c % 2 == parity) for sm, v in per_sm.items() if any(c % 2 == parity for c, _ in v)})
+        halves.append(
+            {sm: statistics.fmean(t for c, t in v if c % 2 == parity) for sm, v in per_sm.items() if any(c % 2 == parity for c, _ in v)}
+        )
     common = sorted(set(halves[0]) & set(halves[1]))
     corr = statistics.correlation([halves[0][sm] for sm in common], [halves[1][sm] for sm in common]) if len(common) > 2 else float("nan")
     return {
@@ -130,7 +132,8 @@ def landing_summary(stamps: torch.Tensor) -> dict:
 def per_sm_landing(args: argparse.Namespace, ext, workload, device: torch.device) -> int:
     """--per-sm: the bulk gather's landing stamps per SM (see landing_summary)."""
     flusher = L2Flusher(device)
-    print(f"{torch.cuda.get_device_name(device)}, bulk gather with {args.splits} programs per token, as-is ids, cold L2, {args.iterations} calls")
+    print(f"{torch.cuda.get_device_name(device)}, bulk gather with {args.splits} programs per token, as-is ids, cold L2, "
+          f"{args.iterations} calls")
     results = {}
     for case_id in args.case or ["attention_18_t8_full"]:
         inputs = generated_inputs(workload, next(c for c in workload.cases if c.id == case_id), device)
@@ -206,7 +209,11 @@ def main() -> int:
         # The attention is invariant under a reordering of a row's slots: the solution timed on
         # reordered ids shows what an in-kernel reordering could gain at most.
         per_row_orders = {"as-is": indices, "row-sorted": row_sorted(indices), "contiguous": contiguous(indices)}
-        for order, ids in (("as-is", indices), ("program-sorted", program_sorted(indices, 16)), ("row-sorted", per_row_orders["row-sorted"])):
+        for order, ids in (
+            ("as-is", indices),
+            ("program-sorted", program_sorted(indices, 16)),
+            ("row-sorted", per_row_orders["row-sorted"]),
+        ):
             reordered = list(call_args)
             reordered[[spec.name for spec in workload.definition.inputs].index("sparse_indices")] = ids
             attention_args = (*reordered, outs["output"], outs["lse"])

@@ -51,7 +51,11 @@ def timers(out: Path | None, iterations: int) -> None:
     }
     from dsa_bench.timing.cupti import CuptiTimer
 
-    timer_kinds = {"cupti": lambda: make_timer("cupti"), "cupti_api": lambda: CuptiTimer(correlate_api=True), "events": lambda: make_timer("events")}
+    timer_kinds = {
+        "cupti": lambda: make_timer("cupti"),
+        "cupti_api": lambda: CuptiTimer(correlate_api=True),
+        "events": lambda: make_timer("events"),
+    }
     rows, data = [], {}
     for name, fn in kernels.items():
         medians = {}
@@ -68,7 +72,11 @@ def timers(out: Path | None, iterations: int) -> None:
     headers = ["kernel", "CUPTI median µs", "CUPTI + API tracing µs", "events median µs", "events - CUPTI µs"]
     print(tabulate(rows, headers=headers, disable_numparse=True))
     if out:
-        out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "iterations": iterations, "medians_us": data}, indent=1))
+        out.write_text(
+            json.dumps(
+                {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "iterations": iterations, "medians_us": data}, indent=1
+            )
+        )
 
 
 def _latencies(path: Path) -> dict[tuple[str, str], float]:
@@ -163,7 +171,18 @@ def l2_flush(out: Path | None, iterations: int) -> None:
     print("flush itself: " + ", ".join(f"{mode} {us:.0f} µs" for mode, us in flush_us.items()))
     print(tabulate(rows, headers=["call", *(f"{m} µs" for m in modes), "dirty - clean µs"], disable_numparse=True))
     if out:
-        out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "iterations": iterations, "flush_us": flush_us, "medians_us": data}, indent=1))
+        out.write_text(
+            json.dumps(
+                {
+                    "gpu": torch.cuda.get_device_name(),
+                    "torch": torch.__version__,
+                    "iterations": iterations,
+                    "flush_us": flush_us,
+                    "medians_us": data,
+                },
+                indent=1,
+            )
+        )
 
 
 def main() -> int:

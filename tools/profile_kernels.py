@@ -74,7 +74,11 @@ def direct_call(definition, axes, inputs, device):
         return lambda: sa.sparse_attention(*args, outputs["output"], outputs["lse"])
     ix = solution_module(indexer.NAME)
     topk = ix.topk_ext.filtered_topk if ix._cuda_topk is not None else ix.portable_topk
-    return lambda: ix._scored_path(topk, *args, outputs["topk_indices"]) if args[4].shape[1] * 64 > indexer.TOPK else ix.kernel(*args, outputs["topk_indices"])
+    return lambda: (
+        ix._scored_path(topk, *args, outputs["topk_indices"])
+        if args[4].shape[1] * 64 > indexer.TOPK
+        else ix.kernel(*args, outputs["topk_indices"])
+    )
 
 
 def run_ncu(cases: list[str], device: torch.device) -> int:
@@ -102,7 +106,9 @@ def run_locality(iterations: int, device: torch.device) -> int:
     if warning:
         print(f"warning: {warning}")
     timer, flusher = make_timer(timer_name), L2Flusher(device)
-    print(f"default attention plan, {timer.name}, cold L2, median of {iterations}; indices as generated vs folded onto {FOLDED_PAGES} pages")
+    print(
+        f"default attention plan, {timer.name}, cold L2, median of {iterations}; indices as generated vs folded onto {FOLDED_PAGES} pages"
+    )
     for case in workload.cases:
         if "full" not in case.id and "sparse" not in case.id:
             continue
@@ -285,7 +291,9 @@ def main() -> int:
     p.add_argument("mode", choices=("ncu", "locality", "cache", "topk", "phases"))
     p.add_argument("--case", action="append", default=[], help="case id (repeatable; ncu mode)")
     p.add_argument("--iterations", type=int, default=30)
-    p.add_argument("--plan", type=plan_spec, help="phases mode: PATH:SPLITS:LAG (gather lag, SM cycles) of the CUDA kernel instead of the default plan")
+    p.add_argument(
+        "--plan", type=plan_spec, help="phases mode: PATH:SPLITS:LAG (gather lag, SM cycles) of the CUDA kernel instead of the default plan"
+    )
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("profile_kernels: needs a CUDA GPU", file=sys.stderr)
