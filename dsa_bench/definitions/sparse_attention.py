@@ -165,7 +165,9 @@ def _random_indices_problems(p: Mapping[str, Any], tokens: int, num_pages: int) 
     label = "sparse_indices.params"
     if p.get("padding", "tail") not in PADDINGS:
         problems.append(f"{label}.padding = {p.get('padding')!r}, expected 'tail' or 'scattered'")
-    counts, contexts = p.get("valid_counts"), p.get("context_tokens")
+    # as the trace gave them: each is checked below before it is used
+    counts: Any = p.get("valid_counts")
+    contexts: Any = p.get("context_tokens")
     if "valid_counts" not in p:
         if "context_tokens" in p:
             problems.append(f"{label}.context_tokens needs valid_counts (each token's context must hold its valid slots)")

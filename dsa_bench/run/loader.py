@@ -36,7 +36,7 @@ def import_entry(solution: Solution, definition: str) -> tuple[Callable[..., Any
     package = _package_name(solution)
     if package not in sys.modules:
         module = types.ModuleType(package)
-        module.__path__ = [str(solution.path)]  # type: ignore[attr-defined]
+        module.__path__ = [str(solution.path)]
         sys.modules[package] = module
     if str(solution.path) not in sys.path:
         sys.path.insert(0, str(solution.path))

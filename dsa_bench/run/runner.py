@@ -140,12 +140,13 @@ class WorkerHandle:
         isolation.give_to(self.identity, self.writable)
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
-        user = {"user": self.identity.uid, "group": self.identity.gid, "extra_groups": []} if self.identity.dedicated else {}
+        identity = self.identity  # uid and gid None: the harness's own user, with its groups
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "dsa_bench.run.worker", str(to_worker_r), str(from_worker_w)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(to_worker_r, from_worker_w),
-                start_new_session=True, env=self._environment(), **user,
+                start_new_session=True, env=self._environment(),
+                user=identity.uid, group=identity.gid, extra_groups=[] if identity.dedicated else None,
             )  # fmt: skip
         os.close(to_worker_r)
         os.close(from_worker_w)
