@@ -134,7 +134,7 @@ def list_(what: str = typer.Argument("all", help="definitions, workloads, soluti
         raise DsaBenchError(f"cannot list {what!r}; choose definitions, workloads, solutions or all")
     root = find_root()
     if what in ("all", "definitions"):
-        rows = [[d.name, ", ".join(d.var_axes), d.description] for d in all_definitions().values()]
+        rows: list[list[object]] = [[d.name, ", ".join(d.var_axes), d.description] for d in all_definitions().values()]
         typer.echo(tabulate(rows, headers=["definition", "variable axes", "description"]) + "\n")
     if what in ("all", "workloads"):
         rows = []
