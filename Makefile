@@ -44,6 +44,7 @@ test-gpu: install
 lint: install
 	$(VENV)/bin/ruff check dsa_bench tests tools solutions
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy dsa_bench
 
 clean:
 	rm -rf $(VENV) .cache build *.egg-info

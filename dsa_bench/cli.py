@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 import typer.core
@@ -51,22 +50,29 @@ def _warn(message: str) -> None:
 @app.command()
 def run(
     workload: str = typer.Option(..., "--workload", "-w", help="Workload name (workloads/<name>.yaml) or path to a workload YAML."),
-    solution: list[str] = typer.Option([], "--solution", "-s", help="Solution name or folder; repeat for several. Default: every solution with an entry for the workload's definition."),
+    solution: list[str] = typer.Option([], "--solution", "-s", help="Solution name or folder; repeat for several. Default: every solution "
+                                                                    "with an entry for the workload's definition."),
     case: list[str] = typer.Option([], "--case", "-c", help="Case id or glob pattern; repeat for several. Default: all cases."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N. Without CUDA the run checks correctness only."),
-    timer: str = typer.Option("auto", help="auto (CUPTI, else CUDA events with a warning), cupti, cupti_api (also traces API calls and matches kernels by correlation id) or events."),
-    l2_flush: str = typer.Option("clean", "--l2-flush", help="How L2 is emptied before each timed call: clean (write, then read, a buffer of 2 x L2: the call pays for its own traffic only) or dirty (write only, as a memset flush does: the call also writes back the flush's dirty lines)."),
-    seed: Optional[int] = typer.Option(None, help="Base seed (default: the workload's)."),
-    input_sets: Optional[int] = typer.Option(None, help="Random input sets per case (and rotating sets per timing trial)."),
-    warmup: Optional[int] = typer.Option(None, help="Warm-up calls per trial."),
-    iterations: Optional[int] = typer.Option(None, help="Timed calls per trial."),
-    trials: Optional[int] = typer.Option(None, help="Timing trials, each with fresh inputs."),
+    timer: str = typer.Option("auto", help="auto (CUPTI, else CUDA events with a warning), cupti, cupti_api (also traces API calls and "
+                                           "matches kernels by correlation id) or events."),
+    l2_flush: str = typer.Option("clean", "--l2-flush", help="How L2 is emptied before each timed call: clean (write, then read, a buffer "
+                                                             "of 2 x L2: the call pays for its own traffic only) or dirty (write only, as "
+                                                             "a memset flush does: the call also writes back the flush's dirty lines)."),
+    seed: int | None = typer.Option(None, help="Base seed (default: the workload's)."),
+    input_sets: int | None = typer.Option(None, help="Random input sets per case (and rotating sets per timing trial)."),
+    warmup: int | None = typer.Option(None, help="Warm-up calls per trial."),
+    iterations: int | None = typer.Option(None, help="Timed calls per trial."),
+    trials: int | None = typer.Option(None, help="Timing trials, each with fresh inputs."),
     case_timeout: float = typer.Option(600.0, help="Seconds a solution may take on one case before it is TIMEOUT."),
     compile_timeout: float = typer.Option(900.0, help="Seconds a solution may take to import/build."),
-    save: Optional[Path] = typer.Option(None, help="Results JSON path (default: results/<workload>-<time>.json)."),
+    save: Path | None = typer.Option(None, help="Results JSON path (default: results/<workload>-<time>.json)."),
     no_save: bool = typer.Option(False, "--no-save", help="Do not write a results file."),
-    dataset: Optional[Path] = typer.Option(None, "--dataset", help="A flashinfer-bench dataset folder; --workload then names one of its definitions or a workloads .jsonl file."),
-    worker_user: str = typer.Option("auto", "--worker-user", help="Whom solution workers run as: auto (a dedicated unprivileged id per worker when the harness is root, else the harness's user) or harness (always the harness's user)."),
+    dataset: Path | None = typer.Option(None, "--dataset", help="A flashinfer-bench dataset folder; --workload then names one of its "
+                                                                "definitions or a workloads .jsonl file."),
+    worker_user: str = typer.Option("auto", "--worker-user", help="Whom solution workers run as: auto (a dedicated unprivileged id per "
+                                                                  "worker when the harness is root, else the harness's user) or harness "
+                                                                  "(always the harness's user)."),
 ) -> None:
     """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them."""
     from dsa_bench.project import find_root
@@ -82,7 +88,8 @@ def run(
     for warning in plan.warnings:
         _warn(warning)
     names = ", ".join(s.name for s in plan.solutions)
-    typer.echo(f"{plan.workload.name}: {len(plan.cases)} cases x {len(plan.solutions)} solutions ({names}) on {plan.options.device}, {plan.mode}")
+    typer.echo(f"{plan.workload.name}: {len(plan.cases)} cases x {len(plan.solutions)} solutions ({names}) "
+               f"on {plan.options.device}, {plan.mode}")
     for line in sorted({f"workers run as {identity.description}" for identity in plan.identities.values()}):
         typer.echo(line)
     with _progress() as progress:
@@ -117,9 +124,8 @@ def _progress(console=None):
     and brackets in one (``[/]``) cannot raise in the display's refresh thread."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(
-        TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=True, console=console
-    )
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    return Progress(*columns, transient=True, console=console)
 
 
 @app.command("list")
@@ -135,7 +141,7 @@ def list_(what: str = typer.Argument("all", help="definitions, workloads, soluti
         raise DsaBenchError(f"cannot list {what!r}; choose definitions, workloads, solutions or all")
     root = find_root()
     if what in ("all", "definitions"):
-        rows = [[d.name, ", ".join(d.var_axes), d.description] for d in all_definitions().values()]
+        rows: list[list[object]] = [[d.name, ", ".join(d.var_axes), d.description] for d in all_definitions().values()]
         typer.echo(tabulate(rows, headers=["definition", "variable axes", "description"]) + "\n")
     if what in ("all", "workloads"):
         rows = []
@@ -197,9 +203,11 @@ def _validate_trace(path: Path) -> int:
 @app.command()
 def pack(
     folder: Path = typer.Argument(..., help="Solution folder (with solution.yaml)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output folder (default: packed/<solution name>/)."),
-    definition: list[str] = typer.Option([], "--definition", "-d", help="Pack only this definition's entry; repeat for several. Default: every entry."),
-    verify: bool = typer.Option(False, "--verify", help="Unpack each JSON into a temporary folder and run it on its definition's smoke workload(s)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="Output folder (default: packed/<solution name>/)."),
+    definition: list[str] = typer.Option([], "--definition", "-d", help="Pack only this definition's entry; repeat for several. Default: "
+                                                                        "every entry."),
+    verify: bool = typer.Option(False, "--verify", help="Unpack each JSON into a temporary folder and run it on its definition's smoke "
+                                                        "workload(s)."),
     device: str = typer.Option("auto", help="Device for --verify runs (auto, cpu, cuda, cuda:N)."),
 ) -> None:
     """Package a solution folder as flashinfer-bench Solution JSON, one file per definition."""
@@ -226,7 +234,8 @@ def pack(
     if not verify:
         return
     failed = 0
-    for result in verify_packed([item.path for item in packed], find_root(), device=device):
+    written = [item.path for item in packed if item.path is not None]  # pack_solution writes every entry
+    for result in verify_packed(written, find_root(), device=device):
         if result.passed:
             typer.echo(f"verified {result.packed.name} on {result.workload}: every case passed")
         else:
@@ -255,7 +264,8 @@ def unpack(
 def compare(
     results: list[Path] = typer.Argument(..., help="Results JSON file(s) of `dsa-bench run --save`."),
     baseline: Path = typer.Option(..., "--baseline", "-b", help="Baseline JSON, e.g. baselines/h200.json."),
-    threshold: float = typer.Option(0.05, help="Smallest slowdown (fraction of speedup) that counts as a regression; the recorded noise can widen it."),
+    threshold: float = typer.Option(0.05, help="Smallest slowdown (fraction of speedup) that counts as a regression; the recorded noise "
+                                               "can widen it."),
     output_format: str = typer.Option("table", "--format", help="table, or markdown (for CI summaries)."),
     all_cases: bool = typer.Option(False, "--all", help="List every case, not only those that changed."),
 ) -> None:
@@ -317,13 +327,15 @@ def results_merge(
 @app.command()
 def report(
     results: list[Path] = typer.Argument(..., help="Results JSON file(s) of `dsa-bench run --save`."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="HTML file to write (default: the first results file with .html); PNG plots go next to it."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="HTML file to write (default: the first results file with .html); PNG "
+                                                                    "plots go next to it."),
 ) -> None:
     """Write a self-contained HTML report (plots embedded) and the plots as PNG files."""
     from dsa_bench.results.report import write_report
 
     page, pngs = write_report(results, output if output is not None else results[0].with_suffix(".html"))
-    typer.echo(f"report: {page}" + (f" ({len(pngs)} plots: {', '.join(p.name for p in pngs)})" if pngs else " (nothing was timed: no plots)"))
+    plots = f" ({len(pngs)} plots: {', '.join(p.name for p in pngs)})" if pngs else " (nothing was timed: no plots)"
+    typer.echo(f"report: {page}{plots}")
 
 
 def main() -> None:

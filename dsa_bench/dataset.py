@@ -183,7 +183,7 @@ def generic_definition(data: Mapping[str, Any], where: str) -> Definition:
         result = tuple(result)
         if len(result) != len(output_names):
             raise ValueError(f"reference of {name} returned {len(result)} outputs, expected {len(output_names)}")
-        return dict(zip(output_names, result))
+        return dict(zip(output_names, result, strict=True))
 
     def generate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mapping[str, dict], rng: InputRng) -> dict[str, Value]:
         return {s.name: given[s.name] if s.name in given else _random_value(s, axes, rng) for s in inputs}

@@ -29,11 +29,15 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 from dsa_bench.errors import DsaBenchError
+
+if TYPE_CHECKING:  # pydantic is imported only when a document is checked
+    from pydantic import BaseModel
+    from pydantic_core import ErrorDetails
 
 #: Largest JSON, JSONL or YAML file dsa-bench reads (results files of full runs are a few MB).
 MAX_TEXT_BYTES = 64 * 1024 * 1024
@@ -96,8 +100,10 @@ def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     document = dict(pairs)
     if len(document) != len(pairs):
         seen: set[str] = set()
-        duplicate = next(key for key, _ in pairs if key in seen or seen.add(key))
-        raise _DuplicateKey(duplicate)
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
     return document
 
 
@@ -135,8 +141,13 @@ def read_jsonl(path: Path, kind: str) -> list[tuple[str, Any]]:
         if not line.strip():
             continue
         where = f"{path}:{number}"
-        records.append((where, _parse_json(line, lambda offset, where=where: where)))
+        records.append((where, _parse_json(line, _always(where))))
     return records
+
+
+def _always(where: str) -> Callable[[int | None], str]:
+    """A place for :func:`_parse_json` that is the same whatever the offset (one JSONL line)."""
+    return lambda offset: where
 
 
 class _YamlLimit(yaml.MarkedYAMLError):
@@ -173,6 +184,7 @@ class _BoundedLoader(yaml.SafeLoader):
             node = super().compose_node(parent, index)
         finally:
             self._depth -= 1
+        assert node is not None, "PyYAML composes a node for every event it accepts (its stubs allow None)"
         if isinstance(node, yaml.SequenceNode):
             children = node.value
         elif isinstance(node, yaml.MappingNode):
@@ -218,14 +230,14 @@ def read_yaml(path: Path, kind: str) -> Any:
         raise DsaBenchError(f"malformed YAML: character #x{exc.character:04x} is not allowed in YAML", f"{path}:{line}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        raise DsaBenchError(f"malformed YAML: {getattr(exc, 'problem', None) or exc}", f"{path}{line}") from None
+        at_line = f":{mark.line + 1}" if mark is not None else ""
+        raise DsaBenchError(f"malformed YAML: {getattr(exc, 'problem', None) or exc}", f"{path}{at_line}") from None
     finally:
         if loader is not None:
             loader.dispose()
 
 
-Model = TypeVar("Model")
+Model = TypeVar("Model", bound="BaseModel")
 
 
 def _location(loc: Iterable[Any]) -> str:
@@ -274,7 +286,7 @@ def field_sentence(text: str) -> Exception:
     return PydanticCustomError(_FIELD_SENTENCE, "{sentence}", {"sentence": text})
 
 
-def _problem(error: dict[str, Any]) -> str:
+def _problem(error: ErrorDetails) -> str:
     kind, ctx = error["type"], error.get("ctx") or {}
     where = _location(error["loc"])
     if kind == _FIELD_SENTENCE:
@@ -305,7 +317,7 @@ def check_document(model: type[Model], data: Any, where: str) -> Model:
     from pydantic import ValidationError
 
     try:
-        return model.model_validate(data)  # type: ignore[attr-defined]
+        return model.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
         more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""

@@ -59,7 +59,9 @@ def reference_solution(root: Path) -> Solution | None:
         return None
     solution = load_solution(folder)
     if solution.name != REFERENCE_SOLUTION:
-        raise DsaBenchError(f"the project's reference solution must be named {REFERENCE_SOLUTION!r}, not {solution.name!r}", str(folder / MANIFEST))
+        raise DsaBenchError(
+            f"the project's reference solution must be named {REFERENCE_SOLUTION!r}, not {solution.name!r}", str(folder / MANIFEST)
+        )
     return solution
 
 

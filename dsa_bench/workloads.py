@@ -20,10 +20,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import BeforeValidator, Field
@@ -69,7 +70,7 @@ class RunSettings:
     trials: int = 3
     tolerance: Tolerance = Tolerance()
 
-    def replace(self, **changes: Any) -> "RunSettings":
+    def replace(self, **changes: Any) -> RunSettings:
         from dataclasses import replace
 
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -292,7 +293,8 @@ def parse_case(record: Any, definition: Definition, where: str, base_dir: Path) 
 def check_case_size(definition: Definition, axes: Mapping[str, int], case_id: str, where: str) -> None:
     """Refuse a case whose inputs and outputs need more than :data:`MAX_INPUT_SET_BYTES`, before
     anything is allocated; the message names the largest tensor."""
-    sizes = [(spec, math.prod(spec.concrete_shape(axes)) * spec.dtype.itemsize) for spec in (*definition.inputs, *definition.outputs) if not spec.is_scalar]
+    tensors = [spec for spec in (*definition.inputs, *definition.outputs) if not spec.is_scalar]
+    sizes = [(spec, math.prod(spec.concrete_shape(axes)) * spec.dtype.itemsize) for spec in tensors]
     total = sum(size for _, size in sizes)
     if total <= MAX_INPUT_SET_BYTES:
         return
@@ -355,7 +357,8 @@ def resolve_given(case: Case, definition: Definition, device: torch.device) -> d
             continue
         if spec.is_scalar:
             if src.kind != "scalar":
-                raise DsaBenchError(f"{label} is a scalar input; give it as {{\"type\": \"scalar\", \"value\": ...}}", case.where)
+                raise DsaBenchError(f'{label} is a scalar input; give it as {{"type": "scalar", "value": ...}}', case.where)
+            assert src.value is not None  # a scalar source's model requires its value
             given[spec.name] = float(src.value)
             continue
         if src.kind == "scalar":

@@ -162,7 +162,9 @@ def _isolation_here() -> bool:
     return choose_identity("auto", 0, [*python_paths(), ROOT], []).dedicated
 
 
-@pytest.mark.skipif(not _isolation_here(), reason="workers cannot run as an unprivileged user here (not root, or Python is not readable by others)")
+@pytest.mark.skipif(
+    not _isolation_here(), reason="workers cannot run as an unprivileged user here (not root, or Python is not readable by others)"
+)
 def test_unprivileged_workers_cannot_kill_the_harness_or_leave_processes(tmp_path, marker, monkeypatch):
     monkeypatch.setenv("DSA_BENCH_TEST_NEW_SESSION", "1")  # the child escapes the worker's process group
     code, doc, output = run_with(tmp_path, "indexer_smoke", ["smoke_scored"], ["kills_harness", "leaves_children"])

@@ -60,14 +60,20 @@ def test_replies_are_validated_strictly():
 def test_tensors_are_accepted_only_as_declared_and_as_the_definition_expects():
     specs = {"out": (torch.int32, (2, 3))}
     good = torch.arange(6, dtype=torch.int32).reshape(2, 3)
-    meta = parse_reply({"type": "outputs", "notes": "", "sets": [{"out": {"kind": "tensor", "dtype": "int32", "shape": [2, 3], "in_blob": True}}]}, ("outputs",)).sets[0]
+    meta = parse_reply(
+        {"type": "outputs", "notes": "", "sets": [{"out": {"kind": "tensor", "dtype": "int32", "shape": [2, 3], "in_blob": True}}]},
+        ("outputs",),
+    ).sets[0]
     assert torch.equal(rebuild(meta, {"0/out": good}, "0/", specs, extras_allowed=True)["out"], good)
     with pytest.raises(ProtocolError, match="does not match its description"):
         rebuild(meta, {"0/out": good.float()}, "0/", specs, extras_allowed=True)
     with pytest.raises(ProtocolError, match="does not match its description"):
         rebuild(meta, {}, "0/", specs, extras_allowed=True)
-    wrong = parse_reply({"type": "outputs", "notes": "", "sets": [{"out": {"kind": "tensor", "dtype": "int64", "shape": [2, 3], "in_blob": False},
-                                                                   "junk": {"kind": "other", "type_name": "str"}}]}, ("outputs",)).sets[0]  # fmt: skip
+    wrong_set = {
+        "out": {"kind": "tensor", "dtype": "int64", "shape": [2, 3], "in_blob": False},
+        "junk": {"kind": "other", "type_name": "str"},
+    }
+    wrong = parse_reply({"type": "outputs", "notes": "", "sets": [wrong_set]}, ("outputs",)).sets[0]
     rebuilt = rebuild(wrong, {}, "0/", specs, extras_allowed=True)
     assert rebuilt["out"].device.type == "meta" and rebuilt["out"].dtype == torch.int64 and set(rebuilt) == {"out"}
     with pytest.raises(ProtocolError, match="not among"):

@@ -281,7 +281,8 @@ def test_attention_checker_requires_exact_zero_output_on_empty_rows(attention_ca
     assert ref["output"][1].eq(0).all()
     out = ref["output"].clone()
     out[1, 3, 100] = 0.009  # within atol = 1e-2, but the contract says exactly 0
-    _reject_attention(axes, inputs, out, ref["lse"], "output: token 1 has no valid index, so its output must be exactly 0; head 3 column 100 holds 0.00897217")
+    message = "output: token 1 has no valid index, so its output must be exactly 0; head 3 column 100 holds 0.00897217"
+    _reject_attention(axes, inputs, out, ref["lse"], message)
     out[1, 3, 100] = float("nan")
     _reject_attention(axes, inputs, out, ref["lse"], "output: token 1 has no valid index")
     out[1] = -0.0  # IEEE -0 equals 0

@@ -118,7 +118,9 @@ def dataset(tmp_path) -> Path:
     _jsonl(
         root / "workloads" / "norm" / f"{RMSNORM}.jsonl",
         [
-            _line(RMSNORM, "r0", {"batch_size": 5}, {"hidden_states": {"type": "random"}, "weight": {"type": "random"}, "eps": {"type": "scalar", "value": 1e-6}}),
+            _line(RMSNORM, "r0", {"batch_size": 5}, {
+                "hidden_states": {"type": "random"}, "weight": {"type": "random"}, "eps": {"type": "scalar", "value": 1e-6},
+            }),
             _line(RMSNORM, "r1", {"batch_size": 3}, {
                 "hidden_states": {"type": "safetensors", "path": "blob/norm.safetensors", "tensor_key": "hidden_states"},
                 "eps": {"type": "scalar", "value": 1e-5},

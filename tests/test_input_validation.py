@@ -48,7 +48,14 @@ def invoke_run(*args: str) -> BaseException | None:
 def write_solution(folder: Path, name: str, definition: str = idx.NAME) -> Path:
     folder.mkdir(parents=True)
     (folder / "solution.yaml").write_text(
-        json.dumps({"name": name, "author": "tests", "target_hardware": ["cpu"], "entries": {definition: {"entry_point": "kernel.py::kernel", "language": "python"}}})
+        json.dumps(
+            {
+                "name": name,
+                "author": "tests",
+                "target_hardware": ["cpu"],
+                "entries": {definition: {"entry_point": "kernel.py::kernel", "language": "python"}},
+            }
+        )
     )
     (folder / "kernel.py").write_text("def kernel(*args):\n    return None\n")
     return folder
@@ -62,7 +69,7 @@ def test_safe_file_name_keeps_plain_names_and_makes_the_rest_safe_and_distinct()
         assert safe_file_name(plain) == plain
     hostile = ["../../x", "..", ".", "", "a/b", "a\\b", "a_b-", "-rf", ".hidden", "é", "x" * 500, "a\x00b", "triton-0123456789abcdef"]
     made = [safe_file_name(n) for n in hostile]
-    for name, safe in zip(hostile, made):
+    for name, safe in zip(hostile, made, strict=True):
         assert safe and safe not in (".", "..") and safe[0] not in ".-", (name, safe)
         assert all(c.isascii() and (c.isalnum() or c in "._-") for c in safe), (name, safe)
         assert len(safe) <= MAX_FILE_NAME and Path(safe).name == safe
@@ -206,7 +213,9 @@ def test_dataset_blob_paths_stay_in_the_dataset(tmp_path):
     root = write_dataset(tmp_path / "dataset", {"x": {"type": "safetensors", "path": "blob/../../outside.safetensors", "tensor_key": "x"}})
     with pytest.raises(DsaBenchError) as info:
         load_dataset_workload(root, "rmsnorm_h64")
-    assert str(info.value).startswith(f"{root / 'workloads' / 'rmsnorm_h64.jsonl'}:1: inputs.x.path: path 'blob/../../outside.safetensors' resolves to")
+    assert str(info.value).startswith(
+        f"{root / 'workloads' / 'rmsnorm_h64.jsonl'}:1: inputs.x.path: path 'blob/../../outside.safetensors' resolves to"
+    )
 
 
 def test_manifest_entry_linking_out_of_the_folder_is_refused(tmp_path):
@@ -214,7 +223,9 @@ def test_manifest_entry_linking_out_of_the_folder_is_refused(tmp_path):
     folder = write_solution(tmp_path / "s", "linked")
     (folder / "kernel.py").unlink()
     os.symlink(tmp_path / "elsewhere.py", folder / "kernel.py")
-    with pytest.raises(DsaBenchError, match=rf"entries.{idx.NAME}: 'kernel.py' lies outside the solution folder \(it resolves to .*elsewhere.py\)"):
+    with pytest.raises(
+        DsaBenchError, match=rf"entries.{idx.NAME}: 'kernel.py' lies outside the solution folder \(it resolves to .*elsewhere.py\)"
+    ):
         load_solution(folder)
 
 
@@ -241,7 +252,9 @@ def test_unpack_refuses_paths_that_leave_or_confuse_the_destination(tmp_path):
             unpack_solutions([bad], tmp_path / f"dest{i}")
         assert fragment in str(info.value)
     clash = tmp_path / "clash.json"
-    clash.write_text(json.dumps({**doc, "sources": doc["sources"] + [{"path": "sub", "content": "x\n"}, {"path": "sub/x.py", "content": "x = 1\n"}]}))
+    clash.write_text(
+        json.dumps({**doc, "sources": doc["sources"] + [{"path": "sub", "content": "x\n"}, {"path": "sub/x.py", "content": "x = 1\n"}]})
+    )
     with pytest.raises(DsaBenchError, match=r"sources\[1\].path 'sub': is a file, but other sources lie inside it as a folder"):
         unpack_solutions([clash], tmp_path / "dest_clash")
 
@@ -255,7 +268,9 @@ def test_unpack_does_not_follow_a_link_out_of_a_forced_destination(tmp_path):
     os.symlink(outside, dest / "lib")
     packed = tmp_path / "linked.json"
     packed.write_text(json.dumps({**doc, "sources": doc["sources"] + [{"path": "lib/x.py", "content": "x = 1\n"}]}))
-    with pytest.raises(DsaBenchError, match=rf"^{dest}: {dest}/lib is a file \(or a link\), but the unpacked source lib/x.py must go inside it"):
+    with pytest.raises(
+        DsaBenchError, match=rf"^{dest}: {dest}/lib is a file \(or a link\), but the unpacked source lib/x.py must go inside it"
+    ):
         unpack_solutions([packed], dest, force=True)
     assert not any(outside.iterdir()) and not (dest / "kernel.py").exists(), "nothing is written when one path is refused"
 
@@ -300,7 +315,8 @@ def test_good_workload_settings_at_their_bounds_load(tmp_path):
     shutil.copy(ROOT / "traces" / "indexer_smoke.jsonl", tmp_path / "t.jsonl")
     path = tmp_path / "w.yaml"
     path.write_text(
-        f"name: w\ndefinition: {idx.NAME}\ntrace: t.jsonl\nsettings: {{seed: 0, input_sets: 64, warmup: 0, iterations: 100000, trials: 100, atol: 0, rtol: 0.5, score_rtol: 0}}\n"
+        f"name: w\ndefinition: {idx.NAME}\ntrace: t.jsonl\n"
+        "settings: {seed: 0, input_sets: 64, warmup: 0, iterations: 100000, trials: 100, atol: 0, rtol: 0.5, score_rtol: 0}\n"
     )
     settings = load_workload(path).settings
     assert (settings.input_sets, settings.warmup, settings.iterations, settings.trials) == (64, 0, 100000, 100)
@@ -400,7 +416,9 @@ def test_random_seq_lens_with_an_explicit_block_table_check_every_reachable_entr
     assert "block_table[0] lists a page twice among its first 2 entries" in message
     # entries no allowed length reaches may hold anything; every seed then builds and runs
     table = {"type": "explicit", "values": [[1, 2, -7], [3, 4, 99]]}
-    (case,) = load_workload(write_trace(tmp_path, [indexer_case(seq_lens={"type": "random", "params": {"min": 0, "max": 128}}, block_table=table)])).cases
+    (case,) = load_workload(
+        write_trace(tmp_path, [indexer_case(seq_lens={"type": "random", "params": {"min": 0, "max": 128}}, block_table=table)])
+    ).cases
     for seed in range(12):
         inputs = build_inputs(INDEXER, case, seed, CPU)
         INDEXER.reference(**inputs)
@@ -409,7 +427,10 @@ def test_random_seq_lens_with_an_explicit_block_table_check_every_reachable_entr
 def test_random_seq_lens_and_random_pages_must_fit_the_page_pool(tmp_path):
     axes = {"batch_size": 2, "max_num_pages": 3, "num_pages": 4}
     message = trace_error(tmp_path, indexer_case(axes, seq_lens={"type": "random"}))
-    assert "random seq_lens up to max = 192 may need 2 x 3 = 6 pages but num_pages = 4; lower seq_lens.params.max or raise num_pages" in message
+    assert (
+        "random seq_lens up to max = 192 may need 2 x 3 = 6 pages but num_pages = 4; lower seq_lens.params.max or raise num_pages"
+        in message
+    )
     # at the bound, no seed draws an impossible allocation
     (case,) = load_workload(write_trace(tmp_path, [indexer_case(axes, seq_lens={"type": "random", "params": {"max": 128}})])).cases
     for seed in range(20):
@@ -423,19 +444,46 @@ def test_bad_sparse_attention_parameters(tmp_path):
 
     cases = [
         (attention_case(sparse_indices=indices(valid_counts=[True, 3])), "sparse_indices.params.valid_counts[0] = True must be an integer"),
-        (attention_case(sparse_indices=indices(valid_counts=[3, math.nan])), "sparse_indices.params.valid_counts[1] = nan must be an integer"),
+        (
+            attention_case(sparse_indices=indices(valid_counts=[3, math.nan])),
+            "sparse_indices.params.valid_counts[1] = nan must be an integer",
+        ),
         (attention_case(sparse_indices=indices(valid_counts=[3, "4"])), "sparse_indices.params.valid_counts[1] = '4' must be an integer"),
-        (attention_case(sparse_indices=indices(valid_counts=None)), "sparse_indices.params.valid_counts = None, expected a list of num_tokens = 2 integers"),
-        (attention_case(sparse_indices=indices(valid_counts=[3, 2049])), "sparse_indices.params.valid_counts[1] = 2049 is not in [0, 2048]"),
-        (attention_case(sparse_indices=indices(valid_counts=[3, 3], context_tokens=[3, math.inf])), "sparse_indices.params.context_tokens[1] = inf must be an integer"),
-        (attention_case(sparse_indices=indices(valid_counts=[3, 3], context_tokens=[3, 2])), "sparse_indices.params.context_tokens[1] = 2 is below valid_counts[1] = 3"),
-        (attention_case(sparse_indices=indices(valid_counts=[3, 3], context_tokens=[3, 10**15])), "the rows need 15625000000001 pages of 64 tokens but num_pages = 4"),
+        (
+            attention_case(sparse_indices=indices(valid_counts=None)),
+            "sparse_indices.params.valid_counts = None, expected a list of num_tokens = 2 integers",
+        ),
+        (
+            attention_case(sparse_indices=indices(valid_counts=[3, 2049])),
+            "sparse_indices.params.valid_counts[1] = 2049 is not in [0, 2048]",
+        ),
+        (
+            attention_case(sparse_indices=indices(valid_counts=[3, 3], context_tokens=[3, math.inf])),
+            "sparse_indices.params.context_tokens[1] = inf must be an integer",
+        ),
+        (
+            attention_case(sparse_indices=indices(valid_counts=[3, 3], context_tokens=[3, 2])),
+            "sparse_indices.params.context_tokens[1] = 2 is below valid_counts[1] = 3",
+        ),
+        (
+            attention_case(sparse_indices=indices(valid_counts=[3, 3], context_tokens=[3, 10**15])),
+            "the rows need 15625000000001 pages of 64 tokens but num_pages = 4",
+        ),
         (attention_case(sparse_indices=indices(context_tokens=[100, 100])), "sparse_indices.params.context_tokens needs valid_counts"),
-        (attention_case(sparse_indices=indices(valid_counts=[3, 3], padding="middle")), "sparse_indices.params.padding = 'middle', expected 'tail' or 'scattered'"),
-        (attention_case(sparse_indices=indices(valid_counts=[3, 3], pad="tail")), "sparse_indices.params.pad is not a generator parameter (its parameters are valid_counts, context_tokens, padding)"),
+        (
+            attention_case(sparse_indices=indices(valid_counts=[3, 3], padding="middle")),
+            "sparse_indices.params.padding = 'middle', expected 'tail' or 'scattered'",
+        ),
+        (
+            attention_case(sparse_indices=indices(valid_counts=[3, 3], pad="tail")),
+            "sparse_indices.params.pad is not a generator parameter (its parameters are valid_counts, context_tokens, padding)",
+        ),
         (attention_case(q_nope=indices(scale=3)), "q_nope.params.scale is not a generator parameter (its generator takes none)"),
         # without valid_counts a token draws up to 2048 valid slots: 32 pages each
-        (attention_case(sparse_indices=indices()), "random valid counts (up to 2048 per token) may need 2 x 32 = 64 pages of 64 tokens but num_pages = 4"),
+        (
+            attention_case(sparse_indices=indices()),
+            "random valid counts (up to 2048 per token) may need 2 x 32 = 64 pages of 64 tokens but num_pages = 4",
+        ),
     ]
     for case, expected in cases:
         assert expected in trace_error(tmp_path, case, attn.NAME)
@@ -443,7 +491,10 @@ def test_bad_sparse_attention_parameters(tmp_path):
 
 def test_terabyte_shapes_are_refused_before_anything_is_allocated(tmp_path):
     message = trace_error(tmp_path, indexer_case({"batch_size": 10**6, "max_num_pages": 10**6, "num_pages": 16}))
-    assert "one input set needs 4016644135168 bytes (3.74e+3 GiB) of inputs and outputs, more than the limit of 68719476736 bytes (64 GiB)" in message
+    assert (
+        "one input set needs 4016644135168 bytes (3.74e+3 GiB) of inputs and outputs, more than the limit of 68719476736 bytes (64 GiB)"
+        in message
+    )
     assert "the largest is block_table (1000000, 1000000) int32: 4000000000000 bytes" in message
     message = trace_error(tmp_path, attention_case_axes(num_tokens=1, num_pages=10**7), attn.NAME)
     assert "the largest is ckv_cache (10000000, 64, 512) bfloat16: 655360000000 bytes" in message
@@ -484,14 +535,15 @@ def test_explicit_values_are_never_truncated_or_wrapped(tmp_path):
 
 
 def test_scalars_must_be_finite(tmp_path):
+    one_slot_each = {"type": "random", "params": {"valid_counts": [1, 1]}}
     for value, expected in [
         (math.nan, "inputs.sm_scale.value must be a finite number, got nan"),
         (math.inf, "inputs.sm_scale.value must be a finite number, got inf"),
         (10**400, "inputs.sm_scale.value must be a finite number, got 1000"),
     ]:
-        wl = write_trace(tmp_path, [attention_case(sm_scale={"type": "scalar", "value": value}, sparse_indices={"type": "random", "params": {"valid_counts": [1, 1]}})], attn.NAME)
+        wl = write_trace(tmp_path, [attention_case(sm_scale={"type": "scalar", "value": value}, sparse_indices=one_slot_each)], attn.NAME)
         with pytest.raises(DsaBenchError) as info:
             load_workload(wl)
         assert str(info.value).startswith(f"{tmp_path / 't.jsonl'}:1: {expected}")
-    case = attention_case(sm_scale={"type": "scalar", "value": 1e300}, sparse_indices={"type": "random", "params": {"valid_counts": [1, 1]}})
+    case = attention_case(sm_scale={"type": "scalar", "value": 1e300}, sparse_indices=one_slot_each)
     assert "sm_scale = 1e+300 must be a positive number, finite in float32" in trace_error(tmp_path, case, attn.NAME)

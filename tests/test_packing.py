@@ -128,7 +128,8 @@ def test_bad_solution_folders_give_clear_errors(tmp_path):
     missing = _write(
         tmp_path / "missing",
         {
-            "solution.yaml": f"name: m\nauthor: me\ntarget_hardware: [cuda]\nentries:\n  {INDEXER}:\n    entry_point: nope.py::kernel\n    language: python\n"
+            "solution.yaml": f"name: m\nauthor: me\ntarget_hardware: [cuda]\n"
+            f"entries:\n  {INDEXER}:\n    entry_point: nope.py::kernel\n    language: python\n"
         },
     )
     with pytest.raises(DsaBenchError, match="file 'nope.py' does not exist"):
@@ -136,7 +137,8 @@ def test_bad_solution_folders_give_clear_errors(tmp_path):
     include_outside = _write(
         tmp_path / "inc" / "sol",
         {
-            "solution.yaml": f"name: i\nauthor: me\ntarget_hardware: [cuda]\nentries:\n  {INDEXER}:\n    entry_point: k.cu::f\n    language: cuda\n",
+            "solution.yaml": f"name: i\nauthor: me\ntarget_hardware: [cuda]\nentries:\n  {INDEXER}:\n    entry_point: k.cu::f\n"
+            "    language: cuda\n",
             "k.cu": '#include "../shared.cuh"\n',
             "../shared.cuh": "// outside the solution folder\n",
         },
@@ -146,7 +148,8 @@ def test_bad_solution_folders_give_clear_errors(tmp_path):
     bad_relative = _write(
         tmp_path / "rel",
         {
-            "solution.yaml": f"name: r\nauthor: me\ntarget_hardware: [cuda]\nentries:\n  {INDEXER}:\n    entry_point: k.py::f\n    language: python\n",
+            "solution.yaml": f"name: r\nauthor: me\ntarget_hardware: [cuda]\nentries:\n  {INDEXER}:\n    entry_point: k.py::f\n"
+            "    language: python\n",
             "k.py": "from .missing_module import f\n",
         },
     )
@@ -206,9 +209,17 @@ def test_solution_document_model_messages():
             check_solution_document({**doc, **change}, "x.json")
         return str(info.value).removeprefix("x.json: ")
 
-    assert refused({"spec": {**doc["spec"], "language": "rust"}}).startswith("spec.language: expected one of 'python', 'triton', 'cpp', 'cuda' or 'tilelang'")
-    assert refused({"spec": {**doc["spec"], "entry_point": "k.cu::run"}}) == "spec.entry_point: a python entry must be a .py file, got 'k.cu'"
+    languages = "'python', 'triton', 'cpp', 'cuda' or 'tilelang'"
+    assert refused({"spec": {**doc["spec"], "language": "rust"}}).startswith(f"spec.language: expected one of {languages}")
+    assert (
+        refused({"spec": {**doc["spec"], "entry_point": "k.cu::run"}}) == "spec.entry_point: a python entry must be a .py file, got 'k.cu'"
+    )
     assert refused({"spec": {**doc["spec"], "dependencies": [""]}}) == "spec.dependencies[0]: expected a non-empty string, got ''"
-    assert refused({"sources": [*doc["sources"], {"path": "x\udc80.h", "content": "x"}]}) == "sources[1].path 'x\\udc80.h': expected valid Unicode text (it holds a lone surrogate)"
-    assert refused({"sources": [*doc["sources"], {"path": "x.h", "content": ""}]}) == "sources[1].content: expected a non-empty string, got ''"
+    assert (
+        refused({"sources": [*doc["sources"], {"path": "x\udc80.h", "content": "x"}]})
+        == "sources[1].path 'x\\udc80.h': expected valid Unicode text (it holds a lone surrogate)"
+    )
+    assert (
+        refused({"sources": [*doc["sources"], {"path": "x.h", "content": ""}]}) == "sources[1].content: expected a non-empty string, got ''"
+    )
     assert refused({"definition": None}) == "field 'definition' must be a non-empty string, got None"

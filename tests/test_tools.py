@@ -80,7 +80,9 @@ def test_bench_attention_variants_builds_named_cuda_plans():
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
-@pytest.mark.parametrize("script,args", [("profile_kernels.py", ["topk"]), ("profile_kernels.py", ["phases"]), ("bench_attention_variants.py", [])])
+@pytest.mark.parametrize(
+    "script,args", [("profile_kernels.py", ["topk"]), ("profile_kernels.py", ["phases"]), ("bench_attention_variants.py", [])]
+)
 def test_gpu_tools_refuse_without_cuda(script, args):
     proc = run_tool(script, *args)
     assert proc.returncode == 2 and "GPU" in proc.stderr
@@ -119,7 +121,7 @@ def test_attention_phase_summary_reads_stamps_and_leaves_out_skipped_tiles():
     calls[1][2][3] = 0  # no first-tile stamp
     p = profile_kernels.phase_summary(torch.tensor(calls, dtype=torch.int64))
     assert abs(p["ghz"] - 2.0) < 1e-3
-    for name, us in zip(profile_kernels.PHASES, lengths):
+    for name, us in zip(profile_kernels.PHASES, lengths, strict=True):
         assert abs(p[name] - us) < 1e-3 and abs(p[f"{name} max"] - us) < 1e-3, name
     assert abs(p["start max"] - 0.2) < 1e-9 and abs(p["span"] - (sum(lengths) + 0.2)) < 1e-3
     # Phase ends after the call's first entry: program 1 (start 0.1 µs) is the median, program 2 the

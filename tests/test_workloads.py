@@ -79,7 +79,11 @@ def write_trace(tmp_path: Path, lines: list[str], definition: str = idx.NAME) ->
 
 
 def indexer_line(**overrides) -> str:
-    case = {"id": "c", "axes": {"batch_size": 2, "max_num_pages": 3, "num_pages": 16}, "inputs": {"seq_lens": {"type": "explicit", "values": [10, 150]}}}
+    case = {
+        "id": "c",
+        "axes": {"batch_size": 2, "max_num_pages": 3, "num_pages": 16},
+        "inputs": {"seq_lens": {"type": "explicit", "values": [10, 150]}},
+    }
     case.update(overrides)
     return json.dumps(case)
 
@@ -104,7 +108,12 @@ def test_seq_len_beyond_block_table_capacity(tmp_path):
 
 
 def test_page_id_beyond_num_pages(tmp_path):
-    line = indexer_line(inputs={"seq_lens": {"type": "explicit", "values": [10, 70]}, "block_table": {"type": "explicit", "values": [[1, 2, 3], [4, 16, 5]]}})
+    line = indexer_line(
+        inputs={
+            "seq_lens": {"type": "explicit", "values": [10, 70]},
+            "block_table": {"type": "explicit", "values": [[1, 2, 3], [4, 16, 5]]},
+        }
+    )
     expect_error(write_trace(tmp_path, [line]), "block_table[1][1] = 16", "num_pages = 16")
 
 
@@ -116,11 +125,19 @@ def test_explicit_shape_mismatch(tmp_path):
 def test_unknown_input_and_axis(tmp_path):
     expect_error(write_trace(tmp_path, [indexer_line(inputs={"queries": {"type": "random"}})]), "inputs.queries: not an input")
     expect_error(write_trace(tmp_path, [indexer_line(axes={"batch_size": 2, "max_num_pages": 3})]), "axes is missing num_pages")
-    expect_error(write_trace(tmp_path, [indexer_line(axes={"batch_size": 2, "max_num_pages": 3, "num_pages": 16, "topk": 1024})]), "axes.topk = 1024")
+    expect_error(
+        write_trace(tmp_path, [indexer_line(axes={"batch_size": 2, "max_num_pages": 3, "num_pages": 16, "topk": 1024})]), "axes.topk = 1024"
+    )
 
 
 def test_token_count_mismatch(tmp_path):
-    line = json.dumps({"id": "a", "axes": {"num_tokens": 3, "num_pages": 64}, "inputs": {"sparse_indices": {"type": "random", "params": {"valid_counts": [5, 6]}}}})
+    line = json.dumps(
+        {
+            "id": "a",
+            "axes": {"num_tokens": 3, "num_pages": 64},
+            "inputs": {"sparse_indices": {"type": "random", "params": {"valid_counts": [5, 6]}}},
+        }
+    )
     expect_error(write_trace(tmp_path, [line], ATTENTION.name), "valid_counts has 2 entries, expected num_tokens = 3")
 
 
@@ -136,7 +153,10 @@ def test_safetensors_and_scalar_inputs(tmp_path, cpu):
         {
             "id": "blob",
             "axes": {"num_tokens": 2, "num_pages": 4},
-            "inputs": {"sparse_indices": {"type": "safetensors", "path": "blob.safetensors", "tensor_key": "idx"}, "sm_scale": {"type": "scalar", "value": 0.5}},
+            "inputs": {
+                "sparse_indices": {"type": "safetensors", "path": "blob.safetensors", "tensor_key": "idx"},
+                "sm_scale": {"type": "scalar", "value": 0.5},
+            },
         }
     )
     wl = load_workload(write_trace(tmp_path, [line], ATTENTION.name))
@@ -147,7 +167,13 @@ def test_safetensors_and_scalar_inputs(tmp_path, cpu):
 
 
 def test_missing_safetensors_file(tmp_path):
-    line = json.dumps({"id": "x", "axes": {"num_tokens": 1, "num_pages": 4}, "inputs": {"sparse_indices": {"type": "safetensors", "path": "nope.safetensors", "tensor_key": "k"}}})
+    line = json.dumps(
+        {
+            "id": "x",
+            "axes": {"num_tokens": 1, "num_pages": 4},
+            "inputs": {"sparse_indices": {"type": "safetensors", "path": "nope.safetensors", "tensor_key": "k"}},
+        }
+    )
     expect_error(write_trace(tmp_path, [line], ATTENTION.name), "nope.safetensors does not exist")
 
 
@@ -189,8 +215,14 @@ def test_settings_model_has_every_run_setting_and_tolerance_with_their_defaults(
         ({"seq_lens": {"type": "random", "parms": {"max": 5}}}, "t.jsonl:1: inputs.seq_lens.parms: unknown field"),
         ({"seq_lens": {"type": "explicit"}}, "t.jsonl:1: inputs.seq_lens.values: missing (a required field)"),
         ({"seq_lens": {"type": "random", "params": [1]}}, "t.jsonl:1: inputs.seq_lens.params: expected an object, got a list of 1"),
-        ({"seq_lens": {"type": ["random"]}}, "t.jsonl:1: inputs.seq_lens must be an object with 'type' one of random, explicit, scalar, safetensors"),
-        ({"seq_lens": {"type": "safetensors", "path": "x.safetensors"}}, "t.jsonl:1: inputs.seq_lens.tensor_key: missing (a required field)"),
+        (
+            {"seq_lens": {"type": ["random"]}},
+            "t.jsonl:1: inputs.seq_lens must be an object with 'type' one of random, explicit, scalar, safetensors",
+        ),
+        (
+            {"seq_lens": {"type": "safetensors", "path": "x.safetensors"}},
+            "t.jsonl:1: inputs.seq_lens.tensor_key: missing (a required field)",
+        ),
     ],
 )
 def test_trace_line_model_names_the_field_without_the_source_type(tmp_path, inputs, expected):
@@ -200,7 +232,10 @@ def test_trace_line_model_names_the_field_without_the_source_type(tmp_path, inpu
 def test_trace_line_and_workload_file_models_refuse_unknown_and_mistyped_fields(tmp_path):
     expect_error(write_trace(tmp_path, [indexer_line(comment="x")]), "t.jsonl:1: comment: unknown field")
     expect_error(write_trace(tmp_path, [indexer_line(id="")]), "t.jsonl:1: id: expected a non-empty string, got ''")
-    expect_error(write_trace(tmp_path, [indexer_line(axes={"batch_size": True, "max_num_pages": 3, "num_pages": 16})]), "axes.batch_size: expected an integer, got True")
+    expect_error(
+        write_trace(tmp_path, [indexer_line(axes={"batch_size": True, "max_num_pages": 3, "num_pages": 16})]),
+        "axes.batch_size: expected an integer, got True",
+    )
     assert load_workload(write_trace(tmp_path, [indexer_line(note="why this case")])).cases[0].id == "c"
     path = write_trace(tmp_path, [indexer_line()])
     path.write_text(path.read_text() + "setting:\n  seed: 3\n")
@@ -224,7 +259,16 @@ def test_manifest_model_messages(tmp_path):
 
     entry = f"entries:\n  {idx.NAME}:\n"
     assert refused(f"name: s\nauthors: me\n{entry}    entry_point: k.py::kernel\n    language: python\n") == "authors: unknown field"
-    assert refused(f"{entry}    entry_point: k.py::kernel\n    language: cuda\n") == f"entries.{idx.NAME}.entry_point: a cuda entry must be a .cu or .cpp file, got 'k.py'"
-    assert refused(f"{entry}    entry_point: k.py::run-it\n    language: python\n") == f"entries.{idx.NAME}.entry_point: 'run-it' is not a function name"
-    assert refused(f"{entry}    entry_point: k.py::kernel\n    language: rust\n") == f"entries.{idx.NAME}.language: expected one of 'python', 'triton' or 'cuda', got 'rust'"
+    assert (
+        refused(f"{entry}    entry_point: k.py::kernel\n    language: cuda\n")
+        == f"entries.{idx.NAME}.entry_point: a cuda entry must be a .cu or .cpp file, got 'k.py'"
+    )
+    assert (
+        refused(f"{entry}    entry_point: k.py::run-it\n    language: python\n")
+        == f"entries.{idx.NAME}.entry_point: 'run-it' is not a function name"
+    )
+    assert (
+        refused(f"{entry}    entry_point: k.py::kernel\n    language: rust\n")
+        == f"entries.{idx.NAME}.language: expected one of 'python', 'triton' or 'cuda', got 'rust'"
+    )
     assert refused("entries: {}\n") == "entries: expected at least 1 item(s), got an object"

@@ -166,7 +166,8 @@ def main() -> int:
 
     results: dict[str, dict[str, float | str]] = {}
     for case in cases:
-        sets = [build_inputs(workload.definition, case, derive_seed(workload.settings.seed, case.id, "variants", k), device) for k in range(2)]
+        seeds = [derive_seed(workload.settings.seed, case.id, "variants", k) for k in range(2)]
+        sets = [build_inputs(workload.definition, case, seed, device) for seed in seeds]
         axes = workload.definition.axes(case.axes)
         T = axes["num_tokens"]
         expected = [attn.expect(inputs) for inputs in sets]
@@ -231,7 +232,9 @@ def print_table(results: dict, names: list[str], tokens: dict[str, int], timer: 
         if any(v in ("FAIL", "ERR") for v in vals):
             return "FAIL"
         # a variant that does not apply to a case (None plan) takes the default's time there
-        vals = [v if isinstance(v, float) else results[c].get("default") for c, v in zip([c for c in results if pick(c)], vals)]
+        vals = [
+            v if isinstance(v, float) else results[c].get("default") for c, v in zip([c for c in results if pick(c)], vals, strict=True)
+        ]
         vals = [v for v in vals if isinstance(v, float)]
         return f"{statistics.fmean(vals):.2f}" if vals else ""
 
@@ -255,7 +258,9 @@ def print_table(results: dict, names: list[str], tokens: dict[str, int], timer: 
             best = min(timed, key=timed.get)
             best_per_case[case] = best
             print(f"  fastest for {case}: {best} ({timed[best]:.1f} µs; default {fmt(row.get('default', ''))})")
-    oracle = [min(v for v in row.values() if isinstance(v, float)) for row in results.values() if any(isinstance(v, float) for v in row.values())]
+    oracle = [
+        min(v for v in row.values() if isinstance(v, float)) for row in results.values() if any(isinstance(v, float) for v in row.values())
+    ]
     if oracle:
         print(f"mean if every case took its fastest variant: {statistics.fmean(oracle):.2f} µs")
 

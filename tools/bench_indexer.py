@@ -196,7 +196,7 @@ def run_variants(module, timer, flusher, definition, axes, sets_inputs, expected
     if module.USE_CUDA_TOPK:
         # The CUDA top-k alone, on score buffers the default score kernel filled beforehand.
         score_sets = []
-        for a, inp in zip(args, sets_inputs):
+        for a, inp in zip(args, sets_inputs, strict=True):
             scores = torch.empty((batch, max_pages * 64), dtype=torch.float32, device=device)
             kernels.launch_scores(*a, scores, skip_short_rows=True)
             score_sets.append([scores, inp["seq_lens"], inp["block_table"]])
@@ -274,7 +274,7 @@ def main() -> int:
             outs = [torch.empty((batch, indexer.TOPK), dtype=torch.int32, device=device) for _ in sets]
             # Correctness first: every set, both of our pipelines, through the harness checker.
             for name in ("triton", "plain"):
-                for k, (inp, out) in enumerate(zip(sets_inputs, outs)):
+                for k, (inp, out) in enumerate(zip(sets_inputs, outs, strict=True)):
                     poison_(out)
                     pipelines[name](*sets[k], out)
                     synchronize(device)
@@ -316,7 +316,8 @@ def main() -> int:
         failures += [f"{case.id}: {p}" for p in problems]
         status = "ok" if not problems else "FAILED"
         print(f"{case.id:24s} B={batch:2d} pages={max_pages:3d} {record['kind']:11s} ref {fmt_us(us.get('reference'))}  "
-              f"triton {fmt_us(us['triton'])}  plain {fmt_us(us['plain'])} µs  x{record['speedup_vs_reference'] or float('nan'):8.1f}  {status}")  # fmt: skip
+              f"triton {fmt_us(us['triton'])}  plain {fmt_us(us['plain'])} µs  "
+              f"x{record['speedup_vs_reference'] or float('nan'):8.1f}  {status}")  # fmt: skip
         if variants is not None:
             print("    alone: " + "  ".join(f"{n}={v['us']:.2f}" for n, v in variants.items() if "us" in v))
 
@@ -352,7 +353,9 @@ def main() -> int:
     for title, key in rows:
         print(f"{title:24s} " + " ".join(f"{fmt_us(summary[p][key]) if p in summary else '-':>12s}" for p in PIPELINES))
     if speedups:
-        print(f"triton speedup over reference: mean {summary['triton_speedup_mean']:.1f}x, geomean {summary['triton_speedup_geomean']:.1f}x")
+        print(
+            f"triton speedup over reference: mean {summary['triton_speedup_mean']:.1f}x, geomean {summary['triton_speedup_geomean']:.1f}x"
+        )
     print(
         "targets (H200): " + ", ".join(f"{k} <= {v} µs: {'met' if summary['targets_met'][k] else 'MISSED'}" for k, v in TARGETS_US.items())
     )

@@ -107,13 +107,15 @@ def landing_summary(stamps: torch.Tensor) -> dict:
     sms = stamps[..., 0]
     per_sm: dict[int, list[float]] = {}
     for call in range(stamps.shape[0]):
-        for sm, t in zip(sms[call].tolist(), landed[call].tolist()):
+        for sm, t in zip(sms[call].tolist(), landed[call].tolist(), strict=True):
             per_sm.setdefault(sm, []).append((call, t))
     means = {sm: statistics.fmean(t for _, t in v) for sm, v in per_sm.items()}
     within = [statistics.pstdev([t for _, t in v]) for v in per_sm.values() if len(v) > 1]
     halves = []
     for parity in (0, 1):
-        halves.append({sm: statistics.fmean(t for c, t in v if c % 2 == parity) for sm, v in per_sm.items() if any(c % 2 == parity for c, _ in v)})
+        halves.append(
+            {sm: statistics.fmean(t for c, t in v if c % 2 == parity) for sm, v in per_sm.items() if any(c % 2 == parity for c, _ in v)}
+        )
     common = sorted(set(halves[0]) & set(halves[1]))
     corr = statistics.correlation([halves[0][sm] for sm in common], [halves[1][sm] for sm in common]) if len(common) > 2 else float("nan")
     return {
@@ -130,7 +132,8 @@ def landing_summary(stamps: torch.Tensor) -> dict:
 def per_sm_landing(args: argparse.Namespace, ext, workload, device: torch.device) -> int:
     """--per-sm: the bulk gather's landing stamps per SM (see landing_summary)."""
     flusher = L2Flusher(device)
-    print(f"{torch.cuda.get_device_name(device)}, bulk gather with {args.splits} programs per token, as-is ids, cold L2, {args.iterations} calls")
+    print(f"{torch.cuda.get_device_name(device)}, bulk gather with {args.splits} programs per token, as-is ids, cold L2, "
+          f"{args.iterations} calls")
     results = {}
     for case_id in args.case or ["attention_18_t8_full"]:
         inputs = generated_inputs(workload, next(c for c in workload.cases if c.id == case_id), device)
@@ -206,10 +209,15 @@ def main() -> int:
         # The attention is invariant under a reordering of a row's slots: the solution timed on
         # reordered ids shows what an in-kernel reordering could gain at most.
         per_row_orders = {"as-is": indices, "row-sorted": row_sorted(indices), "contiguous": contiguous(indices)}
-        for order, ids in (("as-is", indices), ("program-sorted", program_sorted(indices, 16)), ("row-sorted", per_row_orders["row-sorted"])):
+        for order, ids in (
+            ("as-is", indices),
+            ("program-sorted", program_sorted(indices, 16)),
+            ("row-sorted", per_row_orders["row-sorted"]),
+        ):
             reordered = list(call_args)
             reordered[[spec.name for spec in workload.definition.inputs].index("sparse_indices")] = ids
-            row[f"solution {order}"] = time_us(lambda i, reordered=reordered: sa.sparse_attention(*reordered, outs["output"], outs["lse"]))
+            attention_args = (*reordered, outs["output"], outs["lse"])
+            row[f"solution {order}"] = time_us(lambda i, attention_args=attention_args: sa.sparse_attention(*attention_args))
         valid = int((indices >= 0).sum())
         ckv, kpe = inputs["ckv_cache"], inputs["kpe_cache"]
         # the kernels address rows as id * row bytes; contiguous ids need T * 2048 rows of cache
@@ -223,7 +231,8 @@ def main() -> int:
             for mode, splits in (("bulk", 16), ("bulk", 32), ("bulk", 64), ("rows", 16), ("rows_sleep", 16), ("ldg", 16), ("ldg", 64)):
                 ids = program_sorted(indices, splits) if order == "program-sorted" else per_row_orders[order]
                 for with_kpe in (True, False):
-                    us = time_us(lambda i, ids=ids, mode=mode, splits=splits, with_kpe=with_kpe: ext.gather(ckv, kpe, ids, splits, mode, with_kpe, sink))
+                    gather_args = (ckv, kpe, ids, splits, mode, with_kpe, sink)
+                    us = time_us(lambda i, gather_args=gather_args: ext.gather(*gather_args))
                     if mode != "ldg":  # ldg keeps a checksum, not a copy
                         check_copied(sink, ids, ckv, splits)
                     name = f"{order} {mode} S={splits} {'ckv+kpe' if with_kpe else 'ckv only'}"

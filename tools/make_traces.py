@@ -45,7 +45,7 @@ def indexer_trace(rng: np.random.Generator) -> list[dict]:
         pages[0], pages[-1] = lo, hi  # both ends of every band
         batches = rng.integers(1, 32, count)
         batches[0], batches[-1] = 1, 31
-        for p, b in zip(pages, batches):
+        for p, b in zip(pages, batches, strict=True):
             cases.append((int(b), int(p)))
     out = []
     for i, (batch, max_pages) in enumerate(cases):
@@ -121,7 +121,10 @@ def write(path: Path, cases: list[dict]) -> None:
     print(f"wrote {len(cases)} cases to {path}")
 
 
-def main(out: Path = typer.Option(Path(__file__).resolve().parent.parent / "traces", help="Folder to write the traces into.")) -> None:
+TRACES = Path(__file__).resolve().parent.parent / "traces"
+
+
+def main(out: Path = typer.Option(TRACES, help="Folder to write the traces into.")) -> None:
     """Write the shipped traces (deterministic: the same bytes every time)."""
     out.mkdir(parents=True, exist_ok=True)
     write(out / "indexer_h64.jsonl", indexer_trace(np.random.default_rng(20260301)))

@@ -52,7 +52,11 @@ def timers(out: Path | None, iterations: int) -> None:
     }
     from dsa_bench.timing.cupti import CuptiTimer
 
-    timer_kinds = {"cupti": lambda: make_timer("cupti"), "cupti_api": lambda: CuptiTimer(correlate_api=True), "events": lambda: make_timer("events")}
+    timer_kinds = {
+        "cupti": lambda: make_timer("cupti"),
+        "cupti_api": lambda: CuptiTimer(correlate_api=True),
+        "events": lambda: make_timer("events"),
+    }
     rows, data = [], {}
     for name, fn in kernels.items():
         medians = {}
@@ -60,7 +64,7 @@ def timers(out: Path | None, iterations: int) -> None:
             timer = make()
             for _ in range(10):
                 fn()
-            samples = timer.time_iterations(lambda i: fn(), iterations, lambda i: flusher.flush(), lambda i: None)
+            samples = timer.time_iterations(lambda i, fn=fn: fn(), iterations, lambda i: flusher.flush(), lambda i: None)
             medians[timer_name] = statistics.median(samples) * 1000
         extra = medians["events"] - medians["cupti"]
         rows.append([name, *(f"{medians[k]:.2f}" for k in timer_kinds), f"{extra:+.2f}"])
@@ -69,7 +73,11 @@ def timers(out: Path | None, iterations: int) -> None:
     headers = ["kernel", "CUPTI median µs", "CUPTI + API tracing µs", "events median µs", "events - CUPTI µs"]
     print(tabulate(rows, headers=headers, disable_numparse=True))
     if out:
-        out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "iterations": iterations, "medians_us": data}, indent=1))
+        out.write_text(
+            json.dumps(
+                {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "iterations": iterations, "medians_us": data}, indent=1
+            )
+        )
 
 
 def _latencies(path: Path) -> dict[tuple[str, str], float]:
@@ -164,7 +172,18 @@ def l2_flush(out: Path | None, iterations: int) -> None:
     print("flush itself: " + ", ".join(f"{mode} {us:.0f} µs" for mode, us in flush_us.items()))
     print(tabulate(rows, headers=["call", *(f"{m} µs" for m in modes), "dirty - clean µs"], disable_numparse=True))
     if out:
-        out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "iterations": iterations, "flush_us": flush_us, "medians_us": data}, indent=1))
+        out.write_text(
+            json.dumps(
+                {
+                    "gpu": torch.cuda.get_device_name(),
+                    "torch": torch.__version__,
+                    "iterations": iterations,
+                    "flush_us": flush_us,
+                    "medians_us": data,
+                },
+                indent=1,
+            )
+        )
 
 
 @app.command("timers")
@@ -174,7 +193,9 @@ def timers_command(out: Path | None = typer.Option(None, help="JSON record to wr
 
 
 @app.command("spread")
-def spread_command(first: Path, second: Path, tolerance: float = typer.Option(0.03, help="Largest relative difference that agrees.")) -> None:
+def spread_command(
+    first: Path, second: Path, tolerance: float = typer.Option(0.03, help="Largest relative difference that agrees.")
+) -> None:
     """Run-to-run agreement of two results files of one workload (exit 1 beyond the tolerance)."""
     raise typer.Exit(spread(first, second, tolerance))
 
@@ -186,7 +207,9 @@ def walltime_command(paths: list[Path]) -> None:
 
 
 @app.command("l2-flush")
-def l2_flush_command(out: Path | None = typer.Option(None, help="JSON record to write."), iterations: int = typer.Option(30, min=1)) -> None:
+def l2_flush_command(
+    out: Path | None = typer.Option(None, help="JSON record to write."), iterations: int = typer.Option(30, min=1)
+) -> None:
     """What the L2 flush's method charges the timed call: clean, dirty and warm side by side."""
     l2_flush(out, iterations)
 

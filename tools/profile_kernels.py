@@ -106,7 +106,9 @@ def run_locality(iterations: int, device: torch.device) -> int:
     if warning:
         print(f"warning: {warning}")
     timer, flusher = make_timer(timer_name), L2Flusher(device)
-    print(f"default attention plan, {timer.name}, cold L2, median of {iterations}; indices as generated vs folded onto {FOLDED_PAGES} pages")
+    print(
+        f"default attention plan, {timer.name}, cold L2, median of {iterations}; indices as generated vs folded onto {FOLDED_PAGES} pages"
+    )
     for case in workload.cases:
         if "full" not in case.id and "sparse" not in case.id:
             continue
@@ -119,9 +121,10 @@ def run_locality(iterations: int, device: torch.device) -> int:
         for label, indices in (("spread", idx), ("folded", folded)):
             args = list(workload.definition.input_args(inputs))
             args[4] = indices
+            args += [outputs["output"], outputs["lse"]]
 
             def call(i: int, args=args) -> None:
-                sa.sparse_attention(*args, outputs["output"], outputs["lse"])
+                sa.sparse_attention(*args)
 
             for i in range(3):
                 call(i)
@@ -148,7 +151,7 @@ def run_cache_states(cases: list[str], iterations: int, device: torch.device) ->
         outputs = [definition.allocate_outputs(axes, device) for _ in range(2)]
         sets = [definition.input_args(inputs), definition.input_args(other)]
 
-        def call(i: int, k: int = 0) -> None:
+        def call(i: int, k: int = 0, entry=entry, sets=sets, outputs=outputs) -> None:
             entry(*sets[k], *outputs[k].values())
 
         for i in range(3):
@@ -286,7 +289,9 @@ def main() -> int:
     p.add_argument("mode", choices=("ncu", "locality", "cache", "topk", "phases"))
     p.add_argument("--case", action="append", default=[], help="case id (repeatable; ncu mode)")
     p.add_argument("--iterations", type=int, default=30)
-    p.add_argument("--plan", type=plan_spec, help="phases mode: PATH:SPLITS:LAG (gather lag, SM cycles) of the CUDA kernel instead of the default plan")
+    p.add_argument(
+        "--plan", type=plan_spec, help="phases mode: PATH:SPLITS:LAG (gather lag, SM cycles) of the CUDA kernel instead of the default plan"
+    )
     args = p.parse_args()
     if not torch.cuda.is_available():
         print("profile_kernels: needs a CUDA GPU", file=sys.stderr)

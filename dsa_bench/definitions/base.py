@@ -8,8 +8,9 @@ registering one more :class:`Definition` in :mod:`dsa_bench.definitions`.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import numpy as np
 import torch

@@ -9,7 +9,8 @@ infinity fails unless the reference holds the same infinity at an allowed place.
 from __future__ import annotations
 
 import traceback
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

@@ -9,7 +9,8 @@ because scales are non-negative). The output row holds the physical ids
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -206,7 +207,9 @@ def validate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mappin
             longest = hi
     distinct = integer_param(params.get("k_index_cache_fp8", {}), "k_index_cache_fp8", "distinct_keys", None, problems)
     if distinct is not None and not 1 <= distinct <= num_pages * PAGE_SIZE:
-        problems.append(f"k_index_cache_fp8.params.distinct_keys = {distinct} must be in [1, num_pages*{PAGE_SIZE} = {num_pages * PAGE_SIZE}]")
+        problems.append(
+            f"k_index_cache_fp8.params.distinct_keys = {distinct} must be in [1, num_pages*{PAGE_SIZE} = {num_pages * PAGE_SIZE}]"
+        )
     if "seq_lens" in given:
         lens = given["seq_lens"].tolist()
         for b, n in enumerate(lens):
@@ -256,7 +259,9 @@ def expect(inputs: Mapping[str, Value]) -> list[torch.Tensor | None]:
     return scores
 
 
-def _check_row(b: int, row: torch.Tensor, seq_len: int, table_row: torch.Tensor, num_pages: int, scores: torch.Tensor | None, tol: Tolerance) -> tuple[str | None, float]:
+def _check_row(
+    b: int, row: torch.Tensor, seq_len: int, table_row: torch.Tensor, num_pages: int, scores: torch.Tensor | None, tol: Tolerance
+) -> tuple[str | None, float]:
     """Problem with one output row (None if fine) and its top-k score gap."""
     want = min(TOPK, seq_len)
     strange = row < -1
@@ -360,11 +365,23 @@ def min_traffic_bytes(axes: Mapping[str, int], inputs: Mapping[str, Value]) -> i
 DEFINITION = Definition(
     name=NAME,
     description="Lightning indexer: FP8 scores of every cached token, then the 2048 best as physical ids.",
-    const_axes={"num_index_heads": NUM_HEADS, "index_head_dim": HEAD_DIM, "page_size": PAGE_SIZE, "topk": TOPK, "kv_cache_num_heads": 1, "head_dim_with_scale": INDEXER_KEY_PAGE.bytes_per_token},
+    const_axes={
+        "num_index_heads": NUM_HEADS,
+        "index_head_dim": HEAD_DIM,
+        "page_size": PAGE_SIZE,
+        "topk": TOPK,
+        "kv_cache_num_heads": 1,
+        "head_dim_with_scale": INDEXER_KEY_PAGE.bytes_per_token,
+    },
     var_axes=("batch_size", "max_num_pages", "num_pages"),
     inputs=(
         TensorSpec("q_index_fp8", ("batch_size", "num_index_heads", "index_head_dim"), torch.float8_e4m3fn, "index queries"),
-        TensorSpec("k_index_cache_fp8", ("num_pages", "page_size", "kv_cache_num_heads", "head_dim_with_scale"), torch.int8, "FP8 keys in the DeepGEMM paged layout (read as bytes)"),
+        TensorSpec(
+            "k_index_cache_fp8",
+            ("num_pages", "page_size", "kv_cache_num_heads", "head_dim_with_scale"),
+            torch.int8,
+            "FP8 keys in the DeepGEMM paged layout (read as bytes)",
+        ),
         TensorSpec("weights", ("batch_size", "num_index_heads"), torch.float32, "per-head weights"),
         TensorSpec("seq_lens", ("batch_size",), torch.int32, "tokens per row"),
         TensorSpec("block_table", ("batch_size", "max_num_pages"), torch.int32, "page ids per row"),

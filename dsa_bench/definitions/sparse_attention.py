@@ -8,8 +8,9 @@ Per token t over its valid indices (physical ids ``page * 64 + slot``, -1 = padd
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,7 +100,7 @@ def generate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mappin
         contexts = _context_tokens(counts, p, num_pages, rng.structure)
         pool = rng.structure.permutation(num_pages)
         rows, start = [], 0
-        for c, ctx in zip(counts, contexts):
+        for c, ctx in zip(counts, contexts, strict=True):
             n_pages = -(-ctx // PAGE_SIZE)
             rows.append(_row_indices(c, ctx, pool[start : start + n_pages], p.get("padding", "tail"), rng.structure))
             start += n_pages
@@ -145,7 +146,9 @@ def validate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mappin
             bad = (row < -1) | (row >= limit)
             if bool(bad.any()):
                 j = int(torch.nonzero(bad)[0])
-                problems.append(f"sparse_indices[{t}][{j}] = {int(row[j])} is neither -1 nor a token id below num_pages*{PAGE_SIZE} = {limit}")
+                problems.append(
+                    f"sparse_indices[{t}][{j}] = {int(row[j])} is neither -1 nor a token id below num_pages*{PAGE_SIZE} = {limit}"
+                )
                 continue
             valid = row[row >= 0]
             if torch.unique(valid).numel() != valid.numel():
@@ -162,15 +165,17 @@ def _random_indices_problems(p: Mapping[str, Any], tokens: int, num_pages: int) 
     label = "sparse_indices.params"
     if p.get("padding", "tail") not in PADDINGS:
         problems.append(f"{label}.padding = {p.get('padding')!r}, expected 'tail' or 'scattered'")
-    counts, contexts = p.get("valid_counts"), p.get("context_tokens")
+    # as the trace gave them: each is checked below before it is used
+    counts: Any = p.get("valid_counts")
+    contexts: Any = p.get("context_tokens")
     if "valid_counts" not in p:
         if "context_tokens" in p:
             problems.append(f"{label}.context_tokens needs valid_counts (each token's context must hold its valid slots)")
         needed = tokens * (TOPK // PAGE_SIZE)
         if needed > num_pages:
             problems.append(
-                f"random valid counts (up to {TOPK} per token) may need {tokens} x {TOPK // PAGE_SIZE} = {needed} pages of {PAGE_SIZE} tokens "
-                f"but num_pages = {num_pages}; give {label}.valid_counts or raise num_pages"
+                f"random valid counts (up to {TOPK} per token) may need {tokens} x {TOPK // PAGE_SIZE} = {needed} pages "
+                f"of {PAGE_SIZE} tokens but num_pages = {num_pages}; give {label}.valid_counts or raise num_pages"
             )
         return problems
     if not _integer_list_problems(counts, "valid_counts", tokens, problems):
@@ -179,7 +184,7 @@ def _random_indices_problems(p: Mapping[str, Any], tokens: int, num_pages: int) 
         if not 0 <= c <= TOPK:
             problems.append(f"{label}.valid_counts[{b}] = {c} is not in [0, {TOPK}]")
     if "context_tokens" in p and _integer_list_problems(contexts, "context_tokens", tokens, problems):
-        for b, (c, ctx) in enumerate(zip(counts, contexts)):
+        for b, (c, ctx) in enumerate(zip(counts, contexts, strict=True)):
             if ctx < c:
                 problems.append(f"{label}.context_tokens[{b}] = {ctx} is below valid_counts[{b}] = {c}")
     if not problems:

@@ -75,7 +75,7 @@ class SourceModel(OpenModel):
     content: Annotated[Name, BeforeValidator(_unicode_text)]
 
     @model_validator(mode="after")
-    def _python_parses(self) -> "SourceModel":
+    def _python_parses(self) -> SourceModel:
         if self.path.endswith(".py"):
             try:
                 ast.parse(self.content, filename=self.path)

@@ -202,7 +202,8 @@ def unpack_solutions(json_paths: list[Path], dest: Path, force: bool = False, na
         raise DsaBenchError(f"a packed source is named {MANIFEST}, which unpacking writes itself", str(origin))
     clashes = sorted(set(files) & folders)
     if clashes:
-        raise DsaBenchError(f"source {clashes[0]!r} is a file here but a folder of another packed file's sources", str(files[clashes[0]][1]))
+        message = f"source {clashes[0]!r} is a file here but a folder of another packed file's sources"
+        raise DsaBenchError(message, str(files[clashes[0]][1]))
     outputs = {rel: content for rel, (content, _) in files.items()}
     outputs[MANIFEST] = yaml.safe_dump(manifest, sort_keys=False)
     return _write_folder(dest, outputs)

@@ -135,16 +135,17 @@ class SolutionComparison:
 
 
 def summarize_solution(workload: str, solution: str, cases: list[CaseComparison], threshold: float) -> SolutionComparison | None:
-    timed = [c for c in cases if c.ratio is not None and c.noise is not None]
+    timed = [(c.ratio, c.noise, c) for c in cases if c.ratio is not None and c.noise is not None]
     if not timed:
         return None
-    geomean = math.exp(statistics.fmean(math.log(c.ratio) for c in timed))
-    band = max(threshold, math.sqrt(sum(c.noise**2 for c in timed)) / len(timed))
+    geomean = math.exp(statistics.fmean(math.log(ratio) for ratio, _, _ in timed))
+    band = max(threshold, math.sqrt(sum(noise**2 for _, noise, _ in timed)) / len(timed))
     metric = "speedup"
-    if all(c.latency_ratio is not None for c in timed):  # same GPU model: the latency decides (see classify)
+    latency_ratios = [c.latency_ratio for _, _, c in timed if c.latency_ratio is not None]
+    if len(latency_ratios) == len(timed):  # same GPU model: the latency decides (see classify)
         metric = "latency"
-        geomean = math.exp(statistics.fmean(math.log(c.latency_ratio) for c in timed))
-        noise = [0.5 * ((c.new.spread or 0.0) + (c.baseline.spread or 0.0)) for c in timed]
+        geomean = math.exp(statistics.fmean(math.log(r) for r in latency_ratios))
+        noise = [0.5 * ((c.new.spread or 0.0) + (c.baseline.spread or 0.0)) for _, _, c in timed]
         band = max(threshold, math.sqrt(sum(x**2 for x in noise)) / len(timed))
     return SolutionComparison(workload, solution, len(timed), geomean, band, _judge(geomean, band), metric)
 
@@ -313,7 +314,9 @@ def render_comparison(comparison: Comparison, fmt: str = "table", show_all: bool
             ]
             for c in sorted(shown, key=lambda c: (c.key[0], c.key[2], c.ratio if c.ratio is not None else -1, c.key[1]))
         ]  # fmt: skip
-        headers = ["workload", "case", "solution", "verdict", "baseline", "now", "change", "noise band", "latency change (decides)", "status"]
+        headers = [
+            "workload", "case", "solution", "verdict", "baseline", "now", "change", "noise band", "latency change (decides)", "status"
+        ]
         out.append(tabulate(detail, headers=headers, tablefmt=tablefmt, disable_numparse=True))
 
     for title, keys in (("In the baseline but not run", comparison.only_in_baseline), ("Not in the baseline", comparison.only_in_results)):

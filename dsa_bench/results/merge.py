@@ -30,9 +30,9 @@ def merge_results(paths: list[Path]) -> dict[str, Any]:
     records = []
     for part in loaded:
         doc, where = part.document, str(part.path)
-        for key in MUST_AGREE:
-            if doc.get(key) != first.get(key):
-                raise DsaBenchError(f"field {key!r} differs from {paths[0]}", where)
+        for field in MUST_AGREE:
+            if doc.get(field) != first.get(field):
+                raise DsaBenchError(f"field {field!r} differs from {paths[0]}", where)
         if doc["environment"].get("gpu") != first["environment"].get("gpu"):
             raise DsaBenchError(f"GPU {doc['environment'].get('gpu')} differs from {paths[0]}", where)
         for name, info in doc["solutions"].items():

@@ -17,9 +17,10 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import statistics
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -78,7 +79,7 @@ class Timing:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Timing":
+    def from_json(cls, data: dict[str, Any]) -> Timing:
         return cls(timer=data["timer"], samples_ms=data["samples_ms"], clocks=data.get("clocks", []))
 
     def min_sm_clock_mhz(self) -> int | None:
@@ -115,7 +116,7 @@ class CaseRecord:
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "CaseRecord":
+    def from_json(cls, data: dict[str, Any]) -> CaseRecord:
         fields = dict(data)
         fields["status"] = Status(fields["status"])
         fields["timing"] = Timing.from_json(fields["timing"]) if fields.get("timing") else None
@@ -163,7 +164,10 @@ class ResultsFile:
 # --------------------------------------------------------------------------- reading results files
 
 
-StatusName = Literal[tuple(s.value for s in Status)]  # type: ignore[valid-type]
+if TYPE_CHECKING:  # a Literal built from the enum at run time, which type checkers cannot follow
+    StatusName = str
+else:
+    StatusName = Literal[tuple(s.value for s in Status)]
 
 
 #: a latency, speedup, spread or duration: finite and not negative

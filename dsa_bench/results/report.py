@@ -66,7 +66,7 @@ def _grouped_bars(ax: Any, cases: list[str], series: dict[str, list[float]], fai
     for i, (solution, heights) in enumerate(series.items()):
         xs = [c + (i - (n - 1) / 2) * width for c in range(len(cases))]
         ax.bar(xs, heights, width=width, label=_literal(solution))
-        bad = [x for x, f in zip(xs, failed[solution]) if f]
+        bad = [x for x, f in zip(xs, failed[solution], strict=True) if f]
         if bad:
             ax.scatter(bad, [0] * len(bad), marker="x", color=_FAILED_COLOR, zorder=3, transform=ax.get_xaxis_transform(), clip_on=False)
     ax.set_xticks(range(len(cases)))
@@ -282,7 +282,8 @@ def render_html(loaded: list[LoadedResults], figures: list[ReportFigure], pngs: 
         parts.append(f'<p class="meta">{e(results.path.name)}, created {e(str(results.document.get("created", "?")))}{complete}</p>')
         if not results.timed:
             parts.append(
-                '<p class="notice">Nothing was timed in this run (correctness only, e.g. a CPU run without CUDA): the report shows statuses only.</p>'
+                '<p class="notice">Nothing was timed in this run (correctness only, e.g. a CPU run without CUDA): '
+                "the report shows statuses only.</p>"
             )
         parts.append("<h3>Summary</h3>")
         parts.append(

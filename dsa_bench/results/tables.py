@@ -56,7 +56,14 @@ def records_table(records: list[CaseRecord], key_axes: tuple[str, ...]) -> str:
         headers += ["timer", "mean µs", "median µs", "min µs", "trial spread", "speedup"]
     rows = []
     for r in records:
-        row = [r.case, *[r.axes.get(a, "") for a in key_axes], r.solution, r.status.value, _fmt_err(r.max_abs_error), _fmt_err(r.max_rel_error)]
+        row = [
+            r.case,
+            *[r.axes.get(a, "") for a in key_axes],
+            r.solution,
+            r.status.value,
+            _fmt_err(r.max_abs_error),
+            _fmt_err(r.max_rel_error),
+        ]
         if timed:
             t = r.timing
             row += [

@@ -96,7 +96,7 @@ def give_to(identity: WorkerIdentity, folders: list[Path]) -> None:
     """Create ``folders`` and, for a dedicated identity, hand them (and what is in them) over."""
     for folder in folders:
         folder.mkdir(parents=True, exist_ok=True)
-        if not identity.dedicated:
+        if identity.uid is None or identity.gid is None:  # the harness's own user keeps them
             continue
         for current, dirs, files in os.walk(folder):
             for name in [current, *(os.path.join(current, d) for d in dirs), *(os.path.join(current, f) for f in files)]:
@@ -126,7 +126,7 @@ def end_everything(pid: int, identity: WorkerIdentity) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-    if identity.dedicated:
+    if identity.uid is not None:  # a dedicated identity
         for _ in range(3):  # a process may fork while we look; look again
             victims = processes_of(identity.uid)
             if not victims:

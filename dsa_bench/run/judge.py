@@ -1,4 +1,5 @@
-"""The judging side of a case: the harness's own input sets and expectations, the seeds, decoding a worker's replies against the definition, and the plausibility of reported times.
+"""The judging side of a case: the harness's own input sets and expectations, the seeds,
+decoding a worker's replies against the definition, and the plausibility of reported times.
 """
 
 from __future__ import annotations
@@ -108,9 +109,11 @@ def decode_timing(reply: Any, blob: bytes, ctx: CaseContext, job: TimingJob) -> 
     if len(reply.samples_ms) != trials or any(len(s) != job.iterations for s in reply.samples_ms):
         raise ProtocolError(f"the worker sent {[len(s) for s in reply.samples_ms]} samples per trial, expected {trials} x {job.iterations}")
     if len(reply.checked) != trials or len(reply.clocks) != trials:
-        raise ProtocolError(f"the worker sent {len(reply.checked)} checked calls and {len(reply.clocks)} clock readings for {trials} trials")
+        raise ProtocolError(
+            f"the worker sent {len(reply.checked)} checked calls and {len(reply.clocks)} clock readings for {trials} trials"
+        )
     checked = []
-    for k, (call, seeds) in enumerate(zip(reply.checked, job.trial_seeds)):
+    for k, (call, seeds) in enumerate(zip(reply.checked, job.trial_seeds, strict=True)):
         iteration = sampled_iteration(job, k)
         if (call.trial, call.iteration, call.seed) != (k, iteration, seeds[iteration % len(seeds)]):
             raise ProtocolError(f"checked call {k} is trial {call.trial} call {call.iteration}, expected trial {k} call {iteration}")
@@ -118,7 +121,9 @@ def decode_timing(reply: Any, blob: bytes, ctx: CaseContext, job: TimingJob) -> 
         redrawn = rebuild(call.redrawn, tensors, f"checked{k}/redrawn/", ctx.redraw_specs, extras_allowed=False)
         checked.append(CheckedCall(call.trial, call.iteration, call.seed, redrawn, outputs))
     clocks = [c.model_dump() for c in reply.clocks]
-    return TimingResult(timer=reply.timer, samples_ms=[list(s) for s in reply.samples_ms], checked=checked, clocks=clocks, phase_s=dict(reply.phase_s))
+    return TimingResult(
+        timer=reply.timer, samples_ms=[list(s) for s in reply.samples_ms], checked=checked, clocks=clocks, phase_s=dict(reply.phase_s)
+    )
 
 
 def _tensors(blob: bytes) -> dict[str, torch.Tensor]:
@@ -147,7 +152,7 @@ def implausible_timing(timing: TimingResult, job: TimingJob, ctx: CaseContext, w
         return f"the timed calls add up to {total_s:.3f} s, more than the {wall_s:.3f} s the whole timing job took"
     if copy_bytes_per_s is None:
         return None
-    for trial, (samples, seeds) in enumerate(zip(timing.samples_ms, job.trial_seeds)):
+    for trial, (samples, seeds) in enumerate(zip(timing.samples_ms, job.trial_seeds, strict=True)):
         for i, sample in enumerate(samples):
             traffic = ctx.traffic_bytes(seeds[i % len(seeds)])
             if traffic is None:

@@ -9,8 +9,9 @@ import os
 import re
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dsa_bench.solution import Solution, SolutionEntry
 
@@ -35,7 +36,7 @@ def import_entry(solution: Solution, definition: str) -> tuple[Callable[..., Any
     package = _package_name(solution)
     if package not in sys.modules:
         module = types.ModuleType(package)
-        module.__path__ = [str(solution.path)]  # type: ignore[attr-defined]
+        module.__path__ = [str(solution.path)]
         sys.modules[package] = module
     if str(solution.path) not in sys.path:
         sys.path.insert(0, str(solution.path))

@@ -14,9 +14,10 @@ import contextlib
 import fnmatch
 import math
 import signal
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -80,7 +81,12 @@ class RunPlan:
     def header(self) -> dict[str, Any]:
         """The results document's header; paths are relative to the project root where they lie in it."""
         wl, settings, options = self.workload, self.options.settings, self.options
-        workload = {"name": wl.name, "path": relative_to_root(wl.path, self.root), "trace": relative_to_root(wl.trace_path, self.root), "definition": wl.definition.name}
+        workload = {
+            "name": wl.name,
+            "path": relative_to_root(wl.path, self.root),
+            "trace": relative_to_root(wl.trace_path, self.root),
+            "definition": wl.definition.name,
+        }
         if options.dataset_root is not None:
             workload["dataset"] = relative_to_root(options.dataset_root, self.root)
         env = environment(options.device) | ({"copy_gbps": options.copy_bytes_per_s / 1e9} if options.copy_bytes_per_s else {})
@@ -91,7 +97,9 @@ class RunPlan:
             "l2_flush": options.l2_flush if options.timer else None,
             "environment": env,
             "workers": {name: identity.description for name, identity in self.identities.items()},
-            "solutions": {s.name: {"path": relative_to_root(s.path, self.root), "content_hash": content_hash(s.path)} for s in self.solutions},
+            "solutions": {
+                s.name: {"path": relative_to_root(s.path, self.root), "content_hash": content_hash(s.path)} for s in self.solutions
+            },
         }
 
 
@@ -118,7 +126,13 @@ def check_request(request: RunRequest) -> None:
     check_l2_flush(request.l2_flush)
     if request.worker_user not in WORKER_USER_MODES:
         raise DsaBenchError(f"--worker-user {request.worker_user!r}: expected one of {', '.join(WORKER_USER_MODES)}")
-    counts = {"--seed": request.seed, "--input-sets": request.input_sets, "--warmup": request.warmup, "--iterations": request.iterations, "--trials": request.trials}
+    counts = {
+        "--seed": request.seed,
+        "--input-sets": request.input_sets,
+        "--warmup": request.warmup,
+        "--iterations": request.iterations,
+        "--trials": request.trials,
+    }
     for option, value in counts.items():
         problem = None if value is None else setting_problem(option.removeprefix("--").replace("-", "_"), value)
         if problem is not None:
@@ -148,7 +162,10 @@ def _solutions(request: RunRequest, workload: Workload, root: Path, timing: bool
         reference = load_solution(reference_solution_folder(workload.definition, root / ".cache" / "dsa-bench"))
         reference_folders.append(reference.path)
     if request.solutions:
-        chosen = [reference if request.dataset is not None and s == REFERENCE_SOLUTION and reference else resolve_solution(s, root) for s in request.solutions]
+        chosen = [
+            reference if request.dataset is not None and s == REFERENCE_SOLUTION and reference else resolve_solution(s, root)
+            for s in request.solutions
+        ]
         for s in chosen:
             s.entry_for(definition)
     else:
@@ -188,7 +205,8 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     if timer is not None and settings.input_sets < 2:
         raise DsaBenchError("timing needs --input-sets >= 2 so consecutive calls never see the same tensors")
     solutions = _solutions(request, workload, root, timer is not None)
-    save_path = None if request.no_save else (request.save or root / "results" / f"{safe_file_name(workload.name)}-{now_iso().replace(':', '')}.json")
+    default_save = root / "results" / f"{safe_file_name(workload.name)}-{now_iso().replace(':', '')}.json"
+    save_path = None if request.no_save else (request.save or default_save)
     if save_path is not None:
         check_results_path(save_path, *run_inputs(workload, solutions, request.dataset))
     options = RunOptions(

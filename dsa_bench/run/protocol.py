@@ -13,8 +13,9 @@ without the harness ever holding more bytes than the definition's outputs.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Mapping, Union
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -100,7 +101,7 @@ class OtherMeta(_Strict):
     type_name: str = Field(max_length=200)
 
 
-ValueMeta = Annotated[Union[TensorMeta, OtherMeta], Field(discriminator="kind")]
+ValueMeta = Annotated[TensorMeta | OtherMeta, Field(discriminator="kind")]
 Text = Annotated[str, Field(max_length=_MAX_TEXT)]
 
 
@@ -154,7 +155,7 @@ class Timing(_Strict):
     checked: list[CheckedCallMeta]
 
 
-Reply = Annotated[Union[Ready, CompileError, Failure, Outputs, Timing], Field(discriminator="type")]
+Reply = Annotated[Ready | CompileError | Failure | Outputs | Timing, Field(discriminator="type")]
 _REPLY = TypeAdapter(Reply)
 
 
@@ -225,7 +226,8 @@ def rebuild(
             values[name] = torch.empty(meta.shape, dtype=dtype, device="meta")
             continue
         tensor = blob.get(f"{prefix}{name}")
-        if tensor is None or tensor.dtype != want_dtype or tuple(tensor.shape) != want_shape or dtype != want_dtype or tuple(meta.shape) != want_shape:
+        described = dtype == want_dtype and tuple(meta.shape) == want_shape
+        if tensor is None or tensor.dtype != want_dtype or tuple(tensor.shape) != want_shape or not described:
             raise ProtocolError(f"{name}: the tensor sent does not match its description")
         values[name] = tensor
     return values

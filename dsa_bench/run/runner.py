@@ -13,9 +13,10 @@ import pickle
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -91,7 +92,11 @@ class WorkerHandle:
         slug = safe_file_name(solution.name)
         self.log_path = (options.log_dir / f"{slug}.log").resolve()
         extensions = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or options.cache_dir / "torch_extensions") / slug
-        self.writable = [extensions.resolve(), (options.cache_dir / "triton" / slug).resolve(), (options.cache_dir / "home" / slug).resolve()]
+        self.writable = [
+            extensions.resolve(),
+            (options.cache_dir / "triton" / slug).resolve(),
+            (options.cache_dir / "home" / slug).resolve(),
+        ]
         self.config = WorkerConfig(
             solution_path=str(solution.path),
             definition=definition,
@@ -135,12 +140,13 @@ class WorkerHandle:
         isolation.give_to(self.identity, self.writable)
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
-        user = {"user": self.identity.uid, "group": self.identity.gid, "extra_groups": []} if self.identity.dedicated else {}
+        identity = self.identity  # uid and gid None: the harness's own user, with its groups
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "dsa_bench.run.worker", str(to_worker_r), str(from_worker_w)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(to_worker_r, from_worker_w),
-                start_new_session=True, env=self._environment(), **user,
+                start_new_session=True, env=self._environment(),
+                user=identity.uid, group=identity.gid, extra_groups=[] if identity.dedicated else None,
             )  # fmt: skip
         os.close(to_worker_r)
         os.close(from_worker_w)
@@ -176,7 +182,9 @@ class WorkerHandle:
             channel.write_frame(self._send_fd, header, blob, timeout=self.options.case_timeout_s)
         except channel.ChannelTimeout:
             self.kill()
-            raise WorkerFailure(Status.TIMEOUT, f"the worker took no request within {self.options.case_timeout_s:g} s while {what}; worker killed") from None
+            raise WorkerFailure(
+                Status.TIMEOUT, f"the worker took no request within {self.options.case_timeout_s:g} s while {what}; worker killed"
+            ) from None
         except (channel.ChannelError, OSError):
             raise self._died(what) from None
 
@@ -241,22 +249,28 @@ def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> Case
     settings = options.settings  # the run's settings: the workload's, with the command line's overrides
     case = ctx.case
     seeds = correctness_seeds(settings, case)
-    record = CaseRecord(case=case.id, solution=handle.solution.name, axes=dict(case.axes), status=Status.PASSED, seeds={"correctness": list(seeds)})
+    record = CaseRecord(
+        case=case.id, solution=handle.solution.name, axes=dict(case.axes), status=Status.PASSED, seeds={"correctness": list(seeds)}
+    )
     started = time.perf_counter()
     output_bytes = value_bytes(ctx.output_specs)
     try:
         try:
-            reply, blob = handle.request("outputs", CorrectnessJob(case, seeds), f"running case {case.id}", len(seeds) * output_bytes + 2**20, ("outputs",))
+            reply, blob = handle.request(
+                "outputs", CorrectnessJob(case, seeds), f"running case {case.id}", len(seeds) * output_bytes + 2**20, ("outputs",)
+            )
             outputs = decode_outputs(reply, blob, ctx, len(seeds))
         except ProtocolError as exc:
             handle.kill()
             raise WorkerFailure(Status.RUNTIME_ERROR, f"{exc}; worker killed") from None
         checks_start = time.perf_counter()
         record.phases_s["correctness_calls"] = checks_start - started
-        result = worst([ctx.check(seed, out) for seed, out in zip(seeds, outputs)])
+        result = worst([ctx.check(seed, out) for seed, out in zip(seeds, outputs, strict=True)])
         record.phases_s["checks"] = time.perf_counter() - checks_start
         if result.passed and options.timer is not None:
-            job = TimingJob(case, trial_seeds(settings, case), settings.warmup, settings.iterations, derive_seed(settings.seed, case.id, "sample"))
+            job = TimingJob(
+                case, trial_seeds(settings, case), settings.warmup, settings.iterations, derive_seed(settings.seed, case.id, "sample")
+            )
             limit = len(job.trial_seeds) * (output_bytes + value_bytes(ctx.redraw_specs)) + 2**20
             sent = time.perf_counter()
             try:
@@ -276,7 +290,9 @@ def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> Case
                     break
             suspect = implausible_timing(timing, job, ctx, wall_s, options.copy_bytes_per_s) if result.passed else None
             if suspect is not None:
-                result = CheckResult(Status.TIMING_SUSPECT, f"impossible timing, not recorded: {suspect}", result.max_abs_error, result.max_rel_error)
+                result = CheckResult(
+                    Status.TIMING_SUSPECT, f"impossible timing, not recorded: {suspect}", result.max_abs_error, result.max_rel_error
+                )
             record.timing = Timing(timer=timing.timer, samples_ms=timing.samples_ms, clocks=timing.clocks)
             record.phases_s.update({f"timing_{k}": v for k, v in timing.phase_s.items()})
         record.status, record.message = result.status, result.message

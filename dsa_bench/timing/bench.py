@@ -9,8 +9,8 @@ over trials) as ``dsa-bench run`` does, so their numbers compare with the record
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

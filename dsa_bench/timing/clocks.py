@@ -54,4 +54,4 @@ def driver_info(device_index: int) -> dict[str, object]:
     if values is None:
         return {}
     keys = ("driver", "max_sm_mhz", "max_mem_mhz", "power_limit_w")
-    return dict(zip(keys, values))
+    return dict(zip(keys, values, strict=False))  # an environment record: what nvidia-smi answered, as far as it goes

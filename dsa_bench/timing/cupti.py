@@ -18,7 +18,7 @@ import torch
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.timing.base import Step, Timer
 
-_registered: "CuptiTimer | None" = None
+_registered: CuptiTimer | None = None
 
 
 def cupti_problem() -> str | None:
@@ -102,19 +102,18 @@ class CuptiTimer(Timer):
 
     def _latencies_of(self, windows: list[tuple[int, int]]) -> list[float]:
         begins = [w[0] for w in windows]
-        first = [None] * len(windows)
-        last = [None] * len(windows)
+        spans: dict[int, tuple[int, int]] = {}  # timed call -> (its first kernel's start, its last one's end) in ns
         for start, end, correlation in self._gpu:
             at = self._api_start.get(correlation, start)
             i = bisect.bisect_right(begins, at) - 1
             if i < 0 or at > windows[i][1]:
                 continue  # launched outside any timed call (flush, poison, sampling copy)
-            first[i] = start if first[i] is None else min(first[i], start)
-            last[i] = end if last[i] is None else max(last[i], end)
-        empty = [i for i, f in enumerate(first) if f is None]
+            first, last = spans.get(i, (start, end))
+            spans[i] = (min(first, start), max(last, end))
+        empty = [i for i in range(len(windows)) if i not in spans]
         if empty:
             raise DsaBenchError(f"CUPTI saw no GPU activity in timed call {empty[0]}: the solution launched no GPU work")
-        return [(e - s) / 1e6 for s, e in zip(first, last)]
+        return [(spans[i][1] - spans[i][0]) / 1e6 for i in range(len(windows))]
 
 
 def _dispatch_completed(activities: list[Any]) -> None:

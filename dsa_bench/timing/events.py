@@ -28,7 +28,7 @@ class EventTimer(Timer):
             # preparation never overlaps work a solution left running on another stream.
             self._sync()
             after(i)
-        return [self._elapsed(s, e) for s, e in zip(starts, ends)]
+        return [self._elapsed(s, e) for s, e in zip(starts, ends, strict=True)]
 
 
 class HostClockTimer(Timer):

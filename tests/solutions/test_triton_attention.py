@@ -213,7 +213,8 @@ def test_ticket_barrier_arithmetic_releases_exactly_at_the_last_arrival():
 def test_cuda_path_is_refused_under_interpreter():
     axes, inputs = make_inputs([3], num_pages=16)
     with pytest.raises(ValueError, match="not the Triton interpreter"):
-        run_solution(axes, inputs, plans.Plan("cuda", splits=16, block_n=cuda_ext.TILE_SLOTS, num_stages=cuda_ext.STAGES, partial_dtype=torch.bfloat16))
+        plan = plans.Plan("cuda", splits=16, block_n=cuda_ext.TILE_SLOTS, num_stages=cuda_ext.STAGES, partial_dtype=torch.bfloat16)
+        run_solution(axes, inputs, plan)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal of CPU tensors on a machine without CUDA")
@@ -358,7 +359,9 @@ def test_gpu_cuda_kernel_strided_views_scale_and_nan_cache(cuda):
     combined = torch.cat([inputs["ckv_cache"], inputs["kpe_cache"]], dim=-1)
     q = torch.cat([inputs["q_nope"], inputs["q_pe"]], dim=-1)
     for scale in (1.0, 0.01):
-        views = dict(inputs, ckv_cache=combined[..., :512], kpe_cache=combined[..., 512:], q_nope=q[..., :512], q_pe=q[..., 512:], sm_scale=scale)
+        views = dict(
+            inputs, ckv_cache=combined[..., :512], kpe_cache=combined[..., 512:], q_nope=q[..., :512], q_pe=q[..., 512:], sm_scale=scale
+        )
         outputs, _ = run_solution(axes, views, None, cuda)
         torch.cuda.synchronize()
         reference = dict(inputs, sm_scale=scale)
@@ -465,4 +468,3 @@ def test_gpu_many_tokens_fall_back_to_two_launch(cuda):
     outputs, launch = run_cuda(axes, inputs, 8, "cluster", cuda)
     assert launch == cuda_ext.CLUSTER
     assert_correct(axes, inputs, outputs, cuda)
-

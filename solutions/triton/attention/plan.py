@@ -114,7 +114,7 @@ def default_plan(num_tokens: int, device: torch.device) -> Plan:
     return cuda_plan(num_tokens, resident, clusters, force_two_launch=os.environ.get("DSA_ATTN_TWO_LAUNCH") == "1")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cuda_residency(device_index: int) -> tuple[int, int]:
     """(programs, clusters of CUDA_POLICY_CLUSTER_SPLITS programs) the CUDA kernel keeps
     resident at once on the device: fixed per device, so asked once."""

@@ -135,7 +135,10 @@ def _store_slice(
     lse[t] = m + log2 l (-inf where l == 0: a token without valid slots)."""
     empty = l == 0.0
     out = acc / tl.where(empty, 1.0, l)[:, None]
-    tl.store(out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + slice_cols[None, :], _to_storage(out, out_ptr.dtype.element_ty, INTERPRETED))
+    tl.store(
+        out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + slice_cols[None, :],
+        _to_storage(out, out_ptr.dtype.element_ty, INTERPRETED),
+    )
     lse = tl.where(empty, float("-inf"), m + tl.log2(tl.where(empty, 1.0, l)))
     if d_slice == 0:
         tl.store(lse_ptr + t * stride_lse_t + heads, lse)
@@ -143,13 +146,34 @@ def _store_slice(
 
 @triton.jit
 def _dsplit_kernel(
-    q_nope_ptr, q_pe_ptr, ckv_ptr, kpe_ptr, idx_ptr, out_ptr, lse_ptr,
+    q_nope_ptr,
+    q_pe_ptr,
+    ckv_ptr,
+    kpe_ptr,
+    idx_ptr,
+    out_ptr,
+    lse_ptr,
     qk_scale_log2,
-    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
-    stride_ckv_page, stride_ckv_slot, stride_kpe_page, stride_kpe_slot,
-    stride_idx_t, stride_out_t, stride_out_h, stride_lse_t,
-    H: tl.constexpr, D_CKV: tl.constexpr, D_KPE: tl.constexpr, TOPK: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, SLICE_D: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRETED: tl.constexpr,
+    stride_qn_t,
+    stride_qn_h,
+    stride_qp_t,
+    stride_qp_h,
+    stride_ckv_page,
+    stride_ckv_slot,
+    stride_kpe_page,
+    stride_kpe_slot,
+    stride_idx_t,
+    stride_out_t,
+    stride_out_h,
+    stride_lse_t,
+    H: tl.constexpr,
+    D_CKV: tl.constexpr,
+    D_KPE: tl.constexpr,
+    TOPK: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    SLICE_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     """Grid (D_CKV // SLICE_D, T): program (d, t) writes output[t, :, d*SLICE_D:(d+1)*SLICE_D]
     (and lse[t] when d == 0) from all of token t's slots, without any partial results."""
@@ -179,8 +203,19 @@ def _dsplit_kernel(
     for block in range(num_blocks):
         slots = block * BLOCK_N + tl.arange(0, BLOCK_N)
         scores, valid, ckv_rows, _ = _block_logits(
-            q_nope, q_pe, ckv_ptr, kpe_ptr, idx_row + slots, stride_ckv_page, stride_ckv_slot, stride_kpe_page, stride_kpe_slot,
-            D_CKV, D_KPE, PAGE_SIZE, INTERPRETED,
+            q_nope,
+            q_pe,
+            ckv_ptr,
+            kpe_ptr,
+            idx_row + slots,
+            stride_ckv_page,
+            stride_ckv_slot,
+            stride_kpe_page,
+            stride_kpe_slot,
+            D_CKV,
+            D_KPE,
+            PAGE_SIZE,
+            INTERPRETED,
         )
         p, m_i, l_i, acc = _online_softmax_step(scores, valid, m_i, l_i, acc, qk_scale_log2)
         # Only this program's value columns (an L1 hit: the same rows were just loaded).
@@ -192,9 +227,20 @@ def _dsplit_kernel(
 
 @triton.jit
 def _combine_slice(
-    t, d_slice, part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr,
-    stride_out_t, stride_out_h, stride_lse_t,
-    H: tl.constexpr, D_CKV: tl.constexpr, NUM_SPLITS: tl.constexpr, SLICE_D: tl.constexpr, INTERPRETED: tl.constexpr,
+    t,
+    d_slice,
+    part_acc_ptr,
+    part_ml_ptr,
+    out_ptr,
+    lse_ptr,
+    stride_out_t,
+    stride_out_h,
+    stride_lse_t,
+    H: tl.constexpr,
+    D_CKV: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SLICE_D: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     """Merge the NUM_SPLITS partials of token t for value columns [d_slice*SLICE_D, +SLICE_D).
 
@@ -221,14 +267,36 @@ def _combine_slice(
 
 @triton.jit
 def _split_kernel(
-    q_nope_ptr, q_pe_ptr, ckv_ptr, kpe_ptr, idx_ptr, out_ptr, lse_ptr,
-    part_acc_ptr, part_ml_ptr,
+    q_nope_ptr,
+    q_pe_ptr,
+    ckv_ptr,
+    kpe_ptr,
+    idx_ptr,
+    out_ptr,
+    lse_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
     qk_scale_log2,
-    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
-    stride_ckv_page, stride_ckv_slot, stride_kpe_page, stride_kpe_slot,
-    stride_idx_t, stride_out_t, stride_out_h, stride_lse_t,
-    H: tl.constexpr, D_CKV: tl.constexpr, D_KPE: tl.constexpr, TOPK: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRETED: tl.constexpr,
+    stride_qn_t,
+    stride_qn_h,
+    stride_qp_t,
+    stride_qp_h,
+    stride_ckv_page,
+    stride_ckv_slot,
+    stride_kpe_page,
+    stride_kpe_slot,
+    stride_idx_t,
+    stride_out_t,
+    stride_out_h,
+    stride_lse_t,
+    H: tl.constexpr,
+    D_CKV: tl.constexpr,
+    D_KPE: tl.constexpr,
+    TOPK: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     """Grid (NUM_SPLITS, T): program (s, t) attends token t over slots s, s+S, s+2S, ... and
     writes its partial (m, l, acc); the combine kernel merges them."""
@@ -254,35 +322,93 @@ def _split_kernel(
     if SPLIT_SIZE == BLOCK_N:
         # The whole split is one block: no loop bound to compute, so the gather waits on one
         # index load instead of two (the bound's reduction, then the block's indices).
-        acc, m_i, l_i = _attend_block(q_nope, q_pe, ckv_ptr, kpe_ptr, idx_row + tl.arange(0, BLOCK_N) * NUM_SPLITS, acc, m_i, l_i, qk_scale_log2,
-                                      stride_ckv_page, stride_ckv_slot, stride_kpe_page, stride_kpe_slot, D_CKV, D_KPE, PAGE_SIZE, INTERPRETED)
+        acc, m_i, l_i = _attend_block(
+            q_nope,
+            q_pe,
+            ckv_ptr,
+            kpe_ptr,
+            idx_row + tl.arange(0, BLOCK_N) * NUM_SPLITS,
+            acc,
+            m_i,
+            l_i,
+            qk_scale_log2,
+            stride_ckv_page,
+            stride_ckv_slot,
+            stride_kpe_page,
+            stride_kpe_slot,
+            D_CKV,
+            D_KPE,
+            PAGE_SIZE,
+            INTERPRETED,
+        )
     else:
         # Loop bound: the block holding the split's last valid slot.
         j = tl.arange(0, SPLIT_SIZE)
         last = tl.max(tl.where(tl.load(idx_row + j * NUM_SPLITS) >= 0, j + 1, 0), axis=0)
         for block in range(tl.cdiv(last, BLOCK_N)):
             jb = block * BLOCK_N + tl.arange(0, BLOCK_N)  # < SPLIT_SIZE by the asserts above
-            acc, m_i, l_i = _attend_block(q_nope, q_pe, ckv_ptr, kpe_ptr, idx_row + jb * NUM_SPLITS, acc, m_i, l_i, qk_scale_log2,
-                                          stride_ckv_page, stride_ckv_slot, stride_kpe_page, stride_kpe_slot, D_CKV, D_KPE, PAGE_SIZE, INTERPRETED)
+            acc, m_i, l_i = _attend_block(
+                q_nope,
+                q_pe,
+                ckv_ptr,
+                kpe_ptr,
+                idx_row + jb * NUM_SPLITS,
+                acc,
+                m_i,
+                l_i,
+                qk_scale_log2,
+                stride_ckv_page,
+                stride_ckv_slot,
+                stride_kpe_page,
+                stride_kpe_slot,
+                D_CKV,
+                D_KPE,
+                PAGE_SIZE,
+                INTERPRETED,
+            )
 
     part = t * NUM_SPLITS + s
-    tl.store(part_acc_ptr + (part * H + heads[:, None]) * D_CKV + cols[None, :], _to_storage(acc, part_acc_ptr.dtype.element_ty, INTERPRETED))
+    tl.store(
+        part_acc_ptr + (part * H + heads[:, None]) * D_CKV + cols[None, :], _to_storage(acc, part_acc_ptr.dtype.element_ty, INTERPRETED)
+    )
     tl.store(part_ml_ptr + part * (2 * H) + heads, m_i)
     tl.store(part_ml_ptr + part * (2 * H) + H + heads, l_i)
 
 
 @triton.jit
 def _combine_kernel(
-    part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr,
-    stride_out_t, stride_out_h, stride_lse_t,
-    H: tl.constexpr, D_CKV: tl.constexpr, NUM_SPLITS: tl.constexpr, INTERPRETED: tl.constexpr,
+    part_acc_ptr,
+    part_ml_ptr,
+    out_ptr,
+    lse_ptr,
+    stride_out_t,
+    stride_out_h,
+    stride_lse_t,
+    H: tl.constexpr,
+    D_CKV: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    INTERPRETED: tl.constexpr,
 ):
     """Second launch of the two-launch path. Grid (NUM_SPLITS, T): program (d, t) combines
     value slice d of token t."""
     SLICE_D: tl.constexpr = D_CKV // NUM_SPLITS
     tl.static_assert(D_CKV % NUM_SPLITS == 0, "each program combines one equal slice of the value columns")
-    _combine_slice(tl.program_id(1), tl.program_id(0), part_acc_ptr, part_ml_ptr, out_ptr, lse_ptr,
-                   stride_out_t, stride_out_h, stride_lse_t, H, D_CKV, NUM_SPLITS, SLICE_D, INTERPRETED)
+    _combine_slice(
+        tl.program_id(1),
+        tl.program_id(0),
+        part_acc_ptr,
+        part_ml_ptr,
+        out_ptr,
+        lse_ptr,
+        stride_out_t,
+        stride_out_h,
+        stride_lse_t,
+        H,
+        D_CKV,
+        NUM_SPLITS,
+        SLICE_D,
+        INTERPRETED,
+    )
 
 
 # --------------------------------------------------------------------------- host side
@@ -297,7 +423,10 @@ def interpreted(device: torch.device) -> bool:
     if INTERPRETED:
         return True
     if device.type != "cuda":
-        raise RuntimeError(f"tensors on {device}: compiled Triton kernels need CUDA tensors; set TRITON_INTERPRET=1 before triton is imported to run them on the CPU")
+        raise RuntimeError(
+            f"tensors on {device}: compiled Triton kernels need CUDA tensors; "
+            "set TRITON_INTERPRET=1 before triton is imported to run them on the CPU"
+        )
     return False
 
 
@@ -313,17 +442,37 @@ def launch(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_sc
         )
     qk_scale_log2 = float(sm_scale) * LOG2_E
     common_strides = (
-        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1),
-        ckv_cache.stride(0), ckv_cache.stride(1), kpe_cache.stride(0), kpe_cache.stride(1),
-        sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0),
+        q_nope.stride(0),
+        q_nope.stride(1),
+        q_pe.stride(0),
+        q_pe.stride(1),
+        ckv_cache.stride(0),
+        ckv_cache.stride(1),
+        kpe_cache.stride(0),
+        kpe_cache.stride(1),
+        sparse_indices.stride(0),
+        output.stride(0),
+        output.stride(1),
+        lse.stride(0),
     )
     shape_consts = {"H": NUM_HEADS, "D_CKV": D_CKV, "D_KPE": D_KPE, "TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "INTERPRETED": True}
     options = {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
 
     if plan.path == "dsplit":
         _dsplit_kernel[(plan.splits, T)](
-            q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse, qk_scale_log2, *common_strides,
-            **shape_consts, SLICE_D=D_CKV // plan.splits, BLOCK_N=plan.block_n, **options,
+            q_nope,
+            q_pe,
+            ckv_cache,
+            kpe_cache,
+            sparse_indices,
+            output,
+            lse,
+            qk_scale_log2,
+            *common_strides,
+            **shape_consts,
+            SLICE_D=D_CKV // plan.splits,
+            BLOCK_N=plan.block_n,
+            **options,
         )
         return
 
@@ -332,10 +481,33 @@ def launch(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_sc
     part_ml = torch.empty(T * plan.splits * 2 * NUM_HEADS, dtype=torch.float32, device=device)
     grid = (plan.splits, T)
     _split_kernel[grid](
-        q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, output, lse, part_acc, part_ml, qk_scale_log2, *common_strides,
-        **shape_consts, NUM_SPLITS=plan.splits, BLOCK_N=plan.block_n, **options,
+        q_nope,
+        q_pe,
+        ckv_cache,
+        kpe_cache,
+        sparse_indices,
+        output,
+        lse,
+        part_acc,
+        part_ml,
+        qk_scale_log2,
+        *common_strides,
+        **shape_consts,
+        NUM_SPLITS=plan.splits,
+        BLOCK_N=plan.block_n,
+        **options,
     )
     _combine_kernel[grid](
-        part_acc, part_ml, output, lse, output.stride(0), output.stride(1), lse.stride(0),
-        H=NUM_HEADS, D_CKV=D_CKV, NUM_SPLITS=plan.splits, INTERPRETED=True, num_warps=plan.num_warps,
+        part_acc,
+        part_ml,
+        output,
+        lse,
+        output.stride(0),
+        output.stride(1),
+        lse.stride(0),
+        H=NUM_HEADS,
+        D_CKV=D_CKV,
+        NUM_SPLITS=plan.splits,
+        INTERPRETED=True,
+        num_warps=plan.num_warps,
     )

@@ -297,7 +297,8 @@ def launch_scores(
     tile = tile or default_score_tile(max_pages, batch)
     values, scales = cache_views(k_index_cache_fp8)  # the kernel hard-codes these strides (constexpr page layout)
     if values.stride() != (PAGE_BYTES, HEAD_DIM, 1) or scales.stride() != (PAGE_BYTES // SCALE_BYTES, 1):
-        raise ValueError(f"k_index_cache_fp8 views must have the {PAGE_BYTES}-byte page stride, got {values.stride()} and {scales.stride()}")
+        strides = f"{values.stride()} and {scales.stride()}"
+        raise ValueError(f"k_index_cache_fp8 views must have the {PAGE_BYTES}-byte page stride, got {strides}")
     grid = (triton.cdiv(max_pages, tile.pages_per_program), batch)
     _score_kernel[grid](
         q_index_fp8, values, scales, weights, seq_lens, block_table, scores, row_width, block_table.stride(0),
@@ -352,7 +353,9 @@ def launch_emit_ids(
     """Write ``topk_indices [B, TOPK]``: passthrough rows, and (given ``positions``) selected rows."""
     batch = block_table.shape[0]
     if tuple(topk_indices.shape) != (batch, TOPK) or topk_indices.dtype != torch.int32 or topk_indices.stride(1) != 1:
-        raise ValueError(f"topk_indices must be int32 [{batch}, {TOPK}] with contiguous rows, got {topk_indices.dtype} {tuple(topk_indices.shape)}")
+        raise ValueError(
+            f"topk_indices must be int32 [{batch}, {TOPK}] with contiguous rows, got {topk_indices.dtype} {tuple(topk_indices.shape)}"
+        )
     if block_table.stride(1) != 1:
         raise ValueError("block_table must be contiguous in its last dimension")
     if positions is not None and (tuple(positions.shape) != (batch, TOPK) or positions.stride(1) != 1):

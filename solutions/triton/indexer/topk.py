@@ -36,7 +36,12 @@ def load_topk_extension(verbose: bool | None = None) -> ModuleType:
     return _module
 
 
-_TENSOR_ARGS = (("scores", torch.float32, 2), ("seq_lens", torch.int32, 1), ("block_table", torch.int32, 2), ("topk_indices", torch.int32, 2))
+_TENSOR_ARGS = (
+    ("scores", torch.float32, 2),
+    ("seq_lens", torch.int32, 1),
+    ("block_table", torch.int32, 2),
+    ("topk_indices", torch.int32, 2),
+)
 
 
 def filtered_topk(
@@ -58,7 +63,7 @@ def filtered_topk(
     ``fast_candidates`` are test hooks (-1: defaults; see topk_binding.cpp).
     """
     tensors = (scores, seq_lens, block_table, topk_indices)
-    for (name, dtype, dims), tensor in zip(_TENSOR_ARGS, tensors):
+    for (name, dtype, dims), tensor in zip(_TENSOR_ARGS, tensors, strict=True):
         if not isinstance(tensor, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
         if not tensor.is_cuda:
