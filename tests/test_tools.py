@@ -101,7 +101,7 @@ def test_gpu_tools_refuse_without_cuda(script, args):
 
 @pytest.mark.slow
 def test_kernel_sass_digest_is_stable_and_covers_every_kernel():
-    # Two runs give the same digests (the equivalence check in benchmarks/README.md relies on it),
+    # Two runs give the same digests (an equivalence check across revisions relies on it),
     # one line per CUDA source: the top-k and the attention.
     runs = [run_tool("sass_digest.py") for _ in range(2)]
     for proc in runs:

@@ -7,7 +7,7 @@ Needs no GPU: the CUDA top-k and the CUDA attention kernel are compiled with
 ``nvcc -arch=sm_90a -cubin``, and each cubin is disassembled with ``cuobjdump -sass``. Only
 instruction lines are hashed (line tables and source positions are left out), so two source
 revisions that print the same digests compile to the same kernels, and a measurement of one
-holds for the other. benchmarks/README.md uses it that way.
+holds for the other.
 """
 
 from __future__ import annotations
