@@ -7,10 +7,11 @@
 For every case of ``workloads/sparse_attention_h16.yaml`` it builds two input sets with the
 harness's own generator, checks each variant's outputs with the harness checker on both (a
 failing variant is reported FAIL and not timed), then times the variants in this one process
-with ``dsa_bench.timing.bench.bench``: L2 flushed before every call, the two input sets
-alternating, and the harness's statistic (each trial's median over iterations, averaged over
-``--trials``). Timing uses CUPTI when the ``cupti`` module imports (first kernel start to last
-kernel end of each call, as ``dsa-bench run`` does), else CUDA events, and the table says which.
+with ``dsa_bench.timing.bench.bench``: outputs re-poisoned and the L2 flushed before every
+call, the two input sets alternating, and the harness's statistic (each trial's median over
+iterations, averaged over ``--trials``). Timing uses CUPTI when the ``cupti`` module imports
+(first kernel start to last kernel end of each call, as ``dsa-bench run`` does), else CUDA
+events, and the table says which.
 
 A variant maps a token count T to a ``Plan`` of the CUDA kernel (path, splits, gather lag) or
 to None where it does not apply.
@@ -35,6 +36,7 @@ from pathlib import Path
 import torch
 
 from dsa_bench.definitions import sparse_attention as attn
+from dsa_bench.definitions.base import poison_
 from dsa_bench.definitions.checks import judge
 from dsa_bench.run.loader import import_entry
 from dsa_bench.solution import load_solution as load_solution_folder
@@ -183,11 +185,14 @@ def main() -> int:
                 k = i % len(args_of)
                 entry.sparse_attention(*args_of[k], outs[k]["output"], outs[k]["lse"], plan=plan)
 
+            def poison(i: int, outs=outs) -> None:  # as the harness does before every call
+                for out in outs[i % len(outs)].values():
+                    poison_(out)
+
             try:
                 failed = None
                 for k in range(len(sets)):
-                    for out in outs[k].values():
-                        out.fill_(float("nan"))  # poison, as the harness does
+                    poison(k)
                     call(k)
                     torch.cuda.synchronize()
                     verdict = judge(workload.definition, axes, sets[k], outs[k], expected[k], workload.settings.tolerance, device)
@@ -196,7 +201,9 @@ def main() -> int:
                     row[name] = "FAIL"
                     print(f"  {case.id} {name} {plan}: {failed.status.value} {failed.message}")
                     continue
-                timed = bench(call, device=device, warmup=args.warmup, iterations=args.iterations, trials=args.trials, timer=timer_name)
+                timed = bench(
+                    call, device=device, warmup=args.warmup, iterations=args.iterations, trials=args.trials, prepare=poison, timer=timer_name
+                )
                 row[name] = timed.mean_ms * 1000.0
             except Exception as exc:  # noqa: BLE001 - a variant that does not compile or launch here is reported, not fatal
                 row[name] = "ERR"
