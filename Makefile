@@ -42,7 +42,7 @@ test-gpu: install
 	$(PY) -m pytest -q -m gpu $(ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check dsa_bench tests tools solutions
+	$(VENV)/bin/ruff check dsa_bench tests tools solutions benchmarks
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy dsa_bench
 

@@ -1,24 +1,37 @@
-"""The developer tools in tools/ that run without a GPU: their CPU modes and their refusals."""
+"""The kernel-development scripts of benchmarks/kernels/ that run without a GPU: their CPU modes and their refusals."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 from conftest import HAS_CUDA, ROOT
 
-TOOLS = ROOT / "tools"
+KERNEL_SCRIPTS = ROOT / "benchmarks" / "kernels"
 
 
 def run_tool(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the tools decide
-    return subprocess.run([sys.executable, str(TOOLS / script), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the scripts decide
+    return subprocess.run(
+        [sys.executable, str(KERNEL_SCRIPTS / script), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def load_script(name: str) -> types.ModuleType:
+    """A script of benchmarks/kernels/ imported from its file (the folder is no package and stays off sys.path)."""
+    spec = importlib.util.spec_from_file_location(f"kernel_script_{name}", KERNEL_SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_bench_indexer_cpu_dry_run_checks_and_reports(tmp_path):
@@ -26,7 +39,7 @@ def test_bench_indexer_cpu_dry_run_checks_and_reports(tmp_path):
     # without the reference: every output is judged by the harness checker on the way.
     out = tmp_path / "bench.json"
     proc = run_tool(
-        "bench_indexer.py", "--cpu-dry-run", "--no-reference", "--no-variants", "--warmup", "0", "--iterations", "1",
+        "indexer.py", "--cpu-dry-run", "--no-reference", "--no-variants", "--warmup", "0", "--iterations", "1",
         "--trials", "1", "--case", "indexer_000*", "--case", "indexer_069*", "--out", str(out),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -41,7 +54,7 @@ _LISTED_PLAN = re.compile(r"  T=(\d+): Plan\(path='(\w+)', splits=(\d+), block_n
 
 
 def listed_plans(stdout: str) -> dict[str, dict[int, tuple[str, int, int, int]]]:
-    """bench_attention_variants --list output as {variant: {T: (path, splits, block_n, gather lag)}}."""
+    """attention_variants.py --list output as {variant: {T: (path, splits, block_n, gather lag)}}."""
     plans: dict[str, dict[int, tuple[str, int, int, int]]] = {}
     for line in stdout.splitlines():
         found = _LISTED_PLAN.fullmatch(line)
@@ -56,7 +69,7 @@ def listed_plans(stdout: str) -> dict[str, dict[int, tuple[str, int, int, int]]]
 def test_bench_attention_variants_lists_plans_without_a_gpu():
     # Without a GPU the list uses the H200's residency; whatever the tuned split counts, every
     # plan is a CUDA kernel plan whose splits tile the 2048 slots, with a non-negative lag.
-    proc = run_tool("bench_attention_variants.py", "--list", "--variant", "default", "--variant", "cuda_two_launch")
+    proc = run_tool("attention_variants.py", "--list", "--variant", "default", "--variant", "cuda_two_launch")
     assert proc.returncode == 0, proc.stderr
     listed = listed_plans(proc.stdout)
     assert list(listed) == ["default", "cuda_two_launch"] and all(list(by_t) == [1, 2, 6, 7, 8] for by_t in listed.values())
@@ -70,18 +83,18 @@ def test_bench_attention_variants_lists_plans_without_a_gpu():
 def test_bench_attention_variants_builds_named_cuda_plans():
     """Any cuda_sN / cluster_sN name with a gather lag (cycles) or _landed is a fixed plan;
     other names are refused with the known ones listed."""
-    proc = run_tool("bench_attention_variants.py", "--list", "--variant", "cuda_s8_lag1500", "--variant", "cluster_s16_landed")
+    proc = run_tool("attention_variants.py", "--list", "--variant", "cuda_s8_lag1500", "--variant", "cluster_s16_landed")
     assert proc.returncode == 0, proc.stderr
     listed = listed_plans(proc.stdout)
     assert set(listed["cuda_s8_lag1500"].values()) == {("cuda", 8, 64, 1500)}
     assert set(listed["cluster_s16_landed"].values()) == {("cuda_cluster", 16, 64, 2**31 - 1)}
-    proc = run_tool("bench_attention_variants.py", "--list", "--variant", "cuda_s16_d1")
+    proc = run_tool("attention_variants.py", "--list", "--variant", "cuda_s16_d1")
     assert proc.returncode == 2 and "unknown variant(s) ['cuda_s16_d1']" in proc.stderr
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
 @pytest.mark.parametrize(
-    "script,args", [("profile_kernels.py", ["topk"]), ("profile_kernels.py", ["phases"]), ("bench_attention_variants.py", [])]
+    "script,args", [("profile_kernels.py", ["topk"]), ("profile_kernels.py", ["phases"]), ("attention_variants.py", [])]
 )
 def test_gpu_tools_refuse_without_cuda(script, args):
     proc = run_tool(script, *args)
@@ -90,9 +103,9 @@ def test_gpu_tools_refuse_without_cuda(script, args):
 
 @pytest.mark.slow
 def test_kernel_sass_digest_is_stable_and_covers_every_kernel():
-    # Two runs give the same digests (the equivalence check in benchmarks/README.md relies on it),
+    # Two runs give the same digests (an equivalence check across revisions relies on it),
     # one line per CUDA source: the top-k and the attention.
-    runs = [run_tool("kernel_sass_digest.py") for _ in range(2)]
+    runs = [run_tool("sass_digest.py") for _ in range(2)]
     for proc in runs:
         if proc.returncode == 2:
             pytest.skip(f"no sm_90 toolchain here: {proc.stderr.strip()[-200:]}")
@@ -106,9 +119,9 @@ def test_kernel_sass_digest_is_stable_and_covers_every_kernel():
 def test_attention_phase_summary_reads_stamps_and_leaves_out_skipped_tiles():
     # Synthetic stamps of 2 calls x 3 programs at 2 GHz: entry ns/cycles, six phase ends, exit ns.
     # Program 2 of call 1 had no valid slot: its first-tile stamp stays 0.
-    sys.path.insert(0, str(ROOT / "tools"))
-    import profile_kernels
     import torch
+
+    profile_kernels = load_script("profile_kernels")
 
     def program(start_ns: int, phase_us: list[float]) -> list[int]:
         cycles = [10_000]
@@ -142,9 +155,9 @@ def test_gather_floor_reorderings_keep_each_programs_slots():
     # The reordered ids the tool times the gathers (and the solution) on: per program the same
     # ids in ascending order, padding last; per row the same ids ascending; consecutive cache
     # rows on exactly the valid slots.
-    sys.path.insert(0, str(ROOT / "tools"))
-    import gather_floor
     import torch
+
+    gather_floor = load_script("gather_floor")
 
     gen = torch.Generator().manual_seed(3)
     ids = torch.full((2, 2048), -1, dtype=torch.int32)
@@ -174,17 +187,17 @@ def test_gather_floor_kernels_compile_alone_with_nvcc(tmp_path):
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
     if nvcc is None:
         pytest.skip("nvcc is not installed")
-    proc = subprocess.run([nvcc, "-arch=sm_90a", "-O3", "-Xptxas", "-v", "-c", str(TOOLS / "gather_floor.cu"), "-o", str(tmp_path / "g.o")],
-                          capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    command = [nvcc, "-arch=sm_90a", "-O3", "-Xptxas", "-v", "-c", str(KERNEL_SCRIPTS / "gather_floor.cu"), "-o", str(tmp_path / "g.o")]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr
     compiled = re.findall(r"Compiling entry function '(\w+)'", proc.stderr)
     assert len(compiled) == 3 and all(any(k in name for name in compiled) for k in ("bulk_gather", "rows_gather", "ldg_gather")), compiled
 
 
 def test_gather_floor_copy_check_catches_a_wrong_word():
-    sys.path.insert(0, str(ROOT / "tools"))
-    import gather_floor
     import torch
+
+    gather_floor = load_script("gather_floor")
 
     ckv = torch.arange(8 * 64 * 512, dtype=torch.int32).view(8, 64, 256 * 2).to(torch.int16).view(torch.bfloat16)
     ids = torch.full((1, 2048), -1, dtype=torch.int32)
@@ -201,9 +214,9 @@ def test_gather_floor_copy_check_catches_a_wrong_word():
 def test_gather_floor_landing_summary_finds_a_systematically_slow_sm():
     # Synthetic bulk-gather stamps, 6 calls x 4 programs at 2 GHz: SM 7 always lands 3 µs after
     # entry, the others 1 µs plus a call-dependent jitter; program k runs on SM k + 4 * (k == 3).
-    sys.path.insert(0, str(ROOT / "tools"))
-    import gather_floor
     import torch
+
+    gather_floor = load_script("gather_floor")
 
     calls = []
     for call in range(6):

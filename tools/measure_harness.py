@@ -6,7 +6,7 @@
    solution, the relative difference of the mean-of-trial-median latencies.
 3. ``walltime``: the harness's own wall time, read from results files (created → finished).
 4. ``l2-flush``: what the L2 flush's method charges the timed call. The same calls (an 18.9 MB
-   copy and read, the bulk gather-only kernel of tools/gather_floor.cu and the triton solution's
+   copy and read, the bulk gather-only kernel of benchmarks/kernels/gather_floor.cu and the triton solution's
    sparse attention on every case of sparse_attention_h16) timed by CUPTI after a clean flush,
    after a dirty one (timing.L2Flusher) and warm (no flush), side by side in one process.
 
@@ -20,12 +20,16 @@ Usage:
 from __future__ import annotations
 
 import datetime as dt
+import importlib.util
 import json
 import statistics
+import types
 from pathlib import Path
 
 import typer
 from tabulate import tabulate
+
+ROOT = Path(__file__).resolve().parents[1]
 
 app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
@@ -115,15 +119,27 @@ def walltime(paths: list[Path]) -> None:
     print(tabulate(rows, headers=["results", "workload", "cases", "solutions", "harness wall time"], disable_numparse=True))
 
 
+def _gather_floor() -> types.ModuleType:
+    """benchmarks/kernels/gather_floor.py, imported from its file (the kernel scripts are no
+    package): it builds the gather-only kernel and draws the inputs it times."""
+    spec = importlib.util.spec_from_file_location("gather_floor", ROOT / "benchmarks" / "kernels" / "gather_floor.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def l2_flush(out: Path | None, iterations: int) -> None:
     import torch
-    from gather_floor import build_gather_extension, generated_inputs
-    from profile_kernels import ROOT, solution_module
 
     from dsa_bench.definitions import sparse_attention as attn
+    from dsa_bench.run.loader import import_entry
+    from dsa_bench.solution import load_solution
     from dsa_bench.timing import make_timer
     from dsa_bench.timing.flush import L2_FLUSH_MODES, L2Flusher
     from dsa_bench.workloads import load_workload
+
+    gather_floor = _gather_floor()
 
     device = torch.device("cuda")
     timer = make_timer("cupti")
@@ -140,12 +156,13 @@ def l2_flush(out: Path | None, iterations: int) -> None:
     dst, row_sums = torch.empty_like(src), torch.empty(4608, device=device)
     calls = {"copy 18.9 MB": lambda i: dst.copy_(src), "read (row sums) 18.9 MB": lambda i: torch.sum(src, 1, out=row_sums)}
     workload = load_workload(ROOT / "workloads" / "sparse_attention_h16.yaml")
-    ext, sa = build_gather_extension(), solution_module(attn.NAME)
+    ext = gather_floor.build_gather_extension()
+    sa = import_entry(load_solution(ROOT / "solutions" / "triton"), attn.NAME)[1]  # as the harness imports it
     sink = torch.zeros(8 * 2048, dtype=torch.int32, device=device)
     attention: dict[str, dict[str, float]] = {}
     data: dict[str, dict[str, float]] = {}
     for case in workload.cases:
-        inputs = generated_inputs(workload, case, device)
+        inputs = gather_floor.generated_inputs(workload, case, device)
         outs = workload.definition.allocate_outputs(workload.definition.axes(case.axes), device)
         args = workload.definition.input_args(inputs)
         attention[case.id] = medians_us(lambda i, args=args, outs=outs: sa.sparse_attention(*args, outs["output"], outs["lse"]))

@@ -37,7 +37,7 @@ struct AttentionArgs {
   int64_t ckv_page, ckv_slot, kpe_page, kpe_slot;
   int64_t indices_t, out_t, out_h, lse_t;
   int64_t* phase_clocks;    // profiling only, else null: [T * splits * kPhaseSlots] per program,
-                            // see kPhase* below (tools/profile_kernels.py phases reads them)
+                            // see kPhase* below (benchmarks/kernels/profile_kernels.py phases reads them)
   float qk_scale_log2;      // sm_scale * log2(e)
   int tokens;
   int splits;               // slot splits per token: a power of two in [kMinSplits, kMaxSplits]

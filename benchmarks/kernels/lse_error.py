@@ -9,7 +9,7 @@ max |lse - exact| of the reference and of the solution, their max |output - exac
 shift of leaving out the row's most probable slot (what the lse check must catch).
 
 Usage (on a CPU set TRITON_INTERPRET=1):
-    python tools/measure_lse_error.py workloads/sparse_attention_smoke.yaml [--cases ID ...] [--input-sets N]
+    python benchmarks/kernels/lse_error.py workloads/sparse_attention_smoke.yaml [--cases ID ...] [--input-sets N]
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from dsa_bench.run.loader import import_entry
 from dsa_bench.solution import load_solution
 from dsa_bench.workloads import build_inputs, derive_seed, load_workload
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def exact(inputs: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,13 +1,14 @@
 #!/usr/bin/env python
 """The gather floor of the sparse attention on a CUDA GPU: gather-only kernels against the solution.
 
-    python tools/gather_floor.py [--case attention_18_t8_full] [--iterations 30] [--out results/gather_floor.json]
+    python benchmarks/kernels/gather_floor.py [--case attention_18_t8_full] [--iterations 30] [--trials 1] [--out results/gather_floor.json]
 
 For the chosen cases of ``workloads/sparse_attention_h16.yaml`` (inputs from the harness's own
-generator) it times, cold L2, median over iterations, with the harness's timer:
+generator) it times with ``dsa_bench.timing.bench.bench`` (the harness's timer, clean L2 flush
+before every call, the harness's statistic: each trial's median over iterations, averaged):
   - the solution's sparse attention under its default plan (the whole call), also on the ids
     reordered as below (the result is the same: a row's slots may come in any order);
-  - gather-only kernels (tools/gather_floor.cu) that fetch exactly the rows that call fetches,
+  - gather-only kernels (gather_floor.cu, beside this script) that fetch exactly the rows that call fetches,
     by bulk copies (all of a program's rows at once; on one mbarrier, or one per row polled as
     the attention kernel does) or by 16-byte loads, with and without the
     kpe rows, at several split counts;
@@ -16,14 +17,18 @@ generator) it times, cold L2, median over iterations, with the harness's timer:
     ("row-sorted"), and consecutive rows ("contiguous", the streaming floor).
 Each line gives µs and the rate of the bytes fetched (valid rows x 1152 B, or x 1024 B without kpe).
 
-    python tools/gather_floor.py --per-sm [--case attention_18_t8_full] [--iterations 30] [--splits 16]
+    python benchmarks/kernels/gather_floor.py --per-sm [--case attention_18_t8_full] [--iterations 30] [--splits 16]
 
 instead asks whether some SMs are systematically slow: the bulk gather (all of a program's rows
 at once, as-is ids) stamps each program's SM and when its rows landed, over the iterations (cold
 L2). It prints when the median and the last program of a call landed, the spread of the per-SM
 mean landing times against the calls' own scatter on one SM, how well two halves of the calls
 agree on which SMs are slow (a correlation near 1: systematic, near 0: chance), and the slowest
-and fastest SMs (``landing_summary``).
+and fastest SMs (``landing_summary``). These are the kernel's own stamps, not a timer's: that
+mode flushes the L2 before each call itself and does not go through ``bench``.
+
+``tools/measure_harness.py l2-flush`` imports this file for ``build_gather_extension`` and
+``generated_inputs``.
 """
 
 from __future__ import annotations
@@ -36,23 +41,23 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from profile_kernels import solution_module
-
 from dsa_bench.definitions import sparse_attention as attn
+from dsa_bench.run.loader import import_entry
+from dsa_bench.solution import load_solution
 from dsa_bench.timing import choose_timer, make_timer
+from dsa_bench.timing.bench import bench
 from dsa_bench.timing.flush import L2Flusher
 from dsa_bench.workloads import build_inputs, derive_seed, load_workload
 
+ROOT = Path(__file__).resolve().parents[2]
+GATHER_KERNELS = Path(__file__).resolve().with_name("gather_floor.cu")
 TOPK = 2048
 
 
 def build_gather_extension():
     from torch.utils.cpp_extension import load
 
-    return load(name="dsa_gather_floor", sources=[str(ROOT / "tools" / "gather_floor.cu")], extra_cuda_cflags=["-O3", "-arch=sm_90a"])
+    return load(name="dsa_gather_floor", sources=[str(GATHER_KERNELS)], extra_cuda_cflags=["-O3", "-arch=sm_90a"])
 
 
 def program_sorted(indices: torch.Tensor, splits: int) -> torch.Tensor:
@@ -92,7 +97,7 @@ def check_copied(sink: torch.Tensor, ids: torch.Tensor, ckv: torch.Tensor, split
 
 def landing_summary(stamps: torch.Tensor) -> dict:
     """Per-SM landing statistics of bulk-gather stamps ``[calls, programs, LANDING_SLOTS]`` int64
-    (slots: SM id, entry ns, entry cycles, landed cycles, landed ns; tools/gather_floor.cu).
+    (slots: SM id, entry ns, entry cycles, landed cycles, landed ns; gather_floor.cu).
 
     A program's landing time is µs after its call's first entry: its entry (global timer) plus its
     own SM-clock span to the landing (the SM clock is fine-grained, the global timer is what is
@@ -165,6 +170,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--case", action="append", help="case id (repeatable; default attention_18_t8_full)")
     parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--trials", type=int, default=1, help="trials per timing (the harness's default is 3)")
     parser.add_argument("--timer", default="auto")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--per-sm", action="store_true", help="per-SM landing stamps of the bulk gather instead of the timings")
@@ -183,19 +189,16 @@ def main() -> int:
     ext = build_gather_extension()
     if args.per_sm:
         return per_sm_landing(args, ext, workload, device)
-    sa = solution_module(attn.NAME)
-    timer_name, warning = choose_timer(args.timer, device)
+    sa = import_entry(load_solution(ROOT / "solutions" / "triton"), attn.NAME)[1]  # as the harness imports it
+    timer_name, warning = choose_timer(args.timer, device)  # once, so a fallback warns once
     if warning:
         print(f"warning: {warning}")
-    timer = make_timer(timer_name)
-    flusher = L2Flusher(device)
-    print(f"{torch.cuda.get_device_name(device)}, timer {timer.name}, {args.iterations} iterations (median), cold L2")
+    label = make_timer(timer_name).name
+    print(f"{torch.cuda.get_device_name(device)}, timer {label}, {args.trials} trial(s) x {args.iterations} iterations "
+          "(harness statistic), cold L2")  # fmt: skip
 
     def time_us(call) -> float:
-        for i in range(3):
-            call(i)
-        torch.cuda.synchronize()
-        return statistics.median(timer.time_iterations(call, args.iterations, lambda i: flusher.flush(), lambda i: None)) * 1000.0
+        return bench(call, device=device, warmup=3, iterations=args.iterations, trials=args.trials, timer=timer_name).mean_ms * 1000.0
 
     results: dict[str, dict[str, float]] = {}
     for case_id in args.case or ["attention_18_t8_full"]:
@@ -242,7 +245,7 @@ def main() -> int:
         results[case.id] = row
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"timer": timer.name, "gpu": torch.cuda.get_device_name(device), "us": results}, indent=1))
+        args.out.write_text(json.dumps({"timer": label, "gpu": torch.cuda.get_device_name(device), "us": results}, indent=1))
     return 0
 
 

@@ -1,15 +1,17 @@
 #!/usr/bin/env python
 """Time variants of the sparse-attention solution's CUDA kernel on a CUDA GPU.
 
-    python tools/bench_attention_variants.py [--case 'attention_1*'] [--variant default --variant dsplit16]
-                                             [--iterations 30] [--timer auto] [--out results/attn_variants.json]
+    python benchmarks/kernels/attention_variants.py [--case 'attention_1*'] [--variant default --variant cuda_s16]
+                                                    [--iterations 30] [--trials 1] [--timer auto] [--out results/attn_variants.json]
 
 For every case of ``workloads/sparse_attention_h16.yaml`` it builds two input sets with the
 harness's own generator, checks each variant's outputs with the harness checker on both (a
-failing variant is reported FAIL and not timed), then times the variants in this one process:
-L2 flushed before every call, the two input sets alternating, the median over iterations.
-Timing uses CUPTI when the ``cupti`` module imports (first kernel start to last kernel end of
-each call, as ``dsa-bench run`` does), else CUDA events, and the table says which.
+failing variant is reported FAIL and not timed), then times the variants in this one process
+with ``dsa_bench.timing.bench.bench``: outputs re-poisoned and the L2 flushed before every
+call, the two input sets alternating, and the harness's statistic (each trial's median over
+iterations, averaged over ``--trials``). Timing uses CUPTI when the ``cupti`` module imports
+(first kernel start to last kernel end of each call, as ``dsa-bench run`` does), else CUDA
+events, and the table says which.
 
 A variant maps a token count T to a ``Plan`` of the CUDA kernel (path, splits, gather lag) or
 to None where it does not apply.
@@ -33,16 +35,16 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
 from dsa_bench.definitions import sparse_attention as attn
+from dsa_bench.definitions.base import poison_
 from dsa_bench.definitions.checks import judge
 from dsa_bench.run.loader import import_entry
 from dsa_bench.solution import load_solution as load_solution_folder
 from dsa_bench.timing import choose_timer, make_timer
-from dsa_bench.timing.flush import L2Flusher
+from dsa_bench.timing.bench import bench
 from dsa_bench.workloads import build_inputs, derive_seed, load_workload
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TARGET_MEAN_US = 10.0
 TARGET_T8_FULL_US = 12.0
@@ -124,6 +126,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--variant", action="append", default=[], help="variant name (repeatable); default: all")
     p.add_argument("--iterations", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--trials", type=int, default=1, help="trials per variant and case (the harness's default is 3)")
     p.add_argument("--timer", default="auto", choices=("auto", "cupti", "events"))
     p.add_argument("--out", type=Path, help="also write the results as JSON")
     p.add_argument("--list", action="store_true", help="print each variant's plan per token count and exit (no GPU needed)")
@@ -144,7 +147,7 @@ def main() -> int:
         list_plans(table, args.variant or list(table), [1, 2, 6, 7, 8])
         return 0
     if not torch.cuda.is_available():
-        print("bench_attention_variants: needs a CUDA GPU (--list works without one)", file=sys.stderr)
+        print("attention_variants: needs a CUDA GPU (--list works without one)", file=sys.stderr)
         return 2
     device = torch.device("cuda")
     entry, plans, cuda_ext = load_solution()
@@ -155,14 +158,13 @@ def main() -> int:
         return 2
     workload = load_workload(args.workload)
     cases = [c for c in workload.cases if not args.case or any(fnmatch.fnmatch(c.id, g) for g in args.case)]
-    timer_name, warning = choose_timer(args.timer, device)
+    timer_name, warning = choose_timer(args.timer, device)  # once, so a fallback warns once
     if warning:
         print(f"warning: {warning}")
-    timer = make_timer(timer_name)
-    flusher = L2Flusher(device)
+    label = make_timer(timer_name).name
     print(f"{torch.cuda.get_device_name(device)}, {resident} co-resident programs, "
           f"resident clusters {({s: cuda_ext.resident_clusters(s) for s in (8, 16)})}, "
-          f"timer {timer.name}, {args.iterations} iterations (median), cold L2")
+          f"timer {label}, {args.trials} trial(s) x {args.iterations} iterations (harness statistic), cold L2")
 
     results: dict[str, dict[str, float | str]] = {}
     for case in cases:
@@ -184,11 +186,14 @@ def main() -> int:
                 k = i % len(args_of)
                 entry.sparse_attention(*args_of[k], outs[k]["output"], outs[k]["lse"], plan=plan)
 
+            def poison(i: int, outs=outs) -> None:  # as the harness does before every call
+                for out in outs[i % len(outs)].values():
+                    poison_(out)
+
             try:
                 failed = None
                 for k in range(len(sets)):
-                    for out in outs[k].values():
-                        out.fill_(float("nan"))  # poison, as the harness does
+                    poison(k)
                     call(k)
                     torch.cuda.synchronize()
                     verdict = judge(workload.definition, axes, sets[k], outs[k], expected[k], workload.settings.tolerance, device)
@@ -197,23 +202,31 @@ def main() -> int:
                     row[name] = "FAIL"
                     print(f"  {case.id} {name} {plan}: {failed.status.value} {failed.message}")
                     continue
-                for i in range(args.warmup):
-                    call(i)
-                torch.cuda.synchronize()
-                samples = timer.time_iterations(call, args.iterations, lambda i: flusher.flush(), lambda i: None)
-                row[name] = statistics.median(samples) * 1000.0
+                timed = bench(
+                    call,
+                    device=device,
+                    warmup=args.warmup,
+                    iterations=args.iterations,
+                    trials=args.trials,
+                    prepare=poison,
+                    timer=timer_name,
+                )
+                row[name] = timed.mean_ms * 1000.0
             except Exception as exc:  # noqa: BLE001 - a variant that does not compile or launch here is reported, not fatal
                 row[name] = "ERR"
                 print(f"  {case.id} {name} {plan}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
         results[case.id] = row
         counts = case.inputs["sparse_indices"].params.get("valid_counts", []) if "sparse_indices" in case.inputs else []
-        print(f"{case.id:24s} T={T} valid={counts if len(counts) <= 2 else f'{min(counts)}..{max(counts)}'}  "
-              + "  ".join(f"{n}={v:.1f}" if isinstance(v, float) else f"{n}={v}" for n, v in row.items()), flush=True)
+        print(
+            f"{case.id:24s} T={T} valid={counts if len(counts) <= 2 else f'{min(counts)}..{max(counts)}'}  "
+            + "  ".join(f"{n}={v:.1f}" if isinstance(v, float) else f"{n}={v}" for n, v in row.items()),
+            flush=True,
+        )
 
-    print_table(results, list(chosen), {c.id: c.axes["num_tokens"] for c in cases}, timer.name)
+    print_table(results, list(chosen), {c.id: c.axes["num_tokens"] for c in cases}, label)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"timer": timer.name, "gpu": torch.cuda.get_device_name(device), "us": results}, indent=1))
+        args.out.write_text(json.dumps({"timer": label, "gpu": torch.cuda.get_device_name(device), "us": results}, indent=1))
     return 0
 
 
@@ -248,7 +261,7 @@ def print_table(results: dict, names: list[str], tokens: dict[str, int], timer: 
     for label, pick in summaries.items():
         rows.append([label, "", *[mean_over(n, pick) for n in names]])
     print()
-    print(f"latency in µs ({timer}, median, cold L2); '-' = variant not applicable (its means use 'default' there)")
+    print(f"latency in µs ({timer}, harness statistic, cold L2); '-' = variant not applicable (its means use 'default' there)")
     print(tabulate(rows, headers=["case", "T", *names], disable_numparse=True))
     print(f"targets: mean (all) <= {TARGET_MEAN_US} µs, T=8 full <= {TARGET_T8_FULL_US} µs")
     best_per_case = {}

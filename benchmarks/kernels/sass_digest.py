@@ -1,13 +1,13 @@
 #!/usr/bin/env python
 """Print a digest of the sm_90 machine code (SASS) of the triton solution's CUDA kernels.
 
-    python tools/kernel_sass_digest.py
+    python benchmarks/kernels/sass_digest.py
 
 Needs no GPU: the CUDA top-k and the CUDA attention kernel are compiled with
 ``nvcc -arch=sm_90a -cubin``, and each cubin is disassembled with ``cuobjdump -sass``. Only
 instruction lines are hashed (line tables and source positions are left out), so two source
 revisions that print the same digests compile to the same kernels, and a measurement of one
-holds for the other. benchmarks/README.md uses it that way.
+holds for the other.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTION = ROOT / "solutions" / "triton"
 INSTRUCTION = re.compile(r"\s+/\*[0-9a-f]{4}\*/")
 
@@ -47,11 +47,11 @@ def _cuobjdump() -> str | None:
 def main() -> int:
     cuobjdump = _cuobjdump()
     if cuobjdump is None:
-        print("kernel_sass_digest: no cuobjdump (Triton's NVIDIA backend or the CUDA toolkit)", file=sys.stderr)
+        print("sass_digest: no cuobjdump (Triton's NVIDIA backend or the CUDA toolkit)", file=sys.stderr)
         return 2
     nvcc = shutil.which("nvcc")
     if nvcc is None:
-        print("kernel_sass_digest: no nvcc on PATH", file=sys.stderr)
+        print("sass_digest: no nvcc on PATH", file=sys.stderr)
         return 2
     cuda_sources = (
         ("top-k      filtered_topk_kernel<512, 1024>         ", "indexer/csrc/topk_filtered.cu"),

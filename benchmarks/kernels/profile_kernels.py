@@ -2,49 +2,58 @@
 """Drive the triton solution's kernels for a profiler, and time how gather locality costs.
 
     ncu --nvtx --nvtx-include "profile/" --clock-control none [--section ...] \\
-        python tools/profile_kernels.py ncu [--case attention_18_t8_full --case indexer_127_b31_p91 ...]
-    python tools/profile_kernels.py locality [--iterations 30]
-    python tools/profile_kernels.py cache [--case ...] [--iterations 30]
-    python tools/profile_kernels.py topk [--iterations 30]
-    python tools/profile_kernels.py phases [--case attention_18_t8_full ...] [--iterations 30]
+        python benchmarks/kernels/profile_kernels.py ncu [--case attention_18_t8_full --case indexer_127_b31_p91 ...]
+    python benchmarks/kernels/profile_kernels.py locality [--iterations 30] [--trials 1]
+    python benchmarks/kernels/profile_kernels.py cache [--case ...] [--iterations 30] [--trials 1]
+    python benchmarks/kernels/profile_kernels.py topk [--iterations 30] [--trials 1]
+    python benchmarks/kernels/profile_kernels.py phases [--case attention_18_t8_full ...] [--iterations 30]
+
+(Not ``profile.py``: run as a script, its folder comes first on ``sys.path``, where a
+``profile.py`` would stand in for the standard library's, which ``cProfile`` imports.)
 
 ``ncu`` mode builds each case's inputs with the harness generator, calls the solution entry
 twice outside any range (compilation, CUDA-graph capture), then once more, with its kernels
 launched directly, inside an NVTX range named ``profile``, so a profiler told to include only
 that range sees exactly one call per case.
 
-``locality`` mode times the default attention plan (CUPTI when available, cold L2) on the
-workload's full-row cases twice: with the generated indices (slots spread over 8462 pages,
+``locality``, ``cache`` and ``topk`` time with ``dsa_bench.timing.bench.bench`` (CUPTI when
+available, else CUDA events) and print the harness's statistic: each trial's median over
+``--iterations``, averaged over ``--trials``.
+
+``locality`` mode times the default attention plan (cold L2) on the workload's full-row cases
+twice: with the generated indices (slots spread over 8462 pages,
 624 MB), and with the same indices folded onto the first 64 pages (4.7 MB). The difference is
 what scattered pages cost beyond the bytes moved (DRAM page and TLB misses).
 
-``phases`` mode reads the CUDA attention kernel's own phase stamps (run_attention_phases).
+``phases`` mode reads the CUDA attention kernel's own phase stamps (run_attention_phases): the
+kernel's clocks, not a timer, so it does not go through ``bench``.
 
 ``cache`` mode times the solution entry per case cold (L2 flushed), code-warm (flushed, then
 one call on another input set of the same shapes) and warm (no flush): how much of a call is
-fetching code and small shared data after a flush, and how much is its own data.
+fetching code and small shared data after a flush, and how much is its own data. Code-warm and
+warm deliberately differ from the harness's protocol: ``bench`` runs them with ``l2_flush=None``
+(code-warm flushes in its own ``prepare``, before the extra call).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import statistics
 import sys
 from pathlib import Path
 
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from dsa_bench.definitions import indexer
 from dsa_bench.definitions import sparse_attention as attn
 from dsa_bench.run.loader import import_entry
 from dsa_bench.solution import load_solution
 from dsa_bench.timing import choose_timer, make_timer
+from dsa_bench.timing.bench import bench
 from dsa_bench.timing.flush import L2Flusher
 from dsa_bench.workloads import build_inputs, derive_seed, load_workload
+
+ROOT = Path(__file__).resolve().parents[2]
 
 DEFAULT_CASES = [
     "attention_02_t1_sparse", "attention_00_t1_full", "attention_20_t8_sparse", "attention_18_t8_full",
@@ -52,6 +61,14 @@ DEFAULT_CASES = [
 ]  # fmt: skip
 WORKLOADS = {"attention": ROOT / "workloads" / "sparse_attention_h16.yaml", "indexer": ROOT / "workloads" / "indexer_h64.yaml"}
 FOLDED_PAGES = 64
+
+
+def chosen_timer(device: torch.device) -> tuple[str, str]:
+    """(the timer ``bench`` is given, its name in results), chosen once so a fallback warns once."""
+    name, warning = choose_timer("auto", device)
+    if warning:
+        print(f"warning: {warning}")
+    return name, make_timer(name).name
 
 
 def solution_module(definition_name: str, part: str = "entry"):
@@ -78,7 +95,11 @@ def direct_call(definition, axes, inputs, device):
         return lambda: sa.sparse_attention(*args, outputs["output"], outputs["lse"])
     ix = solution_module(indexer.NAME)
     topk = solution_module(indexer.NAME, "topk").filtered_topk if ix.USE_CUDA_TOPK else ix.portable_topk
-    return lambda: ix.scored_path(topk, *args, outputs["topk_indices"]) if args[4].shape[1] * 64 > indexer.TOPK else ix.kernel(*args, outputs["topk_indices"])
+    return lambda: (
+        ix.scored_path(topk, *args, outputs["topk_indices"])
+        if args[4].shape[1] * 64 > indexer.TOPK
+        else ix.kernel(*args, outputs["topk_indices"])
+    )
 
 
 def run_ncu(cases: list[str], device: torch.device) -> int:
@@ -99,16 +120,12 @@ def run_ncu(cases: list[str], device: torch.device) -> int:
     return 0
 
 
-def run_locality(iterations: int, device: torch.device) -> int:
+def run_locality(iterations: int, trials: int, device: torch.device) -> int:
     workload = load_workload(WORKLOADS["attention"])
     sa = solution_module(attn.NAME)
-    timer_name, warning = choose_timer("auto", device)
-    if warning:
-        print(f"warning: {warning}")
-    timer, flusher = make_timer(timer_name), L2Flusher(device)
-    print(
-        f"default attention plan, {timer.name}, cold L2, median of {iterations}; indices as generated vs folded onto {FOLDED_PAGES} pages"
-    )
+    timer, timer_label = chosen_timer(device)
+    print(f"default attention plan, {timer_label}, cold L2, {trials} trial(s) x {iterations} (harness statistic); "
+          f"indices as generated vs folded onto {FOLDED_PAGES} pages")  # fmt: skip
     for case in workload.cases:
         if "full" not in case.id and "sparse" not in case.id:
             continue
@@ -126,24 +143,21 @@ def run_locality(iterations: int, device: torch.device) -> int:
             def call(i: int, args=args) -> None:
                 sa.sparse_attention(*args)
 
-            for i in range(3):
-                call(i)
-            torch.cuda.synchronize()
-            samples = timer.time_iterations(call, iterations, lambda i: flusher.flush(), lambda i: None)
-            row.append(f"{label} {statistics.median(samples) * 1e3:6.2f} µs")
+            us = bench(call, device=device, warmup=3, iterations=iterations, trials=trials, timer=timer).mean_ms * 1e3
+            row.append(f"{label} {us:6.2f} µs")
         print(f"{case.id:24s} T={axes['num_tokens']}  " + "  ".join(row), flush=True)
     return 0
 
 
-def run_cache_states(cases: list[str], iterations: int, device: torch.device) -> int:
+def run_cache_states(cases: list[str], iterations: int, trials: int, device: torch.device) -> int:
     """Each case's solution call timed in three cache states: cold (L2 flushed), code-warm (L2
     flushed, then one call on a second input set, so the kernels' code and the small shared
-    buffers are cached again but this set's data is not) and warm (nothing flushed)."""
-    timer_name, warning = choose_timer("auto", device)
-    if warning:
-        print(f"warning: {warning}")
-    timer, flusher = make_timer(timer_name), L2Flusher(device)
-    print(f"solution entry, {timer.name}, median of {iterations}: cold / code-warm / warm L2")
+    buffers are cached again but this set's data is not) and warm (nothing flushed). Cold is the
+    harness's protocol; the other two pass ``l2_flush=None`` to ``bench``, code-warm flushing in
+    its own ``prepare`` with the harness's flusher before the extra call."""
+    timer, timer_label = chosen_timer(device)
+    flusher = L2Flusher(device)
+    print(f"solution entry, {timer_label}, {trials} trial(s) x {iterations} (harness statistic): cold / code-warm / warm L2")
     for case_id in cases:
         definition, axes, inputs = case_inputs(case_id, device)
         _, _, other = case_inputs(case_id, device)  # same shapes, its own memory
@@ -154,33 +168,32 @@ def run_cache_states(cases: list[str], iterations: int, device: torch.device) ->
         def call(i: int, k: int = 0, entry=entry, sets=sets, outputs=outputs) -> None:
             entry(*sets[k], *outputs[k].values())
 
-        for i in range(3):
-            call(i, 0)
+        def code_warm(i: int) -> None:
+            flusher.flush()
             call(i, 1)
-        torch.cuda.synchronize()
-        states = {
-            "cold": lambda i: flusher.flush(),
-            "code-warm": lambda i: (flusher.flush(), call(i, 1)),
-            "warm": lambda i: None,
+
+        states = {  # state -> (bench's L2 flush, prepare)
+            "cold": ("clean", None),
+            "code-warm": (None, code_warm),
+            "warm": (None, None),
         }
         row = []
-        for label, prepare in states.items():
-            samples = timer.time_iterations(call, iterations, prepare, lambda i: None)
-            row.append(f"{label} {statistics.median(samples) * 1e3:6.2f}")
+        for state, (l2_flush, prepare) in states.items():
+            timed = bench(
+                call, device=device, warmup=3, iterations=iterations, trials=trials, prepare=prepare, timer=timer, l2_flush=l2_flush
+            )
+            row.append(f"{state} {timed.mean_ms * 1e3:6.2f}")
         print(f"{case_id:24s} " + "  ".join(row) + " µs", flush=True)
     return 0
 
 
-def run_topk_costs(iterations: int, device: torch.device) -> int:
+def run_topk_costs(iterations: int, trials: int, device: torch.device) -> int:
     """The CUDA top-k alone on synthetic rows: in-kernel passthrough rows (no selection) against
     selected rows, with the default or no shared candidate buffer and with or without the fast
     path, so a fixed per-launch cost separates from the selection's own."""
     topk = solution_module(indexer.NAME, "topk")
-    timer_name, warning = choose_timer("auto", device)
-    if warning:
-        print(warning)
-    timer, flusher = make_timer(timer_name), L2Flusher(device)
-    print(f"CUDA top-k alone, {timer.name}, cold L2, median of {iterations}")
+    timer, timer_label = chosen_timer(device)
+    print(f"CUDA top-k alone, {timer_label}, cold L2, {trials} trial(s) x {iterations} (harness statistic)")
     for batch, pages, length in ((1, 33, 2000), (1, 33, 2112), (31, 33, 2112), (1, 91, 5824), (31, 91, 5824)):
         g = torch.Generator(device="cpu").manual_seed(batch * 1000 + length)
         scores = torch.randn((batch, pages * 64), generator=g).to(device)
@@ -189,13 +202,12 @@ def run_topk_costs(iterations: int, device: torch.device) -> int:
         out = torch.empty((batch, indexer.TOPK), dtype=torch.int32, device=device)
         row = []
         for capacity, fast in ((-1, -1), (-1, 0), (0, -1), (0, 0)):
-            def call(i: int, capacity=capacity, fast=fast) -> None:
-                topk.filtered_topk(scores, lens, table, out, capacity, fast)
 
-            call(0)
-            torch.cuda.synchronize()
-            samples = timer.time_iterations(call, iterations, lambda i: flusher.flush(), lambda i: None)
-            row.append(f"cap{capacity:+d}/fast{fast:+d} {statistics.median(samples) * 1e3:6.2f}")
+            def call(i: int, args=(scores, lens, table, out, capacity, fast)) -> None:
+                topk.filtered_topk(*args)
+
+            us = bench(call, device=device, warmup=1, iterations=iterations, trials=trials, timer=timer).mean_ms * 1e3
+            row.append(f"cap{capacity:+d}/fast{fast:+d} {us:6.2f}")
         print(f"B={batch:2d} pages={pages} L={length}: " + "  ".join(row), flush=True)
     return 0
 
@@ -273,7 +285,9 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
         for i in range(iterations + 2):  # the first two calls warm up (their stamps are overwritten)
             flusher.flush()
             combine = plans.CUDA_COMBINES[plan.path]
-            cuda_ext.launch(*args, outputs["output"], outputs["lse"], plan.splits, combine, plan.gather_lag, phase_clocks=stamps[max(i - 2, 0)])
+            cuda_ext.launch(
+                *args, outputs["output"], outputs["lse"], plan.splits, combine, plan.gather_lag, phase_clocks=stamps[max(i - 2, 0)]
+            )
         torch.cuda.synchronize()
         p = phase_summary(stamps.cpu())
         cells = [f"{name} {p[name]:5.2f}/{p[name + ' max']:5.2f}" for name in PHASES]
@@ -289,6 +303,7 @@ def main() -> int:
     p.add_argument("mode", choices=("ncu", "locality", "cache", "topk", "phases"))
     p.add_argument("--case", action="append", default=[], help="case id (repeatable; ncu mode)")
     p.add_argument("--iterations", type=int, default=30)
+    p.add_argument("--trials", type=int, default=1, help="locality, cache and topk modes: trials (the harness's default is 3)")
     p.add_argument(
         "--plan", type=plan_spec, help="phases mode: PATH:SPLITS:LAG (gather lag, SM cycles) of the CUDA kernel instead of the default plan"
     )
@@ -300,13 +315,13 @@ def main() -> int:
     if args.mode == "ncu":
         return run_ncu(args.case or DEFAULT_CASES, device)
     if args.mode == "topk":
-        return run_topk_costs(args.iterations, device)
+        return run_topk_costs(args.iterations, args.trials, device)
     if args.mode == "phases":
         phase_cases = ["attention_02_t1_sparse", "attention_00_t1_full", "attention_20_t8_sparse", "attention_18_t8_full"]
         return run_attention_phases(args.case or phase_cases, args.iterations, device, args.plan)
     if args.mode == "cache":
-        return run_cache_states(args.case or DEFAULT_CASES, args.iterations, device)
-    return run_locality(args.iterations, device)
+        return run_cache_states(args.case or DEFAULT_CASES, args.iterations, args.trials, device)
+    return run_locality(args.iterations, args.trials, device)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-// Gather-only kernels for tools/gather_floor.py: how fast can the H200 bring a sparse-attention
+// Gather-only kernels for gather_floor.py: how fast can the H200 bring a sparse-attention
 // call's selected rows (ckv 1024 B + kpe 128 B per valid slot) into the SMs, without any math?
 //
 // Program (s, t) takes the slots s, s + S, s + 2S, ... of token t (the strided split of the
@@ -14,7 +14,7 @@
 // each program can also stamp its SM, entry and landing (`landing`; gather_floor.py --per-sm).
 //
 // Built by torch.utils.cpp_extension (which defines TORCH_EXTENSION_NAME) with its binding;
-// without it only the kernels compile (`nvcc -arch=sm_90a -c tools/gather_floor.cu`, the CPU
+// without it only the kernels compile (`nvcc -arch=sm_90a -c benchmarks/kernels/gather_floor.cu`, the CPU
 // tests' check).
 #include <cuda/ptx>
 #include <cuda_runtime.h>
@@ -200,7 +200,7 @@ void gather(torch::Tensor ckv, torch::Tensor kpe, torch::Tensor indices, int64_t
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gather", &gather, "gather-only kernel (see tools/gather_floor.cu)", pybind11::arg("ckv"), pybind11::arg("kpe"), pybind11::arg("indices"),
+  m.def("gather", &gather, "gather-only kernel (see benchmarks/kernels/gather_floor.cu)", pybind11::arg("ckv"), pybind11::arg("kpe"), pybind11::arg("indices"),
         pybind11::arg("splits"), pybind11::arg("mode"), pybind11::arg("with_kpe"), pybind11::arg("sink"), pybind11::arg("landing") = pybind11::none());
   m.attr("LANDING_SLOTS") = static_cast<int>(kLandingSlots);
 }

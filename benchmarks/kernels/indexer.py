@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Time the indexer side by side on a CUDA GPU: reference, triton solution, plain pipeline.
 
-    python tools/bench_indexer.py --out results/bench_indexer.json [--case 'indexer_12*'] [--timer auto]
+    python benchmarks/kernels/indexer.py --out results/bench_indexer.json [--case 'indexer_12*'] [--timer auto]
 
 For every case of the workload (default ``workloads/indexer_h64.yaml``, 128 cases) and every
 trial, it builds fresh rotating input sets (>= 3) with ``dsa_bench.workloads.build_inputs``,
 checks the outputs of the triton solution and of the plain pipeline with the harness checker on
-every set, then times three pipelines in this one process, each iteration with a cold L2:
+every set, then times three pipelines in this one process with ``dsa_bench.timing.bench.bench``
+(the harness's protocol: outputs re-poisoned, then the L2 flushed, before every call):
 
 - ``reference``: ``dsa_bench.definitions.indexer.reference`` (the PyTorch per-row reference),
 - ``triton``: the solution entry (passthrough / Triton score kernel + CUDA filtered top-k),
@@ -14,8 +15,10 @@ every set, then times three pipelines in this one process, each iteration with a
   kernel (what the CUDA top-k buys; ``plain_pipeline`` builds it from the entry's parts).
 
 Timing uses CUPTI when the ``cupti`` module imports (first kernel start to last kernel end of
-each call), else CUDA events, and says so in the table and the JSON. Per trial the median over
-iterations, across trials the mean. It also times the score kernel alone in a few tile variants
+each call), else CUDA events, and says so in the table and the JSON. Each trial is one ``bench``
+call on that trial's fresh input sets; a pipeline's latency is the harness's statistic over its
+trials (``BenchResult.mean_ms``: each trial's median, averaged), so it compares with
+``dsa-bench run``. It also times the score kernel alone in a few tile variants
 (``--no-variants`` skips this) and reports each variant's worst score error against the
 reference scores and whether its top-k still passes the checker. Prints a per-case table and the means over passthrough cases, scored
 cases, all cases, and the largest case; writes everything as JSON to ``--out``.
@@ -29,7 +32,6 @@ import functools
 import importlib
 import json
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -37,9 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 from dsa_bench.definitions import indexer
 from dsa_bench.definitions.base import Tolerance, poison_
@@ -49,9 +48,11 @@ from dsa_bench.results.records import now_iso
 from dsa_bench.run.loader import import_entry
 from dsa_bench.solution import load_solution
 from dsa_bench.timing import choose_timer, make_timer
+from dsa_bench.timing.bench import BenchResult, bench
 from dsa_bench.timing.events import HostClockTimer
-from dsa_bench.timing.flush import L2Flusher
 from dsa_bench.workloads import build_inputs, derive_seed, load_workload
+
+ROOT = Path(__file__).resolve().parents[2]
 
 #: H200 targets of the fast solution, in microseconds
 TARGETS_US = {"passthrough_mean": 3.0, "all_mean": 8.0, "largest": 20.0}
@@ -90,38 +91,36 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def median_ms(samples: list[float]) -> float:
-    return statistics.median(samples)
-
-
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-class NoFlush:
-    def flush(self) -> None:
-        pass
+#: one trial of ``call(i)`` with ``prepare(i)`` before each call -> its samples (see trial_timer)
+TimeTrial = Callable[..., BenchResult]
 
 
-def time_pipeline(
-    timer, flusher: L2Flusher, fn: Callable, sets: list[list[torch.Tensor]], outs: list[torch.Tensor], warmup: int, iterations: int
-) -> float:
-    """Median latency (ms) of ``fn(*set, out)`` over rotating sets, cold L2 every iteration."""
+def trial_timer(device: torch.device, timer: str | None, warmup: int, iterations: int) -> TimeTrial:
+    """How one trial is timed: on a GPU ``bench`` with the harness's protocol (``timer`` as
+    chosen once by ``choose_timer``, clean L2 flush before every call). ``bench`` needs CUDA, so a
+    CPU dry run puts the host clock around the same calls instead: the script runs end to end, and
+    its numbers, labelled host_clock, mean nothing."""
+    if device.type == "cuda":
+        return functools.partial(bench, device=device, warmup=warmup, iterations=iterations, trials=1, timer=timer)
+
+    def host_clock(call: Callable[[int], object], *, prepare: Callable[[int], None]) -> BenchResult:
+        for i in range(warmup):
+            prepare(i)
+            call(i)
+        return BenchResult(HostClockTimer.name, [HostClockTimer().time_iterations(call, iterations, prepare, lambda i: None)])
+
+    return host_clock
+
+
+def time_pipeline(time_trial: TimeTrial, fn: Callable, sets: list[list[torch.Tensor]], outs: list[torch.Tensor]) -> BenchResult:
+    """One trial of ``fn(*set, out)`` over rotating sets, the output re-poisoned before every call."""
     n = len(sets)
-
-    def prepare(i: int) -> None:
-        flusher.flush()
-        poison_(outs[i % n])
-
-    def call(i: int) -> None:
-        fn(*sets[i % n], outs[i % n])
-
-    for i in range(warmup):
-        prepare(i)
-        call(i)
-    synchronize(outs[0].device)
-    return median_ms(timer.time_iterations(call, iterations, prepare, lambda i: None))
+    return time_trial(lambda i: fn(*sets[i % n], outs[i % n]), prepare=lambda i: poison_(outs[i % n]))
 
 
 def reference_dps(q, cache, weights, seq_lens, block_table, topk_indices) -> None:
@@ -159,7 +158,7 @@ def score_variants(kernels) -> dict[str, Any]:
     }
 
 
-def run_variants(module, timer, flusher, definition, axes, sets_inputs, expected0, warmup, iterations, device) -> dict[str, Any]:
+def run_variants(module, time_trial: TimeTrial, definition, axes, sets_inputs, expected0, device) -> dict[str, Any]:
     """Score kernel alone per tile variant: latency, worst score error, and checker verdict."""
     kernels, topk = solution_part(module, "score"), solution_part(module, "topk")
     results = {}
@@ -175,7 +174,7 @@ def run_variants(module, timer, flusher, definition, axes, sets_inputs, expected
             kernels.launch_scores(*inputs, scores, skip_short_rows=True, tile=tile)
 
         try:
-            ms = time_pipeline(timer, flusher, launch, args, buffers, warmup, iterations)
+            ms = time_pipeline(time_trial, launch, args, buffers).mean_ms
         except Exception as exc:  # noqa: BLE001 -- a variant that fails to compile on this GPU is reported, not fatal
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
@@ -201,10 +200,10 @@ def run_variants(module, timer, flusher, definition, axes, sets_inputs, expected
             kernels.launch_scores(*a, scores, skip_short_rows=True)
             score_sets.append([scores, inp["seq_lens"], inp["block_table"]])
         outs = [torch.empty((batch, 2048), dtype=torch.int32, device=device) for _ in score_sets]
-        ms = time_pipeline(timer, flusher, topk.filtered_topk, score_sets, outs, warmup, iterations)
+        ms = time_pipeline(time_trial, topk.filtered_topk, score_sets, outs).mean_ms
         results[TOPK_ALONE] = {"us": ms * 1e3}
         radix_only = functools.partial(topk.filtered_topk, fast_candidates=0)
-        ms = time_pipeline(timer, flusher, radix_only, score_sets, outs, warmup, iterations)
+        ms = time_pipeline(time_trial, radix_only, score_sets, outs).mean_ms
         results[TOPK_RADIX_ONLY] = {"us": ms * 1e3}
     return results
 
@@ -223,18 +222,18 @@ def main() -> int:
         os.environ["TRITON_INTERPRET"] = "1"  # before the solution's kernels are defined
         device = torch.device("cpu")
     elif not torch.cuda.is_available():
-        print("bench_indexer: needs a CUDA GPU (torch.cuda.is_available() is False); --cpu-dry-run tests the script", file=sys.stderr)
+        print("indexer: needs a CUDA GPU (torch.cuda.is_available() is False); --cpu-dry-run tests the script", file=sys.stderr)
         return 2
     else:
         device = torch.device("cuda", torch.cuda.current_device())
     workload = load_workload(args.workload)
     definition = workload.definition
     if definition.name != indexer.NAME:
-        print(f"bench_indexer: {args.workload} is a workload of {definition.name}, not the indexer", file=sys.stderr)
+        print(f"indexer: {args.workload} is a workload of {definition.name}, not the indexer", file=sys.stderr)
         return 2
     cases = [c for c in workload.cases if not args.case or any(fnmatch.fnmatchcase(c.id, pat) for pat in args.case)]
     if not cases:
-        print("bench_indexer: no case matches", file=sys.stderr)
+        print("indexer: no case matches", file=sys.stderr)
         return 2
     seed = workload.settings.seed if args.seed is None else args.seed
 
@@ -244,13 +243,13 @@ def main() -> int:
     timed = [name for name in PIPELINES if not (args.no_reference and name == "reference")]
 
     if device.type == "cuda":
-        timer_name, warning = choose_timer(args.timer, device)
+        timer_name, warning = choose_timer(args.timer, device)  # once, so a fallback warns once
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
-        timer, flusher = make_timer(timer_name), L2Flusher(device)
+        label = make_timer(timer_name).name
     else:
-        timer, flusher = HostClockTimer(), NoFlush()
-    label = timer.name
+        timer_name, label = None, HostClockTimer.name
+    time_trial = trial_timer(device, timer_name, args.warmup, args.iterations)
     print(f"{workload.name}: {len(cases)} cases, {args.trials} trial(s) x {args.iterations} iterations, "
           f"{args.input_sets} rotating input sets, cold L2, timer: {label}")  # fmt: skip
     print(f"solution notes: {module.solution_notes()}")
@@ -261,7 +260,7 @@ def main() -> int:
     for case in cases:
         axes = definition.axes(case.axes)
         batch, max_pages = axes["batch_size"], axes["max_num_pages"]
-        per_trial: dict[str, list[float]] = {name: [] for name in timed}
+        per_trial: dict[str, list[list[float]]] = {name: [] for name in timed}  # each trial's samples, ms
         problems: list[str] = []
         variants = None
         total_tokens = 0
@@ -282,7 +281,7 @@ def main() -> int:
                     if problem:
                         problems.append(f"{name} trial {trial} set {k} (seed {seeds[k]}): {problem}")
             for name in timed:
-                per_trial[name].append(time_pipeline(timer, flusher, pipelines[name], sets, outs, args.warmup, args.iterations))
+                per_trial[name] += time_pipeline(time_trial, pipelines[name], sets, outs).samples_ms
             # The last timed triton outputs must still be right (no stale-result shortcuts).
             k = (args.iterations - 1) % len(sets)
             poison_(outs[k])
@@ -291,13 +290,12 @@ def main() -> int:
             if problem:
                 problems.append(f"triton after timing, trial {trial}: {problem}")
             if trial == 0 and not args.no_variants and max_pages * 64 > indexer.TOPK:
-                variants = run_variants(
-                    module, timer, flusher, definition, axes, sets_inputs, expected[0], args.warmup, args.iterations, device
-                )
+                variants = run_variants(module, time_trial, definition, axes, sets_inputs, expected[0], device)
             del sets_inputs, expected, sets, outs
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        us = {name: statistics.fmean(v) * 1e3 for name, v in per_trial.items()}
+        over_trials = {name: BenchResult(label, samples) for name, samples in per_trial.items()}
+        us = {name: result.mean_ms * 1e3 for name, result in over_trials.items()}
         record = {
             "case": case.id,
             "batch_size": batch,
@@ -305,7 +303,7 @@ def main() -> int:
             "kind": "passthrough" if max_pages * 64 <= indexer.TOPK else "scored",
             "tokens": total_tokens,
             "us": us,
-            "trial_us": {name: [v * 1e3 for v in vals] for name, vals in per_trial.items()},
+            "trial_us": {name: [v * 1e3 for v in result.trial_medians_ms] for name, result in over_trials.items()},
             "speedup_vs_reference": us["reference"] / us["triton"] if "reference" in us else None,
             "passed": not problems,
             "problems": problems,
@@ -346,7 +344,7 @@ def main() -> int:
     }
 
     print()
-    print(f"means in µs (timer: {label}; per trial the median over iterations, across trials the mean)")
+    print(f"means in µs (timer: {label}; per case the harness's statistic: each trial's median over iterations, averaged)")
     print(f"{'':24s} {'reference':>12s} {'triton':>12s} {'plain':>12s}")
     rows = [("passthrough cases", "passthrough_mean_us"), ("scored cases", "scored_mean_us"), (f"all {len(records)} cases", "all_mean_us"),
             (f"largest ({largest['case']})", "largest_us")]  # fmt: skip
