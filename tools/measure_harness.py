@@ -37,11 +37,9 @@ app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False, pret
 def timers(out: Path | None, iterations: int) -> None:
     import torch
 
-    from dsa_bench.timing import make_timer
-    from dsa_bench.timing.flush import L2Flusher
+    from dsa_bench.timing.bench import bench
 
     device = torch.device("cuda")
-    flusher = L2Flusher(device)
     small = torch.zeros(256, device=device)
     a = torch.randn(1 << 20, device=device)  # 4 MB
     b = torch.randn(1 << 20, device=device)
@@ -54,22 +52,13 @@ def timers(out: Path | None, iterations: int) -> None:
         "copy (256 MB)": lambda: big_c.copy_(big_a),
         "3 launches: add, mul, add (4 MB)": lambda: (torch.add(a, b, out=c), c.mul_(2.0), c.add_(a)),
     }
-    from dsa_bench.timing.cupti import CuptiTimer
-
-    timer_kinds = {
-        "cupti": lambda: make_timer("cupti"),
-        "cupti_api": lambda: CuptiTimer(correlate_api=True),
-        "events": lambda: make_timer("events"),
-    }
+    timer_kinds = ("cupti", "cupti_api", "events")
     rows, data = [], {}
     for name, fn in kernels.items():
-        medians = {}
-        for timer_name, make in timer_kinds.items():
-            timer = make()
-            for _ in range(10):
-                fn()
-            samples = timer.time_iterations(lambda i, fn=fn: fn(), iterations, lambda i: flusher.flush(), lambda i: None)
-            medians[timer_name] = statistics.median(samples) * 1000
+        medians = {
+            timer_name: bench(lambda i, fn=fn: fn(), device=device, iterations=iterations, trials=1, timer=timer_name).mean_ms * 1000
+            for timer_name in timer_kinds
+        }
         extra = medians["events"] - medians["cupti"]
         rows.append([name, *(f"{medians[k]:.2f}" for k in timer_kinds), f"{extra:+.2f}"])
         data[name] = medians
@@ -135,22 +124,22 @@ def l2_flush(out: Path | None, iterations: int) -> None:
     from dsa_bench.definitions import sparse_attention as attn
     from dsa_bench.run.loader import import_entry
     from dsa_bench.solution import load_solution
-    from dsa_bench.timing import make_timer
+    from dsa_bench.timing.bench import bench
     from dsa_bench.timing.flush import L2_FLUSH_MODES, L2Flusher
     from dsa_bench.workloads import load_workload
 
     gather_floor = _gather_floor()
 
     device = torch.device("cuda")
-    timer = make_timer("cupti")
     flushers = {mode: L2Flusher(device, mode) for mode in L2_FLUSH_MODES}
-    prepares = {mode: (lambda i, f=f: f.flush()) for mode, f in flushers.items()} | {"warm": lambda i: None}
+    modes = [*L2_FLUSH_MODES, "warm"]
 
-    def medians_us(call) -> dict[str, float]:
-        for i in range(3):
-            call(i)
-        torch.cuda.synchronize()
-        return {m: statistics.median(timer.time_iterations(call, iterations, prep, lambda i: None)) * 1000 for m, prep in prepares.items()}
+    def medians_us(call) -> dict[str, float]:  # one trial per mode; "warm" flushes nothing
+        flush_of = {mode: mode for mode in L2_FLUSH_MODES} | {"warm": None}
+        return {
+            m: bench(call, device=device, warmup=3, iterations=iterations, trials=1, timer="cupti", l2_flush=flush_of[m]).mean_ms * 1000
+            for m in modes
+        }
 
     src = torch.ones((4608, 1024), device=device)  # 18.9 MB, what a T = 8 full attention call gathers
     dst, row_sums = torch.empty_like(src), torch.empty(4608, device=device)
@@ -172,8 +161,7 @@ def l2_flush(out: Path | None, iterations: int) -> None:
     for name, call in calls.items():
         data[name] = medians_us(call)
     data |= {f"attention {case}": us for case, us in attention.items()}
-    data["attention, mean over the cases"] = {m: statistics.fmean(us[m] for us in attention.values()) for m in prepares}
-    modes = list(prepares)
+    data["attention, mean over the cases"] = {m: statistics.fmean(us[m] for us in attention.values()) for m in modes}
     flush_us = {}
     for mode, flusher in flushers.items():  # the flush's own cost (CUDA events, untimed in a run)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

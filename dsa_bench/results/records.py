@@ -28,6 +28,7 @@ from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import check_document, check_output_path, has_json_format, read_json, write_atomic
 from dsa_bench.models import ClosedModel, Name, OpenModel
+from dsa_bench.timing.base import harness_latency_ms, trial_medians_ms
 
 RESULTS_FORMAT = "dsa-bench-results"
 
@@ -46,11 +47,12 @@ class Timing:
 
     @property
     def trial_medians_ms(self) -> list[float]:
-        return [statistics.median(s) for s in self.samples_ms]
+        return trial_medians_ms(self.samples_ms)
 
     @property
     def mean_ms(self) -> float:
-        return statistics.fmean(self.trial_medians_ms)
+        """The reported latency: the harness's statistic (timing.base.harness_latency_ms)."""
+        return harness_latency_ms(self.samples_ms)
 
     @property
     def min_ms(self) -> float:
