@@ -1,9 +1,9 @@
 """dsa-bench: a harness for DeepSeek Sparse Attention kernels.
 
-The library is split by concern: ``definitions`` (kernel contracts and their references),
-``kv_formats`` (byte layouts of KV records), ``workloads`` (workload files and traces),
-``solutions`` (solution folders and their entry points), ``timing``, ``checking``,
-``worker`` (the isolated solution process), ``runner``, ``results`` and ``cli``.
+The package follows the pipeline it runs (docs/architecture.md): ``definitions`` (the kernel
+contracts), ``workloads`` and ``dataset`` (what to run), ``solution`` (solution folders), ``run``
+(planning a run, the isolated workers, judging), ``timing``, ``results`` (records, baselines,
+compare, report), ``pack`` (flashinfer-bench Solution JSON) and ``cli``.
 """
 
 __version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Packing solutions as flashinfer-bench Solution JSON: collecting files, the document, unpacking, verifying."""
