@@ -10,6 +10,7 @@ import torch
 
 from dsa_bench.definitions import kv_records as kr
 from dsa_bench.errors import DsaBenchError
+from tests.conftest import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -135,6 +136,18 @@ def test_block_checks_name_the_kind():
     assert kr.check_block_geometry([kr.PageKind(kr.V41, 64)], num_blocks=2**31 // 66).block_stride == 33792
     with pytest.raises(DsaBenchError, match="16-byte base"):
         kr.check_block_geometry([kr.PageKind(kr.V4, 1, 8)])  # 584 B
+
+
+def test_layout_command():
+    done = cli("layout", "V4", "V41", "--block-size", "64")
+    assert done.returncode == 0, done.stderr
+    assert "37440" in done.stdout and "33792" in done.stdout and "584" in done.stdout
+    bad = cli("layout", "V41", "--with-indexer", "--indexer-alignment", "576", "--layers", "5", "--check")
+    assert bad.returncode == 1 and "212160" in bad.stderr and "512" in bad.stderr
+    good = cli("layout", "V41", "--with-indexer", "--layers", "5", "--check")
+    assert good.returncode == 0 and "212480" in good.stdout
+    unknown = cli("layout", "V5")
+    assert unknown.returncode == 2 and "V41" in unknown.stderr
 
 
 def test_record_widths_live_only_in_the_descriptor_module():

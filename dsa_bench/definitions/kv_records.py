@@ -367,3 +367,44 @@ def seed_000_block(indexer_alignment: int | None = None) -> list[PageKind]:
     align = V4.page_alignment if indexer_alignment is None else indexer_alignment
     return [PageKind(V41, 64), PageKind(INDEXER_KEY_PAGE, 64, align)] * 5
 
+
+def layout_tables(names: Sequence[str], block_size: int, with_indexer: bool = False,
+                  indexer_alignment: int | None = None, layers: int = 1,
+                  ) -> tuple[list[list[object]], list[list[object]], DsaBenchError | None]:
+    """What ``dsa-bench layout`` prints: one geometry row per format, and, when page kinds share a
+    block (``with_indexer``: each main format's page followed by an indexer page aligned with
+    ``indexer_alignment``, default the main format's own; ``layers`` such pairs), one row per block
+    with its stride; plus the first broken block's error (None when all pass)."""
+    formats = [get_format(n) for n in (names or [f for f in FORMATS if f != INDEXER_KEY_PAGE.kv_format])]
+    if layers < 1:
+        raise DsaBenchError(f"--layers {layers}: expected at least 1")
+    rows: list[list[object]] = []
+    for fmt in formats:
+        bs = fmt.block_size or block_size
+        packed, stride = fmt.packed_page_bytes(bs), fmt.page_stride(bs)
+        at = fmt.offsets(0, bs)
+        rows.append([fmt.kv_format, fmt.d_qk, fmt.bytes_per_token, fmt.layout, bs, packed, stride, stride - packed,
+                     at["data"], at["scales"], "-" if at["rope"] < 0 else at["rope"],
+                     f"{fmt.scale_dtype}/{fmt.scale_tile}", fmt.tma_stride])
+    blocks: list[list[object]] = []
+    error: DsaBenchError | None = None
+    if with_indexer:
+        for fmt in formats:
+            if fmt is INDEXER_KEY_PAGE:
+                continue
+            align = fmt.page_alignment if indexer_alignment is None else indexer_alignment
+            pages = [PageKind(fmt, block_size), PageKind(INDEXER_KEY_PAGE, INDEXER_KEY_PAGE.block_size or block_size, align)] * layers
+            total = sum(p.stride for p in pages)
+            try:
+                check_block_geometry(pages)
+                verdict = "ok"
+            except DsaBenchError as exc:
+                verdict, error = "BROKEN", error or exc
+            blocks.append([f"{layers} x ({fmt.kv_format} + INDEXER@{align})", " + ".join(str(p.stride) for p in pages[:2]),
+                           total, fmt.tma_stride, total % fmt.tma_stride, verdict])
+    return rows, blocks, error
+
+
+LAYOUT_HEADERS = ["format", "d_qk", "B/token", "layout", "block size", "page B", "page stride", "padding",
+                  "data @", "scales @", "rope @", "scales", "TMA stride"]
+BLOCK_HEADERS = ["block", "page strides", "block stride", "TMA stride", "remainder", "check"]
