@@ -282,6 +282,30 @@ def compare(
         raise typer.Exit(EXIT_FAILED_CASES)
 
 
+@app.command()
+def layout(
+    formats: list[str] = typer.Argument(None, help="kv_format names (default: the five FlashMLA formats)."),
+    block_size: int = typer.Option(64, "--block-size", help="Tokens per page."),
+    with_indexer: bool = typer.Option(False, "--with-indexer", help="Share each block with an indexer key page."),
+    indexer_alignment: int | None = typer.Option(None, "--indexer-alignment", help="The indexer page's alignment "
+                                                 "(default: the main format's own)."),
+    layers: int = typer.Option(1, "--layers", help="(main, indexer) page pairs per block."),
+    check: bool = typer.Option(False, "--check", help="Exit 1 on a block whose strides break a kernel's TMA stride."),
+) -> None:
+    """Print the FP8 KV record geometry (docs/kv_records.md) and the shared-block strides."""
+    from tabulate import tabulate
+
+    from dsa_bench.definitions.kv_records import BLOCK_HEADERS, LAYOUT_HEADERS, layout_tables
+
+    rows, blocks, error = layout_tables(formats or [], block_size, with_indexer, indexer_alignment, layers)
+    typer.echo(tabulate(rows, headers=LAYOUT_HEADERS, disable_numparse=True))
+    if blocks:
+        typer.echo("\n" + tabulate(blocks, headers=BLOCK_HEADERS, disable_numparse=True))
+    if check and error is not None:
+        _err(f"error: {error}")
+        raise typer.Exit(EXIT_FAILED_CASES)
+
+
 baseline_app = typer.Typer(help="Manage stored speedup baselines.", no_args_is_help=True)
 app.add_typer(baseline_app, name="baseline")
 

@@ -12,7 +12,7 @@ from dsa_bench.definitions import indexer as idx
 from dsa_bench.definitions import sparse_attention as attn
 from dsa_bench.definitions.base import INT_POISON, InputRng, Tolerance
 from dsa_bench.definitions.checks import judge
-from dsa_bench.definitions.kv_layout import INDEXER_KEY_PAGE
+from dsa_bench.definitions.kv_records import INDEXER_KEY_PAGE
 from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.workloads import parse_settings

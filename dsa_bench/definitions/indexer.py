@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from dsa_bench.definitions.base import Definition, InputRng, TensorSpec, Tolerance, Value, integer_param, unknown_params
-from dsa_bench.definitions.kv_layout import INDEXER_KEY_PAGE, quantize_fp8_per_token
+from dsa_bench.definitions.kv_records import INDEXER_KEY_PAGE
 from dsa_bench.definitions.status import CheckResult, Status
 
 NAME = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
@@ -24,7 +24,8 @@ NUM_HEADS = 64
 HEAD_DIM = 128
 TOPK = 2048
 PAGE_SIZE = 64
-assert INDEXER_KEY_PAGE.page_size == PAGE_SIZE and INDEXER_KEY_PAGE.head_dim == HEAD_DIM
+assert INDEXER_KEY_PAGE.block_size == PAGE_SIZE and INDEXER_KEY_PAGE.quant_dims == HEAD_DIM
+_SCALES_AT = INDEXER_KEY_PAGE.offsets(0)["scales"]  # the page's value rows end here
 
 
 def _pages_of(seq_len: int) -> int:
@@ -48,9 +49,9 @@ def row_scores(
     """``[seq_len]`` float32 scores of one row's tokens, in position order."""
     pages = block_table_row[: _pages_of(seq_len)].long()
     raw = INDEXER_KEY_PAGE.raw_pages(k_index_cache_fp8)[pages]  # gather bytes: fp8 has no index kernel
-    keys = raw[:, : INDEXER_KEY_PAGE.values_bytes].view(torch.float8_e4m3fn)
+    keys = raw[:, :_SCALES_AT].view(torch.float8_e4m3fn)
     keys = keys.reshape(-1, HEAD_DIM)[:seq_len].float()
-    scales = raw[:, INDEXER_KEY_PAGE.values_bytes :].contiguous().view(torch.float32).reshape(-1)[:seq_len]
+    scales = raw[:, _SCALES_AT:].contiguous().view(torch.float32).reshape(-1)[:seq_len]
     logits = q_row.float() @ keys.T  # [heads, seq_len]
     return (logits.relu() * weights_row.float()[:, None]).sum(dim=0) * scales
 
@@ -128,10 +129,7 @@ def _fill_keys(cache: torch.Tensor, seq_lens: list[int], block_table: torch.Tens
         keys = pool[pick]
     once = _first_occurrences(ids_all)  # all positions, in order, when no page is shared
     ids_all = ids_all[once]
-    values, scales = quantize_fp8_per_token(keys[once])
-    page, slot = ids_all // PAGE_SIZE, ids_all % PAGE_SIZE
-    INDEXER_KEY_PAGE.values(cache).view(torch.uint8)[page, slot] = values.view(torch.uint8)
-    INDEXER_KEY_PAGE.scales(cache)[page, slot] = scales
+    INDEXER_KEY_PAGE.write(cache, PAGE_SIZE, ids_all, INDEXER_KEY_PAGE.quantize(keys[once], "raw"))
 
 
 def draw_queries(axes: Mapping[str, int], rng: InputRng) -> dict[str, torch.Tensor]:

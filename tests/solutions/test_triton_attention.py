@@ -109,12 +109,12 @@ def test_split_path_for_short_rows_and_dsplit_for_many_tokens():
 
 
 def test_strided_views_of_a_combined_cache():
-    """ckv and kpe as views into one [P, 64, 576] cache (rows not contiguous), q as slices."""
+    """ckv and kpe as views into one [P, 64, ckv + kpe] cache (rows not contiguous), q as slices."""
     axes, inputs = make_inputs([FULL, 40, 0], "tail", num_pages=96, seed=7)
-    combined = torch.cat([inputs["ckv_cache"], inputs["kpe_cache"]], dim=-1)  # [P, 64, 576]
-    q = torch.cat([inputs["q_nope"], inputs["q_pe"]], dim=-1)  # [T, 16, 576]
+    combined = torch.cat([inputs["ckv_cache"], inputs["kpe_cache"]], dim=-1)  # [P, 64, ckv + kpe]
+    q = torch.cat([inputs["q_nope"], inputs["q_pe"]], dim=-1)  # [T, 16, ckv + kpe]
     views = dict(inputs, ckv_cache=combined[..., :512], kpe_cache=combined[..., 512:], q_nope=q[..., :512], q_pe=q[..., 512:])
-    assert not views["ckv_cache"].is_contiguous() and views["ckv_cache"].stride(1) == 576
+    assert not views["ckv_cache"].is_contiguous() and views["ckv_cache"].stride(1) == combined.shape[-1]
     outputs, _ = run_solution(axes, views)
     assert_correct(axes, inputs, outputs)
 
@@ -354,7 +354,7 @@ def test_gpu_cluster_combine_is_schedulable_and_refuses_large_clusters(cuda):
 
 @pytest.mark.gpu
 def test_gpu_cuda_kernel_strided_views_scale_and_nan_cache(cuda):
-    """Views into one [P, 64, 576] cache, q as slices, two scales (1.0 makes logits ~ +-60)."""
+    """Views into one [P, 64, ckv + kpe] cache, q as slices, two scales (1.0 makes logits ~ +-60)."""
     axes, inputs = make_inputs([FULL, 40, 0, 2047, 1], "scattered", 1024, seed=14, device=cuda)
     combined = torch.cat([inputs["ckv_cache"], inputs["kpe_cache"]], dim=-1)
     q = torch.cat([inputs["q_nope"], inputs["q_pe"]], dim=-1)
