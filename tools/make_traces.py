@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import typer
 
+from dsa_bench.definitions.kv_records import V4, V32, V41, KvRecordFormat
+
 PAGE = 64
 INDEXER_PAGES = 11923
 ATTENTION_PAGES = 8462
@@ -116,6 +118,47 @@ def attention_smoke() -> list[dict]:
     ]
 
 
+KV_INSERT_FORMATS = {"v32": V32, "v4": V4, "v41": V41}
+KV_MAX_POSITION = 4096
+
+
+def _kv_case(cid: str, fmt: KvRecordFormat, tokens: int, block_size: int, padded: bool = False, spare_blocks: int = 3,
+             slot_params: dict | None = None, special_tiles: bool = False) -> dict:
+    """One insert case; page strides come from the descriptor (``padded``: one TMA row past the default stride)."""
+    page = fmt.page_stride(block_size) + (fmt.tma_stride if padded else 0)
+    axes = {"num_tokens": tokens, "num_blocks": -(-tokens // block_size) + spare_blocks, "block_size": block_size, "page_bytes": page}
+    if fmt is not V32:
+        axes["max_position"] = KV_MAX_POSITION
+    inputs: dict = {}
+    if slot_params:
+        inputs["slot_mapping"] = {"type": "random", "params": slot_params}
+    if special_tiles:
+        inputs["kv" if fmt is not V32 else "kv_c"] = {"type": "random", "params": {"special_tiles": True}}
+    return {"id": cid, "axes": axes, "inputs": inputs}
+
+
+def kv_insert_small(fmt: KvRecordFormat) -> list[dict]:
+    """T in {1, 17, 1023, 1024}, block sizes 64 and 32, padded strides, every 5th slot -1, an all -1 round,
+    and tiles with amax 0, below 0.045 and exactly 448·2^k."""
+    cases = []
+    for bs in (64, 32):
+        for t in (1, 17, 1023, 1024):
+            cases.append(_kv_case(f"t{t}_bs{bs}", fmt, t, bs, slot_params={"skip_every": 5} if t > 1 else None))
+        cases.append(_kv_case(f"t1023_bs{bs}_padded", fmt, 1023, bs, padded=True, slot_params={"skip_every": 5}))
+    cases.append(_kv_case("t17_bs64_all_skipped", fmt, 17, 64, padded=True, slot_params={"skip_all": True}))
+    cases.append(_kv_case("t1024_bs64_special_tiles", fmt, 1024, 64, padded=True, slot_params={"skip_every": 5}, special_tiles=True))
+    return cases
+
+
+def kv_insert_smoke(fmt: KvRecordFormat) -> list[dict]:
+    """Tiny cases that run in seconds on CPU: one token, a padded page with skips and special tiles, all skipped."""
+    return [
+        _kv_case("smoke_t1", fmt, 1, 64),
+        _kv_case("smoke_t17_bs32_padded_special", fmt, 17, 32, padded=True, slot_params={"skip_every": 5}, special_tiles=True),
+        _kv_case("smoke_t5_all_skipped", fmt, 5, 64, padded=True, slot_params={"skip_all": True}),
+    ]
+
+
 def write(path: Path, cases: list[dict]) -> None:
     path.write_text("".join(json.dumps(c, separators=(",", ":")) + "\n" for c in cases))
     print(f"wrote {len(cases)} cases to {path}")
@@ -131,6 +174,9 @@ def main(out: Path = typer.Option(TRACES, help="Folder to write the traces into.
     write(out / "sparse_attention_h16.jsonl", attention_trace(np.random.default_rng(20260302)))
     write(out / "indexer_smoke.jsonl", indexer_smoke())
     write(out / "sparse_attention_smoke.jsonl", attention_smoke())
+    for name, fmt in KV_INSERT_FORMATS.items():
+        write(out / f"kv_insert_{name}_small.jsonl", kv_insert_small(fmt))
+        write(out / f"kv_insert_{name}_smoke.jsonl", kv_insert_smoke(fmt))
 
 
 if __name__ == "__main__":

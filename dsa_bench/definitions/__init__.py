@@ -1,7 +1,8 @@
 """Registry of the kernel definitions dsa-bench knows.
 
 Each definition lives in its own module and exposes ``DEFINITION``; adding one means adding its
-module name here. Definitions read from a flashinfer-bench dataset are registered at run time.
+module name here (a module defining a family exposes ``DEFINITIONS``, a tuple).
+Definitions read from a flashinfer-bench dataset are registered at run time.
 """
 
 from __future__ import annotations
@@ -11,15 +12,16 @@ import importlib
 from dsa_bench.definitions.base import Definition
 from dsa_bench.errors import DsaBenchError
 
-_BUILTIN_MODULES = ("indexer", "sparse_attention")
+_BUILTIN_MODULES = ("indexer", "sparse_attention", "kv_insert")
 _extra: dict[str, Definition] = {}
 
 
 def all_definitions() -> dict[str, Definition]:
     found: dict[str, Definition] = {}
     for module in _BUILTIN_MODULES:
-        definition = importlib.import_module(f"dsa_bench.definitions.{module}").DEFINITION
-        found[definition.name] = definition
+        loaded = importlib.import_module(f"dsa_bench.definitions.{module}")
+        for definition in getattr(loaded, "DEFINITIONS", None) or (loaded.DEFINITION,):
+            found[definition.name] = definition
     found.update(_extra)
     return found
 

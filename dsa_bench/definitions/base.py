@@ -69,6 +69,9 @@ class TensorSpec:
     shape: tuple[str, ...]
     dtype: torch.dtype
     description: str = ""
+    #: an output's pre-fill instead of the dtype's default poison (see :func:`poison_`); a byte-exact
+    #: output such as a KV cache backing names the byte every untouched element must keep
+    poison: float | None = None
 
     @property
     def is_scalar(self) -> bool:
@@ -161,21 +164,30 @@ class Definition:
         return {**self.const_axes, **var_values}
 
     def allocate_outputs(self, axes: Mapping[str, int], device: torch.device) -> dict[str, torch.Tensor]:
-        """Outputs pre-filled with poison (NaN, or INT32_MIN for integers) so unwritten elements fail."""
+        """Outputs pre-filled with poison (NaN, INT32_MIN for integers, or the spec's own ``poison``)
+        so unwritten elements fail."""
         outputs = {}
         for spec in self.outputs:
             out = torch.empty(spec.concrete_shape(axes), dtype=spec.dtype, device=device)
-            poison_(out)
+            poison_(out, spec.poison)
             outputs[spec.name] = out
         return outputs
+
+    def poison_outputs(self, outputs: Mapping[str, torch.Tensor]) -> None:
+        """Re-fill allocated outputs with their poison (before every timed call)."""
+        for spec in self.outputs:
+            poison_(outputs[spec.name], spec.poison)
 
     def input_args(self, inputs: Mapping[str, Value]) -> list[Value]:
         return [inputs[spec.name] for spec in self.inputs]
 
 
-def poison_(out: torch.Tensor) -> None:
-    """Fill an output buffer with a value no correct kernel writes there."""
-    out.fill_(math.nan if out.dtype.is_floating_point else INT_POISON)
+def poison_(out: torch.Tensor, value: float | None = None) -> None:
+    """Fill an output buffer with a value no correct kernel writes there: ``value`` where the spec
+    names one, else NaN for floats and INT32_MIN for integers."""
+    if value is None:
+        value = math.nan if out.dtype.is_floating_point else INT_POISON
+    out.fill_(value)
 
 
 def unknown_params(params: Mapping[str, Mapping[str, Any]], known: Mapping[str, tuple[str, ...]]) -> list[str]:

@@ -243,7 +243,7 @@ class _CaseRunner:
 
     def _time_trial(self, job: TimingJob, trial: int, seeds: tuple[int, ...], time_iterations: Any, flush: Any, read_clocks: Any,
                     header: dict[str, Any], reply: _Reply) -> None:  # fmt: skip
-        from dsa_bench.definitions.base import InputRng, poison_
+        from dsa_bench.definitions.base import InputRng
         from dsa_bench.workloads import derive_seed
 
         axes = self.definition.axes(job.case.axes)
@@ -266,8 +266,7 @@ class _CaseRunner:
                 sets[i % n][name].copy_(value)  # in place: the solution keeps the same tensors
             if timed and i == sampled:
                 redrawn.update({k: v.detach().clone() for k, v in fresh.items()})
-            for out in outs[i % n].values():
-                poison_(out)
+            self.definition.poison_outputs(outs[i % n])
             flush()
 
         def call(i: int) -> None:

@@ -3,6 +3,7 @@
 import torch
 
 from dsa_bench.definitions import indexer as indexer_definition
+from dsa_bench.definitions import kv_insert as kv_insert_definition
 from dsa_bench.definitions import sparse_attention as attention_definition
 
 
@@ -15,3 +16,21 @@ def sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scal
     result = attention_definition.reference(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale)
     output.copy_(result["output"])
     lse.copy_(result["lse"])
+
+
+def kv_insert_v32(kv_c, k_pe, slot_mapping, block_size, kv_cache: torch.Tensor) -> None:
+    kv_insert_definition.insert(kv_insert_definition.V32, {"kv_c": kv_c, "k_pe": k_pe, "slot_mapping": slot_mapping,
+                                                           "block_size": block_size}, kv_cache)
+
+
+def _rotating_insert(fmt, kv, positions, cos_sin_cache, slot_mapping, block_size, kv_cache: torch.Tensor) -> None:
+    inputs = {"kv": kv, "positions": positions, "cos_sin_cache": cos_sin_cache, "slot_mapping": slot_mapping, "block_size": block_size}
+    kv_insert_definition.insert(fmt, inputs, kv_cache)
+
+
+def kv_insert_v4(kv, positions, cos_sin_cache, slot_mapping, block_size, kv_cache: torch.Tensor) -> None:
+    _rotating_insert(kv_insert_definition.V4, kv, positions, cos_sin_cache, slot_mapping, block_size, kv_cache)
+
+
+def kv_insert_v41(kv, positions, cos_sin_cache, slot_mapping, block_size, kv_cache: torch.Tensor) -> None:
+    _rotating_insert(kv_insert_definition.V41, kv, positions, cos_sin_cache, slot_mapping, block_size, kv_cache)
