@@ -153,7 +153,8 @@ class _Family:
         drawn = self.draw_values(axes, rng)
         first = self.value_inputs[0]
         if params.get(first, {}).get("special_tiles", False):
-            drawn[first] = _special_tiles(drawn[first].float(), self.fmt.scale_tile, self.fmt.quant_dims
+            # NoPE dims only: rotation would move a RoPE tile's amax off its boundary
+            drawn[first] = _special_tiles(drawn[first].float(), self.fmt.scale_tile, LATENT_DIMS - ROPE_DIMS
                                           if self.rotates else LATENT_DIMS).to(torch.bfloat16)
         for name in self.value_inputs:
             out[name] = given[name].to(device) if name in given else drawn[name]
