@@ -154,3 +154,62 @@ def test_reference_passes_the_smoke_workload(fmt):
     proc = run_cli("run", "-w", f"kv_insert_{fmt}_smoke", "-s", "reference", "--no-save")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "3/3" in proc.stdout
+
+
+def _time_insert(fn):
+    """The timing protocol on the CPU (host clock): re-poisoning, redrawn KV rows and sampled checks."""
+    from dsa_bench.run.judge import CaseContext, decode_timing, trial_seeds
+    from dsa_bench.run.protocol import TimingJob, parse_reply
+    from dsa_bench.run.worker import _CaseRunner
+    from dsa_bench.timing.events import HostClockTimer
+
+    workload = load_workload(ROOT / "workloads" / "kv_insert_v4_smoke.yaml")
+    case = next(c for c in workload.cases if c.id == "smoke_t17_bs32_padded_special")
+    settings = workload.settings.replace(trials=1, iterations=4, input_sets=2)
+    job = TimingJob(case, trial_seeds(settings, case), warmup=1, iterations=4, sample_seed=5)
+    timer = HostClockTimer()
+    header, blob = _CaseRunner(workload.definition, CPU, fn, dps=True).time(job, timer.time_iterations, lambda: None,
+                                                                              lambda: None, timer.name)
+    ctx = CaseContext(workload, case, CPU, settings.tolerance)
+    result = decode_timing(parse_reply({**header, "notes": ""}, ("timing",)), blob, ctx, job)
+    return result, [ctx.check(c.seed, c.outputs, c.redrawn_inputs) for c in result.checked]
+
+
+def test_timed_calls_see_a_repoisoned_cache_and_redrawn_rows():
+    definition = get_definition("dsa_kv_insert_v4_fp8")
+    seen = []
+
+    def honest(*args):
+        seen.append(int((args[-1] != kvi.CACHE_POISON_BYTE).sum()))  # the cache as the call receives it
+        definition.reference(*args)
+
+    result, checks = _time_insert(honest)
+    assert checks and all(c.passed for c in checks), [c.message for c in checks]
+    assert set(result.checked[0].redrawn_inputs) == {"kv"}
+    assert seen and all(n == 0 for n in seen), "every call starts from a cache that is all 0xA5"
+
+    calls = []
+
+    def writes_once(*args):
+        if not calls:
+            definition.reference(*args)
+        calls.append(1)
+
+    _, checks = _time_insert(writes_once)
+    assert not checks[0].passed and "expected" in checks[0].message and "token" in checks[0].message
+
+
+@pytest.mark.parametrize("fmt", ["v32", "v4", "v41"])
+def test_shipped_insert_workloads_cover_the_issue_grid(fmt):
+    small = load_workload(ROOT / "workloads" / f"kv_insert_{fmt}_small.yaml")
+    record = kvi.FORMAT_OF[small.definition.name]
+    assert {c.axes["num_tokens"] for c in small.cases} == {1, 17, 1023, 1024}
+    assert {c.axes["block_size"] for c in small.cases} == {32, 64}
+    assert any(c.axes["page_bytes"] > record.packed_page_bytes(c.axes["block_size"]) for c in small.cases)
+    params = [c.inputs.get("slot_mapping") for c in small.cases]
+    assert any(p is not None and p.params == {"skip_all": True} for p in params)
+    assert any(p is not None and p.params == {"skip_every": 5} for p in params)
+    value = "kv_c" if fmt == "v32" else "kv"
+    assert any(value in c.inputs and c.inputs[value].params == {"special_tiles": True} for c in small.cases)
+    large = load_workload(ROOT / "workloads" / f"kv_insert_{fmt}_large.yaml")
+    assert [c.axes["num_tokens"] for c in large.cases] == [16384, 32768, 65536, 262144]

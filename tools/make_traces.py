@@ -7,6 +7,8 @@ The contest's real traces are not public. These follow their published distribut
   seq_lens, the longest row 5824 tokens.
 - sparse_attention_h16: 23 cases, num_pages 8462, num_tokens in {1, 2, 6, 7, 8}, explicit valid
   counts per row from 1 to 2048, many rows mostly padding.
+- kv_insert_{v32,v4,v41}_{small,smoke,large}: KV insert rounds (issue 20), page strides computed from
+  the record descriptors.
 
 Usage: python tools/make_traces.py [--out traces]
 """
@@ -150,6 +152,11 @@ def kv_insert_small(fmt: KvRecordFormat) -> list[dict]:
     return cases
 
 
+def kv_insert_large(fmt: KvRecordFormat) -> list[dict]:
+    """Past the ~16k tokens where launch overhead hides a poor grid (BRIEF §2.3, seed 001): block size 64, every 5th slot -1."""
+    return [_kv_case(f"t{t}_bs64", fmt, t, 64, slot_params={"skip_every": 5}) for t in (16384, 32768, 65536, 262144)]
+
+
 def kv_insert_smoke(fmt: KvRecordFormat) -> list[dict]:
     """Tiny cases that run in seconds on CPU: one token, a padded page with skips and special tiles, all skipped."""
     return [
@@ -177,6 +184,7 @@ def main(out: Path = typer.Option(TRACES, help="Folder to write the traces into.
     for name, fmt in KV_INSERT_FORMATS.items():
         write(out / f"kv_insert_{name}_small.jsonl", kv_insert_small(fmt))
         write(out / f"kv_insert_{name}_smoke.jsonl", kv_insert_smoke(fmt))
+        write(out / f"kv_insert_{name}_large.jsonl", kv_insert_large(fmt))
 
 
 if __name__ == "__main__":
