@@ -67,7 +67,7 @@ class CaseContext:
         """The bytes a correct kernel must move for input set ``seed`` (None: the definition has no
         such bound). Input sets built only for this are not kept."""
         definition: Definition = self.workload.definition
-        bound = getattr(definition, "min_traffic_bytes", None)
+        bound = definition.min_traffic_bytes
         if bound is None:
             return None
         if seed not in self._floors:
