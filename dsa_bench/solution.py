@@ -13,15 +13,23 @@ A solution is a folder with ``solution.yaml`` (:class:`ManifestModel`)::
         language: triton                      # python | triton | cuda
         destination_passing_style: true       # kernel(*inputs, *outputs); false: returns outputs
         sources: [topk.cu]                    # extra files the entry needs beyond its imports
+    requires:                                 # optional: what a peer needs to run at all
+      modules: {flash_mla: "sgl-flash-mla==1.0.0"}   # import name: the pip requirement that provides it
+      cuda_capabilities: [sm_90, sm_100]      # GPUs it runs on; absent: any device, CPU included
 
 Loading validates the manifest with its model, then checks that every file an entry names lies
 in the folder. A Python entry module may define ``solution_notes() -> str``; the run records
 what it returns (for example which top-k path a machine without CUDA used).
+
+A solution whose ``requires`` are not met on the machine (a module that does not import, a
+package version outside the requirement, a device it does not run on) is not a failure: every
+case gets status SKIPPED with the reason (:func:`dsa_bench.run.requirements.unmet`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -56,6 +64,18 @@ class SolutionEntry:
 
 
 @dataclass(frozen=True)
+class Requirements:
+    """What a solution needs beyond dsa-bench's own dependencies (peers wrap third-party kernels)."""
+
+    modules: dict[str, str] = field(default_factory=dict)  # import name -> pip requirement
+    cuda_capabilities: tuple[str, ...] = ()  # e.g. ("sm_90",); empty: any device
+
+    @property
+    def any(self) -> bool:
+        return bool(self.modules or self.cuda_capabilities)
+
+
+@dataclass(frozen=True)
 class Solution:
     name: str
     path: Path  # the folder
@@ -64,6 +84,7 @@ class Solution:
     target_hardware: tuple[str, ...] = ()
     dependencies: tuple[str, ...] = ()
     entries: dict[str, SolutionEntry] = field(default_factory=dict)
+    requires: Requirements = field(default_factory=Requirements)
 
     def entry_for(self, definition: str) -> SolutionEntry:
         if definition not in self.entries:
@@ -99,6 +120,38 @@ class EntryModel(ClosedModel):
         return entry_point
 
 
+def _requirement(value: Any) -> Any:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    if not isinstance(value, str):
+        raise field_sentence(f"must be a pip requirement such as 'sgl-flash-mla==1.0.0', got {value!r}")
+    try:
+        Requirement(value)
+    except InvalidRequirement as exc:
+        reason = str(exc).splitlines()[0]
+        raise field_sentence(f"is not a pip requirement such as 'sgl-flash-mla==1.0.0' ({reason})") from None
+    return value
+
+
+def _module_name(value: Any) -> Any:
+    if not isinstance(value, str) or not all(part.isidentifier() for part in value.split(".")):
+        raise field_sentence(f"must be an importable module name such as 'flash_mla', got {value!r}")
+    return value
+
+
+def _capability(value: Any) -> Any:
+    if not (isinstance(value, str) and re.fullmatch(r"sm_[0-9]{2,3}a?", value)):
+        raise field_sentence(f"must name a CUDA compute capability such as 'sm_90', got {value!r}")
+    return value
+
+
+class RequiresModel(ClosedModel):
+    """``requires`` of a manifest: what the solution needs to run at all."""
+
+    modules: dict[Annotated[str, BeforeValidator(_module_name)], Annotated[str, BeforeValidator(_requirement)]] = {}
+    cuda_capabilities: list[Annotated[str, BeforeValidator(_capability)]] = []
+
+
 def _printable_name(value: Any) -> Any:
     if value is not None and not (isinstance(value, str) and value.strip() and value.isprintable()):
         raise field_sentence(f"must be a non-empty string of printable characters, got {value!r}")
@@ -114,6 +167,7 @@ class ManifestModel(ClosedModel):
     target_hardware: list[str] = []
     dependencies: list[str] = []
     entries: Annotated[dict[str, EntryModel], Field(min_length=1)]  # by definition name
+    requires: RequiresModel = RequiresModel()
 
 
 def load_solution(folder: Path) -> Solution:
@@ -133,6 +187,7 @@ def load_solution(folder: Path) -> Solution:
         target_hardware=tuple(data.target_hardware),
         dependencies=tuple(data.dependencies),
         entries={definition: _entry(definition, entry, folder, where) for definition, entry in data.entries.items()},
+        requires=Requirements(dict(data.requires.modules), tuple(data.requires.cuda_capabilities)),
     )
 
 

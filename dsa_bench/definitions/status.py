@@ -20,6 +20,9 @@ class Status(str, enum.Enum):
     TIMEOUT = "TIMEOUT"
     #: the reported times are impossible (below the physical floor, or more than the wall time)
     TIMING_SUSPECT = "TIMING_SUSPECT"
+    #: not run: the solution needs a package or a GPU this machine lacks (its manifest's ``requires``);
+    #: neither a pass nor a failure
+    SKIPPED = "SKIPPED"
 
 
 @dataclass

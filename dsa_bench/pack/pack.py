@@ -83,7 +83,7 @@ def pack_entry(solution: Solution, definition: str) -> PackedEntry:
         "language": entry.language,
         "target_hardware": list(solution.target_hardware),
         "entry_point": entry.entry_point,
-        "dependencies": list(solution.dependencies),
+        "dependencies": [*solution.dependencies, *(r for r in solution.requires.modules.values() if r not in solution.dependencies)],
         "destination_passing_style": entry.destination_passing_style,
     }
     if entry.language == "cuda":

@@ -45,6 +45,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
+from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.results.baseline import CaseMeasure, Key, baseline_measures, measures_of
 from dsa_bench.results.records import LoadedResults, recorded_l2_flush
@@ -99,6 +100,8 @@ def classify(key: Key, baseline: CaseMeasure, new: CaseMeasure, threshold: float
     benchmarks/README.md), while a GPU-bound solution's latency repeats within 0.4 %. The
     reference itself is always judged by its (trivial) speedup: it is the yardstick, not under test.
     """
+    if Status.SKIPPED.value in (new.status, baseline.status):  # a peer this machine cannot run: nothing to compare
+        return CaseComparison(key, Verdict.UNTIMED, baseline, new)
     if not new.passed:
         return CaseComparison(key, Verdict.FAILED, baseline, new)
     if not baseline.passed:

@@ -111,6 +111,11 @@ class CaseRecord:
     def passed(self) -> bool:
         return self.status is Status.PASSED
 
+    @property
+    def failed(self) -> bool:
+        """Neither passed nor skipped (a solution that cannot run here is not a failure)."""
+        return self.status not in (Status.PASSED, Status.SKIPPED)
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["status"] = self.status.value
@@ -226,6 +231,8 @@ class ResultsModel(OpenModel):
     environment: dict[str, Any] | None = None
     solutions: dict[str, SolutionMetaModel] | None = None
     solution_notes: dict[str, str] | None = None
+    #: installed versions of the packages each peer solution requires
+    solution_packages: dict[str, dict[str, str]] | None = None
     records: list[RecordModel]
     complete: bool = False
     finished: str | None = None

@@ -87,7 +87,7 @@ def latency_figure(results: LoadedResults) -> Figure:
     for s in solutions:
         rows = [by_key.get((c, s)) for c in cases]
         series[s] = [r.timing.mean_ms * 1000 if r is not None and r.passed and r.timing else math.nan for r in rows]
-        failed[s] = [r is not None and not r.passed for r in rows]
+        failed[s] = [r is not None and r.failed for r in rows]
     fig = Figure(figsize=(_figure_width(len(cases)), 4.8), layout="constrained")
     ax = fig.add_subplot()
     _grouped_bars(ax, cases, series, failed)
@@ -106,7 +106,7 @@ def speedup_figure(results: LoadedResults) -> Figure:
         s: [r.speedup if r is not None and r.passed and r.speedup else math.nan for r in (by_key.get((c, s)) for c in cases)]
         for s in solutions
     }
-    failed = {s: [(r := by_key.get((c, s))) is not None and not r.passed for c in cases] for s in solutions}
+    failed = {s: [(r := by_key.get((c, s))) is not None and r.failed for c in cases] for s in solutions}
     fig = Figure(figsize=(_figure_width(len(cases)), 4.8), layout="constrained")
     ax = fig.add_subplot()
     _grouped_bars(ax, cases, series, failed)
@@ -303,7 +303,7 @@ def render_html(loaded: list[LoadedResults], figures: list[ReportFigure], pngs: 
         rows, headers = _case_rows(results)
         parts.append("<h3>Cases</h3>")
         parts.append(_status_classes(_table(rows, headers)))
-        failed = [r for r in results.records if not r.passed]
+        failed = [r for r in results.records if r.failed]
         if failed:
             parts.append("<h3>Failures</h3><ul>")
             parts += [f"<li><b>{e(r.case)}</b> [{e(r.solution)}] {e(r.status.value)}<pre>{e(r.message)}</pre></li>" for r in failed]

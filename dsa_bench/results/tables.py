@@ -7,6 +7,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from dsa_bench.definitions.status import Status
 from dsa_bench.results.records import CaseRecord
 
 
@@ -21,7 +22,7 @@ class SolutionSummary:
 
 
 def summarize(records: list[CaseRecord], solution: str) -> SolutionSummary:
-    mine = [r for r in records if r.solution == solution]
+    mine = [r for r in records if r.solution == solution and r.status is not Status.SKIPPED]
     passed = [r for r in mine if r.passed]
     timed = [r for r in mine if r.speedup is not None or not r.passed]
     speedups = [r.speedup if (r.passed and r.speedup is not None) else 0.0 for r in timed]
@@ -88,7 +89,7 @@ def summary_table(records: list[CaseRecord]) -> str:
         rows.append(
             [
                 name,
-                f"{s.passed}/{s.total}",
+                f"{s.passed}/{s.total}" if s.total else "skipped",
                 "-" if s.mean_speedup is None else f"{s.mean_speedup:.2f}x",
                 "-" if s.geomean_speedup is None else f"{s.geomean_speedup:.2f}x",
                 _fmt_us(s.mean_latency_ms),
@@ -110,4 +111,14 @@ def sagged(records: list[CaseRecord], max_sm_mhz: float | None, fraction: float 
 
 
 def failures(records: list[CaseRecord]) -> list[str]:
-    return [f"{r.case} [{r.solution}] {r.status.value}: {r.message}" for r in records if not r.passed]
+    return [f"{r.case} [{r.solution}] {r.status.value}: {r.message}" for r in records if r.failed]
+
+
+def skips(records: list[CaseRecord]) -> list[str]:
+    """One line per skipped solution (its cases share one reason), not one per case."""
+    reasons: dict[str, tuple[str, int]] = {}
+    for r in records:
+        if r.status is Status.SKIPPED:
+            reason, count = reasons.get(r.solution, (r.message, 0))
+            reasons[r.solution] = (reason, count + 1)
+    return [f"{name}: {count} case(s) {reason}" for name, (reason, count) in reasons.items()]

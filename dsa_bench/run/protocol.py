@@ -108,6 +108,15 @@ Text = Annotated[str, Field(max_length=_MAX_TEXT)]
 class Ready(_Strict):
     type: Literal["ready"]
     notes: Text
+    #: installed versions of the distributions the solution's manifest requires
+    packages: dict[Annotated[str, Field(max_length=200)], Annotated[str, Field(max_length=200)]] = Field(default={}, max_length=64)
+
+
+class Unavailable(_Strict):
+    """The solution's ``requires`` are not met in the worker: every case is SKIPPED with this reason."""
+
+    type: Literal["unavailable"]
+    text: Text
 
 
 class CompileError(_Strict):
@@ -155,7 +164,7 @@ class Timing(_Strict):
     checked: list[CheckedCallMeta]
 
 
-Reply = Annotated[Ready | CompileError | Failure | Outputs | Timing, Field(discriminator="type")]
+Reply = Annotated[Ready | CompileError | Unavailable | Failure | Outputs | Timing, Field(discriminator="type")]
 _REPLY = TypeAdapter(Reply)
 
 

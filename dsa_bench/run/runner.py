@@ -110,6 +110,7 @@ class WorkerHandle:
         self.process: subprocess.Popen | None = None
         self._send_fd = self._receive_fd = -1
         self.notes = ""
+        self.packages: dict[str, str] = {}
         self.compile_failure: WorkerFailure | None = None
 
     def log_tail(self, lines: int = 15) -> str:
@@ -154,17 +155,24 @@ class WorkerHandle:
         os.set_blocking(self._send_fd, False)
         try:
             self._send({"config": self.config.__dict__}, b"", "starting the worker")
-            reply = self._receive(self.options.compile_timeout_s, "importing/building the solution", 0, ("ready", "compile_error"))
+            reply = self._receive(
+                self.options.compile_timeout_s, "importing/building the solution", 0, ("ready", "compile_error", "unavailable")
+            )
         except WorkerFailure as failure:
             if failure.status is Status.RUNTIME_ERROR:  # died while importing: a build problem
                 failure = WorkerFailure(Status.COMPILE_ERROR, failure.message)
             self.compile_failure = failure
             raise failure
+        if reply.type == "unavailable":
+            self.compile_failure = WorkerFailure(Status.SKIPPED, f"skipped: {reply.text}")
+            self.kill()
+            raise self.compile_failure
         if reply.type == "compile_error":
             self.compile_failure = WorkerFailure(Status.COMPILE_ERROR, _last_lines(reply.text))
             self.kill()
             raise self.compile_failure
         self.notes = reply.notes
+        self.packages = dict(reply.packages)
 
     def request(self, kind: str, job: Any, what: str, max_blob_bytes: int, expected: tuple[str, ...]) -> tuple[Any, bytes]:
         """Send a job; the validated reply and its tensor blob. Any failure stops the worker."""
@@ -359,5 +367,8 @@ def run_workload(
     finally:
         for handle in handles.values():
             handle.stop()
-        results.update(solution_notes={name: h.notes for name, h in handles.items() if h.notes})
+        results.update(
+            solution_notes={name: h.notes for name, h in handles.items() if h.notes},
+            solution_packages={name: h.packages for name, h in handles.items() if h.packages},
+        )
     return records

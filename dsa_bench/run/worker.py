@@ -16,7 +16,7 @@ nobody looks up again. (Code in this process can still reach those objects throu
 Protocol (frames)::
 
     harness -> worker  {"config": WorkerConfig fields}, then {"request": "outputs" | "time" | "stop"} + pickled job
-    worker -> harness  ready | compile_error, then per request outputs | timing | error (protocol.Reply)
+    worker -> harness  ready | compile_error | unavailable, then per request outputs | timing | error (protocol.Reply)
 """
 
 from __future__ import annotations
@@ -127,6 +127,7 @@ def main(argv: list[str]) -> None:
 
     from dsa_bench.definitions import get_definition
     from dsa_bench.run.loader import import_entry
+    from dsa_bench.run.requirements import unmet, versions
     from dsa_bench.solution import load_solution
 
     device = torch.device(config.device)
@@ -141,6 +142,10 @@ def main(argv: list[str]) -> None:
         measure = _bind_measurement(config, device)  # before any solution code runs
         solution = load_solution(Path(config.solution_path))
         entry = solution.entry_for(config.definition)
+        unmet_reason = unmet(solution.requires, device)
+        if unmet_reason is not None:  # a peer whose package or GPU this machine lacks: skipped, not failed
+            channel.write_frame(out_fd, {"type": "unavailable", "text": unmet_reason})
+            return
         fn, module = import_entry(solution, config.definition)
         notes_fn = getattr(module, "solution_notes", None)
     except BaseException:
@@ -153,7 +158,7 @@ def main(argv: list[str]) -> None:
         except Exception as exc:
             return f"solution_notes() raised {type(exc).__name__}"
 
-    channel.write_frame(out_fd, {"type": "ready", "notes": notes()})
+    channel.write_frame(out_fd, {"type": "ready", "notes": notes(), "packages": versions(solution.requires)})
     runner = _CaseRunner(definition, device, fn, entry.destination_passing_style)
     while True:
         header, blob = channel.read_frame(in_fd, _MAX_JOB_BYTES)
