@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	else \
 		$(PY) -m pip install "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); \
 	fi
-	$(PY) -m pip install -e ".[dev]"
+	$(PY) -m pip install -e ".[dev,ray]"  # Ray: the --executor ray tests run in CI
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 		$(PY) -m pip install -e ".[gpu]"; fi
 	touch $@

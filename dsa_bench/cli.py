@@ -73,6 +73,12 @@ def run(
     worker_user: str = typer.Option("auto", "--worker-user", help="Whom solution workers run as: auto (a dedicated unprivileged id per "
                                                                   "worker when the harness is root, else the harness's user) or harness "
                                                                   "(always the harness's user)."),
+    gpus: str | None = typer.Option(None, "--gpus", help="Devices to spread the cases over: a count or 'all' (default: 1; every GPU "
+                                                        "of the cluster with --executor ray). Each case (reference and every solution) "
+                                                        "runs on one device; without CUDA, N parallel correctness-only workers."),
+    executor: str = typer.Option("local", "--executor", help="local (this machine's devices) or ray (one actor per GPU of a Ray "
+                                                             "cluster; needs pip install 'dsa-bench[ray]')."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="The Ray cluster to join (default: start a local one)."),
 ) -> None:
     """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them."""
     from dsa_bench.project import find_root
@@ -82,14 +88,14 @@ def run(
     request = RunRequest(
         workload=workload, solutions=solution, cases=case, device=device, timer=timer, l2_flush=l2_flush, seed=seed, input_sets=input_sets,
         warmup=warmup, iterations=iterations, trials=trials, case_timeout=case_timeout, compile_timeout=compile_timeout, save=save,
-        no_save=no_save, dataset=dataset, worker_user=worker_user,
+        no_save=no_save, dataset=dataset, worker_user=worker_user, gpus=gpus, executor=executor, ray_address=ray_address,
     )  # fmt: skip
     plan = plan_run(request, find_root())
     for warning in plan.warnings:
         _warn(warning)
     names = ", ".join(s.name for s in plan.solutions)
     typer.echo(f"{plan.workload.name}: {len(plan.cases)} cases x {len(plan.solutions)} solutions ({names}) "
-               f"on {plan.options.device}, {plan.mode}")
+               f"on {_devices(plan)}, {plan.mode}")
     for line in sorted({f"workers run as {identity.description}" for identity in plan.identities.values()}):
         typer.echo(line)
     with _progress() as progress:
@@ -121,6 +127,13 @@ def run(
         raise typer.Exit(128 + outcome.stopped_by)
     if any(r.failed for r in records):  # a skipped peer is not a failure
         raise typer.Exit(EXIT_FAILED_CASES)
+
+
+def _devices(plan) -> str:
+    if plan.executor == "ray":
+        return f"up to {plan.ray_gpus} Ray actor(s)" if plan.ray_gpus else "every GPU of the Ray cluster"
+    devices = [str(o.device) for o in plan.device_options]
+    return devices[0] if len(devices) == 1 else f"{len(devices)} devices ({', '.join(devices)})"
 
 
 def _progress(console=None):

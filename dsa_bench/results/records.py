@@ -106,6 +106,8 @@ class CaseRecord:
     wall_s: float = 0.0
     #: where the harness spent the wall time of this record (worker and checker phases)
     phases_s: dict[str, float] = field(default_factory=dict)
+    #: the index of the device it ran on among the run's devices (``environment.gpus``); None on a one-device run
+    gpu: int | None = None
 
     @property
     def passed(self) -> bool:
@@ -206,6 +208,7 @@ class RecordModel(ClosedModel):
     speedup: Measure | None = None
     wall_s: Measure = 0.0
     phases_s: dict[str, Measure] = {}
+    gpu: Annotated[int, Field(ge=0)] | None = None
 
 
 class WorkloadModel(OpenModel):

@@ -52,7 +52,8 @@ def records_table(records: list[CaseRecord], key_axes: tuple[str, ...]) -> str:
     from tabulate import tabulate
 
     timed = any(r.timing is not None for r in records)
-    headers = ["case", *key_axes, "solution", "status", "max abs err", "max rel err"]
+    spread = any(r.gpu is not None for r in records)  # a multi-device run: say where each ran
+    headers = ["case", *key_axes, "solution", *(["gpu"] if spread else []), "status", "max abs err", "max rel err"]
     if timed:
         headers += ["timer", "mean µs", "median µs", "min µs", "trial spread", "speedup"]
     rows = []
@@ -61,6 +62,7 @@ def records_table(records: list[CaseRecord], key_axes: tuple[str, ...]) -> str:
             r.case,
             *[r.axes.get(a, "") for a in key_axes],
             r.solution,
+            *([r.gpu] if spread else []),
             r.status.value,
             _fmt_err(r.max_abs_error),
             _fmt_err(r.max_rel_error),

@@ -11,6 +11,7 @@ and SIGHUP into an orderly stop.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import math
 import signal
@@ -59,6 +60,13 @@ class RunRequest:
     no_save: bool = False
     dataset: Path | None = None
     worker_user: str = "auto"
+    gpus: str | None = None  # a count, or "all"; None: 1, or every GPU of a Ray cluster
+    executor: str = "local"  # EXECUTORS
+    ray_address: str | None = None
+
+
+#: where a run's cases go: this process's devices, or a Ray cluster's GPUs
+EXECUTORS = ("local", "ray")
 
 
 @dataclass
@@ -66,14 +74,23 @@ class RunPlan:
     workload: Workload
     cases: list[Case]
     solutions: list[Solution]
-    options: RunOptions
+    options: RunOptions  # the first device's (the only one's, on a one-device run)
     identities: dict[str, WorkerIdentity]
     save_path: Path | None
     root: Path
     warnings: list[str] = field(default_factory=list)
+    #: one per device of a local multi-device run (``--gpus N``); the first is ``options``
+    device_options: list[RunOptions] = field(default_factory=list)
+    device_identities: list[dict[str, WorkerIdentity]] = field(default_factory=list)
+    executor: str = "local"
+    ray_address: str | None = None
+    ray_gpus: int | None = None  # at most this many Ray actors (None: every GPU of the cluster)
+    timer_request: str = "auto"  # what a Ray actor resolves on its own device
 
     @property
     def mode(self) -> str:
+        if self.executor == "ray":
+            return "on a Ray cluster (each actor picks its GPU's timer)"
         if self.options.timer is None:
             return "correctness only (no CUDA device: nothing is timed)"
         return f"timing with {self.options.timer}, {self.options.l2_flush} L2 flush"
@@ -89,18 +106,52 @@ class RunPlan:
         }
         if options.dataset_root is not None:
             workload["dataset"] = relative_to_root(options.dataset_root, self.root)
-        env = environment(options.device) | ({"copy_gbps": options.copy_bytes_per_s / 1e9} if options.copy_bytes_per_s else {})
+        env = _device_environment(options)
+        if len(self.device_options) > 1:
+            env["gpus"] = [{"index": i, **_device_environment(o)} for i, o in enumerate(self.device_options)]
         return {
             "workload": workload,
             "settings": {**{k: v for k, v in asdict(settings).items() if k != "tolerance"}, "tolerance": asdict(settings.tolerance)},
             "timer": options.timer,
             "l2_flush": options.l2_flush if options.timer else None,
             "environment": env,
-            "workers": {name: identity.description for name, identity in self.identities.items()},
+            "workers": {name: identity.description for name, identity in self.identities.items()}
+            if self.executor == "local" else None,  # Ray actors report theirs under environment.gpus
             "solutions": {
                 s.name: {"path": relative_to_root(s.path, self.root), "content_hash": content_hash(s.path)} for s in self.solutions
             },
         }
+
+
+def _device_environment(options: RunOptions) -> dict[str, Any]:
+    return environment(options.device) | ({"copy_gbps": options.copy_bytes_per_s / 1e9} if options.copy_bytes_per_s else {})
+
+
+def gpu_count(value: str, executor: str) -> int | None:
+    """``--gpus``: a count >= 1, or "all" (None: every device there is)."""
+    if value == "all":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise DsaBenchError(f"--gpus {value!r}: expected a count >= 1 or 'all'")
+    if executor not in EXECUTORS:
+        raise DsaBenchError(f"--executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+    return int(value)
+
+
+def pick_devices(name: str, count: int | None) -> list[torch.device]:
+    """The run's devices: ``--device`` alone, or the first ``count`` CUDA devices (all of them for
+    None). Without CUDA, N devices are N parallel CPU workers of a correctness-only run."""
+    if count == 1:
+        return [pick_device(name)]
+    if name not in ("auto", "cuda", "cpu"):
+        raise DsaBenchError(f"--gpus takes the devices itself; --device {name!r} names one (use auto, cuda or cpu)")
+    first = pick_device(name)
+    if first.type == "cpu":
+        return [first] * (count or 1)
+    available = torch.cuda.device_count()
+    if count is not None and count > available:
+        raise DsaBenchError(f"--gpus {count}: this machine has {available} CUDA device(s)")
+    return [torch.device("cuda", i) for i in range(count or available)]
 
 
 def pick_device(name: str) -> torch.device:
@@ -197,19 +248,28 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
 
         workload = load_dataset_workload(request.dataset, request.workload)
     cases = select_cases(workload, request.cases)
-    device = pick_device(request.device)
-    timer, warning = choose_timer(request.timer, device)
+    gpus = gpu_count(request.gpus or ("all" if request.executor == "ray" else "1"), request.executor)
+    on_ray = request.executor == "ray"
+    if on_ray:
+        from dsa_bench.run.ray_executor import ray_module
+
+        ray_module()  # a clear error now when Ray is missing
+    elif request.ray_address is not None:
+        raise DsaBenchError("--ray-address needs --executor ray")
+    devices = [pick_device("cpu")] if on_ray else pick_devices(request.device, gpus)
+    device = devices[0]
+    timer, warning = (None, None) if on_ray else choose_timer(request.timer, device)
     settings = workload.settings.replace(
         seed=request.seed, input_sets=request.input_sets, warmup=request.warmup, iterations=request.iterations, trials=request.trials
     )
     if timer is not None and settings.input_sets < 2:
         raise DsaBenchError("timing needs --input-sets >= 2 so consecutive calls never see the same tensors")
-    solutions = _solutions(request, workload, root, timer is not None)
+    solutions = _solutions(request, workload, root, timer is not None or on_ray)
     default_save = root / "results" / f"{safe_file_name(workload.name)}-{now_iso().replace(':', '')}.json"
     save_path = None if request.no_save else (request.save or default_save)
     if save_path is not None:
         check_results_path(save_path, *run_inputs(workload, solutions, request.dataset))
-    options = RunOptions(
+    template = RunOptions(
         device=device,
         settings=settings,
         timer=timer,
@@ -220,10 +280,17 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
         cache_dir=root / ".cache" / "dsa-bench",
         dataset_root=request.dataset,
         worker_user=request.worker_user,
-        copy_bytes_per_s=measure_copy_bandwidth(device) if timer is not None else None,
     )
-    identities = worker_identities(solutions, options, cases)
-    return RunPlan(workload, cases, solutions, options, identities, save_path, root, [warning] if warning else [])
+    device_options = [
+        dataclasses.replace(template, device=d, copy_bytes_per_s=measure_copy_bandwidth(d) if timer is not None else None)
+        for d in devices
+    ]
+    device_identities = [worker_identities(solutions, o, cases, first_slot=i * len(solutions)) for i, o in enumerate(device_options)]
+    return RunPlan(
+        workload, cases, solutions, device_options[0], device_identities[0], save_path, root, [warning] if warning else [],
+        device_options=device_options, device_identities=device_identities, executor=request.executor,
+        ray_address=request.ray_address, ray_gpus=gpus, timer_request=request.timer,
+    )  # fmt: skip
 
 
 @dataclass
@@ -255,10 +322,43 @@ def execute(plan: RunPlan, on_record: Callable[[CaseRecord], None] = lambda r: N
     stopped_by: int | None = None
     try:
         with _stopped_by_signals():
-            records = run_workload(plan.workload, plan.cases, plan.solutions, plan.options, results, on_record, plan.identities)
+            records = _run(plan, results, on_record)
     except KeyboardInterrupt as stop:
         stopped_by = stop.signum if isinstance(stop, Interrupted) else int(signal.SIGINT)
         records = [CaseRecord.from_json(r) for r in results.document["records"]]
-    sag = sagged(records, results.document["environment"].get("max_sm_mhz"))
+    sag = _sagged(records, results.document["environment"])
     results.update(complete=stopped_by is None, finished=now_iso(), clock_sagged=sag)
     return RunOutcome(records, results, sag, stopped_by)
+
+
+def _run(plan: RunPlan, results: ResultsFile, on_record: Callable[[CaseRecord], None]) -> list[CaseRecord]:
+    if plan.executor == "ray":
+        from dsa_bench.run.ray_executor import run_on_ray
+
+        def record_actors(descriptions: list[dict[str, Any]]) -> None:
+            timers = {d["timer"] for d in descriptions}
+            results.update(
+                environment={**results.document["environment"], "gpus": [{"index": i, **d} for i, d in enumerate(descriptions)]},
+                timer=timers.pop() if len(timers) == 1 else "mixed",
+                l2_flush=plan.options.l2_flush if any(d["timer"] for d in descriptions) else None,
+            )
+
+        return run_on_ray(
+            plan.workload, plan.cases, plan.solutions, plan.options, plan.timer_request, plan.root, results, on_record,
+            address=plan.ray_address, max_actors=plan.ray_gpus, on_start=record_actors,
+        )  # fmt: skip
+    if len(plan.device_options) > 1:
+        from dsa_bench.run.executor import run_on_devices
+
+        return run_on_devices(
+            plan.workload, plan.cases, plan.solutions, plan.device_options, plan.device_identities, results, on_record
+        )
+    return run_workload(plan.workload, plan.cases, plan.solutions, plan.options, results, on_record, plan.identities)
+
+
+def _sagged(records: list[CaseRecord], env: dict[str, Any]) -> list[str]:
+    """Records timed below 90 % of their own device's maximum SM clock."""
+    devices = env.get("gpus")
+    if not devices:
+        return sagged(records, env.get("max_sm_mhz"))
+    return [line for i, d in enumerate(devices) for line in sagged([r for r in records if r.gpu == i], d.get("max_sm_mhz"))]

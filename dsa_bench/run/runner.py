@@ -322,17 +322,73 @@ def order_solutions(solutions: list[Solution], timing: bool, reference: Solution
     return chosen
 
 
-def worker_identities(solutions: list[Solution], options: RunOptions, cases: list[Case]) -> dict[str, isolation.WorkerIdentity]:
-    """One identity per solution (see :mod:`dsa_bench.run.isolation`)."""
+def worker_identities(
+    solutions: list[Solution], options: RunOptions, cases: list[Case], first_slot: int = 0
+) -> dict[str, isolation.WorkerIdentity]:
+    """One identity per solution (see :mod:`dsa_bench.run.isolation`); ``first_slot`` keeps the
+    identities of several devices' workers apart."""
     reads = isolation.python_paths() + [Path.cwd()]
     if options.dataset_root is not None:
         reads.append(options.dataset_root)
     reads += sorted({src.path for c in cases for src in c.inputs.values() if src.path is not None})
     devices = isolation.gpu_device_files(options.device.index or 0) if options.device.type == "cuda" else []
     return {
-        s.name: isolation.choose_identity(options.worker_user, slot, reads + [s.path], devices)
+        s.name: isolation.choose_identity(options.worker_user, first_slot + slot, reads + [s.path], devices)
         for slot, s in enumerate(solutions)
     }
+
+
+class DeviceRunner:
+    """Every solution's worker on one device. It runs whole cases, reference first, so each
+    speedup is a ratio of two latencies measured on the same device in the same run."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        solutions: list[Solution],
+        options: RunOptions,
+        identities: dict[str, isolation.WorkerIdentity],
+        gpu: int | None = None,
+    ) -> None:
+        self.workload = workload
+        self.solutions = solutions
+        self.options = options
+        self.gpu = gpu  # this device's index among the run's devices (recorded on each record), None on a one-device run
+        self.handles = {s.name: WorkerHandle(s, workload.definition.name, options, identities[s.name]) for s in solutions}
+
+    def run_case(self, case: Case) -> list[CaseRecord]:
+        ctx = CaseContext(self.workload, case, self.options.device, self.options.settings.tolerance)
+        reference_ms: float | None = None
+        records = []
+        for solution in self.solutions:
+            record = run_one(self.handles[solution.name], ctx, self.options)
+            record.gpu = self.gpu
+            if solution.name == REFERENCE_SOLUTION and record.passed and record.timing:
+                reference_ms = record.timing.mean_ms
+            if record.passed and record.timing and reference_ms:
+                record.speedup = reference_ms / record.timing.mean_ms
+            records.append(record)
+        del ctx
+        if self.options.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return records
+
+    @property
+    def notes(self) -> dict[str, str]:
+        return {name: h.notes for name, h in self.handles.items() if h.notes}
+
+    @property
+    def packages(self) -> dict[str, dict[str, str]]:
+        return {name: h.packages for name, h in self.handles.items() if h.packages}
+
+    def stop(self) -> None:
+        for handle in self.handles.values():
+            handle.stop()
+
+    def kill(self) -> None:
+        """End every worker now (from another thread: a stopping run's in-flight case)."""
+        for handle in self.handles.values():
+            handle.kill()
 
 
 def run_workload(
@@ -344,31 +400,16 @@ def run_workload(
     on_record: Callable[[CaseRecord], None] = lambda r: None,
     identities: dict[str, isolation.WorkerIdentity] | None = None,
 ) -> list[CaseRecord]:
-    """Run every solution on every case; records reach ``results`` and ``on_record`` as they finish."""
-    identities = identities or worker_identities(solutions, options, cases)
-    handles = {s.name: WorkerHandle(s, workload.definition.name, options, identities[s.name]) for s in solutions}
+    """Run every solution on every case on one device; records reach ``results`` and ``on_record`` as they finish."""
+    runner = DeviceRunner(workload, solutions, options, identities or worker_identities(solutions, options, cases))
     records: list[CaseRecord] = []
     try:
         for case in cases:
-            ctx = CaseContext(workload, case, options.device, options.settings.tolerance)
-            reference_ms: float | None = None
-            for solution in solutions:
-                record = run_one(handles[solution.name], ctx, options)
-                if solution.name == REFERENCE_SOLUTION and record.passed and record.timing:
-                    reference_ms = record.timing.mean_ms
-                if record.passed and record.timing and reference_ms:
-                    record.speedup = reference_ms / record.timing.mean_ms
+            for record in runner.run_case(case):
                 records.append(record)
                 results.add(record)
                 on_record(record)
-            del ctx
-            if options.device.type == "cuda":
-                torch.cuda.empty_cache()
     finally:
-        for handle in handles.values():
-            handle.stop()
-        results.update(
-            solution_notes={name: h.notes for name, h in handles.items() if h.notes},
-            solution_packages={name: h.packages for name, h in handles.items() if h.packages},
-        )
+        runner.stop()
+        results.update(solution_notes=runner.notes, solution_packages=runner.packages)
     return records
