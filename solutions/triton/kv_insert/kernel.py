@@ -39,14 +39,11 @@ import torch
 import triton
 import triton.language as tl
 
+from dsa_bench.definitions.kv_insert import LATENT_DIMS, ROPE_DIMS  # the kv / kv_c row; RoPE dims (last of kv, or k_pe)
 from dsa_bench.definitions.kv_records import FP8_E4M3_MAX, MIN_FP8_SCALE, UE8M0_BIAS, KvRecordFormat
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
-LATENT_DIMS = 512  #: the kv / kv_c row
-ROPE_DIMS = 64  #: RoPE dims: the last 64 of the latent row (rotating formats), or k_pe
-
 _FP32_MANTISSA_BITS = 23
-_FP32_BIAS = 127
 
 
 @dataclass(frozen=True)
