@@ -11,6 +11,7 @@ and SIGHUP into an orderly stop.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import math
 import signal
@@ -32,7 +33,7 @@ from dsa_bench.run.runner import Interrupted, RunOptions, order_solutions, run_w
 from dsa_bench.solution import REFERENCE_SOLUTION, Solution, content_hash, discover, load_solution
 from dsa_bench.timing import choose_timer
 from dsa_bench.timing.flush import check_l2_flush, measure_copy_bandwidth
-from dsa_bench.workloads import Case, Workload, setting_problem
+from dsa_bench.workloads import TOLERANCES, Case, Workload, setting_problem
 
 #: Longest --case-timeout and --compile-timeout, in seconds: a day (longer is a typo, not a plan).
 MAX_TIMEOUT_S = 86400.0
@@ -59,6 +60,16 @@ class RunRequest:
     no_save: bool = False
     dataset: Path | None = None
     worker_user: str = "auto"
+    #: the dataset's own solutions (``solutions/**/*.json``) to run: their names, or "all"
+    dataset_solutions: list[str] = field(default_factory=list)
+    #: tolerances that replace the workload's for this run (None: the workload's)
+    atol: float | None = None
+    rtol: float | None = None
+    lse_atol: float | None = None
+    score_rtol: float | None = None
+
+    def tolerance_overrides(self) -> dict[str, float]:
+        return {key: getattr(self, key) for key in TOLERANCES if getattr(self, key) is not None}
 
 
 @dataclass
@@ -97,10 +108,14 @@ class RunPlan:
             "l2_flush": options.l2_flush if options.timer else None,
             "environment": env,
             "workers": {name: identity.description for name, identity in self.identities.items()},
-            "solutions": {
-                s.name: {"path": relative_to_root(s.path, self.root), "content_hash": content_hash(s.path)} for s in self.solutions
-            },
+            "solutions": {s.name: self._solution_header(s) for s in self.solutions},
         }
+
+    def _solution_header(self, solution: Solution) -> dict[str, Any]:
+        header = {"path": relative_to_root(solution.path, self.root), "content_hash": content_hash(solution.path)}
+        if solution.packed_from is not None:  # the JSON it was run from; its folder is dsa-bench's cache
+            header["packed"] = relative_to_root(solution.packed_from, self.root)
+        return header
 
 
 def pick_device(name: str) -> torch.device:
@@ -126,17 +141,20 @@ def check_request(request: RunRequest) -> None:
     check_l2_flush(request.l2_flush)
     if request.worker_user not in WORKER_USER_MODES:
         raise DsaBenchError(f"--worker-user {request.worker_user!r}: expected one of {', '.join(WORKER_USER_MODES)}")
-    counts = {
+    counts: dict[str, float | None] = {
         "--seed": request.seed,
         "--input-sets": request.input_sets,
         "--warmup": request.warmup,
         "--iterations": request.iterations,
         "--trials": request.trials,
     }
+    counts.update({f"--{key.replace('_', '-')}": value for key, value in request.tolerance_overrides().items()})
     for option, value in counts.items():
         problem = None if value is None else setting_problem(option.removeprefix("--").replace("-", "_"), value)
         if problem is not None:
             raise DsaBenchError(f"{option} {value}: {problem}")
+    if request.dataset_solutions and request.dataset is None:
+        raise DsaBenchError("--dataset-solutions names solutions of a flashinfer-bench dataset; give the dataset with --dataset")
     for option, seconds in (("--case-timeout", request.case_timeout), ("--compile-timeout", request.compile_timeout)):
         if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
             raise DsaBenchError(f"{option} {seconds:g}: expected a finite number of seconds > 0 and <= {MAX_TIMEOUT_S:g}")
@@ -151,23 +169,34 @@ def select_cases(workload: Workload, patterns: list[str]) -> list[Case]:
     return chosen
 
 
-def _solutions(request: RunRequest, workload: Workload, root: Path, timing: bool) -> list[Solution]:
+def _solutions(request: RunRequest, workload: Workload, root: Path, timing: bool) -> tuple[list[Solution], list[str]]:
+    """The solutions to run, reference first, and warnings (dataset solutions dsa-bench cannot run)."""
     definition = workload.definition.name
+    cache = root / ".cache" / "dsa-bench"
     reference = reference_solution(root)
     reference_folders = [root / "solutions" / REFERENCE_SOLUTION]
+    warnings: list[str] = []
     if request.dataset is not None and (reference is None or definition not in reference.entries):
         from dsa_bench.dataset import reference_solution_folder
 
         # a dataset definition dsa-bench has no reference solution of: run the JSON's own reference
-        reference = load_solution(reference_solution_folder(workload.definition, root / ".cache" / "dsa-bench"))
+        reference = load_solution(reference_solution_folder(workload.definition, cache))
         reference_folders.append(reference.path)
-    if request.solutions:
-        chosen = [
-            reference if request.dataset is not None and s == REFERENCE_SOLUTION and reference else resolve_solution(s, root)
-            for s in request.solutions
-        ]
+    if request.solutions or request.dataset_solutions:
+        chosen: list[Solution] = []
+        for given in request.solutions:
+            if request.dataset is not None and given == REFERENCE_SOLUTION and reference:
+                chosen.append(reference)
+            elif given.endswith(".json"):
+                chosen.append(_packed_solution(Path(given), definition, cache))
+            else:
+                chosen.append(resolve_solution(given, root))
         for s in chosen:
             s.entry_for(definition)
+        if request.dataset_solutions:
+            assert request.dataset is not None  # check_request refuses --dataset-solutions without --dataset
+            files, warnings = _dataset_solution_files(request.dataset, request.dataset_solutions, definition)
+            chosen += [_packed_solution(path, definition, cache) for path in files]
     else:
         chosen = [s for s in discover(root / "solutions") if definition in s.entries]
     check_run_solutions(chosen, reference_folders)
@@ -176,13 +205,75 @@ def _solutions(request: RunRequest, workload: Workload, root: Path, timing: bool
     chosen = order_solutions(chosen, timing, reference)
     if not chosen:
         raise DsaBenchError(f"no solution implements {definition}")
-    return chosen
+    return chosen, warnings
+
+
+def _packed_solution(path: Path, definition: str, cache: Path) -> Solution:
+    """A packed Solution JSON (``-s FILE.json``, a dataset's solution), laid out and imported as
+    flashinfer-bench does (:func:`dsa_bench.pack.flashinfer.materialize`)."""
+    from dsa_bench.pack.document import read_solution_document
+    from dsa_bench.pack.flashinfer import materialize
+
+    if not path.is_file():
+        raise DsaBenchError("packed solution file does not exist", str(path))
+    packed_for = read_solution_document(path)["definition"]
+    if packed_for != definition:
+        raise DsaBenchError(f"this packed solution implements {packed_for!r}, but the workload runs {definition!r}", str(path))
+    return materialize(path, cache)
+
+
+def _dataset_solution_files(dataset: Path, wanted: list[str], definition: str) -> tuple[list[Path], list[str]]:
+    """The dataset's solution JSONs for ``definition`` that ``--dataset-solutions`` names (``all``:
+    every one dsa-bench can run; the others are named in the warnings)."""
+    from dsa_bench.dataset import dataset_solution_files
+    from dsa_bench.files import read_json
+    from dsa_bench.pack.document import check_solution_document
+    from dsa_bench.pack.pack import runnable_problem
+
+    by_name: dict[str, tuple[Path, dict[str, Any]]] = {}
+    for path in dataset_solution_files(dataset):
+        document = read_json(path, "packed solution")
+        name = document.get("name") if isinstance(document, dict) else None
+        if isinstance(name, str) and name in by_name:
+            raise DsaBenchError(f"solution name {name!r} is also used by {by_name[name][0]}", str(path))
+        if isinstance(document, dict) and document.get("definition") == definition:
+            check_solution_document(document, str(path))  # the others are another run's business
+        if isinstance(name, str):
+            by_name[name] = (path, document)
+    mine = {name: item for name, item in by_name.items() if item[1].get("definition") == definition}
+    if "all" in wanted:
+        if len(wanted) > 1:
+            raise DsaBenchError("--dataset-solutions all runs every dataset solution; give it alone, or give names")
+        chosen, warnings = [], []
+        for name, (path, document) in sorted(mine.items()):
+            problem = runnable_problem(document)
+            if problem is None:
+                chosen.append(path)
+            else:
+                warnings.append(f"dataset solution {name!r} ({path}) is not run: {problem}")
+        if not chosen:
+            raise DsaBenchError(f"the dataset holds no solution of {definition} that dsa-bench can run", str(dataset / "solutions"))
+        return chosen, warnings
+    files = []
+    for name in wanted:
+        if name not in mine:
+            known = ", ".join(sorted(mine)) or "(none)"
+            other = f" (it implements {by_name[name][1].get('definition')!r})" if name in by_name else ""
+            problem = f"--dataset-solutions {name}: no dataset solution of {definition} has this name{other}; its solutions: {known}"
+            raise DsaBenchError(problem)
+        path, document = mine[name]
+        problem = runnable_problem(document)
+        if problem is not None:
+            raise DsaBenchError(problem, str(path))
+        files.append(path)
+    return files, []
 
 
 def run_inputs(workload: Workload, solutions: list[Solution], dataset: Path | None) -> tuple[list[Path], list[Path]]:
     """The files and folders a run reads, which its results file must not overwrite or enter."""
     files = [p for p in (workload.path, workload.trace_path) if p is not None]
     files += [source.path for case in workload.cases for source in case.inputs.values() if source.path is not None]
+    files += [s.packed_from for s in solutions if s.packed_from is not None]
     folders = [s.path for s in solutions] + ([dataset] if dataset is not None else [])
     return files, folders
 
@@ -199,12 +290,19 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     cases = select_cases(workload, request.cases)
     device = pick_device(request.device)
     timer, warning = choose_timer(request.timer, device)
+    tolerance = dataclasses.replace(workload.settings.tolerance, **request.tolerance_overrides())
     settings = workload.settings.replace(
-        seed=request.seed, input_sets=request.input_sets, warmup=request.warmup, iterations=request.iterations, trials=request.trials
-    )
+        seed=request.seed, input_sets=request.input_sets, warmup=request.warmup, iterations=request.iterations, trials=request.trials,
+        tolerance=tolerance,
+    )  # fmt: skip
     if timer is not None and settings.input_sets < 2:
         raise DsaBenchError("timing needs --input-sets >= 2 so consecutive calls never see the same tensors")
-    solutions = _solutions(request, workload, root, timer is not None)
+    solutions, warnings = _solutions(request, workload, root, timer is not None)
+    if warning:
+        warnings.insert(0, warning)
+    changed = [f"{k} {v:g} (the workload's: {getattr(workload.settings.tolerance, k):g})" for k, v in request.tolerance_overrides().items()]
+    if changed:
+        warnings.append(f"tolerances set on the command line judge cases differently from the workload's settings: {', '.join(changed)}")
     default_save = root / "results" / f"{safe_file_name(workload.name)}-{now_iso().replace(':', '')}.json"
     save_path = None if request.no_save else (request.save or default_save)
     if save_path is not None:
@@ -223,7 +321,7 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
         copy_bytes_per_s=measure_copy_bandwidth(device) if timer is not None else None,
     )
     identities = worker_identities(solutions, options, cases)
-    return RunPlan(workload, cases, solutions, options, identities, save_path, root, [warning] if warning else [])
+    return RunPlan(workload, cases, solutions, options, identities, save_path, root, warnings)
 
 
 @dataclass

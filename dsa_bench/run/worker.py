@@ -22,6 +22,7 @@ Protocol (frames)::
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import pickle
 import random
@@ -140,6 +141,8 @@ def main(argv: list[str]) -> None:
     try:
         measure = _bind_measurement(config, device)  # before any solution code runs
         solution = load_solution(Path(config.solution_path))
+        if config.packed_from is not None:
+            solution = dataclasses.replace(solution, packed_from=Path(config.packed_from))
         entry = solution.entry_for(config.definition)
         fn, module = import_entry(solution, config.definition)
         notes_fn = getattr(module, "solution_notes", None)
