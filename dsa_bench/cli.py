@@ -50,8 +50,9 @@ def _warn(message: str) -> None:
 @app.command()
 def run(
     workload: str = typer.Option(..., "--workload", "-w", help="Workload name (workloads/<name>.yaml) or path to a workload YAML."),
-    solution: list[str] = typer.Option([], "--solution", "-s", help="Solution name or folder; repeat for several. Default: every solution "
-                                                                    "with an entry for the workload's definition."),
+    solution: list[str] = typer.Option([], "--solution", "-s", help="Solution name, folder or packed Solution JSON file (run as "
+                                                                    "flashinfer-bench imports it); repeat for several. Default: every "
+                                                                    "solution with an entry for the workload's definition."),
     case: list[str] = typer.Option([], "--case", "-c", help="Case id or glob pattern; repeat for several. Default: all cases."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N. Without CUDA the run checks correctness only."),
     timer: str = typer.Option("auto", help="auto (CUPTI, else CUDA events with a warning), cupti, cupti_api (also traces API calls and "
@@ -79,6 +80,14 @@ def run(
     executor: str = typer.Option("local", "--executor", help="local (this machine's devices) or ray (one actor per GPU of a Ray "
                                                              "cluster; needs pip install 'dsa-bench[ray]')."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="The Ray cluster to join (default: start a local one)."),
+    dataset_solutions: list[str] = typer.Option([], "--dataset-solutions", help="With --dataset: run the dataset's own solutions "
+                                                                                "(solutions/**/*.json) of the definition: 'all', or a "
+                                                                                "name; repeat for several."),
+    atol: float | None = typer.Option(None, "--atol", help="Absolute tolerance of value outputs (default: the workload's)."),
+    rtol: float | None = typer.Option(None, "--rtol", help="Relative tolerance of value outputs (default: the workload's)."),
+    lse_atol: float | None = typer.Option(None, "--lse-atol", help="Absolute tolerance of log-sum-exp outputs (default: the workload's)."),
+    score_rtol: float | None = typer.Option(None, "--score-rtol", help="Top-k tie tolerance, relative to the row's largest score "
+                                                                       "(default: the workload's)."),
 ) -> None:
     """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them."""
     from dsa_bench.project import find_root
@@ -89,6 +98,7 @@ def run(
         workload=workload, solutions=solution, cases=case, device=device, timer=timer, l2_flush=l2_flush, seed=seed, input_sets=input_sets,
         warmup=warmup, iterations=iterations, trials=trials, case_timeout=case_timeout, compile_timeout=compile_timeout, save=save,
         no_save=no_save, dataset=dataset, worker_user=worker_user, gpus=gpus, executor=executor, ray_address=ray_address,
+        dataset_solutions=dataset_solutions, atol=atol, rtol=rtol, lse_atol=lse_atol, score_rtol=score_rtol,
     )  # fmt: skip
     plan = plan_run(request, find_root())
     for warning in plan.warnings:
@@ -230,6 +240,7 @@ def pack(
     """Package a solution folder as flashinfer-bench Solution JSON, one file per definition."""
     from tabulate import tabulate
 
+    from dsa_bench.pack.flashinfer import import_problems
     from dsa_bench.pack.pack import pack_solution
     from dsa_bench.pack.verify import verify_packed
     from dsa_bench.project import find_root
@@ -247,6 +258,8 @@ def pack(
             typer.echo(f"  empty files packed as one newline (the format needs non-empty content): {', '.join(item.empty_files)}")
         if item.left_out:
             typer.echo(f"  left out (not needed by this entry): {', '.join(item.left_out)}")
+        for problem in import_problems(item.document, str(item.path)):
+            _warn(problem)
         typer.echo("")
     if not verify:
         return
@@ -297,6 +310,29 @@ def compare(
     typer.echo(render_comparison(comparison, output_format, all_cases))
     if not comparison.ok:
         raise typer.Exit(EXIT_FAILED_CASES)
+
+
+@app.command()
+def export(
+    results: Path = typer.Argument(..., help="Results JSON file of `dsa-bench run --save`."),
+    output_format: str = typer.Option("flashinfer-bench", "--format", help="flashinfer-bench: one Trace JSON per line (JSONL)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="File to write (default: the results file with .traces.jsonl)."),
+) -> None:
+    """Export a results file as flashinfer-bench traces (what the format cannot hold: docs/flashinfer_bench.md)."""
+    from dsa_bench.export import check_traces_path, export_traces, write_traces
+    from dsa_bench.project import find_root
+
+    if output_format != "flashinfer-bench":
+        raise DsaBenchError(f"--format {output_format!r}: the one export format is flashinfer-bench")
+    out = output if output is not None else results.with_suffix(".traces.jsonl")
+    check_traces_path(out, results)
+    exported = export_traces(results, find_root())
+    for line in exported.left_out:
+        _warn(f"no trace for {line}")
+    if not exported.traces:
+        raise DsaBenchError("the results hold no record to export as a trace", str(results))
+    write_traces(exported, out, results)
+    typer.echo(f"wrote {out}: {len(exported.traces)} flashinfer-bench traces")
 
 
 @app.command()

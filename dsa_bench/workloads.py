@@ -32,7 +32,7 @@ from pydantic import BeforeValidator, Field
 from dsa_bench.definitions import get_definition
 from dsa_bench.definitions.base import DTYPE_NAMES, Definition, InputRng, Tolerance, Value, is_finite_number, is_integer
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.files import check_document, field_sentence, read_jsonl, read_yaml
+from dsa_bench.files import check_document, field_sentence, is_lfs_pointer, lfs_pointer_message, read_jsonl, read_yaml
 from dsa_bench.models import ClosedModel, Name
 from dsa_bench.paths import path_inside
 
@@ -379,6 +379,8 @@ def resolve_given(case: Case, definition: Definition, device: torch.device) -> d
             except FileNotFoundError:
                 raise DsaBenchError(f"{label}: safetensors file {src.path} does not exist", case.where) from None
             except Exception as exc:  # safetensors raises its own error types for bad files/keys
+                if src.path is not None and is_lfs_pointer(src.path):  # safetensors itself says only "header too large"
+                    raise DsaBenchError(f"{label}: {src.path}: {lfs_pointer_message(src.path, 'safetensors')}", case.where) from None
                 raise DsaBenchError(f"{label}: cannot read tensor {src.tensor_key!r} from {src.path}: {exc}", case.where) from None
             if tensor.dtype != spec.dtype:
                 raise DsaBenchError(f"{label}: tensor has dtype {tensor.dtype}, expected {spec.dtype}", case.where)

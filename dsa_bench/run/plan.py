@@ -33,7 +33,7 @@ from dsa_bench.run.runner import Interrupted, RunOptions, order_solutions, run_w
 from dsa_bench.solution import REFERENCE_SOLUTION, Solution, content_hash, discover, load_solution
 from dsa_bench.timing import choose_timer
 from dsa_bench.timing.flush import check_l2_flush, measure_copy_bandwidth
-from dsa_bench.workloads import Case, Workload, setting_problem
+from dsa_bench.workloads import TOLERANCES, Case, Workload, setting_problem
 
 #: Longest --case-timeout and --compile-timeout, in seconds: a day (longer is a typo, not a plan).
 MAX_TIMEOUT_S = 86400.0
@@ -63,6 +63,16 @@ class RunRequest:
     gpus: str | None = None  # a count, or "all"; None: 1, or every GPU of a Ray cluster
     executor: str = "local"  # EXECUTORS
     ray_address: str | None = None
+    #: the dataset's own solutions (``solutions/**/*.json``) to run: their names, or "all"
+    dataset_solutions: list[str] = field(default_factory=list)
+    #: tolerances that replace the workload's for this run (None: the workload's)
+    atol: float | None = None
+    rtol: float | None = None
+    lse_atol: float | None = None
+    score_rtol: float | None = None
+
+    def tolerance_overrides(self) -> dict[str, float]:
+        return {key: getattr(self, key) for key in TOLERANCES if getattr(self, key) is not None}
 
 
 #: where a run's cases go: this process's devices, or a Ray cluster's GPUs
@@ -117,10 +127,14 @@ class RunPlan:
             "environment": env,
             "workers": {name: identity.description for name, identity in self.identities.items()}
             if self.executor == "local" else None,  # Ray actors report theirs under environment.gpus
-            "solutions": {
-                s.name: {"path": relative_to_root(s.path, self.root), "content_hash": content_hash(s.path)} for s in self.solutions
-            },
+            "solutions": {s.name: self._solution_header(s) for s in self.solutions},
         }
+
+    def _solution_header(self, solution: Solution) -> dict[str, Any]:
+        header = {"path": relative_to_root(solution.path, self.root), "content_hash": content_hash(solution.path)}
+        if solution.packed_from is not None:  # the JSON it was run from; its folder is dsa-bench's cache
+            header["packed"] = relative_to_root(solution.packed_from, self.root)
+        return header
 
 
 def _device_environment(options: RunOptions) -> dict[str, Any]:
@@ -177,17 +191,20 @@ def check_request(request: RunRequest) -> None:
     check_l2_flush(request.l2_flush)
     if request.worker_user not in WORKER_USER_MODES:
         raise DsaBenchError(f"--worker-user {request.worker_user!r}: expected one of {', '.join(WORKER_USER_MODES)}")
-    counts = {
+    counts: dict[str, float | None] = {
         "--seed": request.seed,
         "--input-sets": request.input_sets,
         "--warmup": request.warmup,
         "--iterations": request.iterations,
         "--trials": request.trials,
     }
+    counts.update({f"--{key.replace('_', '-')}": value for key, value in request.tolerance_overrides().items()})
     for option, value in counts.items():
         problem = None if value is None else setting_problem(option.removeprefix("--").replace("-", "_"), value)
         if problem is not None:
             raise DsaBenchError(f"{option} {value}: {problem}")
+    if request.dataset_solutions and request.dataset is None:
+        raise DsaBenchError("--dataset-solutions names solutions of a flashinfer-bench dataset; give the dataset with --dataset")
     for option, seconds in (("--case-timeout", request.case_timeout), ("--compile-timeout", request.compile_timeout)):
         if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
             raise DsaBenchError(f"{option} {seconds:g}: expected a finite number of seconds > 0 and <= {MAX_TIMEOUT_S:g}")
@@ -202,23 +219,34 @@ def select_cases(workload: Workload, patterns: list[str]) -> list[Case]:
     return chosen
 
 
-def _solutions(request: RunRequest, workload: Workload, root: Path, timing: bool) -> list[Solution]:
+def _solutions(request: RunRequest, workload: Workload, root: Path, timing: bool) -> tuple[list[Solution], list[str]]:
+    """The solutions to run, reference first, and warnings (dataset solutions dsa-bench cannot run)."""
     definition = workload.definition.name
+    cache = root / ".cache" / "dsa-bench"
     reference = reference_solution(root)
     reference_folders = [root / "solutions" / REFERENCE_SOLUTION]
+    warnings: list[str] = []
     if request.dataset is not None and (reference is None or definition not in reference.entries):
         from dsa_bench.dataset import reference_solution_folder
 
         # a dataset definition dsa-bench has no reference solution of: run the JSON's own reference
-        reference = load_solution(reference_solution_folder(workload.definition, root / ".cache" / "dsa-bench"))
+        reference = load_solution(reference_solution_folder(workload.definition, cache))
         reference_folders.append(reference.path)
-    if request.solutions:
-        chosen = [
-            reference if request.dataset is not None and s == REFERENCE_SOLUTION and reference else resolve_solution(s, root)
-            for s in request.solutions
-        ]
+    if request.solutions or request.dataset_solutions:
+        chosen: list[Solution] = []
+        for given in request.solutions:
+            if request.dataset is not None and given == REFERENCE_SOLUTION and reference:
+                chosen.append(reference)
+            elif given.endswith(".json"):
+                chosen.append(_packed_solution(Path(given), definition, cache))
+            else:
+                chosen.append(resolve_solution(given, root))
         for s in chosen:
             s.entry_for(definition)
+        if request.dataset_solutions:
+            assert request.dataset is not None  # check_request refuses --dataset-solutions without --dataset
+            files, warnings = _dataset_solution_files(request.dataset, request.dataset_solutions, definition)
+            chosen += [_packed_solution(path, definition, cache) for path in files]
     else:
         chosen = [s for s in discover(root / "solutions") if definition in s.entries]
     check_run_solutions(chosen, reference_folders)
@@ -227,13 +255,75 @@ def _solutions(request: RunRequest, workload: Workload, root: Path, timing: bool
     chosen = order_solutions(chosen, timing, reference)
     if not chosen:
         raise DsaBenchError(f"no solution implements {definition}")
-    return chosen
+    return chosen, warnings
+
+
+def _packed_solution(path: Path, definition: str, cache: Path) -> Solution:
+    """A packed Solution JSON (``-s FILE.json``, a dataset's solution), laid out and imported as
+    flashinfer-bench does (:func:`dsa_bench.pack.flashinfer.materialize`)."""
+    from dsa_bench.pack.document import read_solution_document
+    from dsa_bench.pack.flashinfer import materialize
+
+    if not path.is_file():
+        raise DsaBenchError("packed solution file does not exist", str(path))
+    packed_for = read_solution_document(path)["definition"]
+    if packed_for != definition:
+        raise DsaBenchError(f"this packed solution implements {packed_for!r}, but the workload runs {definition!r}", str(path))
+    return materialize(path, cache)
+
+
+def _dataset_solution_files(dataset: Path, wanted: list[str], definition: str) -> tuple[list[Path], list[str]]:
+    """The dataset's solution JSONs for ``definition`` that ``--dataset-solutions`` names (``all``:
+    every one dsa-bench can run; the others are named in the warnings)."""
+    from dsa_bench.dataset import dataset_solution_files
+    from dsa_bench.files import read_json
+    from dsa_bench.pack.document import check_solution_document
+    from dsa_bench.pack.pack import runnable_problem
+
+    by_name: dict[str, tuple[Path, dict[str, Any]]] = {}
+    for path in dataset_solution_files(dataset):
+        document = read_json(path, "packed solution")
+        name = document.get("name") if isinstance(document, dict) else None
+        if isinstance(name, str) and name in by_name:
+            raise DsaBenchError(f"solution name {name!r} is also used by {by_name[name][0]}", str(path))
+        if isinstance(document, dict) and document.get("definition") == definition:
+            check_solution_document(document, str(path))  # the others are another run's business
+        if isinstance(name, str):
+            by_name[name] = (path, document)
+    mine = {name: item for name, item in by_name.items() if item[1].get("definition") == definition}
+    if "all" in wanted:
+        if len(wanted) > 1:
+            raise DsaBenchError("--dataset-solutions all runs every dataset solution; give it alone, or give names")
+        chosen, warnings = [], []
+        for name, (path, document) in sorted(mine.items()):
+            problem = runnable_problem(document)
+            if problem is None:
+                chosen.append(path)
+            else:
+                warnings.append(f"dataset solution {name!r} ({path}) is not run: {problem}")
+        if not chosen:
+            raise DsaBenchError(f"the dataset holds no solution of {definition} that dsa-bench can run", str(dataset / "solutions"))
+        return chosen, warnings
+    files = []
+    for name in wanted:
+        if name not in mine:
+            known = ", ".join(sorted(mine)) or "(none)"
+            other = f" (it implements {by_name[name][1].get('definition')!r})" if name in by_name else ""
+            problem = f"--dataset-solutions {name}: no dataset solution of {definition} has this name{other}; its solutions: {known}"
+            raise DsaBenchError(problem)
+        path, document = mine[name]
+        problem = runnable_problem(document)
+        if problem is not None:
+            raise DsaBenchError(problem, str(path))
+        files.append(path)
+    return files, []
 
 
 def run_inputs(workload: Workload, solutions: list[Solution], dataset: Path | None) -> tuple[list[Path], list[Path]]:
     """The files and folders a run reads, which its results file must not overwrite or enter."""
     files = [p for p in (workload.path, workload.trace_path) if p is not None]
     files += [source.path for case in workload.cases for source in case.inputs.values() if source.path is not None]
+    files += [s.packed_from for s in solutions if s.packed_from is not None]
     folders = [s.path for s in solutions] + ([dataset] if dataset is not None else [])
     return files, folders
 
@@ -259,12 +349,21 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     devices = [pick_device("cpu")] if on_ray else pick_devices(request.device, gpus)
     device = devices[0]
     timer, warning = (None, None) if on_ray else choose_timer(request.timer, device)
+    device = pick_device(request.device)
+    timer, warning = choose_timer(request.timer, device)
+    tolerance = dataclasses.replace(workload.settings.tolerance, **request.tolerance_overrides())
     settings = workload.settings.replace(
-        seed=request.seed, input_sets=request.input_sets, warmup=request.warmup, iterations=request.iterations, trials=request.trials
-    )
+        seed=request.seed, input_sets=request.input_sets, warmup=request.warmup, iterations=request.iterations, trials=request.trials,
+        tolerance=tolerance,
+    )  # fmt: skip
     if timer is not None and settings.input_sets < 2:
         raise DsaBenchError("timing needs --input-sets >= 2 so consecutive calls never see the same tensors")
-    solutions = _solutions(request, workload, root, timer is not None or on_ray)
+    solutions, warnings = _solutions(request, workload, root, timer is not None or on_ray)
+    if warning:
+        warnings.insert(0, warning)
+    changed = [f"{k} {v:g} (the workload's: {getattr(workload.settings.tolerance, k):g})" for k, v in request.tolerance_overrides().items()]
+    if changed:
+        warnings.append(f"tolerances set on the command line judge cases differently from the workload's settings: {', '.join(changed)}")
     default_save = root / "results" / f"{safe_file_name(workload.name)}-{now_iso().replace(':', '')}.json"
     save_path = None if request.no_save else (request.save or default_save)
     if save_path is not None:
@@ -287,7 +386,7 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     ]
     device_identities = [worker_identities(solutions, o, cases, first_slot=i * len(solutions)) for i, o in enumerate(device_options)]
     return RunPlan(
-        workload, cases, solutions, device_options[0], device_identities[0], save_path, root, [warning] if warning else [],
+        workload, cases, solutions, device_options[0], device_identities[0], save_path, root, warnings,
         device_options=device_options, device_identities=device_identities, executor=request.executor,
         ray_address=request.ray_address, ray_gpus=gpus, timer_request=request.timer,
     )  # fmt: skip

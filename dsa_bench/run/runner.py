@@ -106,6 +106,7 @@ class WorkerHandle:
             extensions_dir=str(self.writable[0]),
             harness_pid=os.getpid(),
             dataset_root=str(options.dataset_root.resolve()) if options.dataset_root else None,
+            packed_from=str(solution.packed_from) if solution.packed_from else None,
         )
         self.process: subprocess.Popen | None = None
         self._send_fd = self._receive_fd = -1
@@ -333,7 +334,10 @@ def worker_identities(
     reads += sorted({src.path for c in cases for src in c.inputs.values() if src.path is not None})
     devices = isolation.gpu_device_files(options.device.index or 0) if options.device.type == "cuda" else []
     return {
-        s.name: isolation.choose_identity(options.worker_user, first_slot + slot, reads + [s.path], devices)
+        # a packed solution is imported from its folder's parent (see loader.import_entry)
+        s.name: isolation.choose_identity(
+            options.worker_user, first_slot + slot, reads + [s.path] + ([s.path.parent] if s.packed_from else []), devices
+        )
         for slot, s in enumerate(solutions)
     }
 

@@ -22,6 +22,7 @@ Protocol (frames)::
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import pickle
 import random
@@ -141,6 +142,8 @@ def main(argv: list[str]) -> None:
     try:
         measure = _bind_measurement(config, device)  # before any solution code runs
         solution = load_solution(Path(config.solution_path))
+        if config.packed_from is not None:
+            solution = dataclasses.replace(solution, packed_from=Path(config.packed_from))
         entry = solution.entry_for(config.definition)
         unmet_reason = unmet(solution.requires, device)
         if unmet_reason is not None:  # a peer whose package or GPU this machine lacks: skipped, not failed
