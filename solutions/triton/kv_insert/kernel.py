@@ -8,9 +8,10 @@ V3.2, V4 and V4.1 are three specialisations of one source.
 A program takes ``TOKENS`` consecutive tokens (8 on a GPU; the grid is ``cdiv(T, TOKENS)``, never
 capped, so per-token cost does not change with T). Per token it reads the 512-dim latent row as
 ``[LT, TILE]`` scale tiles, takes each tile's amax, its power-of-two exponent and the e4m3 bytes,
-and stores data bytes and scales; the 64 RoPE dims are read a second time as 32 int32 words (a bf16
-pair each), rotated in fp32 when the format rotates, then stored as bf16 (V3.2, V4) or quantized in
-their own tiles (V4.1). Exactness:
+and stores data bytes and scales. V3.2 and V4 keep the 64 RoPE dims as bf16: they are read a
+second time as 32 int32 words (a bf16 pair each), rotated in fp32 when the format rotates (V4), and
+stored. V4.1 rotates them inside their scale tiles before the amax (each element's pair partner is
+a second, cached read of the row), so all 16 tiles are quantized by the same code. Exactness:
 
 * exponent: ``ceil(log2(max(amax, 1e-4) / 448))`` from the float bits of ``c = max(amax, 1e-4)``
   (c = m * 2^E, 1 <= m < 2, 448 = 1.75 * 2^8: the exponent is E - 8, plus 1 when m > 1.75), exact
@@ -116,9 +117,7 @@ def kernel_layout(fmt: KvRecordFormat, rotate: bool, block_size: int) -> dict[st
     rope_tiles = ROPE_DIMS // tile if rope_quantized else 1
     # Element offsets in the int16 / int32 views of the cache must be whole elements.
     words = [(at0["scales"], step["scales"], scale_eb)]
-    if rope_quantized:
-        words.append((at0["data"] + main_dims, step["data"], 2))
-    else:
+    if not rope_quantized:
         words.append((at0["rope"], step["rope"], 4))
     for base, stride, size in words:
         if base % size or stride % size:
@@ -129,7 +128,7 @@ def kernel_layout(fmt: KvRecordFormat, rotate: bool, block_size: int) -> dict[st
         "LATENT": LATENT_DIMS,
         "TILE": tile,
         "LT": latent_tiles,
-        "MAIN_TILES": main_dims // tile,
+        "MAIN_TILES": latent_tiles if rope_quantized else main_dims // tile,  # V4.1: the RoPE tiles are quantized in place
         "NUM_SCALES": fmt.num_scales,
         "SCALE_FP32": fmt.scale_dtype == "fp32",
         "SCALE_BYTES": fmt.scale_bytes,
@@ -144,8 +143,8 @@ def kernel_layout(fmt: KvRecordFormat, rotate: bool, block_size: int) -> dict[st
         "DATA_STEP": step["data"],
         "SCALE_BASE": at0["scales"] // scale_eb,
         "SCALE_STEP": step["scales"] // scale_eb,
-        "ROPE_BASE": (at0["data"] + main_dims) // 2 if rope_quantized else at0["rope"] // 4,
-        "ROPE_STEP": step["data"] // 2 if rope_quantized else step["rope"] // 4,
+        "ROPE_BASE": 0 if rope_quantized else at0["rope"] // 4,  # bf16 RoPE words (V3.2, V4) only
+        "ROPE_STEP": 0 if rope_quantized else step["rope"] // 4,
         "MIN_AMAX": MIN_FP8_SCALE,
         "MAX_EXPONENT": max_exponent,
         "MAX_MANTISSA": max_mantissa,
@@ -249,10 +248,25 @@ def kv_insert_kernel(
     page = slot // BLOCK_SIZE
     offset = slot - page * BLOCK_SIZE
 
-    # ---- the latent row as [TOKENS, LT, TILE] scale tiles; the first MAIN_TILES are quantized here
+    # ---- the latent row as [TOKENS, LT, TILE] scale tiles
     j = tl.arange(0, LT)[None, :, None]
     d = j * TILE + tl.arange(0, TILE)[None, None, :]
     x = _bf16_to_f32(tl.load(latent_ptr + tok[:, None, None] * LATENT + d, mask=rows[:, None, None], other=0))
+    if ROPE_QUANTIZED:
+        # V4.1: rotate the last ROPE dims inside their tiles, then quantize all LT tiles alike. Each
+        # element's pair partner (d ^ 1) is a second, cached read of the same row; the products stay
+        # separate (no FMA: enable_fp_fusion=False), so an even dim gets e*c - o*s and an odd one
+        # o*c + e*s, the reference's bits.
+        rope = d >= LATENT - 2 * ROPE_TILES * ROPE_PAIRS
+        partner = _bf16_to_f32(tl.load(latent_ptr + tok[:, None, None] * LATENT + (d ^ 1),
+                                       mask=rows[:, None, None] & rope, other=0))
+        pos = tl.load(pos_ptr + tok, mask=live, other=0)
+        pair = tl.where(rope, (d - (LATENT - 2 * ROPE_TILES * ROPE_PAIRS)) // 2, 0)
+        cs = cos_sin_ptr + pos[:, None, None] * (2 * ROPE_TILES * ROPE_PAIRS) + pair
+        c = tl.load(cs, mask=rows[:, None, None] & rope, other=0.0)
+        s = tl.load(cs + ROPE_TILES * ROPE_PAIRS, mask=rows[:, None, None] & rope, other=0.0)
+        odd = (d & 1) == 1
+        x = tl.where(rope, tl.where(odd, x * c + partner * s, x * c - partner * s), x)
     e = _exponents(tl.max(tl.abs(x), axis=2), MIN_AMAX, MAX_EXPONENT, MAX_MANTISSA, SCALE_FP32, SCALE_LO, SCALE_HI)
     q = _e4m3_bits(x * _pow2(-e)[:, :, None], SOFT_ROUND)
     data_at = page * page_u8 + DATA_BASE + offset * DATA_STEP
@@ -274,36 +288,24 @@ def kv_insert_kernel(
     else:
         _store_scales(cache_u8, cache_i32, scale_at[:, None], e, jj, valid[:, None] & (jj < MAIN_TILES), SCALE_FP32)
 
-    # ---- RoPE: 32 int32 words (bf16 pairs) as [TOKENS, ROPE_TILES, ROPE_PAIRS]
-    k = tl.arange(0, ROPE_TILES)[None, :, None] * ROPE_PAIRS + tl.arange(0, ROPE_PAIRS)[None, None, :]
-    words = tl.load(rope_ptr + tok[:, None, None] * ROPE_ROW_WORDS + ROPE_COL_WORDS + k, mask=rows[:, None, None], other=0)
-    if ROPE_QUANTIZED:
-        rope_at = page * page_i16 + ROPE_BASE + offset * ROPE_STEP
-    else:
+    if not ROPE_QUANTIZED:
+        # ---- RoPE kept as bf16: 32 int32 words (bf16 pairs) as [TOKENS, ROPE_TILES, ROPE_PAIRS]
+        k = tl.arange(0, ROPE_TILES)[None, :, None] * ROPE_PAIRS + tl.arange(0, ROPE_PAIRS)[None, None, :]
+        words = tl.load(rope_ptr + tok[:, None, None] * ROPE_ROW_WORDS + ROPE_COL_WORDS + k, mask=rows[:, None, None], other=0)
         rope_at = page * page_i32 + ROPE_BASE + offset * ROPE_STEP
-    rope_store = valid[:, None, None]
-    if not ROTATE:
-        tl.store(cache_i32 + rope_at[:, None, None] + k, words, mask=rope_store)  # already rotated: copy the bits
-    else:
-        pos = tl.load(pos_ptr + tok, mask=live, other=0)
-        # cos_sin row: the 32 cosines, then the 32 sines
-        cs = cos_sin_ptr + pos[:, None, None] * (2 * ROPE_TILES * ROPE_PAIRS)
-        c = tl.load(cs + k, mask=rows[:, None, None], other=0.0)
-        s = tl.load(cs + ROPE_TILES * ROPE_PAIRS + k, mask=rows[:, None, None], other=0.0)
-        even = _bf16_to_f32(words)
-        odd = (words & -65536).to(tl.float32, bitcast=True)
-        r_even = even * c - odd * s
-        r_odd = odd * c + even * s
-        if ROPE_QUANTIZED:
-            amax = tl.max(tl.maximum(tl.abs(r_even), tl.abs(r_odd)), axis=2)
-            er = _exponents(amax, MIN_AMAX, MAX_EXPONENT, MAX_MANTISSA, SCALE_FP32, SCALE_LO, SCALE_HI)
-            inv = _pow2(-er)[:, :, None]
-            lo = _e4m3_bits(r_even * inv, SOFT_ROUND).to(tl.int32)
-            hi = _e4m3_bits(r_odd * inv, SOFT_ROUND).to(tl.int32)
-            tl.store(cache_i16 + rope_at[:, None, None] + k, ((hi << 8) | lo).to(tl.int16), mask=rope_store)
-            rt = tl.arange(0, ROPE_TILES)[None, :]
-            _store_scales(cache_u8, cache_i32, scale_at[:, None], er, MAIN_TILES + rt, valid[:, None], SCALE_FP32)
+        rope_store = valid[:, None, None]
+        if not ROTATE:
+            tl.store(cache_i32 + rope_at[:, None, None] + k, words, mask=rope_store)  # already rotated: copy the bits
         else:
+            pos = tl.load(pos_ptr + tok, mask=live, other=0)
+            # cos_sin row: the 32 cosines, then the 32 sines
+            cs = cos_sin_ptr + pos[:, None, None] * (2 * ROPE_TILES * ROPE_PAIRS)
+            c = tl.load(cs + k, mask=rows[:, None, None], other=0.0)
+            s = tl.load(cs + ROPE_TILES * ROPE_PAIRS + k, mask=rows[:, None, None], other=0.0)
+            even = _bf16_to_f32(words)
+            odd = (words & -65536).to(tl.float32, bitcast=True)
+            r_even = even * c - odd * s
+            r_odd = odd * c + even * s
             word = (_bf16_bits(r_odd, SOFT_ROUND) << 16) | _bf16_bits(r_even, SOFT_ROUND)
             tl.store(cache_i32 + rope_at[:, None, None] + k, word, mask=rope_store)
 
