@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
 import signal
 import sys
 from pathlib import Path
@@ -88,10 +91,31 @@ def run(
     lse_atol: float | None = typer.Option(None, "--lse-atol", help="Absolute tolerance of log-sum-exp outputs (default: the workload's)."),
     score_rtol: float | None = typer.Option(None, "--score-rtol", help="Top-k tie tolerance, relative to the row's largest score "
                                                                        "(default: the workload's)."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue the interrupted run of this results file: same workload, options "
+                                                              "and solutions (else a refusal naming what differs); finished cases are "
+                                                              "kept, the rest run, and the union is written back to the file."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary, the results path and errors."),
+    json_lines: bool = typer.Option(False, "--json-lines", help="Write one JSON object per finished record (the results file's fields) and "
+                                                                "then {\"summary\": ...} to stdout, and nothing else; human text goes to "
+                                                                "stderr."),
+    breakdown: bool = typer.Option(False, "--breakdown", help="Print where the run's wall time went, phase by phase (the results file "
+                                                              "always records it as wall_breakdown)."),
 ) -> None:
-    """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them."""
+    """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them.
+
+    On a terminal a progress display shows the run; otherwise (a log, a pipe) each finished
+    (case, solution) prints one line as it finishes."""
     from dsa_bench.project import find_root
-    from dsa_bench.results.tables import failures, records_table, skips, summary_table
+    from dsa_bench.results.tables import (
+        breakdown_table,
+        failures,
+        record_line,
+        records_table,
+        skips,
+        summarize,
+        summary_table,
+        wall_time,
+    )
     from dsa_bench.run.plan import RunRequest, execute, plan_run
 
     request = RunRequest(
@@ -99,39 +123,71 @@ def run(
         warmup=warmup, iterations=iterations, trials=trials, case_timeout=case_timeout, compile_timeout=compile_timeout, save=save,
         no_save=no_save, dataset=dataset, worker_user=worker_user, gpus=gpus, executor=executor, ray_address=ray_address,
         dataset_solutions=dataset_solutions, atol=atol, rtol=rtol, lse_atol=lse_atol, score_rtol=score_rtol,
+        resume=resume,
     )  # fmt: skip
     plan = plan_run(request, find_root())
     for warning in plan.warnings:
         _warn(warning)
+    say = (lambda text: typer.echo(text, err=True)) if json_lines else typer.echo  # stdout holds only JSON with --json-lines
     names = ", ".join(s.name for s in plan.solutions)
-    typer.echo(f"{plan.workload.name}: {len(plan.cases)} cases x {len(plan.solutions)} solutions ({names}) "
-               f"on {_devices(plan)}, {plan.mode}")
-    for line in sorted({f"workers run as {identity.description}" for identity in plan.identities.values()}):
-        typer.echo(line)
-    with _progress() as progress:
-        task = progress.add_task(plan.workload.name, total=len(plan.cases) * len(plan.solutions))
+    if not quiet:
+        say(f"{plan.workload.name}: {len(plan.cases)} cases x {len(plan.solutions)} solutions ({names}) "
+            f"on {_devices(plan)}, {plan.mode}")
+        for line in sorted({f"workers run as {identity.description}" for identity in plan.identities.values()}):
+            say(line)
+        if plan.resumed is not None:
+            kept = sum(r["case"] in plan.resumed.finished for r in plan.resumed.document["records"])
+            say(f"resuming {plan.save_path}: {kept} records of {len(plan.resumed.finished)} finished cases kept, "
+                f"{len(plan.pending_cases)} cases to run")  # fmt: skip
+    total = len(plan.pending_cases) * len(plan.solutions)
+    live = sys.stdout.isatty() and not quiet and not json_lines
+    done = 0
+    with _progress() if live else contextlib.nullcontext() as progress:
+        task = progress.add_task(plan.workload.name, total=total) if progress else None
 
         def on_record(record) -> None:
-            progress.update(task, advance=1, description=f"{record.case} [{record.solution}] {record.status.value}")
+            nonlocal done
+            done += 1
+            if progress is not None:
+                progress.update(task, advance=1, description=f"{record.case} [{record.solution}] {record.status.value}")
+            elif json_lines:
+                typer.echo(json.dumps(record.to_json()))  # typer.echo flushes: a piped log shows every record as it finishes
+            elif not quiet:
+                typer.echo(record_line(record, done, total))
 
         outcome = execute(plan, on_record)
     records = outcome.records
-    if records:
+    wall = outcome.results.document["wall_breakdown"]
+    if records and live:
         typer.echo(records_table(records, plan.workload.definition.key_axes))
         typer.echo("")
-        typer.echo(summary_table(records))
-    for name, note in (outcome.results.document.get("solution_notes") or {}).items():
-        typer.echo(f"note [{name}]: {note}")
-    for name, packages in (outcome.results.document.get("solution_packages") or {}).items():
-        typer.echo(f"packages [{name}]: " + ", ".join(f"{k} {v}" for k, v in packages.items()))
-    for line in skips(records):
-        typer.echo(line)
+    if records and not (json_lines and quiet):
+        say(summary_table(records))
+    if not (json_lines and quiet):
+        say(breakdown_table(wall) if breakdown else f"{wall_time(wall)} (--breakdown shows where it went)")
+    if not quiet:
+        for name, note in (outcome.results.document.get("solution_notes") or {}).items():
+            say(f"note [{name}]: {note}")
+        for name, packages in (outcome.results.document.get("solution_packages") or {}).items():
+            say(f"packages [{name}]: " + ", ".join(f"{k} {v}" for k, v in packages.items()))
+        for line in skips(records):
+            say(line)
     for line in outcome.sagged:
         _warn(f"clock sagged during timing: {line}")
     for line in failures(records):
         _err(line)
-    if plan.save_path is not None:
-        typer.echo(f"results: {plan.save_path}")
+    if plan.save_path is not None and not (json_lines and quiet):
+        say(f"results: {plan.save_path}")
+    if json_lines:
+        summary = {
+            "workload": plan.workload.name,
+            "complete": outcome.stopped_by is None,
+            "interrupted_by": None if outcome.stopped_by is None else signal.Signals(outcome.stopped_by).name,
+            "results": None if plan.save_path is None else str(plan.save_path),
+            "solutions": [dataclasses.asdict(summarize(records, name)) for name in dict.fromkeys(r.solution for r in records)],
+            "wall_breakdown": wall,
+        }
+        typer.echo(json.dumps({"summary": summary}))
     if outcome.stopped_by is not None:
         _err(f"interrupted by {signal.Signals(outcome.stopped_by).name}: {len(records)} finished records kept")
         raise typer.Exit(128 + outcome.stopped_by)

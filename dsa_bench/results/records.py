@@ -143,22 +143,36 @@ def check_results_path(path: Path, inputs: Iterable[Path], input_folders: Iterab
 
 
 class ResultsFile:
-    """A results document kept on disk as records arrive."""
+    """A results document kept on disk as records arrive.
 
-    def __init__(self, path: Path | None, header: dict[str, Any]) -> None:
+    A resumed run starts from the interrupted run's ``records``; the records of a case in
+    ``superseded`` (one the interrupted run left unfinished, run again from its start) stay until
+    that case's first new record arrives and then all go, so the file never loses a record it
+    will not get back, and never holds one case's records from two sittings once it is done.
+    """
+
+    def __init__(
+        self, path: Path | None, header: dict[str, Any], records: Iterable[dict[str, Any]] = (), superseded: Iterable[str] = ()
+    ) -> None:
         self.path = path
         self.document: dict[str, Any] = {
             "format": RESULTS_FORMAT,
             "version": RESULTS_VERSION,
             "created": now_iso(),
             **header,
-            "records": [],
+            "records": list(records),
             "complete": False,
         }
+        self._superseded = set(superseded)
         self._write()
 
-    def add(self, record: CaseRecord) -> None:
+    def add(self, record: CaseRecord, **fields: Any) -> None:
+        """Append a record (and set any header ``fields`` with it, in the same write)."""
+        if record.case in self._superseded:
+            self._superseded.discard(record.case)
+            self.document["records"] = [r for r in self.document["records"] if r["case"] != record.case]
         self.document["records"].append(record.to_json())
+        self.document.update(fields)
         self._write()
 
     def update(self, **fields: Any) -> None:
@@ -223,6 +237,16 @@ class SolutionMetaModel(OpenModel):
     content_hash: str | None = None
 
 
+class WallBreakdownModel(ClosedModel):
+    """Where a run's wall time went (dsa_bench.run.breakdown): seconds per phase, summed over
+    cases and solutions, and per solution the phases charged to it."""
+
+    wall_s: Measure
+    sittings: Annotated[int, Field(ge=1)] = 1
+    phases_s: dict[str, Measure]
+    by_solution: dict[str, dict[str, Measure]] = {}
+
+
 class ResultsModel(OpenModel):
     format: Literal["dsa-bench-results"]
     version: Literal[1]
@@ -233,6 +257,7 @@ class ResultsModel(OpenModel):
     l2_flush: str | None = None
     environment: dict[str, Any] | None = None
     solutions: dict[str, SolutionMetaModel] | None = None
+    cases: list[Name] | None = None  # the run's case selection
     solution_notes: dict[str, str] | None = None
     #: installed versions of the packages each peer solution requires
     solution_packages: dict[str, dict[str, str]] | None = None
@@ -240,6 +265,8 @@ class ResultsModel(OpenModel):
     complete: bool = False
     finished: str | None = None
     clock_sagged: list[str] | None = None
+    wall_breakdown: WallBreakdownModel | None = None
+    resumed: list[dict[str, Any]] | None = None  # one entry per later sitting of a resumed run
 
 
 def check_format(document: Any, name: str, version: int, kind: str, where: str) -> None:

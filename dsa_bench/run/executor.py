@@ -98,10 +98,11 @@ def run_on_devices(
         for runner in runners:
             notes.update(runner.notes)
             packages.update(runner.packages)
-        order = {case.id: i for i, case in enumerate(cases)}
-        names = {s.name: i for i, s in enumerate(solutions)}
-        records.sort(key=lambda r: (order[r.case], names[r.solution]))
-        results.update(records=[r.to_json() for r in records], solution_notes=notes, solution_packages=packages)
+        results.update(
+            solution_notes={**(results.document.get("solution_notes") or {}), **notes},
+            solution_packages={**(results.document.get("solution_packages") or {}), **packages},
+            device_breakdowns=[runner.clock.breakdown() for runner in runners],
+        )
     if errors:
         raise errors[0]
     return records

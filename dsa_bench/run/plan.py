@@ -6,6 +6,11 @@ command line's overrides, the solutions (the reference first, names unique, ``re
 reserved), the results path (never an input or a file of another kind), and whom each worker
 runs as. :func:`execute` runs the plan, writing records as they finish, and turns Ctrl-C, SIGTERM
 and SIGHUP into an orderly stop.
+
+With ``--resume RESULTS.json`` the plan is checked against the interrupted run's results file
+(the workload and its cases' content, the case selection, settings, timer, L2 flush, GPU, the
+solutions and their content hashes: :func:`resume_problem`), only the cases it left unfinished
+are run, and the union is written back to that file (docs/running.md).
 """
 
 from __future__ import annotations
@@ -13,8 +18,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
+import hashlib
+import json
 import math
 import signal
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -26,8 +34,9 @@ from dsa_bench.errors import DsaBenchError
 from dsa_bench.paths import safe_file_name
 from dsa_bench.project import check_run_solutions, reference_solution, relative_to_root, resolve_solution, resolve_workload
 from dsa_bench.results.environment import environment
-from dsa_bench.results.records import CaseRecord, ResultsFile, check_results_path, now_iso
+from dsa_bench.results.records import CaseRecord, ResultsFile, check_results_path, load_results, now_iso
 from dsa_bench.results.tables import sagged
+from dsa_bench.run.breakdown import PhaseClock
 from dsa_bench.run.isolation import WORKER_USER_MODES, WorkerIdentity
 from dsa_bench.run.runner import Interrupted, RunOptions, order_solutions, run_workload, worker_identities
 from dsa_bench.solution import REFERENCE_SOLUTION, Solution, content_hash, discover, load_solution
@@ -70,6 +79,7 @@ class RunRequest:
     rtol: float | None = None
     lse_atol: float | None = None
     score_rtol: float | None = None
+    resume: Path | None = None  # an interrupted run's results file, completed in place
 
     def tolerance_overrides(self) -> dict[str, float]:
         return {key: getattr(self, key) for key in TOLERANCES if getattr(self, key) is not None}
@@ -77,6 +87,28 @@ class RunRequest:
 
 #: where a run's cases go: this process's devices, or a Ray cluster's GPUs
 EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What an interrupted run left: its results document, and the cases it finished (every
+    solution of the run has a record there); the other cases are run from their start."""
+
+    document: dict[str, Any]
+    finished: frozenset[str]
+    sitting_header: dict[str, Any]  # the header this sitting would write (its environment and workers are noted)
+
+    @property
+    def superseded(self) -> set[str]:
+        """Unfinished cases that have records: replaced when the case runs again."""
+        return {r["case"] for r in self.document["records"]} - self.finished
+
+    def header(self) -> dict[str, Any]:
+        """The interrupted run's header, with this sitting noted under ``resumed``."""
+        kept = {k: v for k, v in self.document.items() if k not in ("records", "complete", "finished", "clock_sagged")}
+        sitting = {"started": now_iso(), "records_kept": sum(r["case"] in self.finished for r in self.document["records"]),
+                   "environment": self.sitting_header["environment"], "workers": self.sitting_header["workers"]}  # fmt: skip
+        return {**kept, "resumed": [*self.document.get("resumed", []), sitting]}
 
 
 @dataclass
@@ -96,6 +128,14 @@ class RunPlan:
     ray_address: str | None = None
     ray_gpus: int | None = None  # at most this many Ray actors (None: every GPU of the cluster)
     timer_request: str = "auto"  # what a Ray actor resolves on its own device
+    planning_s: float = 0.0  # wall time spent planning, counted in the run's wall-time breakdown
+    resumed: Resumed | None = None
+
+    @property
+    def pending_cases(self) -> list[Case]:
+        """The cases this run executes: all of them, less those a resumed run already finished."""
+        finished = self.resumed.finished if self.resumed else frozenset()
+        return [c for c in self.cases if c.id not in finished]
 
     @property
     def mode(self) -> str:
@@ -113,6 +153,7 @@ class RunPlan:
             "path": relative_to_root(wl.path, self.root),
             "trace": relative_to_root(wl.trace_path, self.root),
             "definition": wl.definition.name,
+            "cases_sha256": cases_digest(wl.cases, self.root),
         }
         if options.dataset_root is not None:
             workload["dataset"] = relative_to_root(options.dataset_root, self.root)
@@ -128,6 +169,7 @@ class RunPlan:
             "workers": {name: identity.description for name, identity in self.identities.items()}
             if self.executor == "local" else None,  # Ray actors report theirs under environment.gpus
             "solutions": {s.name: self._solution_header(s) for s in self.solutions},
+            "cases": [c.id for c in self.cases],
         }
 
     def _solution_header(self, solution: Solution) -> dict[str, Any]:
@@ -166,6 +208,21 @@ def pick_devices(name: str, count: int | None) -> list[torch.device]:
     if count is not None and count > available:
         raise DsaBenchError(f"--gpus {count}: this machine has {available} CUDA device(s)")
     return [torch.device("cuda", i) for i in range(count or available)]
+
+
+def cases_digest(cases: tuple[Case, ...], root: Path) -> str:
+    """sha256 of a workload's cases as the run reads them: ids, axes and input sources (a
+    safetensors source by its path and size, not its bytes). A resumed run must find the same."""
+    digest = hashlib.sha256()
+    for case in cases:
+        inputs = {
+            name: {"kind": src.kind, "params": dict(src.params), "values": src.values, "value": src.value, "tensor_key": src.tensor_key,
+                   "path": relative_to_root(src.path, root), "bytes": src.path.stat().st_size if src.path else None}
+            for name, src in case.inputs.items()
+        }  # fmt: skip
+        line = json.dumps({"id": case.id, "axes": dict(case.axes), "inputs": inputs}, sort_keys=True, default=str)
+        digest.update(line.encode() + b"\n")
+    return digest.hexdigest()
 
 
 def pick_device(name: str) -> torch.device:
@@ -330,7 +387,10 @@ def run_inputs(workload: Workload, solutions: list[Solution], dataset: Path | No
 
 def plan_run(request: RunRequest, root: Path) -> RunPlan:
     """Everything a run needs, checked; raises DsaBenchError on the first problem."""
+    started = time.perf_counter()
     check_request(request)
+    if request.resume is not None and (request.save is not None or request.no_save):
+        raise DsaBenchError("--resume writes the completed run back to its results file; leave out --save and --no-save")
     if request.dataset is None:
         workload = resolve_workload(request.workload, root)
     else:
@@ -349,8 +409,6 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     devices = [pick_device("cpu")] if on_ray else pick_devices(request.device, gpus)
     device = devices[0]
     timer, warning = (None, None) if on_ray else choose_timer(request.timer, device)
-    device = pick_device(request.device)
-    timer, warning = choose_timer(request.timer, device)
     tolerance = dataclasses.replace(workload.settings.tolerance, **request.tolerance_overrides())
     settings = workload.settings.replace(
         seed=request.seed, input_sets=request.input_sets, warmup=request.warmup, iterations=request.iterations, trials=request.trials,
@@ -365,7 +423,7 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     if changed:
         warnings.append(f"tolerances set on the command line judge cases differently from the workload's settings: {', '.join(changed)}")
     default_save = root / "results" / f"{safe_file_name(workload.name)}-{now_iso().replace(':', '')}.json"
-    save_path = None if request.no_save else (request.save or default_save)
+    save_path = None if request.no_save else (request.resume or request.save or default_save)
     if save_path is not None:
         check_results_path(save_path, *run_inputs(workload, solutions, request.dataset))
     template = RunOptions(
@@ -385,11 +443,75 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
         for d in devices
     ]
     device_identities = [worker_identities(solutions, o, cases, first_slot=i * len(solutions)) for i, o in enumerate(device_options)]
-    return RunPlan(
+    plan = RunPlan(
         workload, cases, solutions, device_options[0], device_identities[0], save_path, root, warnings,
         device_options=device_options, device_identities=device_identities, executor=request.executor,
         ray_address=request.ray_address, ray_gpus=gpus, timer_request=request.timer,
     )  # fmt: skip
+    if request.resume is not None:
+        plan.resumed = resume_state(request.resume, plan)
+    plan.planning_s = time.perf_counter() - started
+    return plan
+
+
+def _first_difference(theirs: Any, ours: Any, name: str) -> tuple[str, Any, Any] | None:
+    """The first field (dotted name) in which two header values differ, with both values."""
+    if isinstance(theirs, dict) and isinstance(ours, dict):
+        for key in [*ours, *(k for k in theirs if k not in ours)]:
+            found = _first_difference(theirs.get(key), ours.get(key), f"{name}.{key}")
+            if found is not None:
+                return found
+        return None
+    return None if theirs == ours else (name, theirs, ours)
+
+
+def resume_problem(previous: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """Why the run described by header ``now`` cannot continue the one whose results document is
+    ``previous``, or None: the first field that differs, with both values."""
+    if not (previous.get("workload") or {}).get("cases_sha256"):
+        return "it records no workload.cases_sha256 (it was written before dsa-bench could resume runs); start a new run"
+    theirs_solutions, our_solutions = previous.get("solutions") or {}, now["solutions"]
+    if set(theirs_solutions) != set(our_solutions):
+        return (f"the solutions differ: {', '.join(sorted(theirs_solutions)) or '(none)'} there, {', '.join(sorted(our_solutions))} "
+                f"in this run; give the same --solution options")  # fmt: skip
+    for name, info in our_solutions.items():
+        if theirs_solutions[name].get("content_hash") != info["content_hash"]:
+            return (f"solution {name!r} has changed since: content hash {theirs_solutions[name].get('content_hash')} there, "
+                    f"{info['content_hash']} now ({info['path']}); start a new run")  # fmt: skip
+    workload_fields = ("name", "definition", "cases_sha256", "dataset")
+    checked = [
+        ("workload", {k: previous["workload"].get(k) for k in workload_fields}, {k: now["workload"].get(k) for k in workload_fields}),
+        ("settings", previous.get("settings"), now["settings"]),
+        ("timer", previous.get("timer"), now["timer"]),
+        ("l2_flush", previous.get("l2_flush"), now["l2_flush"]),
+        ("environment.gpu", (previous.get("environment") or {}).get("gpu"), now["environment"].get("gpu")),
+    ]
+    for name, theirs, ours in checked:
+        found = _first_difference(theirs, ours, name)
+        if found is not None:
+            field_name, a, b = found
+            return f"{field_name} is {a!r} there and {b!r} in this run; give the interrupted run's options"
+    theirs_cases, our_cases = previous.get("cases") or [], now["cases"]
+    if set(theirs_cases) != set(our_cases):
+        differ = sorted(set(theirs_cases) ^ set(our_cases))
+        shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
+        return (f"the case selection differs: {len(theirs_cases)} cases there, {len(our_cases)} in this run (in one only: {shown}); "
+                f"give the same --case patterns")  # fmt: skip
+    return None
+
+
+def resume_state(path: Path, plan: RunPlan) -> Resumed:
+    """The interrupted run at ``path``, checked against ``plan``: a refusal names the first difference."""
+    previous = load_results(path).document
+    now = plan.header()
+    problem = resume_problem(previous, now)
+    if problem is not None:
+        raise DsaBenchError(f"cannot resume this run: {problem}", str(path))
+    names = {s.name for s in plan.solutions}
+    done: dict[str, set[str]] = {}
+    for record in previous["records"]:
+        done.setdefault(record["case"], set()).add(record["solution"])
+    return Resumed(previous, frozenset(case for case, solutions in done.items() if names <= solutions), now)
 
 
 @dataclass
@@ -416,21 +538,35 @@ def _stopped_by_signals() -> Iterator[None]:
 
 
 def execute(plan: RunPlan, on_record: Callable[[CaseRecord], None] = lambda r: None) -> RunOutcome:
-    """Run the plan; the results file is complete only when every case ran."""
-    results = ResultsFile(plan.save_path, plan.header())
+    """Run the plan; the results file is complete only when every case ran. The outcome's records
+    are the whole file's (a resumed run's earlier records too)."""
+    resumed = plan.resumed
+    clock = PhaseClock(plan.planning_s, resumed.document.get("wall_breakdown") if resumed else None)
+    with clock.phase("planning"):  # the header: environment, solutions' content hashes
+        header = plan.header() if resumed is None else resumed.header()
+    kept, superseded = (resumed.document["records"], resumed.superseded) if resumed else ([], set())
+    with clock.phase("results_writes"):
+        results = ResultsFile(plan.save_path, header, kept, superseded)
     stopped_by: int | None = None
     try:
         with _stopped_by_signals():
-            records = _run(plan, results, on_record)
+            _run(plan, results, on_record, clock)
     except KeyboardInterrupt as stop:
         stopped_by = stop.signum if isinstance(stop, Interrupted) else int(signal.SIGINT)
-        records = [CaseRecord.from_json(r) for r in results.document["records"]]
+    case_order = {c.id: i for i, c in enumerate(plan.cases)}
+    solution_order = {s.name: i for i, s in enumerate(plan.solutions)}
+    # several devices finish cases out of order: the file keeps a one-device run's order
+    results.document["records"].sort(key=lambda r: (case_order.get(r["case"], len(case_order)), solution_order.get(r["solution"], 0)))
+    records = [CaseRecord.from_json(r) for r in results.document["records"]]
     sag = _sagged(records, results.document["environment"])
-    results.update(complete=stopped_by is None, finished=now_iso(), clock_sagged=sag)
+    results.update(complete=stopped_by is None, finished=now_iso(), clock_sagged=sag, wall_breakdown=clock.breakdown())
     return RunOutcome(records, results, sag, stopped_by)
 
 
-def _run(plan: RunPlan, results: ResultsFile, on_record: Callable[[CaseRecord], None]) -> list[CaseRecord]:
+def _run(plan: RunPlan, results: ResultsFile, on_record: Callable[[CaseRecord], None], clock: PhaseClock) -> list[CaseRecord]:
+    """The pending cases on one device, several devices, or a Ray cluster. With several devices
+    each has its own phase clock (``device_breakdowns`` in the results); ``clock`` keeps the
+    run's wall time, planning and results writes."""
     if plan.executor == "ray":
         from dsa_bench.run.ray_executor import run_on_ray
 
@@ -443,16 +579,16 @@ def _run(plan: RunPlan, results: ResultsFile, on_record: Callable[[CaseRecord], 
             )
 
         return run_on_ray(
-            plan.workload, plan.cases, plan.solutions, plan.options, plan.timer_request, plan.root, results, on_record,
+            plan.workload, plan.pending_cases, plan.solutions, plan.options, plan.timer_request, plan.root, results, on_record,
             address=plan.ray_address, max_actors=plan.ray_gpus, on_start=record_actors,
         )  # fmt: skip
     if len(plan.device_options) > 1:
         from dsa_bench.run.executor import run_on_devices
 
         return run_on_devices(
-            plan.workload, plan.cases, plan.solutions, plan.device_options, plan.device_identities, results, on_record
+            plan.workload, plan.pending_cases, plan.solutions, plan.device_options, plan.device_identities, results, on_record
         )
-    return run_workload(plan.workload, plan.cases, plan.solutions, plan.options, results, on_record, plan.identities)
+    return run_workload(plan.workload, plan.pending_cases, plan.solutions, plan.options, results, on_record, plan.identities, clock)
 
 
 def _sagged(records: list[CaseRecord], env: dict[str, Any]) -> list[str]:

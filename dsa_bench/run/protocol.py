@@ -135,6 +135,7 @@ class Outputs(_Strict):
     type: Literal["outputs"]
     notes: Text
     sets: list[dict[str, ValueMeta]] = Field(max_length=1024)
+    phase_s: dict[str, float] = Field(default_factory=dict, max_length=16)  # worker wall time per phase (a diagnostic)
 
 
 class Clocks(_Strict):

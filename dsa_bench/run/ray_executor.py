@@ -156,10 +156,10 @@ def run_on_ray(
             except (ray.exceptions.RayError, TimeoutError):
                 pass
             ray.kill(actor)
-        order = {c.id: i for i, c in enumerate(cases)}
-        names = {s.name: i for i, s in enumerate(solutions)}
-        records.sort(key=lambda r: (order[r.case], names[r.solution]))
-        results.update(records=[r.to_json() for r in records], solution_notes=notes, solution_packages=packages)
+        results.update(
+            solution_notes={**(results.document.get("solution_notes") or {}), **notes},
+            solution_packages={**(results.document.get("solution_packages") or {}), **packages},
+        )
     return records
 
 

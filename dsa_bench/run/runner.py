@@ -26,6 +26,7 @@ from dsa_bench.definitions.status import CheckResult, Status
 from dsa_bench.paths import safe_file_name
 from dsa_bench.results.records import CaseRecord, ResultsFile, Timing
 from dsa_bench.run import channel, isolation
+from dsa_bench.run.breakdown import HARNESS, PhaseClock
 from dsa_bench.run.judge import CaseContext, correctness_seeds, decode_outputs, decode_timing, implausible_timing, trial_seeds
 from dsa_bench.run.protocol import (
     CorrectnessJob,
@@ -261,20 +262,27 @@ def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> Case
     record = CaseRecord(
         case=case.id, solution=handle.solution.name, axes=dict(case.axes), status=Status.PASSED, seeds={"correctness": list(seeds)}
     )
+    owner, clock = handle.solution.name, ctx.clock
     started = time.perf_counter()
     output_bytes = value_bytes(ctx.output_specs)
     try:
+        with clock.phase("worker_start", owner):
+            handle.ensure_started()
         try:
-            reply, blob = handle.request(
-                "outputs", CorrectnessJob(case, seeds), f"running case {case.id}", len(seeds) * output_bytes + 2**20, ("outputs",)
-            )
-            outputs = decode_outputs(reply, blob, ctx, len(seeds))
+            with clock.phase("traffic", owner) as request:
+                reply, blob = handle.request(
+                    "outputs", CorrectnessJob(case, seeds), f"running case {case.id}", len(seeds) * output_bytes + 2**20, ("outputs",)
+                )
+            clock.reassign(reply.phase_s, owner, request.seconds)
+            with clock.phase("decode", owner):
+                outputs = decode_outputs(reply, blob, ctx, len(seeds))
         except ProtocolError as exc:
             handle.kill()
             raise WorkerFailure(Status.RUNTIME_ERROR, f"{exc}; worker killed") from None
         checks_start = time.perf_counter()
         record.phases_s["correctness_calls"] = checks_start - started
-        result = worst([ctx.check(seed, out) for seed, out in zip(seeds, outputs, strict=True)])
+        with clock.phase("checks", owner):
+            result = worst([ctx.check(seed, out) for seed, out in zip(seeds, outputs, strict=True)])
         record.phases_s["checks"] = time.perf_counter() - checks_start
         if result.passed and options.timer is not None:
             job = TimingJob(
@@ -283,21 +291,25 @@ def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> Case
             limit = len(job.trial_seeds) * (output_bytes + value_bytes(ctx.redraw_specs)) + 2**20
             sent = time.perf_counter()
             try:
-                reply, blob = handle.request("time", job, f"timing case {case.id}", limit, ("timing",))
+                with clock.phase("traffic", owner) as request:
+                    reply, blob = handle.request("time", job, f"timing case {case.id}", limit, ("timing",))
                 wall_s = time.perf_counter() - sent
-                timing = decode_timing(reply, blob, ctx, job)
+                clock.reassign(reply.phase_s, owner, request.seconds)
+                with clock.phase("decode", owner):
+                    timing = decode_timing(reply, blob, ctx, job)
             except ProtocolError as exc:
                 handle.kill()
                 raise WorkerFailure(Status.RUNTIME_ERROR, f"{exc}; worker killed") from None
             record.seeds["trials"] = [list(s) for s in job.trial_seeds]
             record.seeds["checked_calls"] = [{"trial": c.trial, "iteration": c.iteration, "seed": c.seed} for c in timing.checked]
-            for call in timing.checked:  # outputs of timed calls are checked too, not only the first call
-                checked = ctx.check(call.seed, call.outputs, call.redrawn_inputs)
-                if not checked.passed:
-                    message = f"timed call {call.iteration} of trial {call.trial} returned wrong outputs: {checked.message}"
-                    result = CheckResult(checked.status, message, checked.max_abs_error, checked.max_rel_error)
-                    break
-            suspect = implausible_timing(timing, job, ctx, wall_s, options.copy_bytes_per_s) if result.passed else None
+            with clock.phase("checks", owner):
+                for call in timing.checked:  # outputs of timed calls are checked too, not only the first call
+                    checked = ctx.check(call.seed, call.outputs, call.redrawn_inputs)
+                    if not checked.passed:
+                        message = f"timed call {call.iteration} of trial {call.trial} returned wrong outputs: {checked.message}"
+                        result = CheckResult(checked.status, message, checked.max_abs_error, checked.max_rel_error)
+                        break
+                suspect = implausible_timing(timing, job, ctx, wall_s, options.copy_bytes_per_s) if result.passed else None
             if suspect is not None:
                 result = CheckResult(
                     Status.TIMING_SUSPECT, f"impossible timing, not recorded: {suspect}", result.max_abs_error, result.max_rel_error
@@ -353,7 +365,9 @@ class DeviceRunner:
         options: RunOptions,
         identities: dict[str, isolation.WorkerIdentity],
         gpu: int | None = None,
+        clock: PhaseClock | None = None,
     ) -> None:
+        self.clock = clock or PhaseClock()  # not shared between threads: one per device
         self.workload = workload
         self.solutions = solutions
         self.options = options
@@ -361,7 +375,7 @@ class DeviceRunner:
         self.handles = {s.name: WorkerHandle(s, workload.definition.name, options, identities[s.name]) for s in solutions}
 
     def run_case(self, case: Case) -> list[CaseRecord]:
-        ctx = CaseContext(self.workload, case, self.options.device, self.options.settings.tolerance)
+        ctx = CaseContext(self.workload, case, self.options.device, self.options.settings.tolerance, self.clock)
         reference_ms: float | None = None
         records = []
         for solution in self.solutions:
@@ -387,7 +401,8 @@ class DeviceRunner:
 
     def stop(self) -> None:
         for handle in self.handles.values():
-            handle.stop()
+            with self.clock.phase("worker_stop", handle.solution.name):
+                handle.stop()
 
     def kill(self) -> None:
         """End every worker now (from another thread: a stopping run's in-flight case)."""
@@ -403,17 +418,27 @@ def run_workload(
     results: ResultsFile,
     on_record: Callable[[CaseRecord], None] = lambda r: None,
     identities: dict[str, isolation.WorkerIdentity] | None = None,
+    clock: PhaseClock | None = None,
 ) -> list[CaseRecord]:
-    """Run every solution on every case on one device; records reach ``results`` and ``on_record`` as they finish."""
-    runner = DeviceRunner(workload, solutions, options, identities or worker_identities(solutions, options, cases))
+    """Run every solution on every case on one device; records reach ``results`` (with ``clock``'s
+    wall-time breakdown so far) and ``on_record`` as they finish."""
+    clock = clock or PhaseClock()
+    runner = DeviceRunner(workload, solutions, options, identities or worker_identities(solutions, options, cases), clock=clock)
     records: list[CaseRecord] = []
     try:
         for case in cases:
             for record in runner.run_case(case):
                 records.append(record)
-                results.add(record)
+                breakdown = clock.breakdown()
+                with clock.phase("results_writes", HARNESS):
+                    results.add(record, wall_breakdown=breakdown)
                 on_record(record)
     finally:
         runner.stop()
-        results.update(solution_notes=runner.notes, solution_packages=runner.packages)
+        # a resumed run keeps earlier sittings' notes
+        results.update(
+            solution_notes={**(results.document.get("solution_notes") or {}), **runner.notes},
+            solution_packages={**(results.document.get("solution_packages") or {}), **runner.packages},
+        )
+    return records
     return records
