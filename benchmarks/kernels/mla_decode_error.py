@@ -8,7 +8,7 @@ reference and, with ``--solution NAME``, with that solution's entry (``flashmla`
 float32 accumulation in the log2 domain, four splits of the top-k slots combined afterwards, and
 probabilities rounded to bf16 before the PV product. Printed per case: max |lse - exact| and max
 |out - exact| over rows with a counted entry, how many out elements fail the workload's atol/rtol against
-the reference (the checker's test),
+the reference (the checker's test) and the smallest atol that would pass them all,
 and the lse shift of one of n equal-weight slots left out, ln(n / (n - 1)) for the row's n (what the lse
 check must catch).
 
@@ -106,13 +106,15 @@ def main() -> None:
                     diff = (out.double() - exact_out).abs()[full]
                     # what the checker does: against the bf16 reference, both criteria exceeded
                     vs_ref = (out.float() - ref["out"].float()).abs()[full]
-                    fails = int(((vs_ref > tol.atol) & (vs_ref > tol.rtol * ref["out"].float().abs()[full])).sum())
+                    past_rtol = vs_ref > tol.rtol * ref["out"].float().abs()[full]
+                    fails = int((past_rtol & (vs_ref > tol.atol)).sum())
+                    needed = float(vs_ref[past_rtol].max()) if bool(past_rtol.any()) else 0.0  # the smallest atol that passes
                     worst[who] = max(worst.get(who, 0.0), lse_err)
                     rows.append([f"{workload.name}/{case.id}", s, who, f"{float(exact_lse[full].abs().max()):.2f}", f"{lse_err:.2e}",
-                                 f"{float(diff.max()):.2e}", fails, f"{shift:.2e}"])
+                                 f"{float(diff.max()):.2e}", fails, f"{needed:.2e}", f"{shift:.2e}"])
     print(f"device: {device}")
-    print(tabulate(rows, headers=["case", "set", "who", "max |lse|", "lse err", "out err", "out fails vs ref", "1-of-n slot shift"],
-                   disable_numparse=True))
+    headers = ["case", "set", "who", "max |lse|", "lse err", "out err", "out fails vs ref", "atol needed", "1-of-n slot shift"]
+    print(tabulate(rows, headers=headers, disable_numparse=True))
     print("worst lse error: " + ", ".join(f"{who} {err:.3e}" for who, err in worst.items()))
 
 
