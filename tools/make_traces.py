@@ -9,6 +9,9 @@ The contest's real traces are not public. These follow their published distribut
   counts per row from 1 to 2048, many rows mostly padding.
 - kv_insert_{v32,v4,v41}_{small,smoke,large}: KV insert rounds (issue 20), page strides computed from
   the record descriptors.
+- mla_decode_{v32,v4}_{h128,h64}: FlashMLA's production decode shapes (s_q 2, s_k 32768, topk 2048,
+  b 2/64/74/128, block size 64); mla_decode_{v32,v4,v41}_{mix,smoke}: its correctness grid, sampled, and
+  tiny CPU cases (issue 21). Cache sizes and page strides come from the record descriptors.
 
 Usage: python tools/make_traces.py [--out traces]
 """
@@ -166,6 +169,74 @@ def kv_insert_smoke(fmt: KvRecordFormat) -> list[dict]:
     ]
 
 
+MLA_FORMATS = {"v32": V32, "v4": V4, "v41": V41}
+MLA_PRODUCTION_BATCHES = (2, 64, 74, 128)
+#: Cache slots per token the rows may reference: about half of every page stays NaN.
+MLA_SLOTS_PER_TOKEN = 2
+MLA_SPARE_PAGES = 2
+
+
+def _mla_case(cid: str, fmt: KvRecordFormat, b: int, s_q: int, h_q: int, topk: int, s_k: int, block_size: int,
+              padded: bool = False, sink_off: bool = False, indices: dict | None = None, short_lengths: int = 0) -> dict:
+    """One decode case. The cache holds MLA_SLOTS_PER_TOKEN slots for each token the rows may reference, plus
+    spare pages; ``padded``: one TMA row past the descriptor's page stride; ``short_lengths``: sequences with
+    topk_length < topk (V4/V4.1 only)."""
+    tokens = b * min(s_k, s_q * min(topk, s_k))
+    axes = {"b": b, "s_q": s_q, "h_q": h_q, "topk": topk, "s_k": s_k,
+            "num_blocks": -(-MLA_SLOTS_PER_TOKEN * tokens // block_size) + MLA_SPARE_PAGES, "block_size": block_size,
+            "page_bytes": fmt.page_stride(block_size) + (fmt.tma_stride if padded else 0)}
+    inputs: dict = {}
+    if indices:
+        inputs["indices"] = {"type": "random", "params": indices}
+    if short_lengths and fmt is not V32:
+        inputs["topk_length"] = {"type": "random", "params": {"short": short_lengths}}
+    if sink_off:
+        inputs["attn_sink"] = {"type": "random", "params": {"off": True}}
+    return {"id": cid, "axes": axes, "inputs": inputs}
+
+
+def mla_decode_production(fmt: KvRecordFormat, h_q: int) -> list[dict]:
+    """FlashMLA's production decode shapes: s_q 2, s_k 32768 per sequence, topk 2048, block size 64, sink on."""
+    return [_mla_case(f"b{b}_sq2_k2048_h{h_q}", fmt, b, 2, h_q, 2048, 32768, 64) for b in MLA_PRODUCTION_BATCHES]
+
+
+def mla_decode_mix(fmt: KvRecordFormat) -> list[dict]:
+    """FlashMLA's correctness grid, sampled: b 4/74/321, s_q 1/3, (s_k, topk) (512, 64) / (1024, 576) / (2046, 2048)
+    and its corner (650, 576), block sizes 2/53/61/64/69/576, padded page strides, empty and short rows, -1
+    scattered through rows, an all-invalid case, sink on and off, and (V4/V4.1) short topk_length rows."""
+    cases = [
+        _mla_case("b4_sq1_k64_sk512_bs2_h64", fmt, 4, 1, 64, 64, 512, 2),
+        _mla_case("b4_sq3_k64_sk512_bs64_h128_empty_sink_off", fmt, 4, 3, 128, 64, 512, 64, sink_off=True, indices={"empty_rows": 2}),
+        _mla_case("b74_sq1_k576_sk1024_bs61_h128_short_padded", fmt, 74, 1, 128, 576, 1024, 61, padded=True,
+                  indices={"short_rows": 20}, short_lengths=10),
+        _mla_case("b74_sq3_k576_sk1024_bs69_h64_scattered", fmt, 74, 3, 64, 576, 1024, 69,
+                  indices={"empty_rows": 5, "short_rows": 30, "padding": "scattered"}, short_lengths=20),
+        _mla_case("b4_sq3_k2048_sk2046_bs576_h128_sink_off", fmt, 4, 3, 128, 2048, 2046, 576, sink_off=True),
+        _mla_case("b74_sq3_k2048_sk2046_bs2_h128_short", fmt, 74, 3, 128, 2048, 2046, 2, indices={"short_rows": 40}, short_lengths=15),
+        _mla_case("b321_sq1_k64_sk512_bs64_h128_empty_short", fmt, 321, 1, 128, 64, 512, 64,
+                  indices={"empty_rows": 10, "short_rows": 50}, short_lengths=40),
+        _mla_case("b321_sq3_k576_sk1024_bs64_h64_padded", fmt, 321, 3, 64, 576, 1024, 64, padded=True,
+                  indices={"short_rows": 100}, short_lengths=30),
+        _mla_case("b4_sq3_k64_sk512_bs61_h128_all_invalid", fmt, 4, 3, 128, 64, 512, 61, indices={"empty_rows": 12}),
+        _mla_case("b74_sq3_k576_sk650_bs53_h64_sink_off_padded", fmt, 74, 3, 64, 576, 650, 53, padded=True, sink_off=True,
+                  indices={"short_rows": 40}),
+    ]
+    if fmt is not V32:
+        cases.append(_mla_case("b74_sq1_k2048_sk4096_bs64_h128_all_short_lengths", fmt, 74, 1, 128, 2048, 4096, 64, short_lengths=74))
+    return cases
+
+
+def mla_decode_smoke(fmt: KvRecordFormat) -> list[dict]:
+    """Tiny cases that run in seconds on CPU: full rows; empty, short and scattered rows on a padded page with a
+    short topk_length; every row empty."""
+    return [
+        _mla_case("smoke_b2_sq1_k64_bs64_h64", fmt, 2, 1, 64, 64, 256, 64),
+        _mla_case("smoke_b3_sq2_k128_bs61_h128_short_padded", fmt, 3, 2, 128, 128, 300, 61, padded=True,
+                  indices={"empty_rows": 1, "short_rows": 2, "padding": "scattered"}, short_lengths=2),
+        _mla_case("smoke_b2_sq1_k64_bs64_h64_all_invalid", fmt, 2, 1, 64, 64, 256, 64, indices={"empty_rows": 2}),
+    ]
+
+
 def write(path: Path, cases: list[dict]) -> None:
     path.write_text("".join(json.dumps(c, separators=(",", ":")) + "\n" for c in cases))
     print(f"wrote {len(cases)} cases to {path}")
@@ -185,6 +256,12 @@ def main(out: Path = typer.Option(TRACES, help="Folder to write the traces into.
         write(out / f"kv_insert_{name}_small.jsonl", kv_insert_small(fmt))
         write(out / f"kv_insert_{name}_smoke.jsonl", kv_insert_smoke(fmt))
         write(out / f"kv_insert_{name}_large.jsonl", kv_insert_large(fmt))
+    for name, fmt in MLA_FORMATS.items():
+        if fmt is not V41:  # FlashMLA runs V4.1 only on SM100: no production workload for the H200
+            for h_q in (128, 64):
+                write(out / f"mla_decode_{name}_h{h_q}.jsonl", mla_decode_production(fmt, h_q))
+        write(out / f"mla_decode_{name}_mix.jsonl", mla_decode_mix(fmt))
+        write(out / f"mla_decode_{name}_smoke.jsonl", mla_decode_smoke(fmt))
 
 
 if __name__ == "__main__":
