@@ -10,12 +10,17 @@ must agree within 1e-5 before the bf16 rounding of its output.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
 import pytest
 import torch
+from conftest import ROOT
 from per_row_spec import attention_per_token, indexer_per_row, indexer_row_scores
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -332,3 +337,25 @@ def test_references_on_cuda_make_no_host_sync_and_match_the_spec():
         spec_out, spec_lse = attention_per_token(**{k: v.cpu() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
         torch.testing.assert_close(out.cpu(), spec_out, atol=1e-5, rtol=0)
         torch.testing.assert_close(lse.cpu(), spec_lse, atol=1e-5, rtol=2e-7)
+
+
+# --------------------------------------------------------------------------- the benchmark script
+
+
+def test_reference_benchmark_script_runs_on_a_cpu(tmp_path):
+    out = tmp_path / "references.json"
+    script = ROOT / "benchmarks" / "kernels" / "references.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, str(script), "-w", "indexer_smoke", "-w", "sparse_attention_smoke", "-c", "smoke_*", "--baseline", "HEAD",
+         "--repeats", "1", "--clock", "process", "--threads", "1", "--device", "cpu", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    for workload, n_cases in (("indexer_smoke", 4), ("sparse_attention_smoke", 3)):
+        report = doc["workloads"][workload]
+        assert len(report["cases"]) == n_cases
+        assert {"batched_call_ms", "per_row_call_ms", "HEAD_call_ms", "batched_expect_ms", "HEAD_expect_ms"} <= set(report["totals_ms"])
+        assert all(r["batched_timer"] == "host process clock, median" for r in report["cases"])
+    assert "of batched" in proc.stdout
