@@ -7,6 +7,9 @@ The contest's real traces are not public. These follow their published distribut
   seq_lens, the longest row 5824 tokens.
 - sparse_attention_h16: 23 cases, num_pages 8462, num_tokens in {1, 2, 6, 7, 8}, explicit valid
   counts per row from 1 to 2048, many rows mostly padding.
+- indexer_edges, sparse_attention_edges: edge cases small enough for CI on CPU (L = 0, 1,
+  2047-2049, 5824; tie-heavy rows; shared pages; tokens with 0, 1, 2048 valid slots; scattered
+  padding).
 - kv_insert_{v32,v4,v41}_{small,smoke,large}: KV insert rounds (issue 20), page strides computed from
   the record descriptors.
 - mla_decode_{v32,v4}_{h128,h64}: FlashMLA's production decode shapes (s_q 2, s_k 32768, topk 2048,
@@ -120,6 +123,85 @@ def attention_smoke() -> list[dict]:
         case("smoke_t1_full", [2048]),
         case("smoke_t3_empty_small", [0, 1, 65]),
         case("smoke_t2_scattered", [2047, 64], "scattered"),
+    ]
+
+
+EDGE_INDEXER_PAGES = 512
+EDGE_ATTENTION_PAGES = 256
+
+
+def indexer_edges() -> list[dict]:
+    """Edge cases small enough for CI on CPU: L = 0, 1 and both sides of 2048 and of a page, rows
+    of only L = 0, tie-heavy rows (one or three distinct keys, all-zero head weights), rows
+    sharing pages with block-table tails that name no page."""
+
+    def case(cid: str, max_pages: int, lens: list[int], **inputs: dict) -> dict:
+        return {
+            "id": cid,
+            "axes": {"batch_size": len(lens), "max_num_pages": max_pages, "num_pages": EDGE_INDEXER_PAGES},
+            "inputs": {"seq_lens": {"type": "explicit", "values": lens}, **inputs},
+        }
+
+    def keys(distinct: int) -> dict:
+        return {"k_index_cache_fp8": {"type": "random", "params": {"distinct_keys": distinct}}}
+
+    # Prefix caching: rows 0 and 1 share their first 30 pages, row 2 its first 10 with them, row 3
+    # its only page; every table entry past a row's last page holds -1 or INT32_MAX (never read).
+    rng = np.random.default_rng(20260323)
+    pages = [int(p) for p in rng.permutation(EDGE_INDEXER_PAGES)]
+    lens, max_pages = [2500, 2500, 2100, 100], 40
+    rows = [pages[:30] + pages[30:40], pages[:30] + pages[40:50], pages[:10] + pages[50:73], pages[:1] + pages[80:81]]
+    table = []
+    for n, row in zip(lens, rows, strict=True):
+        used = row[: -(-n // PAGE)]
+        assert len(used) == -(-n // PAGE), "every row lists all its pages"
+        tail = [-1 if k % 2 else 2**31 - 1 for k in range(max_pages - len(used))]
+        table.append(used + tail)
+    return [
+        case("edges_lengths", 91, [0, 1, 2047, 2048, 2049, 5824]),
+        case("edges_page_boundaries", 33, [2112, 2111, 2049, 2048, 2047, 65, 64, 63]),
+        case("edges_all_empty", 33, [0, 0, 0]),
+        case("edges_passthrough_with_empty", 32, [0, 2048, 1, 0]),
+        case("edges_ties_one_key", 50, [3200, 2049, 2048, 700], **keys(1)),
+        case("edges_ties_three_keys", 91, [5824, 4097, 2050], **keys(3)),
+        case("edges_zero_weights", 40, [2560, 2049, 0], weights={"type": "explicit", "values": [[0.0] * 64] * 3}),
+        case("edges_shared_pages", max_pages, lens, block_table={"type": "explicit", "values": table}),
+    ]
+
+
+def attention_edges() -> list[dict]:
+    """Edge cases small enough for CI on CPU: tokens with 0, 1, 2047 and 2048 valid slots, every
+    token empty, scattered padding (random, at the front, alternating, a lone last slot), tokens
+    sharing slots, and logits 3.7 times the contest's."""
+
+    def case(cid: str, tokens: int, sparse_indices: dict, sm_scale: float | None = None) -> dict:
+        inputs: dict = {"sparse_indices": sparse_indices}
+        if sm_scale is not None:
+            inputs["sm_scale"] = {"type": "scalar", "value": sm_scale}
+        return {"id": cid, "axes": {"num_tokens": tokens, "num_pages": EDGE_ATTENTION_PAGES}, "inputs": inputs}
+
+    def counts(values: list[int], padding: str = "tail") -> dict:
+        return {"type": "random", "params": {"valid_counts": values, "padding": padding}}
+
+    rng = np.random.default_rng(20260324)
+    slots = EDGE_ATTENTION_PAGES * PAGE
+    ids = [int(i) for i in rng.choice(slots, 4096, replace=False)]
+    full = ids[:2048]
+    rows = [
+        [-1] + full[:2047],  # padding at the front only
+        [full[k // 2] if k % 2 == 0 else -1 for k in range(2048)],  # every other slot
+        [-1] * 2047 + [ids[2048]],  # one valid id, in the last slot
+        [-1] + full[:2047],  # the same slots as token 0
+        full[:1024] + [-1] * 512 + ids[2048:2560],  # half shared with token 0, a gap of padding in the middle
+        [-1] * 2048,  # empty, between full tokens
+    ]
+    return [
+        case("edges_counts", 5, counts([0, 1, 2048, 2047, 64])),
+        case("edges_counts_scattered", 6, counts([0, 1, 2048, 2047, 64, 5], "scattered")),
+        case("edges_all_empty", 3, counts([0, 0, 0])),
+        case("edges_one_empty_token", 1, counts([0])),
+        case("edges_explicit_padding", len(rows), {"type": "explicit", "values": rows}),
+        case("edges_large_logits", 3, counts([2048, 1, 0]), sm_scale=0.5),
     ]
 
 
@@ -252,6 +334,8 @@ def main(out: Path = typer.Option(TRACES, help="Folder to write the traces into.
     write(out / "sparse_attention_h16.jsonl", attention_trace(np.random.default_rng(20260302)))
     write(out / "indexer_smoke.jsonl", indexer_smoke())
     write(out / "sparse_attention_smoke.jsonl", attention_smoke())
+    write(out / "indexer_edges.jsonl", indexer_edges())
+    write(out / "sparse_attention_edges.jsonl", attention_edges())
     for name, fmt in KV_INSERT_FORMATS.items():
         write(out / f"kv_insert_{name}_small.jsonl", kv_insert_small(fmt))
         write(out / f"kv_insert_{name}_smoke.jsonl", kv_insert_smoke(fmt))
