@@ -160,21 +160,21 @@ def test_split_paths(name, combine, splits, block_n):
     fmt = FORMATS[name]
     lengths = [50, 3] if fmt is not kvr.V32 else None
     case, backing, bs = make_case(fmt, b=2, s_q=2, topk=64, empty_rows=(2,), sink=True, topk_length=lengths, seed=2)
-    config = DecodeConfig(block_n=block_n, splits=splits, combine=combine, num_warps=4, num_stages=1, prefetch=False)
+    config = DecodeConfig(block_n=block_n, splits=splits, combine=combine, num_warps=4, num_stages=1)
     _, _, used = check(fmt, case, backing, bs, config)
     assert (used.combine, used.splits) == (combine, splits)
 
 
 @pytest.mark.parametrize("name", FORMATS)
-def test_prefetch_loop_and_block_sizes_that_are_not_powers_of_two(name):
+def test_several_blocks_per_program_and_block_sizes_that_are_not_powers_of_two(name):
     # block sizes of the correctness grid (61, 2): page arithmetic by non-power-of-two divisors;
-    # the prefetching loop with several blocks per program and a row ending mid-block.
+    # several blocks per program (the id look-ahead) and a row ending mid-block.
     fmt = FORMATS[name]
     for block_size, num_blocks in ((61, 3), (2, 70)):
         lengths = [100, 128, 7] if fmt is not kvr.V32 else None
         case, backing, bs = make_case(fmt, b=3, s_q=1, topk=128, block_size=block_size, num_blocks=num_blocks, seed=block_size,
                                       topk_length=lengths, page_pad=16)  # fmt: skip
-        check(fmt, case, backing, bs, DecodeConfig(block_n=32, splits=1, num_warps=4, num_stages=1, prefetch=True))
+        check(fmt, case, backing, bs, DecodeConfig(block_n=32, splits=1, num_warps=4, num_stages=1))
 
 
 def test_v4_topk_length_ignores_valid_ids_past_the_length():
@@ -328,7 +328,7 @@ _SM90_COMPILE = textwrap.dedent(
         sig.update({n: "i32" for n in names if n.startswith("stride_")})
         splits = 1 if mode == K.MODE_DIRECT else 16
         consts = dict(S_Q=2, TOPK=2048, D_V=512, BLOCK_H=64, BLOCK_N=64, NUM_SPLITS=splits, SPLIT_SCAN=2048 // splits, MODE=mode,
-                      PREFETCH=False, HAS_TOPK_LENGTH=name != "V32", HAS_SINK=True, **g.constexprs(), TICKET_STRIDE=K.TICKET_STRIDE,
+                      L2_PREFETCH=True, HAS_TOPK_LENGTH=name != "V32", HAS_SINK=True, **g.constexprs(), TICKET_STRIDE=K.TICKET_STRIDE,
                       TICKETS_PER_CALL=K.TICKETS_PER_CALL, INTERPRETED=False)
         sig.update({k: "constexpr" for k in consts})
         attrs = {(names.index(k),): [["tt.divisibility", 16]] for k, v in sig.items() if v.startswith("*")}
@@ -395,8 +395,8 @@ def test_gpu_every_combine_and_tiling(name):
         DecodeConfig(splits=8, combine="last"),
         DecodeConfig(splits=4, combine="two_launch", partial_dtype="bf16"),
         DecodeConfig(splits=1, combine="none", num_stages=2),
-        DecodeConfig(splits=2, block_n=32, combine="two_launch", prefetch=True),
-        DecodeConfig(splits=16, combine="barrier", num_stages=1, prefetch=False),
+        DecodeConfig(splits=2, block_n=32, combine="two_launch"),
+        DecodeConfig(splits=16, combine="barrier", num_stages=1),
     ):
         _, _, used = check(fmt, case, backing, bs, config)
         assert used.combine == config.combine

@@ -39,8 +39,8 @@ MAX_SPLITS = 32  #: 512 / 32 = 16 value columns per combining program; divides T
 @dataclass(frozen=True)
 class DecodeConfig:
     """One call's tiling. ``splits`` 0: chosen by ``auto_splits``; ``combine``: see the module docstring;
-    ``prefetch``: the next block's records are loaded into registers while the current one is
-    attended (else each block's gathers wait; Triton's pipeliner, num_stages >= 2, may overlap them)."""
+    ``l2_prefetch``: the next block's records are prefetched into L2 while the current one is
+    attended (``prefetch.global.L2``; compiled code only)."""
 
     block_h: int = DESIGN_BLOCK_H
     block_n: int = 64
@@ -49,7 +49,7 @@ class DecodeConfig:
     num_stages: int = 2
     combine: str = "auto"
     partial_dtype: str = "fp32"
-    prefetch: bool = True
+    l2_prefetch: bool = True
 
     def validate(self, h_q: int, topk: int) -> None:
         """Raises ValueError naming the config and what it gets wrong for (h_q, topk)."""
@@ -93,7 +93,7 @@ CONFIG_TABLE: tuple[ConfigRule, ...] = (
 
 #: Interpreter configs: its cost grows with the elements each program touches and it runs
 #: programs one after another, so the fewest, largest programs (the tests exercise the others).
-INTERPRETER_CONFIG = DecodeConfig(block_h=64, block_n=64, splits=1, num_warps=4, num_stages=1, combine="none", prefetch=False)
+INTERPRETER_CONFIG = DecodeConfig(block_h=64, block_n=64, splits=1, num_warps=4, num_stages=1, combine="none", l2_prefetch=False)
 
 #: auto_splits' cost model: a split adds this much work, in BLOCK_N-record steps, for writing and
 #: combining its partial (a rough guess, to be tuned with --configs).

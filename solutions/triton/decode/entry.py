@@ -190,7 +190,7 @@ def mla_decode(fmt: KvRecordFormat, q, kv_cache, indices, sm_scale, attn_sink, t
         q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
         S_Q=s_q, TOPK=topk, D_V=D_V, BLOCK_H=config.block_h, BLOCK_N=config.block_n, NUM_SPLITS=splits, SPLIT_SCAN=scan,
-        MODE=mode, PREFETCH=config.prefetch, HAS_TOPK_LENGTH=topk_length is not None, HAS_SINK=attn_sink is not None,
+        MODE=mode, L2_PREFETCH=config.l2_prefetch, HAS_TOPK_LENGTH=topk_length is not None, HAS_SINK=attn_sink is not None,
         **geometry.constexprs(),
         TICKET_STRIDE=kernels.TICKET_STRIDE, TICKETS_PER_CALL=kernels.TICKETS_PER_CALL, INTERPRETED=interp,
         num_warps=config.num_warps, num_stages=config.num_stages,

@@ -30,6 +30,8 @@ from dsa_bench.definitions.kv_records import KvRecordFormat
 D_V = 512
 #: Smallest tile Triton's tl.dot and the kernel's power-of-two tensors take along one dim.
 MIN_DOT_DIM = 16
+#: Bytes per L2 line (the kernel's prefetch step).
+L2_LINE = 128
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,8 @@ class RecordGeometry:
     scale_base: int
     scale_slot_bytes: int
     rope_offset: int  #: RoPE bytes after the slot's data row start
+    data_span_bytes: int  #: bytes from the data row start that hold the token's data (per token: its whole record)
+    scales_in_span: bool  #: the scales lie inside that span (per-token records)
     packed_page_bytes: int  #: the smallest page stride the cache may have
 
     @classmethod
@@ -58,16 +62,16 @@ class RecordGeometry:
                              f"not {fmt.value_dtype} with {fmt.scale_dtype}")
         if fmt.layout == "per_token":
             data_slot, scale_base, scale_slot = fmt.bytes_per_token, fmt.value_bytes, fmt.bytes_per_token
-            rope_offset = fmt.value_bytes + fmt.scale_bytes
+            rope_offset, span, scales_in_span = fmt.value_bytes + fmt.scale_bytes, fmt.bytes_per_token, True
         else:
             data_slot, scale_base, scale_slot = fmt.data_row_bytes, block_size * fmt.data_row_bytes, fmt.scale_bytes
-            rope_offset = fmt.value_bytes
+            rope_offset, span, scales_in_span = fmt.value_bytes, fmt.data_row_bytes, False
         geometry = cls(
             kv_format=fmt.kv_format, d_qk=fmt.d_qk, block_size=block_size, quant_dims=fmt.quant_dims,
             scale_tile=fmt.scale_tile, num_scales=fmt.num_scales, scales_fp32=fmt.scale_dtype == "fp32",
             v_rope_dims=D_V - fmt.quant_dims, k_extra_dims=fmt.d_qk - D_V, data_slot_bytes=data_slot,
-            scale_base=scale_base, scale_slot_bytes=scale_slot, rope_offset=rope_offset,
-            packed_page_bytes=fmt.packed_page_bytes(block_size),
+            scale_base=scale_base, scale_slot_bytes=scale_slot, rope_offset=rope_offset, data_span_bytes=span,
+            scales_in_span=scales_in_span, packed_page_bytes=fmt.packed_page_bytes(block_size),
         )  # fmt: skip
         geometry.check(fmt)
         return geometry
@@ -90,16 +94,29 @@ class RecordGeometry:
             assert at["scales"] == self.scale_base + slot * self.scale_slot_bytes, f"{fmt.kv_format}: scale offset of slot {slot}"
             if fmt.rope_dims:
                 assert at["rope"] == at["data"] + self.rope_offset, f"{fmt.kv_format}: RoPE offset of slot {slot}"
+                assert self.rope_offset + fmt.rope_bytes <= self.data_span_bytes, f"{fmt.kv_format}: RoPE inside the data span"
+            if self.scales_in_span:
+                assert at["data"] <= at["scales"] < at["data"] + self.data_span_bytes, f"{fmt.kv_format}: scales inside the span"
 
     @property
     def num_scale_tiles(self) -> int:
         """Scale tiles across the D_V main dims (V4: 8, the last covering RoPE dims that take no scale)."""
         return D_V // self.scale_tile
 
+    @property
+    def prefetch_points(self) -> int:
+        """Addresses per token that touch every 128-byte line of its data span, from any start
+        (a power of two: a Triton tensor width)."""
+        points = 1
+        while points < -(-self.data_span_bytes // L2_LINE) + 1:
+            points *= 2
+        return points
+
     def constexprs(self) -> dict[str, object]:
         return {
             "BLOCK_SIZE": self.block_size, "QUANT_DIMS": self.quant_dims, "SCALE_TILE": self.scale_tile,
             "NUM_SCALES": self.num_scales, "SCALES_FP32": self.scales_fp32, "V_ROPE_DIMS": self.v_rope_dims,
             "K_EXTRA_DIMS": self.k_extra_dims, "DATA_SLOT_BYTES": self.data_slot_bytes, "SCALE_BASE": self.scale_base,
-            "SCALE_SLOT_BYTES": self.scale_slot_bytes, "ROPE_OFFSET": self.rope_offset,
+            "SCALE_SLOT_BYTES": self.scale_slot_bytes, "ROPE_OFFSET": self.rope_offset, "DATA_SPAN_BYTES": self.data_span_bytes,
+            "SCALES_IN_SPAN": self.scales_in_span, "PREFETCH_POINTS": self.prefetch_points,
         }  # fmt: skip

@@ -66,6 +66,22 @@ def _record_rows(cache_ptr, tok, valid, page_stride,
 
 
 @triton.jit
+def _prefetch_l2(data_row, scale_row, valid, DATA_SPAN_BYTES: tl.constexpr, SCALES_IN_SPAN: tl.constexpr, POINTS: tl.constexpr):
+    """``prefetch.global.L2`` of every 128-byte line of the valid tokens' records (the data row's
+    DATA_SPAN_BYTES, and the scale row when it lies elsewhere): a hint with no result to wait
+    for, so the records of the next block travel from DRAM while this one is attended."""
+    LINE: tl.constexpr = 128
+    tl.static_assert(POINTS * LINE >= DATA_SPAN_BYTES + LINE, "a point in every line the span touches")
+    # points LINE bytes apart from the row start, the rest on its last byte: one in every line
+    at = tl.minimum(tl.arange(0, POINTS) * LINE, DATA_SPAN_BYTES - 1)
+    points = tl.where(valid[:, None], data_row[:, None] + at[None, :], data_row[:, None])
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [points], dtype=tl.int32, is_pure=False, pack=1)
+    if not SCALES_IN_SPAN:
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [scale_row], dtype=tl.int32, is_pure=False,
+                                  pack=1)
+
+
+@triton.jit
 def _gather(data_row, scale_row, rope_row, valid,
             BLOCK_N: tl.constexpr, D_V: tl.constexpr, QUANT_DIMS: tl.constexpr, SCALE_TILE: tl.constexpr,
             NUM_SCALES: tl.constexpr, SCALES_FP32: tl.constexpr, V_ROPE_DIMS: tl.constexpr, K_EXTRA_DIMS: tl.constexpr):  # fmt: skip
@@ -185,11 +201,12 @@ def _decode_kernel(
     stride_q_b, stride_q_s, stride_q_h, stride_i_b, stride_i_s,
     stride_o_b, stride_o_s, stride_o_h, stride_l_b, stride_l_s, stride_l_h,
     S_Q: tl.constexpr, TOPK: tl.constexpr, D_V: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SPLIT_SCAN: tl.constexpr, MODE: tl.constexpr, PREFETCH: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SPLIT_SCAN: tl.constexpr, MODE: tl.constexpr, L2_PREFETCH: tl.constexpr,
     HAS_TOPK_LENGTH: tl.constexpr, HAS_SINK: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, QUANT_DIMS: tl.constexpr, SCALE_TILE: tl.constexpr, NUM_SCALES: tl.constexpr,
     SCALES_FP32: tl.constexpr, V_ROPE_DIMS: tl.constexpr, K_EXTRA_DIMS: tl.constexpr, DATA_SLOT_BYTES: tl.constexpr,
-    SCALE_BASE: tl.constexpr, SCALE_SLOT_BYTES: tl.constexpr, ROPE_OFFSET: tl.constexpr,
+    SCALE_BASE: tl.constexpr, SCALE_SLOT_BYTES: tl.constexpr, ROPE_OFFSET: tl.constexpr, DATA_SPAN_BYTES: tl.constexpr,
+    SCALES_IN_SPAN: tl.constexpr, PREFETCH_POINTS: tl.constexpr,
     TICKET_STRIDE: tl.constexpr, TICKETS_PER_CALL: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
     """Grid (h_q / BLOCK_H, NUM_SPLITS, b * s_q); see the module docstring."""
@@ -228,38 +245,23 @@ def _decode_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, D_V], tl.float32)
-    num_blocks = tl.cdiv(last, BLOCK_N)
-    if PREFETCH:
-        # Block b + 1's records are requested before block b is attended, into registers, and
-        # the ids of block b + 2 with them, so every gather overlaps a block's math. Blocks past
-        # the split's last valid one have no valid id: their gathers are fully masked.
-        tok = _block_ids(idx_row, 0, split, num_pos, BLOCK_N, NUM_SPLITS)
+    # L2_PREFETCH: block b + 1's records are prefetched into L2 before block b is gathered, so a
+    # gather waits for L2, not DRAM. The ids are L1/L2 hits: the bound scan above read them all.
+    for block in range(tl.cdiv(last, BLOCK_N)):
+        if L2_PREFETCH and not INTERPRETED:
+            tok_next = _block_ids(idx_row, block + 1, split, num_pos, BLOCK_N, NUM_SPLITS)
+            valid_next = tok_next >= 0
+            data_next, scale_next, _ = _record_rows(cache_ptr, tok_next, valid_next, page_stride, BLOCK_SIZE, DATA_SLOT_BYTES,
+                                                    SCALE_BASE, SCALE_SLOT_BYTES, ROPE_OFFSET)
+            _prefetch_l2(data_next, scale_next, valid_next, DATA_SPAN_BYTES, SCALES_IN_SPAN, PREFETCH_POINTS)
+        tok = _block_ids(idx_row, block, split, num_pos, BLOCK_N, NUM_SPLITS)
         valid = tok >= 0
-        data_row, scale_row, rope_row = _record_rows(cache_ptr, tok, valid, page_stride, BLOCK_SIZE, DATA_SLOT_BYTES,
-                                                     SCALE_BASE, SCALE_SLOT_BYTES, ROPE_OFFSET)
+        data_row, scale_row, rope_row = _record_rows(cache_ptr, tok, valid, page_stride, BLOCK_SIZE, DATA_SLOT_BYTES, SCALE_BASE,
+                                                     SCALE_SLOT_BYTES, ROPE_OFFSET)
         raw, scale, rope = _gather(data_row, scale_row, rope_row, valid, BLOCK_N, D_V, QUANT_DIMS, SCALE_TILE, NUM_SCALES,
                                    SCALES_FP32, V_ROPE_DIMS, K_EXTRA_DIMS)
-        tok_next = _block_ids(idx_row, 1, split, num_pos, BLOCK_N, NUM_SPLITS)
-        for block in range(num_blocks):
-            valid_next = tok_next >= 0
-            data_row, scale_row, rope_row = _record_rows(cache_ptr, tok_next, valid_next, page_stride, BLOCK_SIZE, DATA_SLOT_BYTES,
-                                                         SCALE_BASE, SCALE_SLOT_BYTES, ROPE_OFFSET)
-            raw_next, scale_next, rope_next = _gather(data_row, scale_row, rope_row, valid_next, BLOCK_N, D_V, QUANT_DIMS,
-                                                      SCALE_TILE, NUM_SCALES, SCALES_FP32, V_ROPE_DIMS, K_EXTRA_DIMS)
-            tok_next = _block_ids(idx_row, block + 2, split, num_pos, BLOCK_N, NUM_SPLITS)
-            m_i, l_i, acc = _attend(q_main, q_extra, raw, scale, rope, valid, m_i, l_i, acc, qk_scale_log2, BLOCK_N, D_V,
-                                    QUANT_DIMS, SCALE_TILE, SCALES_FP32, V_ROPE_DIMS, K_EXTRA_DIMS, INTERPRETED)
-            raw, scale, rope, valid = raw_next, scale_next, rope_next, valid_next
-    else:
-        for block in range(num_blocks):
-            tok = _block_ids(idx_row, block, split, num_pos, BLOCK_N, NUM_SPLITS)
-            valid = tok >= 0
-            data_row, scale_row, rope_row = _record_rows(cache_ptr, tok, valid, page_stride, BLOCK_SIZE, DATA_SLOT_BYTES,
-                                                         SCALE_BASE, SCALE_SLOT_BYTES, ROPE_OFFSET)
-            raw, scale, rope = _gather(data_row, scale_row, rope_row, valid, BLOCK_N, D_V, QUANT_DIMS, SCALE_TILE, NUM_SCALES,
-                                       SCALES_FP32, V_ROPE_DIMS, K_EXTRA_DIMS)
-            m_i, l_i, acc = _attend(q_main, q_extra, raw, scale, rope, valid, m_i, l_i, acc, qk_scale_log2, BLOCK_N, D_V,
-                                    QUANT_DIMS, SCALE_TILE, SCALES_FP32, V_ROPE_DIMS, K_EXTRA_DIMS, INTERPRETED)
+        m_i, l_i, acc = _attend(q_main, q_extra, raw, scale, rope, valid, m_i, l_i, acc, qk_scale_log2, BLOCK_N, D_V, QUANT_DIMS,
+                                SCALE_TILE, SCALES_FP32, V_ROPE_DIMS, K_EXTRA_DIMS, INTERPRETED)
 
     empty = l_i == 0.0
     o = acc / tl.where(empty, 1.0, l_i)[:, None]
