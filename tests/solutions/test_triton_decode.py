@@ -18,21 +18,23 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 import torch
 from conftest import HAS_CUDA, ROOT
 
 from dsa_bench.definitions import kv_records as kvr
-from dsa_bench.definitions.sparse_attention import NAME as ATTENTION
-from dsa_bench.run.loader import import_entry
-from dsa_bench.solution import load_solution
 
 SOLUTION_DIR = ROOT / "solutions" / "triton"
-# The decode entries are not in solution.yaml yet (their definitions land separately): import the
-# module inside the same solution package the harness builds for the wired entries.
-_, _attention_entry = import_entry(load_solution(SOLUTION_DIR), ATTENTION)
-_PACKAGE = _attention_entry.__package__.rsplit(".", 1)[0]
+# The decode entries are not in solution.yaml yet (their definitions land separately): the modules
+# are imported as the harness imports an entry, inside a package rooted at the solution folder (not
+# through the attention's entry, which builds its CUDA extension at import on a GPU).
+_PACKAGE = "dsa_test_triton_solution_decode"
+if _PACKAGE not in sys.modules:
+    _package = types.ModuleType(_PACKAGE)
+    _package.__path__ = [str(SOLUTION_DIR)]
+    sys.modules[_PACKAGE] = _package
 entry = importlib.import_module(f"{_PACKAGE}.decode.entry")
 config_mod = importlib.import_module(f"{_PACKAGE}.decode.config")
 kernels = importlib.import_module(f"{_PACKAGE}.decode.kernels")
@@ -362,6 +364,26 @@ def test_kernels_compile_for_sm90_with_wgmma():
     # no ticket at S = 1; the last-arriver combine arrives once; the barrier arrives, then polls with acquiring loads
     assert result["V32"]["atomics"] == 0 and result["V41"]["atomics"] == 1 and result["V41"]["polls"] == 0
     assert result["V4"]["atomics"] == 1 and result["V4"]["polls"] >= 1
+
+
+def test_benchmark_lists_the_policy_without_a_gpu():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels" / "mla_decode.py"), "--list", "--format", "V32",
+                           "--hq", "128", "--batch", "2", "--batch", "128"], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 2 and "splits=16" in lines[0] and "combine='barrier'" in lines[0] and lines[0].endswith("128 programs")
+    assert "splits=1," in lines[1] and lines[1].endswith("512 programs")
+
+
+def test_benchmark_cpu_dry_run_checks_its_inputs_and_reference():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels" / "mla_decode.py"), "--cpu-dry-run", "--format", "V4",
+                           "--hq", "64", "--batch", "2", "--s-q", "1", "--topk", "64", "--s-k", "512"], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count(": PASS") == 3 and "combine='last'" in proc.stdout and "combine='two_launch'" in proc.stdout
 
 
 # --------------------------------------------------------------------------- GPU
