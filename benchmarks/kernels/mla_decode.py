@@ -25,12 +25,13 @@ indices=..., use_legacy=True, kv_format=...)``; its first call (a warm-up, untim
 schedule metadata, reused while the shapes stay the same; its lse [b, h_q, s_q] is transposed
 for the check.
 
-``--configs`` times, per shape, the policy's config and then one knob at a time (block_n,
-num_stages, l2_prefetch, splits with each combine that applies, num_warps, partial dtype),
-keeping the best so far (coordinate descent: ~15 configs per shape, compiled kernels shared
-across shapes), and prints the best per shape and CONFIG_TABLE rules to paste into
-solutions/triton/decode/config.py. The whole default sweep is meant to fit one device call of
-< 4 minutes; narrow it with --format / --hq / --batch.
+``--configs`` times, per shape, the policy's config and then one knob at a time (block_n 32 / 64
+/ 128, num_stages 1 / 2, l2_prefetch, splits S/2, S, 2S and 1 with each combine that applies,
+partial dtype; ``--more-knobs`` adds 16 warps and 3 stages), keeping the best so far (coordinate
+descent: ~12 configs per shape, compiled kernels shared across shapes of one format), and
+prints the best per shape and CONFIG_TABLE rules to paste into solutions/triton/decode/config.py.
+The whole default sweep is meant to fit one device call of < 4 minutes (short trials: 2 warm-up
+calls, 10 iterations, 1 trial); narrow it with --format / --hq / --batch.
 """
 
 from __future__ import annotations
@@ -258,17 +259,18 @@ def sweep(entry, config_mod, shape: Shape, candidates: Candidates, ref, args, sm
 
     best_us = attempt(best)
     units = shape.b * shape.s_q * (shape.h_q // best.block_h)
-    split_options = sorted({s for s in (1, best.splits // 2, best.splits, best.splits * 2, 2, 4, 8, 16) if 1 <= s <= config_mod.MAX_SPLITS})
+    split_options = sorted({s for s in (1, best.splits // 2, best.splits, best.splits * 2) if 1 <= s <= config_mod.MAX_SPLITS})
     knobs: list[list[Any]] = [
         [dataclasses.replace(best, block_n=n) for n in (32, 64, 128)],
-        [dataclasses.replace(best, num_stages=n) for n in (1, 2, 3)],
+        [dataclasses.replace(best, num_stages=n) for n in (1, 2)],
         [dataclasses.replace(best, l2_prefetch=v) for v in (True, False)],
         [DecodeConfig(**{**dataclasses.asdict(best), "splits": s, "combine": c})
          for s in split_options for c in (("none",) if s == 1 else ("barrier", "last", "two_launch"))
          if not (c == "barrier" and units * s > sms)],
         [dataclasses.replace(best, partial_dtype=d) for d in ("fp32", "bf16")],
-        [dataclasses.replace(best, num_warps=w) for w in (8, 16)],
     ]  # fmt: skip
+    if args.more_knobs:  # 16 warps (acc 64 registers, but 128 per thread at most: ~1 KB spilled), 3 stages
+        knobs += [[dataclasses.replace(best, num_warps=16)], [dataclasses.replace(best, num_stages=3)]]
     for options in knobs:
         for option in options:
             if option.splits == 1 and option.partial_dtype != best.partial_dtype:
@@ -312,6 +314,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timer", default="auto", choices=("auto", "cupti", "events"))
     p.add_argument("--no-flashmla", action="store_true", help="do not run FlashMLA even when it imports")
     p.add_argument("--configs", action="store_true", help="sweep the config knobs per shape (coordinate descent)")
+    p.add_argument("--more-knobs", action="store_true", help="with --configs: also 16 warps and 3 stages")
     p.add_argument("--list", action="store_true", help="print the config the policy picks per shape (H200: 132 SMs without a GPU)")
     p.add_argument("--out", type=Path, help="write the records as JSON")
     p.add_argument("--cpu-dry-run", action="store_true",
