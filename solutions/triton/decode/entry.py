@@ -79,8 +79,9 @@ def check_io(fmt: KvRecordFormat, q, kv_cache, indices, attn_sink, topk_length, 
     for name, (tensor, shape, dtype) in expected.items():
         if tuple(tensor.shape) != shape or tensor.dtype != dtype:
             raise ValueError(f"{name}: expected {dtype} {list(shape)}, got {tensor.dtype} {list(tensor.shape)}")
-    for name, tensor in {"q": q, "indices": indices, "out": out, **({"attn_sink": attn_sink} if attn_sink is not None else {})}.items():
-        if tensor.numel() and tensor.stride(-1) != 1:
+    unit_stride = {"q": q, "indices": indices, "out": out, "attn_sink": attn_sink, "topk_length": topk_length}
+    for name, tensor in unit_stride.items():
+        if tensor is not None and tensor.numel() and tensor.stride(-1) != 1:
             raise ValueError(f"{name}: the last dimension must be contiguous (stride {tensor.stride(-1)})")
     for name, tensor in {"kv_cache": kv_cache, "indices": indices, "out": out, "lse": lse, "attn_sink": attn_sink,
                          "topk_length": topk_length}.items():  # fmt: skip

@@ -44,7 +44,9 @@ TICKET_STRIDE = 32
 #: how far one call advances a unit's ticket word, whatever its split count (S divides it)
 TICKETS_PER_CALL = 64
 LOG2_E = 1.4426950408889634
-LN_2 = 0.6931471805599453
+#: the same constants as the kernels read them (a jit function may read only constexpr globals)
+_LOG2_E: tl.constexpr = tl.constexpr(LOG2_E)
+_LN_2: tl.constexpr = tl.constexpr(0.6931471805599453)
 
 
 # --------------------------------------------------------------------------- device code
@@ -159,11 +161,11 @@ def _finish(o, lse2, empty, sink_ptr, heads, cols, out_ptrs, lse_ptrs, write_lse
     lse2 = tl.where(empty, float("inf"), lse2)
     if HAS_SINK:
         # sink = -inf (no sink) gives exp2(-inf) = 0, factor 1; an empty row has lse2 = +inf, factor 1.
-        sink2 = tl.load(sink_ptr + heads) * 1.4426950408889634
+        sink2 = tl.load(sink_ptr + heads) * _LOG2_E
         o = o * (1.0 / (1.0 + tl.exp2(sink2 - lse2)))[:, None]
     tl.store(out_ptrs, to_storage(o, out_ptrs.dtype.element_ty, INTERPRETED))
     if write_lse:
-        tl.store(lse_ptrs, lse2 * 0.6931471805599453)
+        tl.store(lse_ptrs, lse2 * _LN_2)
 
 
 @triton.jit
@@ -287,7 +289,8 @@ def _decode_kernel(
             end = (old & -TICKETS_PER_CALL) + TICKETS_PER_CALL
             if MODE == 2:
                 if old + STEP != end:
-                    seen = tl.atomic_add(word, 0, sem="acquire")  # an RMW: served by L2, never a stale L1 line
+                    # an acquiring read at GPU scope (Triton lowers this add of 0 to ld.acquire.gpu)
+                    seen = tl.atomic_add(word, 0, sem="acquire")
                     while seen != end:
                         seen = tl.atomic_add(word, 0, sem="acquire")
                 tl.debug_barrier()
