@@ -197,13 +197,23 @@ def mla_decode(fmt: KvRecordFormat, q, kv_cache, indices, sm_scale, attn_sink, t
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if mode == kernels.MODE_PARTIAL:
-        kernels._combine_kernel[(splits, head_blocks, tokens)](
+        slice_cols = combine_slice(splits, config.block_h)
+        kernels._combine_kernel[(D_V // slice_cols, head_blocks, tokens)](
             part_out, part_lse, attn_sink, out, lse,
             out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
-            S_Q=s_q, BLOCK_H=config.block_h, D_V=D_V, NUM_SPLITS=splits, HAS_SINK=attn_sink is not None, INTERPRETED=interp,
-            num_warps=4,
+            S_Q=s_q, BLOCK_H=config.block_h, D_V=D_V, NUM_SPLITS=splits, SLICE=slice_cols, HAS_SINK=attn_sink is not None,
+            INTERPRETED=interp, num_warps=kernels.COMBINE_NUM_WARPS,
         )  # fmt: skip
     return config
+
+
+def combine_slice(splits: int, block_h: int) -> int:
+    """Value columns per program of the combine kernel: about COMBINE_ELEMENTS partial elements
+    (splits x heads x columns), between 16 (a vector of 64 bytes) and all D_V."""
+    cols = D_V
+    while cols > 16 and splits * block_h * cols > kernels.COMBINE_ELEMENTS:
+        cols //= 2
+    return cols
 
 
 def kernel_v32(q, kv_cache, indices, sm_scale, attn_sink, out, lse) -> None:

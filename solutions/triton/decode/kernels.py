@@ -43,6 +43,9 @@ MODE_DIRECT, MODE_PARTIAL, MODE_BARRIER, MODE_LAST = 0, 1, 2, 3
 TICKET_STRIDE = 32
 #: how far one call advances a unit's ticket word, whatever its split count (S divides it)
 TICKETS_PER_CALL = 64
+#: partial elements (splits x heads x columns) one program of the combine kernel takes at once
+COMBINE_ELEMENTS = 8192
+COMBINE_NUM_WARPS = 4
 LOG2_E = 1.4426950408889634
 #: the same constants as the kernels read them (a jit function may read only constexpr globals)
 _LOG2_E: tl.constexpr = tl.constexpr(LOG2_E)
@@ -308,13 +311,13 @@ def _decode_kernel(
 def _combine_kernel(
     part_out_ptr, part_lse_ptr, sink_ptr, out_ptr, lse_ptr,
     stride_o_b, stride_o_s, stride_o_h, stride_l_b, stride_l_s, stride_l_h,
-    S_Q: tl.constexpr, BLOCK_H: tl.constexpr, D_V: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_SINK: tl.constexpr,
-    INTERPRETED: tl.constexpr,
+    S_Q: tl.constexpr, BLOCK_H: tl.constexpr, D_V: tl.constexpr, NUM_SPLITS: tl.constexpr, SLICE: tl.constexpr,
+    HAS_SINK: tl.constexpr, INTERPRETED: tl.constexpr,
 ):  # fmt: skip
-    """Second launch of the two-launch path. Grid (NUM_SPLITS, h_q / BLOCK_H, b * s_q): program
-    (c, hb, t) combines value slice c (D_V / NUM_SPLITS columns) of token t's head block hb."""
-    SLICE: tl.constexpr = D_V // NUM_SPLITS
-    tl.static_assert(D_V % NUM_SPLITS == 0, "each program combines one equal slice of the value columns")
+    """Second launch of the two-launch path. Grid (D_V / SLICE, h_q / BLOCK_H, b * s_q): program
+    (c, hb, t) combines value columns [c * SLICE, (c + 1) * SLICE) of token t's head block hb
+    (SLICE chosen by the host so a program holds a bounded number of partial elements)."""
+    tl.static_assert(D_V % SLICE == 0, "the slices tile the value columns")
     c = tl.program_id(0)
     hb = tl.program_id(1)
     t = tl.program_id(2)
