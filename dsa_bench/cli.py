@@ -68,6 +68,8 @@ def run(
     warmup: int | None = typer.Option(None, help="Warm-up calls per trial."),
     iterations: int | None = typer.Option(None, help="Timed calls per trial."),
     trials: int | None = typer.Option(None, help="Timing trials, each with fresh inputs."),
+    reference_protocol: str | None = typer.Option(None, "--reference-protocol", help="How the reference is timed: light (2 warm-up, "
+                                                  "10 timed calls, 1 trial; the default) or full (the solutions' protocol)."),
     case_timeout: float = typer.Option(600.0, help="Seconds a solution may take on one case before it is TIMEOUT."),
     compile_timeout: float = typer.Option(900.0, help="Seconds a solution may take to import/build."),
     save: Path | None = typer.Option(None, help="Results JSON path (default: results/<workload>-<time>.json)."),
@@ -123,7 +125,7 @@ def run(
         warmup=warmup, iterations=iterations, trials=trials, case_timeout=case_timeout, compile_timeout=compile_timeout, save=save,
         no_save=no_save, dataset=dataset, worker_user=worker_user, gpus=gpus, executor=executor, ray_address=ray_address,
         dataset_solutions=dataset_solutions, atol=atol, rtol=rtol, lse_atol=lse_atol, score_rtol=score_rtol,
-        resume=resume,
+        resume=resume, reference_protocol=reference_protocol,
     )  # fmt: skip
     plan = plan_run(request, find_root())
     for warning in plan.warnings:

@@ -69,6 +69,9 @@ class RunSettings:
     iterations: int = 50
     trials: int = 3
     tolerance: Tolerance = Tolerance()
+    #: how the reference solution is timed: "light" (REFERENCE_LIGHT: its host-bound PyTorch calls
+    #: would otherwise dominate a run's wall time) or "full" (the solutions' own protocol)
+    reference_protocol: str = "light"
 
     def replace(self, **changes: Any) -> RunSettings:
         from dataclasses import replace
@@ -99,6 +102,10 @@ COUNT_BOUNDS: dict[str, tuple[int, int]] = {
     "trials": (1, 100),
 }
 TOLERANCES = tuple(f.name for f in dataclasses.fields(Tolerance))
+#: the reference's timing protocol in a "light" run: (warmup, iterations, trials). Its latency
+#: is the speedups' denominator; a PyTorch reference repeats within a few percent over 10 calls.
+REFERENCE_LIGHT = (2, 10, 1)
+REFERENCE_PROTOCOLS = ("light", "full")
 #: Largest inputs plus outputs of one input set of a case, in bytes. The largest shipped case
 #: needs about 0.7 GB; a trace asking for more is a typo, which would otherwise surface as an
 #: allocation failure (or a machine swapping) instead of a message about the trace.
@@ -146,11 +153,13 @@ class SettingsModel(ClosedModel):
     rtol: Annotated[float, _checked_setting("rtol")] = Tolerance.rtol
     lse_atol: Annotated[float, _checked_setting("lse_atol")] = Tolerance.lse_atol
     score_rtol: Annotated[float, _checked_setting("score_rtol")] = Tolerance.score_rtol
+    reference_protocol: Literal["light", "full"] = "light"
 
     def run_settings(self) -> RunSettings:
         return RunSettings(
             **{key: getattr(self, key) for key in COUNT_BOUNDS},
             tolerance=Tolerance(**{key: getattr(self, key) for key in TOLERANCES}),
+            reference_protocol=self.reference_protocol,
         )
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import statistics
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -142,6 +144,11 @@ def check_results_path(path: Path, inputs: Iterable[Path], input_folders: Iterab
     check_output_path(path, "--save", "dsa-bench results", lambda p: has_json_format(p, RESULTS_FORMAT), inputs, input_folders)
 
 
+#: the longest a finished record waits in memory before the results file is rewritten (a harness
+#: killed by SIGKILL loses at most this much; every other stop writes everything first)
+WRITE_INTERVAL_S = 2.0
+
+
 class ResultsFile:
     """A results document kept on disk as records arrive.
 
@@ -164,22 +171,27 @@ class ResultsFile:
             "complete": False,
         }
         self._superseded = set(superseded)
+        self._written_at = -math.inf
         self._write()
 
     def add(self, record: CaseRecord, **fields: Any) -> None:
-        """Append a record (and set any header ``fields`` with it, in the same write)."""
+        """Append a record (and set any header ``fields`` with it). The file is rewritten at most
+        every :data:`WRITE_INTERVAL_S` here (the whole document each time: a write per record made
+        long runs quadratic); :meth:`update`, which ends every run, interrupted or not, always writes."""
         if record.case in self._superseded:
             self._superseded.discard(record.case)
             self.document["records"] = [r for r in self.document["records"] if r["case"] != record.case]
         self.document["records"].append(record.to_json())
         self.document.update(fields)
-        self._write()
+        if time.monotonic() - self._written_at >= WRITE_INTERVAL_S:
+            self._write()
 
     def update(self, **fields: Any) -> None:
         self.document.update(fields)
         self._write()
 
     def _write(self) -> None:
+        self._written_at = time.monotonic()
         if self.path is not None:
             write_atomic(self.path, json.dumps(self.document, indent=1, allow_nan=True), "results")
 

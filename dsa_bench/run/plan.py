@@ -42,7 +42,7 @@ from dsa_bench.run.runner import Interrupted, RunOptions, order_solutions, run_w
 from dsa_bench.solution import REFERENCE_SOLUTION, Solution, content_hash, discover, load_solution
 from dsa_bench.timing import choose_timer
 from dsa_bench.timing.flush import check_l2_flush, measure_copy_bandwidth
-from dsa_bench.workloads import TOLERANCES, Case, Workload, setting_problem
+from dsa_bench.workloads import REFERENCE_PROTOCOLS, TOLERANCES, Case, Workload, setting_problem
 
 #: Longest --case-timeout and --compile-timeout, in seconds: a day (longer is a typo, not a plan).
 MAX_TIMEOUT_S = 86400.0
@@ -80,6 +80,7 @@ class RunRequest:
     lse_atol: float | None = None
     score_rtol: float | None = None
     resume: Path | None = None  # an interrupted run's results file, completed in place
+    reference_protocol: str | None = None  # REFERENCE_PROTOCOLS; None: the workload's
 
     def tolerance_overrides(self) -> dict[str, float]:
         return {key: getattr(self, key) for key in TOLERANCES if getattr(self, key) is not None}
@@ -260,6 +261,8 @@ def check_request(request: RunRequest) -> None:
         problem = None if value is None else setting_problem(option.removeprefix("--").replace("-", "_"), value)
         if problem is not None:
             raise DsaBenchError(f"{option} {value}: {problem}")
+    if request.reference_protocol is not None and request.reference_protocol not in REFERENCE_PROTOCOLS:
+        raise DsaBenchError(f"--reference-protocol {request.reference_protocol!r}: expected one of {', '.join(REFERENCE_PROTOCOLS)}")
     if request.dataset_solutions and request.dataset is None:
         raise DsaBenchError("--dataset-solutions names solutions of a flashinfer-bench dataset; give the dataset with --dataset")
     for option, seconds in (("--case-timeout", request.case_timeout), ("--compile-timeout", request.compile_timeout)):
@@ -412,7 +415,7 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     tolerance = dataclasses.replace(workload.settings.tolerance, **request.tolerance_overrides())
     settings = workload.settings.replace(
         seed=request.seed, input_sets=request.input_sets, warmup=request.warmup, iterations=request.iterations, trials=request.trials,
-        tolerance=tolerance,
+        tolerance=tolerance, reference_protocol=request.reference_protocol,
     )  # fmt: skip
     if timer is not None and settings.input_sets < 2:
         raise DsaBenchError("timing needs --input-sets >= 2 so consecutive calls never see the same tensors")

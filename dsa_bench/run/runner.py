@@ -8,6 +8,7 @@ solution's speedup is measured against a reference timed in the same run.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import subprocess
@@ -37,7 +38,7 @@ from dsa_bench.run.protocol import (
     value_bytes,
 )
 from dsa_bench.solution import REFERENCE_SOLUTION, Solution
-from dsa_bench.workloads import Case, RunSettings, Workload, derive_seed
+from dsa_bench.workloads import REFERENCE_LIGHT, Case, RunSettings, Workload, derive_seed
 
 #: what of the harness's environment a worker sees (nothing else: no tokens, no credentials)
 WORKER_ENV = ("PATH", "LD_LIBRARY_PATH", "LANG", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONUNBUFFERED", "CC", "CXX")
@@ -254,6 +255,16 @@ def _last_lines(text: str, lines: int = 12) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def timing_job(settings: RunSettings, case: Case, is_reference: bool) -> TimingJob:
+    """The solution's timing job; the reference's is lighter unless ``reference_protocol`` is "full"."""
+    warmup, iterations, trials = settings.warmup, settings.iterations, settings.trials
+    if is_reference and settings.reference_protocol == "light":
+        light_warmup, light_iterations, light_trials = REFERENCE_LIGHT
+        warmup, iterations, trials = min(warmup, light_warmup), min(iterations, light_iterations), min(trials, light_trials)
+    seeds = trial_seeds(dataclasses.replace(settings, trials=trials), case)
+    return TimingJob(case, seeds, warmup, iterations, derive_seed(settings.seed, case.id, "sample"))
+
+
 def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> CaseRecord:
     """One solution on one case: correctness on every input set, then (GPU) timing."""
     settings = options.settings  # the run's settings: the workload's, with the command line's overrides
@@ -285,9 +296,7 @@ def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> Case
             result = worst([ctx.check(seed, out) for seed, out in zip(seeds, outputs, strict=True)])
         record.phases_s["checks"] = time.perf_counter() - checks_start
         if result.passed and options.timer is not None:
-            job = TimingJob(
-                case, trial_seeds(settings, case), settings.warmup, settings.iterations, derive_seed(settings.seed, case.id, "sample")
-            )
+            job = timing_job(settings, case, handle.solution.name == REFERENCE_SOLUTION)
             limit = len(job.trial_seeds) * (output_bytes + value_bytes(ctx.redraw_specs)) + 2**20
             sent = time.perf_counter()
             try:
