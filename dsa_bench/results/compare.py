@@ -240,7 +240,7 @@ def _environment_warnings(results: LoadedResults, block: dict[str, Any]) -> list
             "a dirty flush also charges each call for writing back the flush's lines"
         )
     old_settings, new_settings = block.get("settings") or {}, results.document.get("settings") or {}
-    for key in ("iterations", "trials", "warmup", "input_sets"):
+    for key in ("iterations", "trials", "warmup", "input_sets", "reference_protocol"):
         if old_settings.get(key) != new_settings.get(key):
             warnings.append(
                 f"{results.workload}: setting {key} was {old_settings.get(key)!r} in the baseline, {new_settings.get(key)!r} now"
