@@ -100,11 +100,13 @@ def test_shipped_triton_solution_imports_as_flashinfer_bench_imports_it(tmp_path
 
     monkeypatch.setenv("FIB_CACHE_PATH", str(tmp_path / "fib_cache"))
     assert len(packed) == len(load_solution(ROOT / "solutions" / "triton").entries)
-    # flashinfer-bench's Definition has no uint8 dtype, so the KV-insert definitions (uint8 caches)
-    # cannot be described to its builder; their packed solutions are still checked for imports above
+    # flashinfer-bench's Definition has no uint8 dtype, so the KV-insert and MLA-decode definitions
+    # (uint8 caches) cannot be described to its builder; their packed solutions are still checked
+    # for imports above
     expressible = [p for p in packed if not _has_uint8(get_definition(p.definition))]
     assert {p.definition for p in packed} - {p.definition for p in expressible} == {
-        "dsa_kv_insert_v32_fp8", "dsa_kv_insert_v4_fp8", "dsa_kv_insert_v41_fp8"
+        "dsa_kv_insert_v32_fp8", "dsa_kv_insert_v4_fp8", "dsa_kv_insert_v41_fp8",
+        "dsa_mla_decode_v32_fp8", "dsa_mla_decode_v4_fp8", "dsa_mla_decode_v41_fp8",
     }
     for item in expressible:
         op_type = item.definition.split("_fp8")[0]  # dsa_topk_indexer, dsa_sparse_attention
@@ -124,6 +126,11 @@ def test_the_loader_imports_a_packed_json_as_flashinfer_bench_does(tmp_path, mon
     from flashinfer_bench.compile.builders.python_builder import PythonBuilder
 
     monkeypatch.setenv("FIB_CACHE_PATH", str(tmp_path / "fib_cache"))
+    # as in a fresh flashinfer-bench process: no solution folder an earlier test imported (the
+    # harness's loader puts one on sys.path) lends its `common` package to the absolute import
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if not Path(p).is_relative_to(ROOT / "solutions")])
+    for name in [m for m in sys.modules if m == "common" or m.startswith("common.")]:
+        monkeypatch.delitem(sys.modules, name)
     definition = _fib_definition(INDEXER, "dsa_topk_indexer")
     absolute = pack_solution(MULTI, tmp_path / "absolute")[0]
     relative = relative_pack(tmp_path)[INDEXER]
