@@ -73,6 +73,9 @@ def run(
     worker_user: str = typer.Option("auto", "--worker-user", help="Whom solution workers run as: auto (a dedicated unprivileged id per "
                                                                   "worker when the harness is root, else the harness's user) or harness "
                                                                   "(always the harness's user)."),
+    speedup_over: str | None = typer.Option(None, "--speedup-over", help="Solution of this run that the second speedup column is "
+                                                                          "measured against (default: the fastest peer, a solution with "
+                                                                          "`requires`, that passed each case)."),
 ) -> None:
     """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them."""
     from dsa_bench.project import find_root
@@ -82,7 +85,7 @@ def run(
     request = RunRequest(
         workload=workload, solutions=solution, cases=case, device=device, timer=timer, l2_flush=l2_flush, seed=seed, input_sets=input_sets,
         warmup=warmup, iterations=iterations, trials=trials, case_timeout=case_timeout, compile_timeout=compile_timeout, save=save,
-        no_save=no_save, dataset=dataset, worker_user=worker_user,
+        no_save=no_save, dataset=dataset, worker_user=worker_user, speedup_over=speedup_over,
     )  # fmt: skip
     plan = plan_run(request, find_root())
     for warning in plan.warnings:
@@ -104,6 +107,9 @@ def run(
         typer.echo(records_table(records, plan.workload.definition.key_axes))
         typer.echo("")
         typer.echo(summary_table(records))
+        if any(r.peer is not None for r in records):
+            over = f"--speedup-over {plan.options.speedup_over}" if plan.options.speedup_over else "the fastest peer that passed each case"
+            typer.echo(f"vs peer: that solution's latency over each solution's, measured against {over}")
     for name, note in (outcome.results.document.get("solution_notes") or {}).items():
         typer.echo(f"note [{name}]: {note}")
     for name, packages in (outcome.results.document.get("solution_packages") or {}).items():

@@ -59,6 +59,7 @@ class RunRequest:
     no_save: bool = False
     dataset: Path | None = None
     worker_user: str = "auto"
+    speedup_over: str | None = None  # None: the fastest peer that passed each case
 
 
 @dataclass
@@ -100,6 +101,8 @@ class RunPlan:
             "solutions": {
                 s.name: {"path": relative_to_root(s.path, self.root), "content_hash": content_hash(s.path)} for s in self.solutions
             },
+            "peers": [s.name for s in self.solutions if s.requires.any],
+            "speedup_over": options.speedup_over,
         }
 
 
@@ -205,6 +208,10 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     if timer is not None and settings.input_sets < 2:
         raise DsaBenchError("timing needs --input-sets >= 2 so consecutive calls never see the same tensors")
     solutions = _solutions(request, workload, root, timer is not None)
+    if request.speedup_over is not None and request.speedup_over not in {s.name for s in solutions}:
+        raise DsaBenchError(
+            f"--speedup-over {request.speedup_over!r} is not a solution of this run (it runs {', '.join(s.name for s in solutions)})"
+        )
     default_save = root / "results" / f"{safe_file_name(workload.name)}-{now_iso().replace(':', '')}.json"
     save_path = None if request.no_save else (request.save or default_save)
     if save_path is not None:
@@ -221,6 +228,7 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
         dataset_root=request.dataset,
         worker_user=request.worker_user,
         copy_bytes_per_s=measure_copy_bandwidth(device) if timer is not None else None,
+        speedup_over=request.speedup_over,
     )
     identities = worker_identities(solutions, options, cases)
     return RunPlan(workload, cases, solutions, options, identities, save_path, root, [warning] if warning else [])
