@@ -13,6 +13,7 @@ import importlib.util
 import io
 import itertools
 import json
+import shutil
 import subprocess
 import sys
 import types
@@ -171,3 +172,10 @@ def test_a_pruned_wheel_has_a_true_record_and_installs(tmp_path):
     proc = subprocess.run([sys.executable, "-c", probe], env={"PYTHONPATH": str(installed)}, capture_output=True, text=True)
     assert proc.stdout.split() == ["3", "1.0"], proc.stderr
     assert (installed / "demo" / "data" / "prebuilt.so").read_bytes() == b"\x7fELF"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_the_toolkit_is_found_through_nvcc_itself():
+    toolkit, library_dirs = carry.cuda_toolkit()  # /usr/local/bin/nvcc may be a wrapper script
+    assert (toolkit / "include" / "cuda_runtime.h").is_file()
+    assert any((d / "libcudart.so").exists() for d in library_dirs)

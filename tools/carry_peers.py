@@ -205,6 +205,30 @@ shutil.copyfile(spec.jit_library_path, sys.argv[1])
 CURAND_HEADERS = ("nvidia-curand>=10.4,<10.5", "manylinux_2_27_x86_64", "nvidia/cu13/include/")
 
 
+def cuda_toolkit() -> tuple[Path, list[Path]]:
+    """The CUDA toolkit nvcc belongs to and the folders it links from, as ``nvcc --dryrun`` says
+    (``which nvcc`` may be a wrapper script outside the toolkit)."""
+    nvcc = shutil.which("nvcc") or (os.environ.get("CUDA_HOME", "") + "/bin/nvcc")
+    try:
+        lines = subprocess.run([nvcc, "--dryrun", "-c", "probe.cu"], capture_output=True, text=True, check=False).stderr.splitlines()
+    except OSError:
+        raise typer.BadParameter("--build-flashinfer-topk needs nvcc (on PATH, or under CUDA_HOME)") from None
+    here = next((line.split("=", 1)[1] for line in lines if line.startswith("#$ _HERE_=")), None)
+    if here is None:
+        raise typer.BadParameter(f"{nvcc} --dryrun did not say where its toolkit is")
+    libraries = next((line.split("=", 1)[1] for line in lines if line.startswith("#$ LIBRARIES=")), "")
+    return Path(here).parent.resolve(), [Path(flag.strip('"')[2:]).resolve() for flag in libraries.split() if flag.startswith('"-L')]
+
+
+def link_stub(folder: Path) -> Path:
+    """A ``libcuda.so`` stub (soname libcuda.so.1, no symbols) for a toolkit that ships none:
+    FlashInfer links ``-lcuda``; the module then binds to the device's driver when loaded."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "stub.c").write_text("")
+    subprocess.run(["cc", "-shared", "-Wl,-soname,libcuda.so.1", "-o", str(folder / "libcuda.so"), str(folder / "stub.c")], check=True)
+    return folder
+
+
 def build_flashinfer_topk(flashinfer_wheel: Path, tvm_ffi_wheel: Path, nvml_wheel: Path, work: Path, downloads: Path) -> Path:
     """Compile FlashInfer's top-k module for sm_90a from the pruned wheel (its Python code generates the
     ninja file; nvml is imported by it); the path of the built .so."""
@@ -212,10 +236,10 @@ def build_flashinfer_topk(flashinfer_wheel: Path, tvm_ffi_wheel: Path, nvml_whee
     if built.is_file():
         print(f"prebuilt top-k module found: {built}")
         return built
-    nvcc = shutil.which("nvcc")
-    cuda_home = os.environ.get("CUDA_HOME") or (str(Path(nvcc).resolve().parent.parent) if nvcc else None)
-    if cuda_home is None:
-        raise typer.BadParameter("--build-flashinfer-topk needs nvcc (on PATH, or CUDA_HOME set)")
+    toolkit, library_dirs = cuda_toolkit()
+    cuda_home = os.environ.get("CUDA_HOME") or str(toolkit)
+    if not any((d / "libcuda.so").is_file() for d in library_dirs):
+        library_dirs.append(link_stub(work / "link-stub"))
     site = work / "site"
     shutil.rmtree(site, ignore_errors=True)
     for pure_python in (flashinfer_wheel, nvml_wheel):
@@ -232,7 +256,7 @@ def build_flashinfer_topk(flashinfer_wheel: Path, tvm_ffi_wheel: Path, nvml_whee
         dlpack = next(p.parent.parent for p in tvm.rglob("dlpack/dlpack.h"))
     (stub / "libinfo.py").write_text(TVM_FFI_LIBINFO_STUB.format(include=str(include), dlpack=str(dlpack)))
     extra_flags = []
-    if not (Path(cuda_home) / "include" / "curand.h").is_file():
+    if not (toolkit / "include" / "curand.h").is_file():
         requirement, platform, prefix = CURAND_HEADERS
         download([requirement], downloads, platform)
         curand = work / "curand"
@@ -242,6 +266,7 @@ def build_flashinfer_topk(flashinfer_wheel: Path, tvm_ffi_wheel: Path, nvml_whee
     env = {
         **os.environ,
         "FLASHINFER_EXTRA_CUDAFLAGS": " ".join(extra_flags),
+        "FLASHINFER_EXTRA_LDFLAGS": " ".join(f"-L{d}" for d in library_dirs),
         "PYTHONPATH": str(site),
         "CUDA_HOME": cuda_home,
         "FLASHINFER_WORKSPACE_BASE": str(work / "workspace"),

@@ -64,6 +64,11 @@ def row_scores(
     """``[seq_len]`` float32 scores of one row's tokens, in position order."""
     keys, scales = _row_keys(k_index_cache_fp8, block_table_row, seq_len)
     logits = q_row.float() @ keys.T  # [heads, seq_len]
+    return _combine(logits, weights_row, scales)
+
+
+def _combine(logits: torch.Tensor, weights_row: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Scores from the ``[heads, seq_len]`` dots: relu, head weights, head sum, then the token scale."""
     return (logits.relu() * weights_row.float()[:, None]).sum(dim=0) * scales
 
 
@@ -130,8 +135,7 @@ def scored_row(
     keys, scales = _row_keys(k_index_cache_fp8, block_table_row, seq_len)
     q = q_row.float()
     logits = q @ keys.T  # [heads, seq_len]
-    scores = (logits.relu() * weights_row.float()[:, None]).sum(dim=0) * scales
-    return ScoredRow(scores, row_tie_tolerance(q, keys, scales, weights_row, logits))
+    return ScoredRow(_combine(logits, weights_row, scales), row_tie_tolerance(q, keys, scales, weights_row, logits))
 
 
 def reference(

@@ -92,6 +92,8 @@ def kernel(
                 q_index_fp8.view(batch, 1, NUM_HEADS, HEAD_DIM), k_index_cache_fp8.view(torch.uint8), weights,
                 meta.context_lens, block_table, meta.schedule, meta.max_len, False,
             )  # fmt: skip
+            if not isinstance(scores, torch.Tensor):  # a tvm-ffi tensor: the same memory, viewed by torch
+                scores = torch.utils.dlpack.from_dlpack(scores)
         else:
             scores = meta.placeholder
         torch.ops.sgl_kernel.fast_topk_transform_fused(scores, seq_lens, topk_indices, meta.token_table, meta.cu_seqlens_q, None)
