@@ -7,6 +7,11 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 WORKLOAD ?= indexer_h64
+# The flashinfer-bench release whose models and builders judge dsa-bench's packed solutions and
+# exported traces in the tests (docs/flashinfer_bench.md). `install` adds it with --no-deps: its
+# declared dependencies (flashinfer-python, apache-tvm-ffi, a PyPI torch) are GPU stacks those
+# checks never import, and torch stays as installed.
+FLASHINFER_BENCH_VERSION ?= 0.1.2
 ARGS ?=
 
 .PHONY: install run test test-all test-gpu lint clean
@@ -22,7 +27,8 @@ $(VENV)/.installed: pyproject.toml
 	else \
 		$(PY) -m pip install "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); \
 	fi
-	$(PY) -m pip install -e ".[dev]"
+	$(PY) -m pip install -e ".[dev,ray]"  # Ray: the --executor ray tests run in CI
+	$(PY) -m pip install --no-deps "flashinfer-bench==$(FLASHINFER_BENCH_VERSION)"
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 		$(PY) -m pip install -e ".[gpu]"; fi
 	touch $@

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
 import signal
 import sys
 from pathlib import Path
@@ -50,8 +53,9 @@ def _warn(message: str) -> None:
 @app.command()
 def run(
     workload: str = typer.Option(..., "--workload", "-w", help="Workload name (workloads/<name>.yaml) or path to a workload YAML."),
-    solution: list[str] = typer.Option([], "--solution", "-s", help="Solution name or folder; repeat for several. Default: every solution "
-                                                                    "with an entry for the workload's definition."),
+    solution: list[str] = typer.Option([], "--solution", "-s", help="Solution name, folder or packed Solution JSON file (run as "
+                                                                    "flashinfer-bench imports it); repeat for several. Default: every "
+                                                                    "solution with an entry for the workload's definition."),
     case: list[str] = typer.Option([], "--case", "-c", help="Case id or glob pattern; repeat for several. Default: all cases."),
     device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N. Without CUDA the run checks correctness only."),
     timer: str = typer.Option("auto", help="auto (CUPTI, else CUDA events with a warning), cupti, cupti_api (also traces API calls and "
@@ -64,6 +68,8 @@ def run(
     warmup: int | None = typer.Option(None, help="Warm-up calls per trial."),
     iterations: int | None = typer.Option(None, help="Timed calls per trial."),
     trials: int | None = typer.Option(None, help="Timing trials, each with fresh inputs."),
+    reference_protocol: str | None = typer.Option(None, "--reference-protocol", help="How the reference is timed: light (2 warm-up, "
+                                                  "10 timed calls, 1 trial; the default) or full (the solutions' protocol)."),
     case_timeout: float = typer.Option(600.0, help="Seconds a solution may take on one case before it is TIMEOUT."),
     compile_timeout: float = typer.Option(900.0, help="Seconds a solution may take to import/build."),
     save: Path | None = typer.Option(None, help="Results JSON path (default: results/<workload>-<time>.json)."),
@@ -73,60 +79,135 @@ def run(
     worker_user: str = typer.Option("auto", "--worker-user", help="Whom solution workers run as: auto (a dedicated unprivileged id per "
                                                                   "worker when the harness is root, else the harness's user) or harness "
                                                                   "(always the harness's user)."),
+    gpus: str | None = typer.Option(None, "--gpus", help="Devices to spread the cases over: a count or 'all' (default: 1; every GPU "
+                                                        "of the cluster with --executor ray). Each case (reference and every solution) "
+                                                        "runs on one device; without CUDA, N parallel correctness-only workers."),
+    executor: str = typer.Option("local", "--executor", help="local (this machine's devices) or ray (one actor per GPU of a Ray "
+                                                             "cluster; needs pip install 'dsa-bench[ray]')."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="The Ray cluster to join (default: start a local one)."),
+    dataset_solutions: list[str] = typer.Option([], "--dataset-solutions", help="With --dataset: run the dataset's own solutions "
+                                                                                "(solutions/**/*.json) of the definition: 'all', or a "
+                                                                                "name; repeat for several."),
+    atol: float | None = typer.Option(None, "--atol", help="Absolute tolerance of value outputs (default: the workload's)."),
+    rtol: float | None = typer.Option(None, "--rtol", help="Relative tolerance of value outputs (default: the workload's)."),
+    lse_atol: float | None = typer.Option(None, "--lse-atol", help="Absolute tolerance of log-sum-exp outputs (default: the workload's)."),
+    score_rtol: float | None = typer.Option(None, "--score-rtol", help="Top-k tie tolerance as a fixed fraction of the row's largest score "
+                                                                       "(default: the workload's; none: the definition's derived bound)."),
+    resume: Path | None = typer.Option(None, "--resume", help="Continue the interrupted run of this results file: same workload, options "
+                                                              "and solutions (else a refusal naming what differs); finished cases are "
+                                                              "kept, the rest run, and the union is written back to the file."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary, the results path and errors."),
+    json_lines: bool = typer.Option(False, "--json-lines", help="Write one JSON object per finished record (the results file's fields) and "
+                                                                "then {\"summary\": ...} to stdout, and nothing else; human text goes to "
+                                                                "stderr."),
+    breakdown: bool = typer.Option(False, "--breakdown", help="Print where the run's wall time went, phase by phase (the results file "
+                                                              "always records it as wall_breakdown)."),
     speedup_over: str | None = typer.Option(None, "--speedup-over", help="Solution of this run that the second speedup column is "
                                                                           "measured against (default: the fastest peer, a solution with "
                                                                           "`requires`, that passed each case)."),
 ) -> None:
-    """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them."""
+    """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them.
+
+    On a terminal a progress display shows the run; otherwise (a log, a pipe) each finished
+    (case, solution) prints one line as it finishes."""
     from dsa_bench.project import find_root
-    from dsa_bench.results.tables import failures, records_table, skips, summary_table
+    from dsa_bench.results.tables import (
+        breakdown_table,
+        failures,
+        record_line,
+        records_table,
+        skips,
+        summarize,
+        summary_table,
+        wall_time,
+    )
     from dsa_bench.run.plan import RunRequest, execute, plan_run
 
     request = RunRequest(
         workload=workload, solutions=solution, cases=case, device=device, timer=timer, l2_flush=l2_flush, seed=seed, input_sets=input_sets,
         warmup=warmup, iterations=iterations, trials=trials, case_timeout=case_timeout, compile_timeout=compile_timeout, save=save,
-        no_save=no_save, dataset=dataset, worker_user=worker_user, speedup_over=speedup_over,
+        no_save=no_save, dataset=dataset, worker_user=worker_user, gpus=gpus, executor=executor, ray_address=ray_address,
+        dataset_solutions=dataset_solutions, atol=atol, rtol=rtol, lse_atol=lse_atol, score_rtol=score_rtol,
+        resume=resume, reference_protocol=reference_protocol, speedup_over=speedup_over,
     )  # fmt: skip
     plan = plan_run(request, find_root())
     for warning in plan.warnings:
         _warn(warning)
+    say = (lambda text: typer.echo(text, err=True)) if json_lines else typer.echo  # stdout holds only JSON with --json-lines
     names = ", ".join(s.name for s in plan.solutions)
-    typer.echo(f"{plan.workload.name}: {len(plan.cases)} cases x {len(plan.solutions)} solutions ({names}) "
-               f"on {plan.options.device}, {plan.mode}")
-    for line in sorted({f"workers run as {identity.description}" for identity in plan.identities.values()}):
-        typer.echo(line)
-    with _progress() as progress:
-        task = progress.add_task(plan.workload.name, total=len(plan.cases) * len(plan.solutions))
+    if not quiet:
+        say(f"{plan.workload.name}: {len(plan.cases)} cases x {len(plan.solutions)} solutions ({names}) "
+            f"on {_devices(plan)}, {plan.mode}")
+        for line in sorted({f"workers run as {identity.description}" for identity in plan.identities.values()}):
+            say(line)
+        if plan.resumed is not None:
+            kept = sum(r["case"] in plan.resumed.finished for r in plan.resumed.document["records"])
+            say(f"resuming {plan.save_path}: {kept} records of {len(plan.resumed.finished)} finished cases kept, "
+                f"{len(plan.pending_cases)} cases to run")  # fmt: skip
+    total = len(plan.pending_cases) * len(plan.solutions)
+    live = sys.stdout.isatty() and not quiet and not json_lines
+    done = 0
+    with _progress() if live else contextlib.nullcontext() as progress:
+        task = progress.add_task(plan.workload.name, total=total) if progress else None
 
         def on_record(record) -> None:
-            progress.update(task, advance=1, description=f"{record.case} [{record.solution}] {record.status.value}")
+            nonlocal done
+            done += 1
+            if progress is not None:
+                progress.update(task, advance=1, description=f"{record.case} [{record.solution}] {record.status.value}")
+            elif json_lines:
+                typer.echo(json.dumps(record.to_json()))  # typer.echo flushes: a piped log shows every record as it finishes
+            elif not quiet:
+                typer.echo(record_line(record, done, total))
 
         outcome = execute(plan, on_record)
     records = outcome.records
-    if records:
+    wall = outcome.results.document["wall_breakdown"]
+    if records and live:
         typer.echo(records_table(records, plan.workload.definition.key_axes))
         typer.echo("")
-        typer.echo(summary_table(records))
+    if records and not (json_lines and quiet):
+        say(summary_table(records))
         if any(r.peer is not None for r in records):
             over = f"--speedup-over {plan.options.speedup_over}" if plan.options.speedup_over else "the fastest peer that passed each case"
-            typer.echo(f"vs peer: that solution's latency over each solution's, measured against {over}")
-    for name, note in (outcome.results.document.get("solution_notes") or {}).items():
-        typer.echo(f"note [{name}]: {note}")
-    for name, packages in (outcome.results.document.get("solution_packages") or {}).items():
-        typer.echo(f"packages [{name}]: " + ", ".join(f"{k} {v}" for k, v in packages.items()))
-    for line in skips(records):
-        typer.echo(line)
+            say(f"vs peer: that solution's latency over each solution's, measured against {over}")
+    if not (json_lines and quiet):
+        say(breakdown_table(wall) if breakdown else f"{wall_time(wall)} (--breakdown shows where it went)")
+    if not quiet:
+        for name, note in (outcome.results.document.get("solution_notes") or {}).items():
+            say(f"note [{name}]: {note}")
+        for name, packages in (outcome.results.document.get("solution_packages") or {}).items():
+            say(f"packages [{name}]: " + ", ".join(f"{k} {v}" for k, v in packages.items()))
+        for line in skips(records):
+            say(line)
     for line in outcome.sagged:
         _warn(f"clock sagged during timing: {line}")
     for line in failures(records):
         _err(line)
-    if plan.save_path is not None:
-        typer.echo(f"results: {plan.save_path}")
+    if plan.save_path is not None and not (json_lines and quiet):
+        say(f"results: {plan.save_path}")
+    if json_lines:
+        summary = {
+            "workload": plan.workload.name,
+            "complete": outcome.stopped_by is None,
+            "interrupted_by": None if outcome.stopped_by is None else signal.Signals(outcome.stopped_by).name,
+            "results": None if plan.save_path is None else str(plan.save_path),
+            "solutions": [dataclasses.asdict(summarize(records, name)) for name in dict.fromkeys(r.solution for r in records)],
+            "wall_breakdown": wall,
+        }
+        typer.echo(json.dumps({"summary": summary}))
     if outcome.stopped_by is not None:
         _err(f"interrupted by {signal.Signals(outcome.stopped_by).name}: {len(records)} finished records kept")
         raise typer.Exit(128 + outcome.stopped_by)
     if any(r.failed for r in records):  # a skipped peer is not a failure
         raise typer.Exit(EXIT_FAILED_CASES)
+
+
+def _devices(plan) -> str:
+    if plan.executor == "ray":
+        return f"up to {plan.ray_gpus} Ray actor(s)" if plan.ray_gpus else "every GPU of the Ray cluster"
+    devices = [str(o.device) for o in plan.device_options]
+    return devices[0] if len(devices) == 1 else f"{len(devices)} devices ({', '.join(devices)})"
 
 
 def _progress(console=None):
@@ -223,6 +304,7 @@ def pack(
     """Package a solution folder as flashinfer-bench Solution JSON, one file per definition."""
     from tabulate import tabulate
 
+    from dsa_bench.pack.flashinfer import import_problems
     from dsa_bench.pack.pack import pack_solution
     from dsa_bench.pack.verify import verify_packed
     from dsa_bench.project import find_root
@@ -240,6 +322,8 @@ def pack(
             typer.echo(f"  empty files packed as one newline (the format needs non-empty content): {', '.join(item.empty_files)}")
         if item.left_out:
             typer.echo(f"  left out (not needed by this entry): {', '.join(item.left_out)}")
+        for problem in import_problems(item.document, str(item.path)):
+            _warn(problem)
         typer.echo("")
     if not verify:
         return
@@ -290,6 +374,29 @@ def compare(
     typer.echo(render_comparison(comparison, output_format, all_cases))
     if not comparison.ok:
         raise typer.Exit(EXIT_FAILED_CASES)
+
+
+@app.command()
+def export(
+    results: Path = typer.Argument(..., help="Results JSON file of `dsa-bench run --save`."),
+    output_format: str = typer.Option("flashinfer-bench", "--format", help="flashinfer-bench: one Trace JSON per line (JSONL)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="File to write (default: the results file with .traces.jsonl)."),
+) -> None:
+    """Export a results file as flashinfer-bench traces (what the format cannot hold: docs/flashinfer_bench.md)."""
+    from dsa_bench.export import check_traces_path, export_traces, write_traces
+    from dsa_bench.project import find_root
+
+    if output_format != "flashinfer-bench":
+        raise DsaBenchError(f"--format {output_format!r}: the one export format is flashinfer-bench")
+    out = output if output is not None else results.with_suffix(".traces.jsonl")
+    check_traces_path(out, results)
+    exported = export_traces(results, find_root())
+    for line in exported.left_out:
+        _warn(f"no trace for {line}")
+    if not exported.traces:
+        raise DsaBenchError("the results hold no record to export as a trace", str(results))
+    write_traces(exported, out, results)
+    typer.echo(f"wrote {out}: {len(exported.traces)} flashinfer-bench traces")
 
 
 @app.command()

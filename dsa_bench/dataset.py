@@ -5,6 +5,7 @@ Layout (the ecosystem's, as in the contest dataset)::
     DATASET/definitions/[group/]<definition>.json
     DATASET/workloads/[group/]<definition>.jsonl   one {"definition", "solution": null, "workload"} per line
     DATASET/blob/...                                safetensors files that workloads name
+    DATASET/solutions/**/<name>.json                packed Solutions (run with --dataset-solutions)
 
 A definition JSON holds ``name``, ``op_type``, ``axes`` ({"type": "const", "value": n} or
 {"type": "var"}), ``inputs``/``outputs`` ({"shape": [axis names] or null for a scalar, "dtype"}),
@@ -355,6 +356,13 @@ def load_dataset_workload(root: Path, selector: str, settings: RunSettings | Non
         description=f"flashinfer-bench dataset {root}",
         trace_path=file.resolve() if file is not None else None,
     )
+
+
+def dataset_solution_files(root: Path) -> list[Path]:
+    """The dataset's packed Solution JSONs, ``solutions/**/*.json`` (flashinfer-bench's layout)."""
+    _check_root(root)
+    folder = root / "solutions"
+    return sorted(folder.rglob("*.json")) if folder.is_dir() else []
 
 
 # --------------------------------------------------------------------------- reference solution

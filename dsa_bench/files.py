@@ -25,6 +25,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import stat
 import tempfile
 from collections.abc import Callable, Iterable
@@ -68,6 +69,8 @@ def read_text(path: Path, kind: str) -> str:
         raise DsaBenchError(f"cannot read {kind} file: {exc}", repr(str(path))) from None
     if len(data) > MAX_TEXT_BYTES:
         raise DsaBenchError(f"{kind} file grew past {MAX_TEXT_BYTES} bytes while being read", str(path))
+    if data.startswith(LFS_POINTER_PREFIX):
+        raise DsaBenchError(lfs_pointer_message(path, kind), str(path))
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -76,6 +79,34 @@ def read_text(path: Path, kind: str) -> str:
             f"not UTF-8 text: byte 0x{data[exc.start]:02x} at byte offset {exc.start} ({exc.reason}); {kind} files must be UTF-8",
             f"{path}:{line}",
         ) from None
+
+
+#: How a Git LFS pointer file begins: the small text file a clone without LFS objects holds in
+#: place of the real one (``version https://git-lfs.github.com/spec/v1``, ``oid sha256:...``, ``size N``).
+LFS_POINTER_PREFIX = b"version https://git-lfs."
+
+
+def is_lfs_pointer(path: Path) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(len(LFS_POINTER_PREFIX)) == LFS_POINTER_PREFIX
+    except (OSError, ValueError):
+        return False
+
+
+def lfs_pointer_message(path: Path, kind: str) -> str:
+    """What to say about a ``kind`` file that is a Git LFS pointer: what it is and the command that fetches the real file."""
+    resolved = path.resolve()
+    repository = next((p for p in resolved.parents if (p / ".git").exists()), None)
+    if repository is None:
+        fetch = "in the git repository it was cloned from, run: git lfs pull --include <its path in that repository>"
+    else:
+        inside = shlex.quote(resolved.relative_to(repository).as_posix())
+        fetch = f"fetch it with: git -C {shlex.quote(str(repository))} lfs pull --include {inside}"
+    return (
+        f"this {kind} file is a Git LFS pointer (a small text file standing for the real one), not the file itself: "
+        f"the repository was cloned without its LFS objects; {fetch}"
+    )
 
 
 _JSON_NESTING_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')

@@ -85,6 +85,9 @@ class Solution:
     dependencies: tuple[str, ...] = ()
     entries: dict[str, SolutionEntry] = field(default_factory=dict)
     requires: Requirements = field(default_factory=Requirements)
+    #: the packed Solution JSON this folder was laid out from (pack.flashinfer.materialize): its
+    #: entries are imported as flashinfer-bench imports them, not with the folder on ``sys.path``
+    packed_from: Path | None = None
 
     def entry_for(self, definition: str) -> SolutionEntry:
         if definition not in self.entries:

@@ -32,7 +32,7 @@ from pydantic import BeforeValidator, Field
 from dsa_bench.definitions import get_definition
 from dsa_bench.definitions.base import DTYPE_NAMES, Definition, InputRng, Tolerance, Value, is_finite_number, is_integer
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.files import check_document, field_sentence, read_jsonl, read_yaml
+from dsa_bench.files import check_document, field_sentence, is_lfs_pointer, lfs_pointer_message, read_jsonl, read_yaml
 from dsa_bench.models import ClosedModel, Name
 from dsa_bench.paths import path_inside
 
@@ -69,6 +69,9 @@ class RunSettings:
     iterations: int = 50
     trials: int = 3
     tolerance: Tolerance = Tolerance()
+    #: how the reference solution is timed: "light" (REFERENCE_LIGHT: its host-bound PyTorch calls
+    #: would otherwise dominate a run's wall time) or "full" (the solutions' own protocol)
+    reference_protocol: str = "light"
 
     def replace(self, **changes: Any) -> RunSettings:
         from dataclasses import replace
@@ -99,6 +102,10 @@ COUNT_BOUNDS: dict[str, tuple[int, int]] = {
     "trials": (1, 100),
 }
 TOLERANCES = tuple(f.name for f in dataclasses.fields(Tolerance))
+#: the reference's timing protocol in a "light" run: (warmup, iterations, trials). Its latency
+#: is the speedups' denominator; a PyTorch reference repeats within a few percent over 10 calls.
+REFERENCE_LIGHT = (2, 10, 1)
+REFERENCE_PROTOCOLS = ("light", "full")
 #: Largest inputs plus outputs of one input set of a case, in bytes. The largest shipped case
 #: needs about 0.7 GB; a trace asking for more is a typo, which would otherwise surface as an
 #: allocation failure (or a machine swapping) instead of a message about the trace.
@@ -150,11 +157,13 @@ class SettingsModel(ClosedModel):
     rtol: Annotated[float, _checked_setting("rtol")] = Tolerance.rtol
     lse_atol: Annotated[float, _checked_setting("lse_atol")] = Tolerance.lse_atol
     score_rtol: Annotated[float | None, _checked_setting("score_rtol", optional=True)] = Tolerance.score_rtol
+    reference_protocol: Literal["light", "full"] = "light"
 
     def run_settings(self) -> RunSettings:
         return RunSettings(
             **{key: getattr(self, key) for key in COUNT_BOUNDS},
             tolerance=Tolerance(**{key: getattr(self, key) for key in TOLERANCES}),
+            reference_protocol=self.reference_protocol,
         )
 
 
@@ -383,6 +392,8 @@ def resolve_given(case: Case, definition: Definition, device: torch.device) -> d
             except FileNotFoundError:
                 raise DsaBenchError(f"{label}: safetensors file {src.path} does not exist", case.where) from None
             except Exception as exc:  # safetensors raises its own error types for bad files/keys
+                if src.path is not None and is_lfs_pointer(src.path):  # safetensors itself says only "header too large"
+                    raise DsaBenchError(f"{label}: {src.path}: {lfs_pointer_message(src.path, 'safetensors')}", case.where) from None
                 raise DsaBenchError(f"{label}: cannot read tensor {src.tensor_key!r} from {src.path}: {exc}", case.where) from None
             if tensor.dtype != spec.dtype:
                 raise DsaBenchError(f"{label}: tensor has dtype {tensor.dtype}, expected {spec.dtype}", case.where)

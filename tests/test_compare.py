@@ -240,3 +240,32 @@ def test_l2_flush_mismatch_is_a_warning(tmp_path):
     legacy = _compare(tmp_path, path, name="legacy.json", latencies=latencies(), l2_flush=None)
     assert not any("L2 flush" in w for w in legacy.warnings), legacy.warnings
     assert load_results(write_results(tmp_path / "cpu.json", WORKLOAD, latencies(), timed=False, l2_flush=None)).l2_flush is None
+
+
+def _with_tolerance(path: Path, **tolerance: float) -> Path:
+    document = json.loads(path.read_text())
+    document["settings"]["tolerance"] = {"atol": 0.01, "rtol": 0.01, "lse_atol": 0.00025, "score_rtol": 0.0001, **tolerance}
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_a_tolerance_mismatch_is_a_warning(tmp_path):
+    """Results judged with other tolerances (run --atol ...) than the baseline's say so, as other settings do."""
+    path = tmp_path / "tol-base.json"
+    update_baseline(path, [_with_tolerance(write_results(tmp_path / "base.json", WORKLOAD, latencies()))])
+    same = _with_tolerance(write_results(tmp_path / "same.json", WORKLOAD, latencies()))
+    assert not any("tolerance" in w for w in compare_results([load_results(same)], load_baseline(path)).warnings)
+    loose = _with_tolerance(write_results(tmp_path / "loose.json", WORKLOAD, latencies()), atol=0.05, score_rtol=0.001)
+    comparison = compare_results([load_results(loose)], load_baseline(path))
+    assert [w for w in comparison.warnings if "tolerance" in w] == [
+        f"{WORKLOAD}: tolerance atol was 0.01 in the baseline, 0.05 now; statuses are judged differently "
+        "(run --atol/--rtol/--lse-atol/--score-rtol set them)",
+        f"{WORKLOAD}: tolerance score_rtol was 0.0001 in the baseline, 0.001 now; statuses are judged differently "
+        "(run --atol/--rtol/--lse-atol/--score-rtol set them)",
+    ]
+    assert "warning: indexer_h64: tolerance atol was 0.01 in the baseline" in render_comparison(comparison)
+
+    from dsa_bench.results.report import _environment_rows
+
+    rows = dict(_environment_rows(load_results(loose)))
+    assert rows["setting: tolerance"] == "atol=0.05, rtol=0.01, lse_atol=0.00025, score_rtol=0.001"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import cli, run_cli
 from safetensors.torch import save_file
 
 from dsa_bench.dataset import load_dataset_workload
@@ -229,3 +229,92 @@ def test_run_cli_on_a_dataset(dataset, tmp_path):
 
     proc = run_cli("run", "--dataset", str(dataset), "-w", "missing.jsonl", "--no-save")
     assert proc.returncode == 2 and "workload file missing.jsonl does not exist" in proc.stderr
+
+
+def _packed_rms(folder: Path, kernel: str, name: str) -> dict:
+    """A packed Solution JSON of the RMSNorm definition, as flashinfer-bench datasets hold them."""
+    return {
+        "name": name, "definition": RMSNORM, "author": "tests",
+        "spec": {"language": "python", "target_hardware": ["cpu"], "entry_point": "kernel.py::kernel", "dependencies": ["torch"]},
+        "sources": [{"path": "kernel.py", "content": kernel}],
+    }  # fmt: skip
+
+
+# off by about one bf16 step: within the default atol of 1e-2, outside an atol of 1e-3
+SHIFTED_KERNEL = RMSNORM_SOLUTION["kernel.py"].replace("output.copy_((x / norm * weight.float()).bfloat16())",
+                                                       "output.copy_((x / norm * weight.float() + 0.005).bfloat16())")  # fmt: skip
+
+
+def test_run_the_datasets_own_solutions(dataset, tmp_path):
+    solutions = dataset / "solutions" / "norm"
+    solutions.mkdir(parents=True)
+    (solutions / "rms_user.json").write_text(json.dumps(_packed_rms(solutions, RMSNORM_SOLUTION["kernel.py"], "rms_user_v1")))
+    (solutions / "rms_shifted.json").write_text(json.dumps(_packed_rms(solutions, SHIFTED_KERNEL, "rms_shifted")))
+    tvm = {
+        "name": "rms_cuda", "definition": RMSNORM, "author": "tests",
+        "spec": {"language": "cuda", "target_hardware": ["cuda"], "entry_point": "k.cu::run"},  # no binding: tvm-ffi
+        "sources": [{"path": "k.cu", "content": "// TVM_FFI_DLL_EXPORT_TYPED_FUNC(run, ...)\n"}],
+    }  # fmt: skip
+    (solutions / "rms_cuda.json").write_text(json.dumps(tvm))
+    (dataset / "solutions" / "other.json").write_text(json.dumps({"name": "half_done", "definition": INDEXER}))  # not this run's
+    save = tmp_path / "all.json"
+    proc = run_cli("run", "--dataset", str(dataset), "-w", RMSNORM, "--dataset-solutions", "all", "--save", str(save))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"dataset solution 'rms_cuda' ({solutions / 'rms_cuda.json'}) is not run: this CUDA solution has no spec.binding" in proc.stderr
+    doc = json.loads(save.read_text())
+    assert sorted({r["solution"] for r in doc["records"]}) == ["rms_shifted", "rms_user_v1"]  # a packed solution keeps its name
+    assert {r["status"] for r in doc["records"]} == {"PASSED"}
+    assert doc["solutions"]["rms_user_v1"]["packed"] == str((solutions / "rms_user.json").resolve())
+    assert doc["settings"]["tolerance"]["atol"] == 0.01
+
+    # the tolerances of one run, recorded; the shifted solution fails them, the faithful one does not
+    strict = tmp_path / "strict.json"
+    proc = run_cli("run", "--dataset", str(dataset), "-w", RMSNORM, "--dataset-solutions", "rms_shifted", "-s", "reference",
+                   "--atol", "0.001", "--save", str(strict))  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "tolerances set on the command line judge cases differently from the workload's settings: atol 0.001 (the workload's: 0.01)" in (
+        proc.stderr
+    )
+    doc = json.loads(strict.read_text())
+    assert doc["settings"]["tolerance"] == {"atol": 0.001, "rtol": 0.01, "lse_atol": 0.00025, "score_rtol": None}
+    assert {(r["solution"], r["status"]) for r in doc["records"]} == {("reference", "PASSED"), ("rms_shifted", "INCORRECT_NUMERICAL")}
+
+    # the traces of a dataset run: the workloads as the dataset gives them
+    proc = cli("export", str(strict), "-o", str(tmp_path / "strict.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    traces = [json.loads(line) for line in (tmp_path / "strict.jsonl").read_text().splitlines()]
+    assert traces[0]["workload"] == {"uuid": "r0", "axes": {"batch_size": 5}, "inputs": {
+        "hidden_states": {"type": "random"}, "weight": {"type": "random"}, "eps": {"type": "scalar", "value": 1e-6}}}  # fmt: skip
+    blob = {"type": "safetensors", "path": "blob/norm.safetensors", "tensor_key": "hidden_states"}
+    assert [t["workload"]["inputs"]["hidden_states"] for t in traces if t["workload"]["uuid"] == "r1"] == [blob, blob]
+    shifted = [t for t in traces if t["solution"] == "rms_shifted"]
+    assert {t["evaluation"]["status"] for t in shifted} == {"INCORRECT_NUMERICAL"}
+    assert "tolerance: atol=0.001 rtol=0.01" in shifted[0]["evaluation"]["log"]
+
+    for wanted, message in (
+        ("nope", f"--dataset-solutions nope: no dataset solution of {RMSNORM} has this name; its solutions: rms_cuda, rms_shifted, "
+                 "rms_user_v1"),
+        ("rms_cuda", "flashinfer-bench reads as 'tvm-ffi' (its default)"),
+    ):
+        proc = cli("run", "--dataset", str(dataset), "-w", RMSNORM, "--dataset-solutions", wanted, "--no-save")
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    proc = cli("run", "-w", "indexer_smoke", "--dataset-solutions", "all", "--no-save")
+    assert proc.returncode == 2 and "give the dataset with --dataset" in proc.stderr
+    for option, value in (("--atol", "nan"), ("--score-rtol", "-0.5")):
+        proc = cli("run", "-w", "indexer_smoke", option, value, "--no-save")
+        assert proc.returncode == 2 and f"{option} {value}: expected a finite number >= 0" in proc.stderr, proc.stderr
+
+
+def test_git_lfs_pointers_are_named_with_the_command_that_fetches_them(dataset):
+    (dataset / ".git").mkdir()  # the dataset is a clone, its blobs not fetched
+    blob = dataset / "blob" / "norm.safetensors"
+    blob.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:4d7a2146\nsize 1048576\n")
+    with pytest.raises(DsaBenchError) as raised:
+        load_dataset_workload(dataset, RMSNORM)
+    message = str(raised.value)
+    assert f"{RMSNORM}.jsonl:2: inputs.hidden_states: {blob}: this safetensors file is a Git LFS pointer" in message
+    assert f"fetch it with: git -C {dataset} lfs pull --include blob/norm.safetensors" in message
+    definition = dataset / "definitions" / "norm" / f"{RMSNORM}.json"
+    definition.write_text("version https://git-lfs.github.com/spec/v1\noid sha256:99\nsize 2\n")
+    with pytest.raises(DsaBenchError, match=rf"{definition}: this definition file is a Git LFS pointer .* --include definitions/norm/"):
+        load_dataset_workload(dataset, RMSNORM)

@@ -46,13 +46,21 @@ def test_tolerance_of_a_row_in_closed_form():
     weights[0] = 1.0
     keys = torch.ones(seq_len, 128)
     scales = torch.linspace(0.001, 0.01, seq_len)
-    logits = q @ keys.T
+    logits = (q @ keys.T).relu()
+    in_row = torch.ones(seq_len, dtype=torch.bool)
+    in_row[-10:] = False  # positions past the row do not count, whatever they hold
+    scales[-10:] = 1e6
+
+    def tolerance(w: torch.Tensor) -> float:
+        return float(idx.tie_tolerances(q[None], keys[None], scales[None], w[None], logits[None], in_row[None])[0])
+
+    largest = float(scales[:-10].max())
     expected = 2 * (
-        idx.TAIL_SIGMAS * idx.DOT_ERROR_RMS * 2.0**-13 * 0.01 * math.sqrt(128) + idx.HEAD_SUM_GAMMA * 128 * 0.01
+        idx.TAIL_SIGMAS * idx.DOT_ERROR_RMS * 2.0**-13 * largest * math.sqrt(128) + idx.HEAD_SUM_GAMMA * 128 * largest
     )  # fmt: skip
-    assert idx.row_tie_tolerance(q, keys, scales, weights, logits) == pytest.approx(expected, rel=1e-5)
+    assert tolerance(weights) == pytest.approx(expected, rel=1e-5)
     # twice the weight, twice the scores, twice the tolerance: it is relative to the row's magnitude
-    assert idx.row_tie_tolerance(q, keys, scales, 2 * weights, logits) == pytest.approx(2 * expected, rel=1e-5)
+    assert tolerance(2 * weights) == pytest.approx(2 * expected, rel=1e-5)
 
 
 def test_default_settings_use_the_derived_rule_and_score_rtol_overrides_it():

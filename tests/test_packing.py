@@ -165,11 +165,33 @@ def test_bad_solution_folders_give_clear_errors(tmp_path):
     assert proc.returncode == 2 and "lies outside the solution folder" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def relative_copy(folder: Path) -> Path:
+    """MULTI with its absolute sibling imports made relative, as flashinfer-bench needs them."""
+    shutil.copytree(MULTI, folder)
+    for rel, old, new in (
+        ("indexer_kernel.py", "from common import constants", "from .common import constants"),
+        ("attn/entry.py", "from common.constants import PAGE_SIZE", "from ..common.constants import PAGE_SIZE"),
+    ):
+        text = (folder / rel).read_text()
+        assert old in text
+        (folder / rel).write_text(text.replace(old, new))
+    return folder
+
+
 def test_pack_verify_unpack_run_round_trip(tmp_path):
     out = tmp_path / "packed"
-    proc = run_cli("pack", str(MULTI), "--out", str(out), "--verify", "--device", "cpu")
+    proc = cli("pack", str(MULTI), "--out", str(out), "--verify", "--device", "cpu")
+    # absolute sibling imports: dsa-bench's folder loader resolves them, flashinfer-bench's does not
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "indexer_kernel.py:4: `from common import constants` imports the packed module 'common'" in proc.stderr
+    assert "attn/entry.py:3: `from common.constants import PAGE_SIZE`" in proc.stderr
+    assert "make it relative: `from ..common.constants import PAGE_SIZE`" in proc.stderr
+
+    folder = relative_copy(tmp_path / "multi_file")
+    proc = run_cli("pack", str(folder), "--out", str(out), "--verify", "--device", "cpu")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "left out (not needed by this entry): attn/entry.py, attn/softmax.py, csrc/unused.cu, unused.py" in proc.stdout
+    assert "warning" not in proc.stderr
     assert f"verified multi_file_{INDEXER}.json on indexer_smoke: every case passed" in proc.stdout
     assert f"verified multi_file_{ATTENTION}.json on sparse_attention_smoke: every case passed" in proc.stdout
 
@@ -191,6 +213,8 @@ def test_verify_fails_when_the_packed_solution_misses_a_file(tmp_path):
     manifest.write_text(manifest.read_text() + "    sources: [hidden_helper.py]\n")
     (item,) = pack_solution(folder, tmp_path / "out2")
     assert item.reasons["hidden_helper.py"] == "listed in solution.yaml"
+    proc = run_cli("pack", str(folder), "--out", str(tmp_path / "out2"), "--verify", "--device", "cpu")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_solution_document_model_messages():

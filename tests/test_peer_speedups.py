@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 from conftest import FIXTURES, ROOT, cli
 from synthetic_results import timing, write_results
@@ -11,7 +9,7 @@ from synthetic_results import timing, write_results
 from dsa_bench.definitions.status import Status
 from dsa_bench.results.baseline import load_baseline, update_baseline
 from dsa_bench.results.compare import compare_results, render_comparison
-from dsa_bench.results.records import CaseRecord, ResultsFile, load_results
+from dsa_bench.results.records import CaseRecord, load_results
 from dsa_bench.results.report import build_figures, write_report
 from dsa_bench.results.tables import records_table, summarize, summary_table
 from dsa_bench.run.runner import assign_peer_speedups
@@ -48,18 +46,6 @@ def test_speedup_over_names_the_comparison_and_no_timed_peer_means_none():
     untimed = [_record("reference", None), _record("triton", None), _record("sglang", None, Status.SKIPPED)]
     assign_peer_speedups(untimed, {"sglang"}, None)
     assert all(r.peer is None and r.peer_speedup is None for r in untimed)
-
-
-def test_results_file_rewrites_a_cases_records_in_place(tmp_path):
-    path = tmp_path / "r.json"
-    results = ResultsFile(path, {"workload": {"name": "w"}})
-    first, second = _record("a", 1.0), _record("b", 2.0)
-    results.add(first)
-    results.add(second)
-    first.peer, first.peer_speedup = "b", 2.0
-    results.replace([first])
-    written = json.loads(path.read_text())["records"]
-    assert [(r["solution"], r["peer"], r["peer_speedup"]) for r in written] == [("a", "b", 2.0), ("b", None, None)]
 
 
 def test_run_tables_show_both_speedups(tmp_path):

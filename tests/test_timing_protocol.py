@@ -133,3 +133,23 @@ def test_l2_flush_modes_on_the_gpu():
     assert bool((row_sums == 1024).all())
     with pytest.raises(DsaBenchError, match="unknown L2 flush mode 'warm'"):
         L2Flusher(gpu, "warm")
+
+
+def test_the_reference_is_timed_with_the_light_protocol_unless_asked_for_the_full_one():
+    import dataclasses
+
+    from conftest import ROOT
+
+    from dsa_bench.run.runner import timing_job
+    from dsa_bench.workloads import REFERENCE_LIGHT, RunSettings, load_workload
+
+    case = load_workload(ROOT / "workloads" / "indexer_smoke.yaml").cases[0]
+    settings = RunSettings(warmup=10, iterations=50, trials=3)
+    reference, solution = timing_job(settings, case, True), timing_job(settings, case, False)
+    assert (reference.warmup, reference.iterations, len(reference.trial_seeds)) == REFERENCE_LIGHT
+    assert (solution.warmup, solution.iterations, len(solution.trial_seeds)) == (10, 50, 3)
+    assert reference.trial_seeds[0] == solution.trial_seeds[0], "the same input sets, fewer of them"
+    full = timing_job(dataclasses.replace(settings, reference_protocol="full"), case, True)
+    assert (full.warmup, full.iterations, full.trial_seeds) == (10, 50, solution.trial_seeds)
+    tiny = timing_job(RunSettings(warmup=1, iterations=3, trials=1), case, True)
+    assert (tiny.warmup, tiny.iterations) == (1, 3), "never more than the run's own settings"

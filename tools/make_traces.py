@@ -7,8 +7,14 @@ The contest's real traces are not public. These follow their published distribut
   seq_lens, the longest row 5824 tokens.
 - sparse_attention_h16: 23 cases, num_pages 8462, num_tokens in {1, 2, 6, 7, 8}, explicit valid
   counts per row from 1 to 2048, many rows mostly padding.
+- indexer_edges, sparse_attention_edges: edge cases small enough for CI on CPU (L = 0, 1,
+  2047-2049, 5824; tie-heavy rows; shared pages; tokens with 0, 1, 2048 valid slots; scattered
+  padding).
 - kv_insert_{v32,v4,v41}_{small,smoke,large}: KV insert rounds (issue 20), page strides computed from
   the record descriptors.
+- mla_decode_{v32,v4}_{h128,h64}: FlashMLA's production decode shapes (s_q 2, s_k 32768, topk 2048,
+  b 2/64/74/128, block size 64); mla_decode_{v32,v4,v41}_{mix,smoke}: its correctness grid, sampled, and
+  tiny CPU cases (issue 21). Cache sizes and page strides come from the record descriptors.
 
 Usage: python tools/make_traces.py [--out traces]
 """
@@ -120,6 +126,85 @@ def attention_smoke() -> list[dict]:
     ]
 
 
+EDGE_INDEXER_PAGES = 512
+EDGE_ATTENTION_PAGES = 256
+
+
+def indexer_edges() -> list[dict]:
+    """Edge cases small enough for CI on CPU: L = 0, 1 and both sides of 2048 and of a page, rows
+    of only L = 0, tie-heavy rows (one or three distinct keys, all-zero head weights), rows
+    sharing pages with block-table tails that name no page."""
+
+    def case(cid: str, max_pages: int, lens: list[int], **inputs: dict) -> dict:
+        return {
+            "id": cid,
+            "axes": {"batch_size": len(lens), "max_num_pages": max_pages, "num_pages": EDGE_INDEXER_PAGES},
+            "inputs": {"seq_lens": {"type": "explicit", "values": lens}, **inputs},
+        }
+
+    def keys(distinct: int) -> dict:
+        return {"k_index_cache_fp8": {"type": "random", "params": {"distinct_keys": distinct}}}
+
+    # Prefix caching: rows 0 and 1 share their first 30 pages, row 2 its first 10 with them, row 3
+    # its only page; every table entry past a row's last page holds -1 or INT32_MAX (never read).
+    rng = np.random.default_rng(20260323)
+    pages = [int(p) for p in rng.permutation(EDGE_INDEXER_PAGES)]
+    lens, max_pages = [2500, 2500, 2100, 100], 40
+    rows = [pages[:30] + pages[30:40], pages[:30] + pages[40:50], pages[:10] + pages[50:73], pages[:1] + pages[80:81]]
+    table = []
+    for n, row in zip(lens, rows, strict=True):
+        used = row[: -(-n // PAGE)]
+        assert len(used) == -(-n // PAGE), "every row lists all its pages"
+        tail = [-1 if k % 2 else 2**31 - 1 for k in range(max_pages - len(used))]
+        table.append(used + tail)
+    return [
+        case("edges_lengths", 91, [0, 1, 2047, 2048, 2049, 5824]),
+        case("edges_page_boundaries", 33, [2112, 2111, 2049, 2048, 2047, 65, 64, 63]),
+        case("edges_all_empty", 33, [0, 0, 0]),
+        case("edges_passthrough_with_empty", 32, [0, 2048, 1, 0]),
+        case("edges_ties_one_key", 50, [3200, 2049, 2048, 700], **keys(1)),
+        case("edges_ties_three_keys", 91, [5824, 4097, 2050], **keys(3)),
+        case("edges_zero_weights", 40, [2560, 2049, 0], weights={"type": "explicit", "values": [[0.0] * 64] * 3}),
+        case("edges_shared_pages", max_pages, lens, block_table={"type": "explicit", "values": table}),
+    ]
+
+
+def attention_edges() -> list[dict]:
+    """Edge cases small enough for CI on CPU: tokens with 0, 1, 2047 and 2048 valid slots, every
+    token empty, scattered padding (random, at the front, alternating, a lone last slot), tokens
+    sharing slots, and logits 3.7 times the contest's."""
+
+    def case(cid: str, tokens: int, sparse_indices: dict, sm_scale: float | None = None) -> dict:
+        inputs: dict = {"sparse_indices": sparse_indices}
+        if sm_scale is not None:
+            inputs["sm_scale"] = {"type": "scalar", "value": sm_scale}
+        return {"id": cid, "axes": {"num_tokens": tokens, "num_pages": EDGE_ATTENTION_PAGES}, "inputs": inputs}
+
+    def counts(values: list[int], padding: str = "tail") -> dict:
+        return {"type": "random", "params": {"valid_counts": values, "padding": padding}}
+
+    rng = np.random.default_rng(20260324)
+    slots = EDGE_ATTENTION_PAGES * PAGE
+    ids = [int(i) for i in rng.choice(slots, 4096, replace=False)]
+    full = ids[:2048]
+    rows = [
+        [-1] + full[:2047],  # padding at the front only
+        [full[k // 2] if k % 2 == 0 else -1 for k in range(2048)],  # every other slot
+        [-1] * 2047 + [ids[2048]],  # one valid id, in the last slot
+        [-1] + full[:2047],  # the same slots as token 0
+        full[:1024] + [-1] * 512 + ids[2048:2560],  # half shared with token 0, a gap of padding in the middle
+        [-1] * 2048,  # empty, between full tokens
+    ]
+    return [
+        case("edges_counts", 5, counts([0, 1, 2048, 2047, 64])),
+        case("edges_counts_scattered", 6, counts([0, 1, 2048, 2047, 64, 5], "scattered")),
+        case("edges_all_empty", 3, counts([0, 0, 0])),
+        case("edges_one_empty_token", 1, counts([0])),
+        case("edges_explicit_padding", len(rows), {"type": "explicit", "values": rows}),
+        case("edges_large_logits", 3, counts([2048, 1, 0]), sm_scale=0.5),
+    ]
+
+
 KV_INSERT_FORMATS = {"v32": V32, "v4": V4, "v41": V41}
 KV_MAX_POSITION = 4096
 
@@ -166,6 +251,74 @@ def kv_insert_smoke(fmt: KvRecordFormat) -> list[dict]:
     ]
 
 
+MLA_FORMATS = {"v32": V32, "v4": V4, "v41": V41}
+MLA_PRODUCTION_BATCHES = (2, 64, 74, 128)
+#: Cache slots per token the rows may reference: about half of every page stays NaN.
+MLA_SLOTS_PER_TOKEN = 2
+MLA_SPARE_PAGES = 2
+
+
+def _mla_case(cid: str, fmt: KvRecordFormat, b: int, s_q: int, h_q: int, topk: int, s_k: int, block_size: int,
+              padded: bool = False, sink_off: bool = False, indices: dict | None = None, short_lengths: int = 0) -> dict:
+    """One decode case. The cache holds MLA_SLOTS_PER_TOKEN slots for each token the rows may reference, plus
+    spare pages; ``padded``: one TMA row past the descriptor's page stride; ``short_lengths``: sequences with
+    topk_length < topk (V4/V4.1 only)."""
+    tokens = b * min(s_k, s_q * min(topk, s_k))
+    axes = {"b": b, "s_q": s_q, "h_q": h_q, "topk": topk, "s_k": s_k,
+            "num_blocks": -(-MLA_SLOTS_PER_TOKEN * tokens // block_size) + MLA_SPARE_PAGES, "block_size": block_size,
+            "page_bytes": fmt.page_stride(block_size) + (fmt.tma_stride if padded else 0)}
+    inputs: dict = {}
+    if indices:
+        inputs["indices"] = {"type": "random", "params": indices}
+    if short_lengths and fmt is not V32:
+        inputs["topk_length"] = {"type": "random", "params": {"short": short_lengths}}
+    if sink_off:
+        inputs["attn_sink"] = {"type": "random", "params": {"off": True}}
+    return {"id": cid, "axes": axes, "inputs": inputs}
+
+
+def mla_decode_production(fmt: KvRecordFormat, h_q: int) -> list[dict]:
+    """FlashMLA's production decode shapes: s_q 2, s_k 32768 per sequence, topk 2048, block size 64, sink on."""
+    return [_mla_case(f"b{b}_sq2_k2048_h{h_q}", fmt, b, 2, h_q, 2048, 32768, 64) for b in MLA_PRODUCTION_BATCHES]
+
+
+def mla_decode_mix(fmt: KvRecordFormat) -> list[dict]:
+    """FlashMLA's correctness grid, sampled: b 4/74/321, s_q 1/3, (s_k, topk) (512, 64) / (1024, 576) / (2046, 2048)
+    and its corner (650, 576), block sizes 2/53/61/64/69/576, padded page strides, empty and short rows, -1
+    scattered through rows, an all-invalid case, sink on and off, and (V4/V4.1) short topk_length rows."""
+    cases = [
+        _mla_case("b4_sq1_k64_sk512_bs2_h64", fmt, 4, 1, 64, 64, 512, 2),
+        _mla_case("b4_sq3_k64_sk512_bs64_h128_empty_sink_off", fmt, 4, 3, 128, 64, 512, 64, sink_off=True, indices={"empty_rows": 2}),
+        _mla_case("b74_sq1_k576_sk1024_bs61_h128_short_padded", fmt, 74, 1, 128, 576, 1024, 61, padded=True,
+                  indices={"short_rows": 20}, short_lengths=10),
+        _mla_case("b74_sq3_k576_sk1024_bs69_h64_scattered", fmt, 74, 3, 64, 576, 1024, 69,
+                  indices={"empty_rows": 5, "short_rows": 30, "padding": "scattered"}, short_lengths=20),
+        _mla_case("b4_sq3_k2048_sk2046_bs576_h128_sink_off", fmt, 4, 3, 128, 2048, 2046, 576, sink_off=True),
+        _mla_case("b74_sq3_k2048_sk2046_bs2_h128_short", fmt, 74, 3, 128, 2048, 2046, 2, indices={"short_rows": 40}, short_lengths=15),
+        _mla_case("b321_sq1_k64_sk512_bs64_h128_empty_short", fmt, 321, 1, 128, 64, 512, 64,
+                  indices={"empty_rows": 10, "short_rows": 50}, short_lengths=40),
+        _mla_case("b321_sq3_k576_sk1024_bs64_h64_padded", fmt, 321, 3, 64, 576, 1024, 64, padded=True,
+                  indices={"short_rows": 100}, short_lengths=30),
+        _mla_case("b4_sq3_k64_sk512_bs61_h128_all_invalid", fmt, 4, 3, 128, 64, 512, 61, indices={"empty_rows": 12}),
+        _mla_case("b74_sq3_k576_sk650_bs53_h64_sink_off_padded", fmt, 74, 3, 64, 576, 650, 53, padded=True, sink_off=True,
+                  indices={"short_rows": 40}),
+    ]
+    if fmt is not V32:
+        cases.append(_mla_case("b74_sq1_k2048_sk4096_bs64_h128_all_short_lengths", fmt, 74, 1, 128, 2048, 4096, 64, short_lengths=74))
+    return cases
+
+
+def mla_decode_smoke(fmt: KvRecordFormat) -> list[dict]:
+    """Tiny cases that run in seconds on CPU: full rows; empty, short and scattered rows on a padded page with a
+    short topk_length; every row empty."""
+    return [
+        _mla_case("smoke_b2_sq1_k64_bs64_h64", fmt, 2, 1, 64, 64, 256, 64),
+        _mla_case("smoke_b3_sq2_k128_bs61_h128_short_padded", fmt, 3, 2, 128, 128, 300, 61, padded=True,
+                  indices={"empty_rows": 1, "short_rows": 2, "padding": "scattered"}, short_lengths=2),
+        _mla_case("smoke_b2_sq1_k64_bs64_h64_all_invalid", fmt, 2, 1, 64, 64, 256, 64, indices={"empty_rows": 2}),
+    ]
+
+
 def write(path: Path, cases: list[dict]) -> None:
     path.write_text("".join(json.dumps(c, separators=(",", ":")) + "\n" for c in cases))
     print(f"wrote {len(cases)} cases to {path}")
@@ -181,10 +334,18 @@ def main(out: Path = typer.Option(TRACES, help="Folder to write the traces into.
     write(out / "sparse_attention_h16.jsonl", attention_trace(np.random.default_rng(20260302)))
     write(out / "indexer_smoke.jsonl", indexer_smoke())
     write(out / "sparse_attention_smoke.jsonl", attention_smoke())
+    write(out / "indexer_edges.jsonl", indexer_edges())
+    write(out / "sparse_attention_edges.jsonl", attention_edges())
     for name, fmt in KV_INSERT_FORMATS.items():
         write(out / f"kv_insert_{name}_small.jsonl", kv_insert_small(fmt))
         write(out / f"kv_insert_{name}_smoke.jsonl", kv_insert_smoke(fmt))
         write(out / f"kv_insert_{name}_large.jsonl", kv_insert_large(fmt))
+    for name, fmt in MLA_FORMATS.items():
+        if fmt is not V41:  # FlashMLA runs V4.1 only on SM100: no production workload for the H200
+            for h_q in (128, 64):
+                write(out / f"mla_decode_{name}_h{h_q}.jsonl", mla_decode_production(fmt, h_q))
+        write(out / f"mla_decode_{name}_mix.jsonl", mla_decode_mix(fmt))
+        write(out / f"mla_decode_{name}_smoke.jsonl", mla_decode_smoke(fmt))
 
 
 if __name__ == "__main__":

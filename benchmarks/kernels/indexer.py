@@ -9,7 +9,7 @@ checks the outputs of the triton solution and of the plain pipeline with the har
 every set, then times three pipelines in this one process with ``dsa_bench.timing.bench.bench``
 (the harness's protocol: outputs re-poisoned, then the L2 flushed, before every call):
 
-- ``reference``: ``dsa_bench.definitions.indexer.reference`` (the PyTorch per-row reference),
+- ``reference``: ``dsa_bench.definitions.indexer.reference`` (the batched PyTorch reference),
 - ``triton``: the solution entry (passthrough / Triton score kernel + CUDA filtered top-k),
 - ``plain``: the same passthrough and score kernel, then ``torch.topk`` and the Triton emit
   kernel (what the CUDA top-k buys; ``plain_pipeline`` builds it from the entry's parts).

@@ -3,7 +3,7 @@
 For every case and input set, each variant below computes its own scores of the scored rows
 (seq_len > 2048), takes its top 2048 (rows up to 2048 tokens pass every token through, as the
 contract says), and the definition's checker judges the ids exactly as a run does, with the
-derived per-row tie tolerance (``indexer.row_tie_tolerance``; no ``score_rtol`` set).
+derived per-row tie tolerance (``indexer.tie_tolerances``; no ``score_rtol`` set).
 
 Correct kernels (each must pass every case):
 
@@ -73,8 +73,8 @@ Operands = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 def row_operands(inputs: dict[str, Any], b: int) -> Operands:
     seq_len = int(inputs["seq_lens"][b])
-    keys, scales = indexer._row_keys(inputs["k_index_cache_fp8"], inputs["block_table"][b], seq_len)
-    return inputs["q_index_fp8"][b].double(), keys.double(), scales.double(), inputs["weights"][b].double()
+    keys, scales, _ = indexer._gathered_keys(inputs["k_index_cache_fp8"], inputs["seq_lens"][b : b + 1], inputs["block_table"][b : b + 1])
+    return inputs["q_index_fp8"][b].double(), keys[0, :seq_len].double(), scales[0, :seq_len].double(), inputs["weights"][b].double()
 
 
 # --------------------------------------------------------------------------- arithmetic

@@ -54,7 +54,7 @@ class Tolerance:
     ``score_rtol`` sets the top-k tie tolerance of index outputs to a fixed fraction of the row's
     largest absolute score (a selected token may score that much below the k-th best). None, the
     default, uses the definition's own per-row bound, derived from the rounding errors of a
-    correct FP8 kernel (``indexer.row_tie_tolerance``).
+    correct FP8 kernel (``indexer.tie_tolerances``).
     """
 
     atol: float = 1e-2

@@ -4,11 +4,13 @@ Per row b with L = seq_lens[b], token j < L lives on page ``block_table[b, j // 
 ``j % 64``. Its score is ``Σ_h weights[b,h] · relu(q[b,h] · K[j])`` with K[j] the dequantised
 FP8 key (value × per-token scale; the scale is applied after the head sum, which is exact
 because scales are non-negative). The output row holds the physical ids
-(``page * 64 + slot``) of the ``min(2048, L)`` best tokens in any order, then -1 padding.
+(``page * 64 + slot``) of the ``min(2048, L)`` best tokens in any order, then -1 padding
+(L = 0: all -1). Block-table entries past a row's ``ceil(L / 64)`` pages are not part of the
+input: they may hold any value and no kernel may read what they name.
 
 The checker accepts a selected token scoring below the reference's k-th best by at most the
 row's tie tolerance, derived from an error model of a correct FP8 kernel (see
-:func:`row_tie_tolerance` and docs/checks.md#the-indexers-tie-tolerance).
+:func:`tie_tolerances` and docs/checks.md#the-indexers-tie-tolerance).
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ HEAD_DIM = 128
 TOPK = 2048
 PAGE_SIZE = 64
 assert INDEXER_KEY_PAGE.block_size == PAGE_SIZE and INDEXER_KEY_PAGE.quant_dims == HEAD_DIM
-_SCALES_AT = INDEXER_KEY_PAGE.offsets(0)["scales"]  # the page's value rows end here
 
 
 def _pages_of(seq_len: int) -> int:
@@ -44,14 +45,42 @@ def token_ids(block_table_row: torch.Tensor, seq_len: int) -> torch.Tensor:
     return pages[pos // PAGE_SIZE] * PAGE_SIZE + pos % PAGE_SIZE
 
 
-def _row_keys(k_index_cache_fp8: torch.Tensor, block_table_row: torch.Tensor, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The FP8 key values (as float32, ``[seq_len, 128]``) and scales (``[seq_len]``) of one row."""
-    pages = block_table_row[: _pages_of(seq_len)].long()
-    raw = INDEXER_KEY_PAGE.raw_pages(k_index_cache_fp8)[pages]  # gather bytes: fp8 has no index kernel
-    keys = raw[:, :_SCALES_AT].view(torch.float8_e4m3fn)
-    keys = keys.reshape(-1, HEAD_DIM)[:seq_len].float()
-    scales = raw[:, _SCALES_AT:].contiguous().view(torch.float32).reshape(-1)[:seq_len]
-    return keys, scales
+def _gathered_keys(
+    k_index_cache_fp8: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every row's FP8 key values as float32 ``[batch, max_num_pages * 64, 128]``, their scales
+    ``[batch, max_num_pages * 64]`` and which positions lie below the row's seq_len.
+
+    Each row's pages are gathered through its block table (padded to the table's width), so
+    nothing waits on the host. Block-table entries past a row's last page are never read (they
+    may hold anything): their positions read page 0, and callers mask them.
+    """
+    batch, max_pages = block_table.shape
+    lens = seq_lens.long()[:, None]
+    page_used = torch.arange(max_pages, device=block_table.device) * PAGE_SIZE < lens  # [batch, max_pages]
+    pages = torch.where(page_used, block_table.long(), 0)
+    # gather bytes: fp8 has no index kernel
+    keys = INDEXER_KEY_PAGE.values(k_index_cache_fp8).view(torch.uint8)[pages].view(torch.float8_e4m3fn)
+    keys = keys.reshape(batch, max_pages * PAGE_SIZE, HEAD_DIM).float()
+    token_scales = INDEXER_KEY_PAGE.scales(k_index_cache_fp8)[pages].reshape(batch, max_pages * PAGE_SIZE)
+    in_row = torch.arange(max_pages * PAGE_SIZE, device=keys.device) < lens
+    return keys, token_scales, in_row
+
+
+def scores(
+    q_index_fp8: torch.Tensor,
+    k_index_cache_fp8: torch.Tensor,
+    weights: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+) -> torch.Tensor:
+    """``[batch, max_num_pages * 64]`` float32 scores of every row's tokens in position order,
+    -inf at positions ``>= seq_lens[b]``.
+
+    All rows at once (:func:`_gathered_keys`); an invalid position's score is masked, never
+    computed into a valid one.
+    """
+    return _scores_and_tie_tolerances(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, with_tolerances=False)[0]
 
 
 def row_scores(
@@ -61,15 +90,10 @@ def row_scores(
     block_table_row: torch.Tensor,
     seq_len: int,
 ) -> torch.Tensor:
-    """``[seq_len]`` float32 scores of one row's tokens, in position order."""
-    keys, scales = _row_keys(k_index_cache_fp8, block_table_row, seq_len)
-    logits = q_row.float() @ keys.T  # [heads, seq_len]
-    return _combine(logits, weights_row, scales)
-
-
-def _combine(logits: torch.Tensor, weights_row: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """Scores from the ``[heads, seq_len]`` dots: relu, head weights, head sum, then the token scale."""
-    return (logits.relu() * weights_row.float()[:, None]).sum(dim=0) * scales
+    """``[seq_len]`` float32 scores of one row's tokens, in position order (:func:`scores` of one row)."""
+    lens = torch.tensor([seq_len], dtype=torch.int32, device=q_row.device)
+    table = block_table_row[None, : _pages_of(seq_len)]
+    return scores(q_row[None], k_index_cache_fp8, weights_row[None], lens, table)[0, :seq_len]
 
 
 # --------------------------------------------------------------------------- the tie tolerance
@@ -111,31 +135,35 @@ class ScoredRow:
     tie_tolerance: float  # how far below the k-th best a correct kernel's pick may score (the model's bound)
 
 
-def row_tie_tolerance(
-    q_row: torch.Tensor, keys: torch.Tensor, scales: torch.Tensor, weights_row: torch.Tensor, logits: torch.Tensor
-) -> float:
-    """The model's bound on how far below the true k-th best a correct kernel's pick may score
-    (``keys`` the row's FP8 values as float ``[L, 128]``, ``logits`` = ``q_row @ keys.T``)."""
-    weights = weights_row.float()  # a bound needs no more precision than float32 gives it
-    query_weight = (weights.square()[:, None] * q_row.float().square()).sum(dim=0)  # Σ_h w_h² q_hi², [128]
-    spread = scales * (keys.square() @ query_weight).sqrt()  # s_j sqrt(Σ_h w_h² ||q_h ∘ k_j||²)
-    sigma = DOT_ERROR_RMS * ACCUMULATOR_UNIT * float(spread.max())
-    magnitude = float(((logits.relu() * weights.abs()[:, None]).sum(dim=0) * scales).max())
-    return 2.0 * (TAIL_SIGMAS * sigma + HEAD_SUM_GAMMA * magnitude)
+def tie_tolerances(
+    q: torch.Tensor, keys: torch.Tensor, scales: torch.Tensor, weights: torch.Tensor, relu_logits: torch.Tensor, in_row: torch.Tensor
+) -> torch.Tensor:
+    """The model's bound per row (``[batch]``) on how far below the true k-th best a correct
+    kernel's pick may score. ``q`` ``[batch, 64, 128]`` and ``weights`` ``[batch, 64]``; ``keys``
+    the FP8 key values as float ``[batch, n, 128]`` and their ``scales`` ``[batch, n]``;
+    ``relu_logits`` = relu(q @ keys^T) ``[batch, 64, n]``; ``in_row`` the positions that count."""
+    w = weights.float()  # a bound needs no more precision than float32 gives it
+    query_weight = (w.square()[:, :, None] * q.float().square()).sum(dim=1)  # Σ_h w_h² q_hi², [batch, 128]
+    spread = scales * torch.bmm(keys.square(), query_weight[:, :, None])[:, :, 0].sqrt()  # s_j sqrt(Σ_h w_h² ||q_h ∘ k_j||²)
+    magnitude = torch.bmm(w.abs()[:, None, :], relu_logits)[:, 0] * scales  # s_j Σ_h |w_h| relu(q_h·k_j)
+    sigma = DOT_ERROR_RMS * ACCUMULATOR_UNIT * torch.where(in_row, spread, 0.0).amax(dim=1)
+    return 2.0 * (TAIL_SIGMAS * sigma + HEAD_SUM_GAMMA * torch.where(in_row, magnitude, 0.0).amax(dim=1))
 
 
-def scored_row(
-    q_row: torch.Tensor,
+def _scores_and_tie_tolerances(
+    q_index_fp8: torch.Tensor,
     k_index_cache_fp8: torch.Tensor,
-    weights_row: torch.Tensor,
-    block_table_row: torch.Tensor,
-    seq_len: int,
-) -> ScoredRow:
-    """A row's reference scores (as :func:`row_scores`) and its tie tolerance."""
-    keys, scales = _row_keys(k_index_cache_fp8, block_table_row, seq_len)
-    q = q_row.float()
-    logits = q @ keys.T  # [heads, seq_len]
-    return ScoredRow(_combine(logits, weights_row, scales), row_tie_tolerance(q, keys, scales, weights_row, logits))
+    weights: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    with_tolerances: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`scores`, and each row's :func:`tie_tolerances` from the same gathered keys."""
+    keys, token_scales, in_row = _gathered_keys(k_index_cache_fp8, seq_lens, block_table)
+    logits = torch.bmm(q_index_fp8.float(), keys.mT).relu_()  # [batch, heads, positions]
+    row = torch.bmm(weights.float()[:, None, :], logits)[:, 0] * token_scales  # the weighted head sum
+    tolerances = tie_tolerances(q_index_fp8, keys, token_scales, weights, logits, in_row) if with_tolerances else None
+    return row.masked_fill(~in_row, float("-inf")), tolerances
 
 
 def reference(
@@ -145,17 +173,27 @@ def reference(
     seq_lens: torch.Tensor,
     block_table: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
-    batch = q_index_fp8.shape[0]
-    out = torch.full((batch, TOPK), -1, dtype=torch.int32, device=q_index_fp8.device)
-    for b, seq_len in enumerate(seq_lens.tolist()):
-        if seq_len == 0:
-            continue
-        ids = token_ids(block_table[b], seq_len)
-        if seq_len > TOPK:
-            scores = row_scores(q_index_fp8[b], k_index_cache_fp8, weights[b], block_table[b], seq_len)
-            ids = ids[torch.topk(scores, TOPK).indices]
-        out[b, : ids.numel()] = ids.to(torch.int32)
-    return {"topk_indices": out}
+    """The contract on the whole batch, without a host sync.
+
+    A row of L <= 2048 tokens is its block table expanded in position order (then -1); a longer
+    row holds the ids of its 2048 best scores, best first (``torch.topk`` over the row padded to
+    the table's width with -inf, so a padded position is never picked). L = 0 gives all -1.
+    """
+    batch, max_pages = block_table.shape
+    width = max_pages * PAGE_SIZE
+    pos = torch.arange(width, device=block_table.device)
+    lens = seq_lens.long()[:, None]
+    in_row = pos < lens
+    # a position past the row's pages maps through an entry that may hold anything: never used
+    ids = torch.where(in_row, block_table.long()[:, pos // PAGE_SIZE] * PAGE_SIZE + pos % PAGE_SIZE, -1)
+    if width < TOPK:
+        ids = torch.nn.functional.pad(ids, (0, TOPK - width), value=-1)
+    passthrough = ids[:, :TOPK]
+    if width <= TOPK:  # no row can hold more than 2048 tokens
+        return {"topk_indices": passthrough.to(torch.int32)}
+    best = torch.topk(scores(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table), TOPK, dim=1).indices
+    chosen = torch.where(lens > TOPK, ids.gather(1, best), passthrough)
+    return {"topk_indices": chosen.to(torch.int32)}
 
 
 # --------------------------------------------------------------------------- inputs
@@ -327,15 +365,25 @@ def validate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mappin
 
 
 def expect(inputs: Mapping[str, Value]) -> list[ScoredRow | None]:
-    """Reference scores and tie tolerance of each row that must be ranked (None where every token is selected)."""
-    rows: list[ScoredRow | None] = []
-    for b, seq_len in enumerate(inputs["seq_lens"].tolist()):
-        if seq_len <= TOPK:
-            rows.append(None)
-        else:
-            rows.append(
-                scored_row(inputs["q_index_fp8"][b], inputs["k_index_cache_fp8"], inputs["weights"][b], inputs["block_table"][b], seq_len)
-            )
+    """Reference scores and tie tolerance of each row that must be ranked (None where every token is selected).
+
+    One batched call over the rows with more than 2048 tokens, the block table cut to the pages
+    the longest of them reaches.
+    """
+    lens = inputs["seq_lens"].tolist()
+    scored = [b for b, n in enumerate(lens) if n > TOPK]
+    rows: list[ScoredRow | None] = [None] * len(lens)
+    if not scored:
+        return rows
+    pick = torch.tensor(scored, device=inputs["seq_lens"].device)
+    table = inputs["block_table"][pick, : _pages_of(max(lens[b] for b in scored))]
+    q = inputs["q_index_fp8"].view(torch.uint8)[pick].view(torch.float8_e4m3fn)  # fp8 has no index kernel
+    batch_scores, tolerances = _scores_and_tie_tolerances(
+        q, inputs["k_index_cache_fp8"], inputs["weights"][pick], inputs["seq_lens"][pick], table
+    )
+    assert tolerances is not None
+    for k, b in enumerate(scored):
+        rows[b] = ScoredRow(batch_scores[k, : lens[b]], float(tolerances[k]))
     return rows
 
 
@@ -481,7 +529,8 @@ DEFINITION = Definition(
     notes=(
         "Order inside a row is free; the checker compares the selected set's sorted scores with the reference's, "
         "within a per-row tie tolerance derived from an FP8 kernel's rounding errors.",
-        "Rows with seq_len <= 2048 select every token (passthrough).",
+        "Rows with seq_len <= 2048 select every token (passthrough); a row with seq_len 0 is all -1.",
+        "Block-table entries past a row's first ceil(seq_len/64) are never read: they may hold any int32 (-1, a page no row owns).",
     ),
     min_traffic_bytes=min_traffic_bytes,
 )

@@ -148,10 +148,19 @@ class KvRecordFormat:
 
     # --- zero-copy views ------------------------------------------------------------------------
     def raw_pages(self, cache: torch.Tensor) -> torch.Tensor:
-        """``[num_blocks, page_stride]`` uint8 view of a contiguous cache of any 1-byte dtype and shape."""
-        if cache.element_size() != 1 or not cache.is_contiguous():
-            raise DsaBenchError(f"{self.kv_format}: the cache must be a contiguous 1-byte tensor, got {cache.dtype}")
-        return cache.view(torch.uint8).reshape(cache.shape[0], -1)
+        """``[num_blocks, page_bytes]`` uint8 view of a cache of any 1-byte dtype: a contiguous tensor of any
+        shape (``page_bytes`` = its page stride), or a page-strided view such as FlashMLA's ``[num_blocks,
+        block_size, 1, bytes_per_token]`` slice of a larger backing, whose pages are contiguous and
+        ``stride(0)`` bytes apart (``page_bytes`` = the bytes the view covers per page)."""
+        if cache.element_size() != 1:
+            raise DsaBenchError(f"{self.kv_format}: the cache must be a 1-byte tensor, got {cache.dtype}")
+        if cache.is_contiguous():
+            return cache.view(torch.uint8).reshape(cache.shape[0], -1)
+        per_page = cache[0].numel() if cache.dim() >= 2 and cache.shape[0] else 0
+        if per_page and cache[0].is_contiguous() and cache.stride(0) >= per_page:
+            return cache.view(torch.uint8).as_strided((cache.shape[0], per_page), (cache.stride(0), 1))
+        raise DsaBenchError(f"{self.kv_format}: the cache must be contiguous, or contiguous pages stride(0) bytes apart; "
+                            f"got shape {list(cache.shape)} with strides {list(cache.stride())}")
 
     def _rows(self, cache: torch.Tensor, block_size: int | None) -> tuple[torch.Tensor, torch.Tensor, int]:
         bs = self._bs(block_size)

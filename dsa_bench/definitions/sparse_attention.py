@@ -30,6 +30,43 @@ CONTEST_SM_SCALE = 0.1352337788608801
 LN2 = math.log(2.0)
 
 
+def attend(
+    q_nope: torch.Tensor,
+    q_pe: torch.Tensor,
+    ckv_cache: torch.Tensor,
+    kpe_cache: torch.Tensor,
+    sparse_indices: torch.Tensor,
+    sm_scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32 ``output [T, 16, 512]`` and base-2 ``lse [T, 16]`` of every token at once, without a
+    host sync: the 2048 slots of each token gathered (a -1 slot reads slot 0, then is masked), the
+    logits of -1 slots set to -inf, the softmax normalised after the value product.
+
+    A token without a valid index: every exp is 0, its denominator is 0 (taken as 1 for the
+    division, so output is exactly 0) and its lse log2(0) = -inf. A token with one has a
+    denominator >= 1 (its largest logit contributes exp(0)), which the clamp leaves alone.
+    """
+    tokens, slots = sparse_indices.shape
+    idx = sparse_indices.long()
+    padding = idx < 0
+    rows = idx.clamp_min(0).flatten()
+    # Padding slots gather token 0, which may hold NaN: ckv is zeroed there so 0·NaN never appears in
+    # the value product; kpe only feeds logits that are masked anyway.
+    ckv = ckv_cache.reshape(-1, CKV_DIM).index_select(0, rows).view(tokens, slots, CKV_DIM).float()
+    ckv.masked_fill_(padding[..., None], 0.0)
+    kpe = kpe_cache.reshape(-1, KPE_DIM).index_select(0, rows).view(tokens, slots, KPE_DIM).float()
+    scale = float(sm_scale)
+    # (q_nope·ckv + q_pe·kpe)·sm_scale, the scale folded into both products
+    logits = torch.baddbmm(torch.bmm(q_pe.float(), kpe.mT), q_nope.float(), ckv.mT, beta=scale, alpha=scale)
+    logits.masked_fill_(padding[:, None, :], float("-inf"))  # [T, heads, slots]
+    peak = logits.amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float32).min)  # finite even when all -inf
+    weights = torch.exp(logits - peak)
+    denominator = weights.sum(dim=-1)
+    output = torch.bmm(weights, ckv) / denominator.clamp_min(1.0)[..., None]
+    lse = (torch.log(denominator) + peak[..., 0]) / LN2
+    return output, lse
+
+
 def reference(
     q_nope: torch.Tensor,
     q_pe: torch.Tensor,
@@ -38,18 +75,8 @@ def reference(
     sparse_indices: torch.Tensor,
     sm_scale: float,
 ) -> dict[str, torch.Tensor]:
-    idx = sparse_indices.long()
-    valid = idx >= 0
-    safe = idx.clamp_min(0)
-    # Padding slots gather token 0, which may hold NaN; zero them so 0·NaN never appears.
-    ckv = torch.where(valid[..., None], ckv_cache.reshape(-1, CKV_DIM)[safe].float(), 0.0)  # [T, K, 512]
-    kpe = torch.where(valid[..., None], kpe_cache.reshape(-1, KPE_DIM)[safe].float(), 0.0)  # [T, K, 64]
-    logits = torch.einsum("thd,tkd->thk", q_nope.float(), ckv) + torch.einsum("thd,tkd->thk", q_pe.float(), kpe)
-    logits = (logits * float(sm_scale)).masked_fill(~valid[:, None, :], float("-inf"))
-    lse_natural = torch.logsumexp(logits, dim=-1)  # -inf for rows without a valid slot
-    probs = torch.where(valid[:, None, :], torch.exp(logits - lse_natural[..., None]), 0.0)
-    output = torch.einsum("thk,tkd->thd", probs, ckv)
-    return {"output": output.to(torch.bfloat16), "lse": lse_natural / LN2}
+    output, lse = attend(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale)
+    return {"output": output.to(torch.bfloat16), "lse": lse}
 
 
 # --------------------------------------------------------------------------- inputs

@@ -11,14 +11,16 @@ One JSON document per definition a solution implements::
 
 - Python imports (parsed with :mod:`ast`): relative imports, and absolute imports that resolve to
   a module inside the solution folder (the folder is on ``sys.path`` when dsa-bench imports a
-  solution); the ``__init__.py`` of every package a packed module lives in;
+  solution folder; flashinfer-bench's loader does not resolve them, see
+  :func:`dsa_bench.pack.flashinfer.import_problems`); the ``__init__.py`` of every package a packed
+  module lives in;
 - string literals in Python sources that name an existing C/C++/CUDA file of the folder (how a
   Python loader hands ``foo.cu`` to ``torch.utils.cpp_extension.load``);
 - ``#include "..."`` lines in C/C++/CUDA sources;
 - the manifest's ``sources`` (the escape hatch for anything loaded in ways not seen above).
 
-Anything the entry needs that lies outside the folder is an error. ``verify_packed`` unpacks each
-JSON into a fresh folder and runs it through dsa-bench on its definition's smoke workload(s).
+Anything the entry needs that lies outside the folder is an error. ``verify_packed`` checks each
+JSON's imports and runs it, as flashinfer-bench imports it, on its definition's smoke workload(s).
 """
 
 from __future__ import annotations
@@ -144,6 +146,27 @@ def _included_by_others(sources: list[dict[str, Any]]) -> set[str]:
     return included
 
 
+def runnable_problem(document: dict[str, Any]) -> str | None:
+    """Why dsa-bench cannot run a packed Solution (its language, or a CUDA binding other than torch), or None.
+
+    flashinfer-bench builds a C++/CUDA solution without ``binding`` through TVM-FFI (its default),
+    whose sources export functions with TVM-FFI's macros rather than a torch extension module's
+    ``PYBIND11_MODULE``; built as a torch extension they would not load (or load the wrong symbols).
+    """
+    spec = document["spec"]
+    if spec["language"] not in ("python", "triton", "cuda"):
+        return f"spec.language {spec['language']!r} is not one dsa-bench runs (python, triton, cuda)"
+    if spec["language"] == "cuda" and spec.get("binding") != "torch":
+        given = "has no spec.binding, which flashinfer-bench reads as 'tvm-ffi' (its default)" if spec.get("binding") is None else (
+            f"has spec.binding {spec['binding']!r}"
+        )
+        return (
+            f"this CUDA solution {given}: flashinfer-bench builds it through TVM-FFI, which dsa-bench does not; dsa-bench builds "
+            'CUDA entries as torch extensions, so only "binding": "torch" solutions can be unpacked or run'
+        )
+    return None
+
+
 def unpack_solutions(json_paths: list[Path], dest: Path, force: bool = False, name: str | None = None) -> Path:
     """Restore a solution folder (sources plus ``solution.yaml``) from packed Solution JSON files.
 
@@ -163,10 +186,9 @@ def unpack_solutions(json_paths: list[Path], dest: Path, force: bool = False, na
         if definition in entries:
             raise DsaBenchError(f"two packed files implement definition {definition!r}", str(path))
         spec = doc["spec"]
-        if spec["language"] not in ("python", "triton", "cuda"):
-            raise DsaBenchError(f"spec.language {spec['language']!r} is not one dsa-bench runs (python, triton, cuda)", str(path))
-        if spec["language"] == "cuda" and spec.get("binding") not in (None, "torch"):
-            raise DsaBenchError(f"spec.binding {spec['binding']!r}: dsa-bench builds CUDA entries as torch extensions", str(path))
+        problem = runnable_problem(doc)
+        if problem is not None:
+            raise DsaBenchError(problem, str(path))
         for source in doc["sources"]:
             earlier = files.get(source["path"])
             if earlier is not None and earlier[0] != source["content"]:

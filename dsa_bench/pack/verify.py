@@ -1,4 +1,5 @@
-"""Verifying packed JSON: unpack each alone and run it, in a fresh process, on its definition's smoke workloads.
+"""Verifying packed JSON: check its imports as flashinfer-bench resolves them, then run it alone, as
+flashinfer-bench imports it, in a fresh process, on its definition's smoke workloads.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import read_yaml
 from dsa_bench.pack.document import read_solution_document
-from dsa_bench.pack.pack import unpack_solutions
+from dsa_bench.pack.flashinfer import import_problems
 
 
 @dataclass
@@ -38,12 +39,17 @@ def smoke_workloads(definition: str, root: Path) -> list[str]:
 
 
 def verify_packed(packed: list[Path], root: Path, device: str = "auto", timeout_s: float = 1800.0) -> list[VerifyResult]:
-    """Unpack each JSON alone into a temporary folder and run it on its definition's smoke workloads.
+    """Check each JSON's imports as flashinfer-bench resolves them, then run it on its definition's smoke workloads.
 
-    The run is a real ``dsa-bench run`` in a fresh process, so a file the packer missed makes
-    the import (or build) fail exactly as it would for whoever receives the JSON. On a GPU the
-    run also times, briefly (1 trial of 1 call): verification is about completeness, not speed.
-    CUDA sources are compiled from scratch, as the recipient would.
+    A Python or Triton source that imports a packed module by its absolute name fails at once,
+    naming the file, line and import (:func:`~dsa_bench.pack.flashinfer.import_problems`): it runs
+    under dsa-bench's folder loader but not where flashinfer-bench imports it. Otherwise the JSON
+    runs with ``dsa-bench run -s FILE.json`` in a fresh process, which lays it out and imports it
+    as flashinfer-bench does (:func:`~dsa_bench.pack.flashinfer.materialize`), so a file the
+    packer missed, or an import only the folder loader resolves, fails the import (or build)
+    exactly as it would for whoever receives the JSON. On a GPU the run also times, briefly (1
+    trial of 1 call): verification is about completeness, not speed. CUDA sources are compiled
+    from scratch, as the recipient would.
     """
     results: list[VerifyResult] = []
     for path in packed:
@@ -52,13 +58,14 @@ def verify_packed(packed: list[Path], root: Path, device: str = "auto", timeout_
         workloads = smoke_workloads(definition, root)
         if not workloads:
             raise DsaBenchError(f"no smoke workload (workloads/*_smoke.yaml) for definition {definition!r}; cannot verify", str(path))
+        problems = import_problems(document, str(path))
+        if problems:
+            results.append(VerifyResult(path, "flashinfer-bench's import", False, "\n".join(problems)))
+            continue
         with tempfile.TemporaryDirectory(prefix="dsa-bench-verify-") as tmp:
-            os.chmod(tmp, 0o755)  # readable by the unprivileged worker users of a run under root
-            # a distinct name: `run` treats a solution named "reference" as the project's own
-            folder = unpack_solutions([path], Path(tmp) / "solution", name=f"packed-{document['name'].removesuffix('_' + definition)}")
             for workload in workloads:
                 command = [
-                    sys.executable, "-m", "dsa_bench", "run", "--workload", workload, "--solution", str(folder),
+                    sys.executable, "-m", "dsa_bench", "run", "--workload", workload, "--solution", str(path.resolve()),
                     "--device", device, "--warmup", "0", "--iterations", "1", "--trials", "1", "--no-save",
                 ]  # fmt: skip
                 # A fresh extension cache: a build cached from the original folder could hide a

@@ -247,6 +247,13 @@ def _environment_warnings(results: LoadedResults, block: dict[str, Any]) -> list
             warnings.append(
                 f"{results.workload}: setting {key} was {old_settings.get(key)!r} in the baseline, {new_settings.get(key)!r} now"
             )
+    old_tolerance, new_tolerance = old_settings.get("tolerance") or {}, new_settings.get("tolerance") or {}
+    for key in sorted(set(old_tolerance) | set(new_tolerance)):
+        if old_tolerance.get(key) != new_tolerance.get(key):
+            warnings.append(
+                f"{results.workload}: tolerance {key} was {old_tolerance.get(key)!r} in the baseline, {new_tolerance.get(key)!r} now; "
+                "statuses are judged differently (run --atol/--rtol/--lse-atol/--score-rtol set them)"
+            )
     return warnings
 
 

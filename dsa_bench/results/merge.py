@@ -25,7 +25,8 @@ def merge_results(paths: list[Path]) -> dict[str, Any]:
         raise DsaBenchError("no results file given")
     loaded = [load_results(p) for p in paths]
     first = loaded[0].document
-    merged = {k: v for k, v in first.items() if k not in ("records", "complete", "finished")}
+    per_part = ("wall_breakdown", "resumed")  # what each part's own sittings were: kept with the part, under merged_from
+    merged = {k: v for k, v in first.items() if k not in ("records", "complete", "finished", "cases", *per_part)}
     seen: dict[tuple[str, str], Path] = {}
     records = []
     for part in loaded:
@@ -44,12 +45,14 @@ def merge_results(paths: list[Path]) -> dict[str, Any]:
                 raise DsaBenchError(f"case {key[0]!r} of solution {key[1]!r} already came from {seen[key]}", where)
             seen[key] = part.path
             records.append(record)
+    if all("cases" in p.document for p in loaded):  # the case selections, joined
+        merged["cases"] = list(dict.fromkeys(c for p in loaded for c in p.document.get("cases") or []))
     merged["records"] = records
     merged["complete"] = True
     merged["finished"] = max(p.document.get("finished") or p.document["created"] for p in loaded)
     merged["merged_from"] = [
         {"file": p.path.name, "created": p.document["created"], "finished": p.document.get("finished"), "complete": p.document["complete"],
-         "records": len(p.document["records"])}
+         "records": len(p.document["records"]), **{k: p.document[k] for k in per_part if k in p.document}}
         for p in loaded
     ]  # fmt: skip
     return merged

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import statistics
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -111,6 +113,8 @@ class CaseRecord:
     wall_s: float = 0.0
     #: where the harness spent the wall time of this record (worker and checker phases)
     phases_s: dict[str, float] = field(default_factory=dict)
+    #: the index of the device it ran on among the run's devices (``environment.gpus``); None on a one-device run
+    gpu: int | None = None
 
     @property
     def passed(self) -> bool:
@@ -145,37 +149,54 @@ def check_results_path(path: Path, inputs: Iterable[Path], input_folders: Iterab
     check_output_path(path, "--save", "dsa-bench results", lambda p: has_json_format(p, RESULTS_FORMAT), inputs, input_folders)
 
 
-class ResultsFile:
-    """A results document kept on disk as records arrive."""
+#: the longest a finished record waits in memory before the results file is rewritten (a harness
+#: killed by SIGKILL loses at most this much; every other stop writes everything first)
+WRITE_INTERVAL_S = 2.0
 
-    def __init__(self, path: Path | None, header: dict[str, Any]) -> None:
+
+class ResultsFile:
+    """A results document kept on disk as records arrive.
+
+    A resumed run starts from the interrupted run's ``records``; the records of a case in
+    ``superseded`` (one the interrupted run left unfinished, run again from its start) stay until
+    that case's first new record arrives and then all go, so the file never loses a record it
+    will not get back, and never holds one case's records from two sittings once it is done.
+    """
+
+    def __init__(
+        self, path: Path | None, header: dict[str, Any], records: Iterable[dict[str, Any]] = (), superseded: Iterable[str] = ()
+    ) -> None:
         self.path = path
         self.document: dict[str, Any] = {
             "format": RESULTS_FORMAT,
             "version": RESULTS_VERSION,
             "created": now_iso(),
             **header,
-            "records": [],
+            "records": list(records),
             "complete": False,
         }
+        self._superseded = set(superseded)
+        self._written_at = -math.inf
         self._write()
 
-    def add(self, record: CaseRecord) -> None:
+    def add(self, record: CaseRecord, **fields: Any) -> None:
+        """Append a record (and set any header ``fields`` with it). The file is rewritten at most
+        every :data:`WRITE_INTERVAL_S` here (the whole document each time: a write per record made
+        long runs quadratic); :meth:`update`, which ends every run, interrupted or not, always writes."""
+        if record.case in self._superseded:
+            self._superseded.discard(record.case)
+            self.document["records"] = [r for r in self.document["records"] if r["case"] != record.case]
         self.document["records"].append(record.to_json())
-        self._write()
-
-    def replace(self, records: Iterable[CaseRecord]) -> None:
-        """Rewrite records already added (matched by case and solution), e.g. once a case's peer speedups are known."""
-        position = {(r["case"], r["solution"]): i for i, r in enumerate(self.document["records"])}
-        for record in records:
-            self.document["records"][position[(record.case, record.solution)]] = record.to_json()
-        self._write()
+        self.document.update(fields)
+        if time.monotonic() - self._written_at >= WRITE_INTERVAL_S:
+            self._write()
 
     def update(self, **fields: Any) -> None:
         self.document.update(fields)
         self._write()
 
     def _write(self) -> None:
+        self._written_at = time.monotonic()
         if self.path is not None:
             write_atomic(self.path, json.dumps(self.document, indent=1, allow_nan=True), "results")
 
@@ -220,6 +241,7 @@ class RecordModel(ClosedModel):
     peer_speedup: Measure | None = None
     wall_s: Measure = 0.0
     phases_s: dict[str, Measure] = {}
+    gpu: Annotated[int, Field(ge=0)] | None = None
 
 
 class WorkloadModel(OpenModel):
@@ -234,6 +256,16 @@ class SolutionMetaModel(OpenModel):
     content_hash: str | None = None
 
 
+class WallBreakdownModel(ClosedModel):
+    """Where a run's wall time went (dsa_bench.run.breakdown): seconds per phase, summed over
+    cases and solutions, and per solution the phases charged to it."""
+
+    wall_s: Measure
+    sittings: Annotated[int, Field(ge=1)] = 1
+    phases_s: dict[str, Measure]
+    by_solution: dict[str, dict[str, Measure]] = {}
+
+
 class ResultsModel(OpenModel):
     format: Literal["dsa-bench-results"]
     version: Literal[1]
@@ -244,6 +276,7 @@ class ResultsModel(OpenModel):
     l2_flush: str | None = None
     environment: dict[str, Any] | None = None
     solutions: dict[str, SolutionMetaModel] | None = None
+    cases: list[Name] | None = None  # the run's case selection
     solution_notes: dict[str, str] | None = None
     #: installed versions of the packages each peer solution requires
     solution_packages: dict[str, dict[str, str]] | None = None
@@ -254,6 +287,8 @@ class ResultsModel(OpenModel):
     complete: bool = False
     finished: str | None = None
     clock_sagged: list[str] | None = None
+    wall_breakdown: WallBreakdownModel | None = None
+    resumed: list[dict[str, Any]] | None = None  # one entry per later sitting of a resumed run
 
 
 def check_format(document: Any, name: str, version: int, kind: str, where: str) -> None:

@@ -273,6 +273,8 @@ def _environment_rows(results: LoadedResults) -> list[list[Any]]:
     if results.l2_flush:
         rows.append(["L2 flush", results.l2_flush])
     for key, value in (doc.get("settings") or {}).items():
+        if key == "tolerance" and isinstance(value, dict):  # atol, rtol, lse_atol, score_rtol
+            value = ", ".join(f"{name}={tol:g}" if isinstance(tol, (int, float)) else f"{name}={tol!r}" for name, tol in value.items())
         rows.append([f"setting: {key}", value])
     for name, meta in (doc.get("solutions") or {}).items():
         rows.append([f"solution: {name}", f"{meta.get('path', '')} (sha256 {str(meta.get('content_hash', ''))[:16]}…)"])

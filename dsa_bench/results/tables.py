@@ -1,4 +1,5 @@
-"""Summaries and the tables a run prints: per-record rows, per-solution summaries, sagged clocks, failures.
+"""Summaries and the tables a run prints: per-record rows and log lines, per-solution summaries,
+the wall-time breakdown, sagged clocks, failures.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class SolutionSummary:
     mean_speedup: float | None  # failed cases count as 0
     geomean_speedup: float | None  # over passed, timed cases
     mean_latency_ms: float | None  # over passed, timed cases
+    wall_s: float  # the harness's wall time on this solution's records (the records' wall_s summed)
     #: the same over the cases with a peer latency (CaseRecord.peer_speedup), None where there is none
     mean_peer_speedup: float | None = None
     geomean_peer_speedup: float | None = None
@@ -46,6 +48,7 @@ def summarize(records: list[CaseRecord], solution: str) -> SolutionSummary:
         mean_speedup=statistics.fmean(speedups) if any_timing and speedups else None,
         geomean_speedup=math.exp(statistics.fmean(math.log(s) for s in good)) if good else None,
         mean_latency_ms=statistics.fmean(latencies) if latencies else None,
+        wall_s=sum(r.wall_s for r in mine),
         mean_peer_speedup=mean_peer,
         geomean_peer_speedup=geomean_peer,
     )
@@ -63,14 +66,41 @@ def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def one_line(message: str, limit: int = 300) -> str:
+    """A message for one log line: a traceback's last line (the exception), else the first and
+    last lines, cut to ``limit`` characters; the whole message is in the results and the failures."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if any(line.startswith(("Traceback (most recent call last)", 'File "')) for line in lines):
+        lines = lines[-1:]
+    text = " ... ".join(lines if len(lines) <= 2 else [lines[0], lines[-1]])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def record_line(record: CaseRecord, done: int, total: int) -> str:
+    """One finished record as a plain log line: count, case, solution, status, latency (or
+    "correctness only") and speedup, its wall time, and for a failure the message."""
+    where = "" if record.gpu is None else f" (gpu {record.gpu})"
+    parts = [f"[{done}/{total}] {record.case} {record.solution}{where}: {record.status.value}"]
+    if record.timing is not None:
+        parts.append(f"{_fmt_us(record.timing.mean_ms)} µs" + ("" if record.speedup is None else f" ({record.speedup:.2f}x)"))
+        if record.peer_speedup is not None:
+            parts.append(f"{record.peer_speedup:.2f}x vs {record.peer}")
+    elif record.passed:
+        parts.append("correctness only")
+    parts.append(f"{record.wall_s:.1f} s")
+    line = ", ".join(parts)
+    return f"{line}: {one_line(record.message)}" if record.message and not record.passed else line
+
+
 def records_table(records: list[CaseRecord], key_axes: tuple[str, ...]) -> str:
     """One row per (case, solution): key axes, status, error figures and, when timed, latency,
     speedup over the reference and (where a peer ran) over the peer it is measured against."""
     from tabulate import tabulate
 
     timed = any(r.timing is not None for r in records)
+    spread = any(r.gpu is not None for r in records)  # a multi-device run: say where each ran
+    headers = ["case", *key_axes, "solution", *(["gpu"] if spread else []), "status", "max abs err", "max rel err"]
     with_peer = any(r.peer is not None for r in records)
-    headers = ["case", *key_axes, "solution", "status", "max abs err", "max rel err"]
     if timed:
         headers += ["timer", "mean µs", "median µs", "min µs", "trial spread", "speedup"]
     if with_peer:
@@ -81,6 +111,7 @@ def records_table(records: list[CaseRecord], key_axes: tuple[str, ...]) -> str:
             r.case,
             *[r.axes.get(a, "") for a in key_axes],
             r.solution,
+            *([r.gpu] if spread else []),
             r.status.value,
             _fmt_err(r.max_abs_error),
             _fmt_err(r.max_rel_error),
@@ -110,14 +141,37 @@ def summary_table(records: list[CaseRecord]) -> str:
     for name in names:
         s = summarize(records, name)
         passed = f"{s.passed}/{s.total}" if s.total else "skipped"
-        row = [name, passed, _x(s.mean_speedup), _x(s.geomean_speedup), _fmt_us(s.mean_latency_ms)]
+        row = [name, passed, _x(s.mean_speedup), _x(s.geomean_speedup), _fmt_us(s.mean_latency_ms), f"{s.wall_s:.1f}"]
         if with_peer:
             row += [_x(s.mean_peer_speedup), _x(s.geomean_peer_speedup)]
         rows.append(row)
-    headers = ["solution", "passed", "mean speedup", "geomean speedup", "mean µs"]
+    headers = ["solution", "passed", "mean speedup", "geomean speedup", "mean µs", "wall s"]
     if with_peer:
         headers += ["mean vs peer", "geomean vs peer"]
     return tabulate(rows, headers=headers, disable_numparse=True)
+
+
+def wall_time(breakdown: dict) -> str:
+    """The run's wall time in words (all sittings of a resumed run together)."""
+    sittings = breakdown.get("sittings", 1)
+    return f"wall time {breakdown['wall_s']:.1f} s" + (f" over {sittings} sittings" if sittings > 1 else "")
+
+
+def breakdown_table(breakdown: dict) -> str:
+    """A results file's ``wall_breakdown``: seconds per phase, its share of the wall time, and
+    each solution's part of it (phases charged to the harness have none)."""
+    from tabulate import tabulate
+
+    wall = breakdown["wall_s"]
+    owners = list(breakdown.get("by_solution") or {})
+    rows = []
+    for phase, seconds in breakdown["phases_s"].items():
+        mine = [breakdown["by_solution"][owner].get(phase) for owner in owners]
+        rows.append([phase, f"{seconds:.2f}", f"{100 * seconds / wall:.1f}%" if wall > 0 else "-",
+                     *("-" if v is None else f"{v:.2f}" for v in mine)])  # fmt: skip
+    rows.append(["total", f"{wall:.2f}", "100.0%", *(f"{sum(breakdown['by_solution'][o].values()):.2f}" for o in owners)])
+    headers = ["phase", "s", "of wall", *(f"{o} s" for o in owners)]
+    return wall_time(breakdown) + "\n" + tabulate(rows, headers=headers, disable_numparse=True)
 
 
 def sagged(records: list[CaseRecord], max_sm_mhz: float | None, fraction: float = 0.9) -> list[str]:

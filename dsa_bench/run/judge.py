@@ -14,6 +14,7 @@ import torch
 from dsa_bench.definitions.base import Definition, InputRng, Tolerance
 from dsa_bench.definitions.checks import judge
 from dsa_bench.definitions.status import CheckResult
+from dsa_bench.run.breakdown import PhaseClock
 from dsa_bench.run.protocol import (
     CheckedCall,
     ProtocolError,
@@ -36,6 +37,7 @@ class CaseContext:
     case: Case
     device: torch.device
     tolerance: Tolerance
+    clock: PhaseClock = field(default_factory=PhaseClock)  # charged with the harness's inputs and expectations
     _cache: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     _floors: dict[int, float] = field(default_factory=dict)
 
@@ -48,8 +50,10 @@ class CaseContext:
 
     def get(self, seed: int) -> tuple[Any, Any]:
         if seed not in self._cache:
-            inputs = build_inputs(self.workload.definition, self.case, seed, self.device)
-            self._cache[seed] = (inputs, self.workload.definition.expect(inputs))
+            with self.clock.phase("harness_inputs"):
+                inputs = build_inputs(self.workload.definition, self.case, seed, self.device)
+            with self.clock.phase("expectations"):
+                self._cache[seed] = (inputs, self.workload.definition.expect(inputs))
         return self._cache[seed]
 
     def check(self, seed: int, outputs: dict[str, Any], redrawn: dict[str, Any] | None = None) -> CheckResult:
@@ -59,7 +63,8 @@ class CaseContext:
         definition = self.workload.definition
         if redrawn:
             inputs = {**inputs, **{k: v.to(self.device) for k, v in redrawn.items()}}
-            expected = definition.expect(inputs)
+            with self.clock.phase("expectations"):
+                expected = definition.expect(inputs)
         axes = definition.axes(self.case.axes)
         return judge(definition, axes, inputs, outputs, expected, self.tolerance, self.device)
 
@@ -71,7 +76,8 @@ class CaseContext:
         if bound is None:
             return None
         if seed not in self._floors:
-            inputs = self._cache[seed][0] if seed in self._cache else build_inputs(definition, self.case, seed, self.device)
+            with self.clock.phase("harness_inputs"):
+                inputs = self._cache[seed][0] if seed in self._cache else build_inputs(definition, self.case, seed, self.device)
             self._floors[seed] = bound(definition.axes(self.case.axes), inputs)
         return int(self._floors[seed])
 

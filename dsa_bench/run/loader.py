@@ -26,20 +26,28 @@ def import_entry(solution: Solution, definition: str) -> tuple[Callable[..., Any
 
     Python and Triton entries are imported as a module of a package rooted at the solution
     folder, so relative imports between the solution's files work; the folder is also put on
-    ``sys.path`` for absolute sibling imports. CUDA entries are compiled with
+    ``sys.path`` for absolute sibling imports. A packed solution (``solution.packed_from``) is
+    imported as flashinfer-bench imports it instead: its folder is the package of that name, only
+    the folder's parent goes on ``sys.path`` (see :mod:`dsa_bench.pack.flashinfer`), so an absolute
+    sibling import fails here as it would there. CUDA entries are compiled with
     ``torch.utils.cpp_extension.load`` into torch's extension cache (``TORCH_EXTENSIONS_DIR``).
     Any exception propagates: the caller reports it as a compile error.
     """
     entry = solution.entry_for(definition)
     if entry.language == "cuda":
         return _build_cuda_entry(solution, entry), None
-    package = _package_name(solution)
-    if package not in sys.modules:
-        module = types.ModuleType(package)
-        module.__path__ = [str(solution.path)]
-        sys.modules[package] = module
-    if str(solution.path) not in sys.path:
-        sys.path.insert(0, str(solution.path))
+    if solution.packed_from is not None:
+        package = solution.path.name
+        if str(solution.path.parent) not in sys.path:
+            sys.path.insert(0, str(solution.path.parent))
+    else:
+        package = _package_name(solution)
+        if package not in sys.modules:
+            module = types.ModuleType(package)
+            module.__path__ = [str(solution.path)]
+            sys.modules[package] = module
+        if str(solution.path) not in sys.path:
+            sys.path.insert(0, str(solution.path))
     dotted = ".".join(Path(entry.file).with_suffix("").parts)
     module = importlib.import_module(f"{package}.{dotted}")
     function = getattr(module, entry.function, None)

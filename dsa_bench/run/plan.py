@@ -6,14 +6,23 @@ command line's overrides, the solutions (the reference first, names unique, ``re
 reserved), the results path (never an input or a file of another kind), and whom each worker
 runs as. :func:`execute` runs the plan, writing records as they finish, and turns Ctrl-C, SIGTERM
 and SIGHUP into an orderly stop.
+
+With ``--resume RESULTS.json`` the plan is checked against the interrupted run's results file
+(the workload and its cases' content, the case selection, settings, timer, L2 flush, GPU, the
+solutions and their content hashes: :func:`resume_problem`), only the cases it left unfinished
+are run, and the union is written back to that file (docs/running.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
+import hashlib
+import json
 import math
 import signal
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,14 +34,15 @@ from dsa_bench.errors import DsaBenchError
 from dsa_bench.paths import safe_file_name
 from dsa_bench.project import check_run_solutions, reference_solution, relative_to_root, resolve_solution, resolve_workload
 from dsa_bench.results.environment import environment
-from dsa_bench.results.records import CaseRecord, ResultsFile, check_results_path, now_iso
+from dsa_bench.results.records import CaseRecord, ResultsFile, check_results_path, load_results, now_iso
 from dsa_bench.results.tables import sagged
+from dsa_bench.run.breakdown import PhaseClock
 from dsa_bench.run.isolation import WORKER_USER_MODES, WorkerIdentity
 from dsa_bench.run.runner import Interrupted, RunOptions, order_solutions, run_workload, worker_identities
 from dsa_bench.solution import REFERENCE_SOLUTION, Solution, content_hash, discover, load_solution
 from dsa_bench.timing import choose_timer
 from dsa_bench.timing.flush import check_l2_flush, measure_copy_bandwidth
-from dsa_bench.workloads import Case, Workload, setting_problem
+from dsa_bench.workloads import REFERENCE_PROTOCOLS, TOLERANCES, Case, Workload, setting_problem
 
 #: Longest --case-timeout and --compile-timeout, in seconds: a day (longer is a typo, not a plan).
 MAX_TIMEOUT_S = 86400.0
@@ -59,7 +69,48 @@ class RunRequest:
     no_save: bool = False
     dataset: Path | None = None
     worker_user: str = "auto"
-    speedup_over: str | None = None  # None: the fastest peer that passed each case
+    gpus: str | None = None  # a count, or "all"; None: 1, or every GPU of a Ray cluster
+    executor: str = "local"  # EXECUTORS
+    ray_address: str | None = None
+    #: the dataset's own solutions (``solutions/**/*.json``) to run: their names, or "all"
+    dataset_solutions: list[str] = field(default_factory=list)
+    #: tolerances that replace the workload's for this run (None: the workload's)
+    atol: float | None = None
+    rtol: float | None = None
+    lse_atol: float | None = None
+    score_rtol: float | None = None
+    resume: Path | None = None  # an interrupted run's results file, completed in place
+    reference_protocol: str | None = None  # REFERENCE_PROTOCOLS; None: the workload's
+    speedup_over: str | None = None  # the solution peer speedups are measured against; None: the fastest peer of each case
+
+    def tolerance_overrides(self) -> dict[str, float]:
+        return {key: getattr(self, key) for key in TOLERANCES if getattr(self, key) is not None}
+
+
+#: where a run's cases go: this process's devices, or a Ray cluster's GPUs
+EXECUTORS = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What an interrupted run left: its results document, and the cases it finished (every
+    solution of the run has a record there); the other cases are run from their start."""
+
+    document: dict[str, Any]
+    finished: frozenset[str]
+    sitting_header: dict[str, Any]  # the header this sitting would write (its environment and workers are noted)
+
+    @property
+    def superseded(self) -> set[str]:
+        """Unfinished cases that have records: replaced when the case runs again."""
+        return {r["case"] for r in self.document["records"]} - self.finished
+
+    def header(self) -> dict[str, Any]:
+        """The interrupted run's header, with this sitting noted under ``resumed``."""
+        kept = {k: v for k, v in self.document.items() if k not in ("records", "complete", "finished", "clock_sagged")}
+        sitting = {"started": now_iso(), "records_kept": sum(r["case"] in self.finished for r in self.document["records"]),
+                   "environment": self.sitting_header["environment"], "workers": self.sitting_header["workers"]}  # fmt: skip
+        return {**kept, "resumed": [*self.document.get("resumed", []), sitting]}
 
 
 @dataclass
@@ -67,14 +118,31 @@ class RunPlan:
     workload: Workload
     cases: list[Case]
     solutions: list[Solution]
-    options: RunOptions
+    options: RunOptions  # the first device's (the only one's, on a one-device run)
     identities: dict[str, WorkerIdentity]
     save_path: Path | None
     root: Path
     warnings: list[str] = field(default_factory=list)
+    #: one per device of a local multi-device run (``--gpus N``); the first is ``options``
+    device_options: list[RunOptions] = field(default_factory=list)
+    device_identities: list[dict[str, WorkerIdentity]] = field(default_factory=list)
+    executor: str = "local"
+    ray_address: str | None = None
+    ray_gpus: int | None = None  # at most this many Ray actors (None: every GPU of the cluster)
+    timer_request: str = "auto"  # what a Ray actor resolves on its own device
+    planning_s: float = 0.0  # wall time spent planning, counted in the run's wall-time breakdown
+    resumed: Resumed | None = None
+
+    @property
+    def pending_cases(self) -> list[Case]:
+        """The cases this run executes: all of them, less those a resumed run already finished."""
+        finished = self.resumed.finished if self.resumed else frozenset()
+        return [c for c in self.cases if c.id not in finished]
 
     @property
     def mode(self) -> str:
+        if self.executor == "ray":
+            return "on a Ray cluster (each actor picks its GPU's timer)"
         if self.options.timer is None:
             return "correctness only (no CUDA device: nothing is timed)"
         return f"timing with {self.options.timer}, {self.options.l2_flush} L2 flush"
@@ -87,23 +155,78 @@ class RunPlan:
             "path": relative_to_root(wl.path, self.root),
             "trace": relative_to_root(wl.trace_path, self.root),
             "definition": wl.definition.name,
+            "cases_sha256": cases_digest(wl.cases, self.root),
         }
         if options.dataset_root is not None:
             workload["dataset"] = relative_to_root(options.dataset_root, self.root)
-        env = environment(options.device) | ({"copy_gbps": options.copy_bytes_per_s / 1e9} if options.copy_bytes_per_s else {})
+        env = _device_environment(options)
+        if len(self.device_options) > 1:
+            env["gpus"] = [{"index": i, **_device_environment(o)} for i, o in enumerate(self.device_options)]
         return {
             "workload": workload,
             "settings": {**{k: v for k, v in asdict(settings).items() if k != "tolerance"}, "tolerance": asdict(settings.tolerance)},
             "timer": options.timer,
             "l2_flush": options.l2_flush if options.timer else None,
             "environment": env,
-            "workers": {name: identity.description for name, identity in self.identities.items()},
-            "solutions": {
-                s.name: {"path": relative_to_root(s.path, self.root), "content_hash": content_hash(s.path)} for s in self.solutions
-            },
+            "workers": {name: identity.description for name, identity in self.identities.items()}
+            if self.executor == "local" else None,  # Ray actors report theirs under environment.gpus
+            "solutions": {s.name: self._solution_header(s) for s in self.solutions},
+            "cases": [c.id for c in self.cases],
             "peers": [s.name for s in self.solutions if s.requires.any],
             "speedup_over": options.speedup_over,
         }
+
+    def _solution_header(self, solution: Solution) -> dict[str, Any]:
+        header = {"path": relative_to_root(solution.path, self.root), "content_hash": content_hash(solution.path)}
+        if solution.packed_from is not None:  # the JSON it was run from; its folder is dsa-bench's cache
+            header["packed"] = relative_to_root(solution.packed_from, self.root)
+        return header
+
+
+def _device_environment(options: RunOptions) -> dict[str, Any]:
+    return environment(options.device) | ({"copy_gbps": options.copy_bytes_per_s / 1e9} if options.copy_bytes_per_s else {})
+
+
+def gpu_count(value: str, executor: str) -> int | None:
+    """``--gpus``: a count >= 1, or "all" (None: every device there is)."""
+    if value == "all":
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise DsaBenchError(f"--gpus {value!r}: expected a count >= 1 or 'all'")
+    if executor not in EXECUTORS:
+        raise DsaBenchError(f"--executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
+    return int(value)
+
+
+def pick_devices(name: str, count: int | None) -> list[torch.device]:
+    """The run's devices: ``--device`` alone, or the first ``count`` CUDA devices (all of them for
+    None). Without CUDA, N devices are N parallel CPU workers of a correctness-only run."""
+    if count == 1:
+        return [pick_device(name)]
+    if name not in ("auto", "cuda", "cpu"):
+        raise DsaBenchError(f"--gpus takes the devices itself; --device {name!r} names one (use auto, cuda or cpu)")
+    first = pick_device(name)
+    if first.type == "cpu":
+        return [first] * (count or 1)
+    available = torch.cuda.device_count()
+    if count is not None and count > available:
+        raise DsaBenchError(f"--gpus {count}: this machine has {available} CUDA device(s)")
+    return [torch.device("cuda", i) for i in range(count or available)]
+
+
+def cases_digest(cases: tuple[Case, ...], root: Path) -> str:
+    """sha256 of a workload's cases as the run reads them: ids, axes and input sources (a
+    safetensors source by its path and size, not its bytes). A resumed run must find the same."""
+    digest = hashlib.sha256()
+    for case in cases:
+        inputs = {
+            name: {"kind": src.kind, "params": dict(src.params), "values": src.values, "value": src.value, "tensor_key": src.tensor_key,
+                   "path": relative_to_root(src.path, root), "bytes": src.path.stat().st_size if src.path else None}
+            for name, src in case.inputs.items()
+        }  # fmt: skip
+        line = json.dumps({"id": case.id, "axes": dict(case.axes), "inputs": inputs}, sort_keys=True, default=str)
+        digest.update(line.encode() + b"\n")
+    return digest.hexdigest()
 
 
 def pick_device(name: str) -> torch.device:
@@ -129,17 +252,22 @@ def check_request(request: RunRequest) -> None:
     check_l2_flush(request.l2_flush)
     if request.worker_user not in WORKER_USER_MODES:
         raise DsaBenchError(f"--worker-user {request.worker_user!r}: expected one of {', '.join(WORKER_USER_MODES)}")
-    counts = {
+    counts: dict[str, float | None] = {
         "--seed": request.seed,
         "--input-sets": request.input_sets,
         "--warmup": request.warmup,
         "--iterations": request.iterations,
         "--trials": request.trials,
     }
+    counts.update({f"--{key.replace('_', '-')}": value for key, value in request.tolerance_overrides().items()})
     for option, value in counts.items():
         problem = None if value is None else setting_problem(option.removeprefix("--").replace("-", "_"), value)
         if problem is not None:
             raise DsaBenchError(f"{option} {value}: {problem}")
+    if request.reference_protocol is not None and request.reference_protocol not in REFERENCE_PROTOCOLS:
+        raise DsaBenchError(f"--reference-protocol {request.reference_protocol!r}: expected one of {', '.join(REFERENCE_PROTOCOLS)}")
+    if request.dataset_solutions and request.dataset is None:
+        raise DsaBenchError("--dataset-solutions names solutions of a flashinfer-bench dataset; give the dataset with --dataset")
     for option, seconds in (("--case-timeout", request.case_timeout), ("--compile-timeout", request.compile_timeout)):
         if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
             raise DsaBenchError(f"{option} {seconds:g}: expected a finite number of seconds > 0 and <= {MAX_TIMEOUT_S:g}")
@@ -154,23 +282,34 @@ def select_cases(workload: Workload, patterns: list[str]) -> list[Case]:
     return chosen
 
 
-def _solutions(request: RunRequest, workload: Workload, root: Path, timing: bool) -> list[Solution]:
+def _solutions(request: RunRequest, workload: Workload, root: Path, timing: bool) -> tuple[list[Solution], list[str]]:
+    """The solutions to run, reference first, and warnings (dataset solutions dsa-bench cannot run)."""
     definition = workload.definition.name
+    cache = root / ".cache" / "dsa-bench"
     reference = reference_solution(root)
     reference_folders = [root / "solutions" / REFERENCE_SOLUTION]
+    warnings: list[str] = []
     if request.dataset is not None and (reference is None or definition not in reference.entries):
         from dsa_bench.dataset import reference_solution_folder
 
         # a dataset definition dsa-bench has no reference solution of: run the JSON's own reference
-        reference = load_solution(reference_solution_folder(workload.definition, root / ".cache" / "dsa-bench"))
+        reference = load_solution(reference_solution_folder(workload.definition, cache))
         reference_folders.append(reference.path)
-    if request.solutions:
-        chosen = [
-            reference if request.dataset is not None and s == REFERENCE_SOLUTION and reference else resolve_solution(s, root)
-            for s in request.solutions
-        ]
+    if request.solutions or request.dataset_solutions:
+        chosen: list[Solution] = []
+        for given in request.solutions:
+            if request.dataset is not None and given == REFERENCE_SOLUTION and reference:
+                chosen.append(reference)
+            elif given.endswith(".json"):
+                chosen.append(_packed_solution(Path(given), definition, cache))
+            else:
+                chosen.append(resolve_solution(given, root))
         for s in chosen:
             s.entry_for(definition)
+        if request.dataset_solutions:
+            assert request.dataset is not None  # check_request refuses --dataset-solutions without --dataset
+            files, warnings = _dataset_solution_files(request.dataset, request.dataset_solutions, definition)
+            chosen += [_packed_solution(path, definition, cache) for path in files]
     else:
         chosen = [s for s in discover(root / "solutions") if definition in s.entries]
     check_run_solutions(chosen, reference_folders)
@@ -179,20 +318,85 @@ def _solutions(request: RunRequest, workload: Workload, root: Path, timing: bool
     chosen = order_solutions(chosen, timing, reference)
     if not chosen:
         raise DsaBenchError(f"no solution implements {definition}")
-    return chosen
+    return chosen, warnings
+
+
+def _packed_solution(path: Path, definition: str, cache: Path) -> Solution:
+    """A packed Solution JSON (``-s FILE.json``, a dataset's solution), laid out and imported as
+    flashinfer-bench does (:func:`dsa_bench.pack.flashinfer.materialize`)."""
+    from dsa_bench.pack.document import read_solution_document
+    from dsa_bench.pack.flashinfer import materialize
+
+    if not path.is_file():
+        raise DsaBenchError("packed solution file does not exist", str(path))
+    packed_for = read_solution_document(path)["definition"]
+    if packed_for != definition:
+        raise DsaBenchError(f"this packed solution implements {packed_for!r}, but the workload runs {definition!r}", str(path))
+    return materialize(path, cache)
+
+
+def _dataset_solution_files(dataset: Path, wanted: list[str], definition: str) -> tuple[list[Path], list[str]]:
+    """The dataset's solution JSONs for ``definition`` that ``--dataset-solutions`` names (``all``:
+    every one dsa-bench can run; the others are named in the warnings)."""
+    from dsa_bench.dataset import dataset_solution_files
+    from dsa_bench.files import read_json
+    from dsa_bench.pack.document import check_solution_document
+    from dsa_bench.pack.pack import runnable_problem
+
+    by_name: dict[str, tuple[Path, dict[str, Any]]] = {}
+    for path in dataset_solution_files(dataset):
+        document = read_json(path, "packed solution")
+        name = document.get("name") if isinstance(document, dict) else None
+        if isinstance(name, str) and name in by_name:
+            raise DsaBenchError(f"solution name {name!r} is also used by {by_name[name][0]}", str(path))
+        if isinstance(document, dict) and document.get("definition") == definition:
+            check_solution_document(document, str(path))  # the others are another run's business
+        if isinstance(name, str):
+            by_name[name] = (path, document)
+    mine = {name: item for name, item in by_name.items() if item[1].get("definition") == definition}
+    if "all" in wanted:
+        if len(wanted) > 1:
+            raise DsaBenchError("--dataset-solutions all runs every dataset solution; give it alone, or give names")
+        chosen, warnings = [], []
+        for name, (path, document) in sorted(mine.items()):
+            problem = runnable_problem(document)
+            if problem is None:
+                chosen.append(path)
+            else:
+                warnings.append(f"dataset solution {name!r} ({path}) is not run: {problem}")
+        if not chosen:
+            raise DsaBenchError(f"the dataset holds no solution of {definition} that dsa-bench can run", str(dataset / "solutions"))
+        return chosen, warnings
+    files = []
+    for name in wanted:
+        if name not in mine:
+            known = ", ".join(sorted(mine)) or "(none)"
+            other = f" (it implements {by_name[name][1].get('definition')!r})" if name in by_name else ""
+            problem = f"--dataset-solutions {name}: no dataset solution of {definition} has this name{other}; its solutions: {known}"
+            raise DsaBenchError(problem)
+        path, document = mine[name]
+        problem = runnable_problem(document)
+        if problem is not None:
+            raise DsaBenchError(problem, str(path))
+        files.append(path)
+    return files, []
 
 
 def run_inputs(workload: Workload, solutions: list[Solution], dataset: Path | None) -> tuple[list[Path], list[Path]]:
     """The files and folders a run reads, which its results file must not overwrite or enter."""
     files = [p for p in (workload.path, workload.trace_path) if p is not None]
     files += [source.path for case in workload.cases for source in case.inputs.values() if source.path is not None]
+    files += [s.packed_from for s in solutions if s.packed_from is not None]
     folders = [s.path for s in solutions] + ([dataset] if dataset is not None else [])
     return files, folders
 
 
 def plan_run(request: RunRequest, root: Path) -> RunPlan:
     """Everything a run needs, checked; raises DsaBenchError on the first problem."""
+    started = time.perf_counter()
     check_request(request)
+    if request.resume is not None and (request.save is not None or request.no_save):
+        raise DsaBenchError("--resume writes the completed run back to its results file; leave out --save and --no-save")
     if request.dataset is None:
         workload = resolve_workload(request.workload, root)
     else:
@@ -200,23 +404,44 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
 
         workload = load_dataset_workload(request.dataset, request.workload)
     cases = select_cases(workload, request.cases)
-    device = pick_device(request.device)
-    timer, warning = choose_timer(request.timer, device)
+    gpus = gpu_count(request.gpus or ("all" if request.executor == "ray" else "1"), request.executor)
+    on_ray = request.executor == "ray"
+    if on_ray:
+        from dsa_bench.run.ray_executor import ray_module
+
+        ray_module()  # a clear error now when Ray is missing
+    elif request.ray_address is not None:
+        raise DsaBenchError("--ray-address needs --executor ray")
+    devices = [pick_device("cpu")] if on_ray else pick_devices(request.device, gpus)
+    device = devices[0]
+    timer, warning = (None, None) if on_ray else choose_timer(request.timer, device)
+    tolerance = dataclasses.replace(workload.settings.tolerance, **request.tolerance_overrides())
     settings = workload.settings.replace(
-        seed=request.seed, input_sets=request.input_sets, warmup=request.warmup, iterations=request.iterations, trials=request.trials
-    )
+        seed=request.seed, input_sets=request.input_sets, warmup=request.warmup, iterations=request.iterations, trials=request.trials,
+        tolerance=tolerance, reference_protocol=request.reference_protocol,
+    )  # fmt: skip
     if timer is not None and settings.input_sets < 2:
         raise DsaBenchError("timing needs --input-sets >= 2 so consecutive calls never see the same tensors")
-    solutions = _solutions(request, workload, root, timer is not None)
+    solutions, warnings = _solutions(request, workload, root, timer is not None or on_ray)
+    if warning:
+        warnings.insert(0, warning)
     if request.speedup_over is not None and request.speedup_over not in {s.name for s in solutions}:
         raise DsaBenchError(
             f"--speedup-over {request.speedup_over!r} is not a solution of this run (it runs {', '.join(s.name for s in solutions)})"
         )
+
+    def shown(value: float | None) -> str:
+        return "derived" if value is None else f"{value:g}"  # score_rtol None: the definition's own per-row bound
+
+    overrides = request.tolerance_overrides().items()
+    changed = [f"{k} {v:g} (the workload's: {shown(getattr(workload.settings.tolerance, k))})" for k, v in overrides]
+    if changed:
+        warnings.append(f"tolerances set on the command line judge cases differently from the workload's settings: {', '.join(changed)}")
     default_save = root / "results" / f"{safe_file_name(workload.name)}-{now_iso().replace(':', '')}.json"
-    save_path = None if request.no_save else (request.save or default_save)
+    save_path = None if request.no_save else (request.resume or request.save or default_save)
     if save_path is not None:
         check_results_path(save_path, *run_inputs(workload, solutions, request.dataset))
-    options = RunOptions(
+    template = RunOptions(
         device=device,
         settings=settings,
         timer=timer,
@@ -227,11 +452,82 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
         cache_dir=root / ".cache" / "dsa-bench",
         dataset_root=request.dataset,
         worker_user=request.worker_user,
-        copy_bytes_per_s=measure_copy_bandwidth(device) if timer is not None else None,
         speedup_over=request.speedup_over,
     )
-    identities = worker_identities(solutions, options, cases)
-    return RunPlan(workload, cases, solutions, options, identities, save_path, root, [warning] if warning else [])
+    device_options = [
+        dataclasses.replace(template, device=d, copy_bytes_per_s=measure_copy_bandwidth(d) if timer is not None else None)
+        for d in devices
+    ]
+    device_identities = [worker_identities(solutions, o, cases, first_slot=i * len(solutions)) for i, o in enumerate(device_options)]
+    plan = RunPlan(
+        workload, cases, solutions, device_options[0], device_identities[0], save_path, root, warnings,
+        device_options=device_options, device_identities=device_identities, executor=request.executor,
+        ray_address=request.ray_address, ray_gpus=gpus, timer_request=request.timer,
+    )  # fmt: skip
+    if request.resume is not None:
+        plan.resumed = resume_state(request.resume, plan)
+    plan.planning_s = time.perf_counter() - started
+    return plan
+
+
+def _first_difference(theirs: Any, ours: Any, name: str) -> tuple[str, Any, Any] | None:
+    """The first field (dotted name) in which two header values differ, with both values."""
+    if isinstance(theirs, dict) and isinstance(ours, dict):
+        for key in [*ours, *(k for k in theirs if k not in ours)]:
+            found = _first_difference(theirs.get(key), ours.get(key), f"{name}.{key}")
+            if found is not None:
+                return found
+        return None
+    return None if theirs == ours else (name, theirs, ours)
+
+
+def resume_problem(previous: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """Why the run described by header ``now`` cannot continue the one whose results document is
+    ``previous``, or None: the first field that differs, with both values."""
+    if not (previous.get("workload") or {}).get("cases_sha256"):
+        return "it records no workload.cases_sha256 (it was written before dsa-bench could resume runs); start a new run"
+    theirs_solutions, our_solutions = previous.get("solutions") or {}, now["solutions"]
+    if set(theirs_solutions) != set(our_solutions):
+        return (f"the solutions differ: {', '.join(sorted(theirs_solutions)) or '(none)'} there, {', '.join(sorted(our_solutions))} "
+                f"in this run; give the same --solution options")  # fmt: skip
+    for name, info in our_solutions.items():
+        if theirs_solutions[name].get("content_hash") != info["content_hash"]:
+            return (f"solution {name!r} has changed since: content hash {theirs_solutions[name].get('content_hash')} there, "
+                    f"{info['content_hash']} now ({info['path']}); start a new run")  # fmt: skip
+    workload_fields = ("name", "definition", "cases_sha256", "dataset")
+    checked = [
+        ("workload", {k: previous["workload"].get(k) for k in workload_fields}, {k: now["workload"].get(k) for k in workload_fields}),
+        ("settings", previous.get("settings"), now["settings"]),
+        ("timer", previous.get("timer"), now["timer"]),
+        ("l2_flush", previous.get("l2_flush"), now["l2_flush"]),
+        ("environment.gpu", (previous.get("environment") or {}).get("gpu"), now["environment"].get("gpu")),
+    ]
+    for name, theirs, ours in checked:
+        found = _first_difference(theirs, ours, name)
+        if found is not None:
+            field_name, a, b = found
+            return f"{field_name} is {a!r} there and {b!r} in this run; give the interrupted run's options"
+    theirs_cases, our_cases = previous.get("cases") or [], now["cases"]
+    if set(theirs_cases) != set(our_cases):
+        differ = sorted(set(theirs_cases) ^ set(our_cases))
+        shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
+        return (f"the case selection differs: {len(theirs_cases)} cases there, {len(our_cases)} in this run (in one only: {shown}); "
+                f"give the same --case patterns")  # fmt: skip
+    return None
+
+
+def resume_state(path: Path, plan: RunPlan) -> Resumed:
+    """The interrupted run at ``path``, checked against ``plan``: a refusal names the first difference."""
+    previous = load_results(path).document
+    now = plan.header()
+    problem = resume_problem(previous, now)
+    if problem is not None:
+        raise DsaBenchError(f"cannot resume this run: {problem}", str(path))
+    names = {s.name for s in plan.solutions}
+    done: dict[str, set[str]] = {}
+    for record in previous["records"]:
+        done.setdefault(record["case"], set()).add(record["solution"])
+    return Resumed(previous, frozenset(case for case, solutions in done.items() if names <= solutions), now)
 
 
 @dataclass
@@ -258,15 +554,62 @@ def _stopped_by_signals() -> Iterator[None]:
 
 
 def execute(plan: RunPlan, on_record: Callable[[CaseRecord], None] = lambda r: None) -> RunOutcome:
-    """Run the plan; the results file is complete only when every case ran."""
-    results = ResultsFile(plan.save_path, plan.header())
+    """Run the plan; the results file is complete only when every case ran. The outcome's records
+    are the whole file's (a resumed run's earlier records too)."""
+    resumed = plan.resumed
+    clock = PhaseClock(plan.planning_s, resumed.document.get("wall_breakdown") if resumed else None)
+    with clock.phase("planning"):  # the header: environment, solutions' content hashes
+        header = plan.header() if resumed is None else resumed.header()
+    kept, superseded = (resumed.document["records"], resumed.superseded) if resumed else ([], set())
+    with clock.phase("results_writes"):
+        results = ResultsFile(plan.save_path, header, kept, superseded)
     stopped_by: int | None = None
     try:
         with _stopped_by_signals():
-            records = run_workload(plan.workload, plan.cases, plan.solutions, plan.options, results, on_record, plan.identities)
+            _run(plan, results, on_record, clock)
     except KeyboardInterrupt as stop:
         stopped_by = stop.signum if isinstance(stop, Interrupted) else int(signal.SIGINT)
-        records = [CaseRecord.from_json(r) for r in results.document["records"]]
-    sag = sagged(records, results.document["environment"].get("max_sm_mhz"))
-    results.update(complete=stopped_by is None, finished=now_iso(), clock_sagged=sag)
+    case_order = {c.id: i for i, c in enumerate(plan.cases)}
+    solution_order = {s.name: i for i, s in enumerate(plan.solutions)}
+    # several devices finish cases out of order: the file keeps a one-device run's order
+    results.document["records"].sort(key=lambda r: (case_order.get(r["case"], len(case_order)), solution_order.get(r["solution"], 0)))
+    records = [CaseRecord.from_json(r) for r in results.document["records"]]
+    sag = _sagged(records, results.document["environment"])
+    results.update(complete=stopped_by is None, finished=now_iso(), clock_sagged=sag, wall_breakdown=clock.breakdown())
     return RunOutcome(records, results, sag, stopped_by)
+
+
+def _run(plan: RunPlan, results: ResultsFile, on_record: Callable[[CaseRecord], None], clock: PhaseClock) -> list[CaseRecord]:
+    """The pending cases on one device, several devices, or a Ray cluster. With several devices
+    each has its own phase clock (``device_breakdowns`` in the results); ``clock`` keeps the
+    run's wall time, planning and results writes."""
+    if plan.executor == "ray":
+        from dsa_bench.run.ray_executor import run_on_ray
+
+        def record_actors(descriptions: list[dict[str, Any]]) -> None:
+            timers = {d["timer"] for d in descriptions}
+            results.update(
+                environment={**results.document["environment"], "gpus": [{"index": i, **d} for i, d in enumerate(descriptions)]},
+                timer=timers.pop() if len(timers) == 1 else "mixed",
+                l2_flush=plan.options.l2_flush if any(d["timer"] for d in descriptions) else None,
+            )
+
+        return run_on_ray(
+            plan.workload, plan.pending_cases, plan.solutions, plan.options, plan.timer_request, plan.root, results, on_record,
+            address=plan.ray_address, max_actors=plan.ray_gpus, on_start=record_actors,
+        )  # fmt: skip
+    if len(plan.device_options) > 1:
+        from dsa_bench.run.executor import run_on_devices
+
+        return run_on_devices(
+            plan.workload, plan.pending_cases, plan.solutions, plan.device_options, plan.device_identities, results, on_record
+        )
+    return run_workload(plan.workload, plan.pending_cases, plan.solutions, plan.options, results, on_record, plan.identities, clock)
+
+
+def _sagged(records: list[CaseRecord], env: dict[str, Any]) -> list[str]:
+    """Records timed below 90 % of their own device's maximum SM clock."""
+    devices = env.get("gpus")
+    if not devices:
+        return sagged(records, env.get("max_sm_mhz"))
+    return [line for i, d in enumerate(devices) for line in sagged([r for r in records if r.gpu == i], d.get("max_sm_mhz"))]

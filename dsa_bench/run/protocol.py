@@ -35,6 +35,7 @@ class WorkerConfig:
     extensions_dir: str
     harness_pid: int  # the worker ends itself when its parent is no longer this process
     dataset_root: str | None = None  # a flashinfer-bench dataset whose definition this run uses
+    packed_from: str | None = None  # the packed Solution JSON the solution folder was laid out from (Solution.packed_from)
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ class Outputs(_Strict):
     type: Literal["outputs"]
     notes: Text
     sets: list[dict[str, ValueMeta]] = Field(max_length=1024)
+    phase_s: dict[str, float] = Field(default_factory=dict, max_length=16)  # worker wall time per phase (a diagnostic)
 
 
 class Clocks(_Strict):

@@ -10,6 +10,7 @@ manifest has ``requires``) that passed that case, or over the run's ``--speedup-
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import subprocess
@@ -28,6 +29,7 @@ from dsa_bench.definitions.status import CheckResult, Status
 from dsa_bench.paths import safe_file_name
 from dsa_bench.results.records import CaseRecord, ResultsFile, Timing
 from dsa_bench.run import channel, isolation
+from dsa_bench.run.breakdown import HARNESS, PhaseClock
 from dsa_bench.run.judge import CaseContext, correctness_seeds, decode_outputs, decode_timing, implausible_timing, trial_seeds
 from dsa_bench.run.protocol import (
     CorrectnessJob,
@@ -38,7 +40,7 @@ from dsa_bench.run.protocol import (
     value_bytes,
 )
 from dsa_bench.solution import REFERENCE_SOLUTION, Solution
-from dsa_bench.workloads import Case, RunSettings, Workload, derive_seed
+from dsa_bench.workloads import REFERENCE_LIGHT, Case, RunSettings, Workload, derive_seed
 
 #: what of the harness's environment a worker sees (nothing else: no tokens, no credentials)
 WORKER_ENV = ("PATH", "LD_LIBRARY_PATH", "LANG", "TZ", "TMPDIR", "PYTHONPATH", "PYTHONUNBUFFERED", "CC", "CXX")
@@ -110,6 +112,7 @@ class WorkerHandle:
             extensions_dir=str(self.writable[0]),
             harness_pid=os.getpid(),
             dataset_root=str(options.dataset_root.resolve()) if options.dataset_root else None,
+            packed_from=str(solution.packed_from) if solution.packed_from else None,
         )
         self.process: subprocess.Popen | None = None
         self._send_fd = self._receive_fd = -1
@@ -256,6 +259,16 @@ def _last_lines(text: str, lines: int = 12) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
 
 
+def timing_job(settings: RunSettings, case: Case, is_reference: bool) -> TimingJob:
+    """The solution's timing job; the reference's is lighter unless ``reference_protocol`` is "full"."""
+    warmup, iterations, trials = settings.warmup, settings.iterations, settings.trials
+    if is_reference and settings.reference_protocol == "light":
+        light_warmup, light_iterations, light_trials = REFERENCE_LIGHT
+        warmup, iterations, trials = min(warmup, light_warmup), min(iterations, light_iterations), min(trials, light_trials)
+    seeds = trial_seeds(dataclasses.replace(settings, trials=trials), case)
+    return TimingJob(case, seeds, warmup, iterations, derive_seed(settings.seed, case.id, "sample"))
+
+
 def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> CaseRecord:
     """One solution on one case: correctness on every input set, then (GPU) timing."""
     settings = options.settings  # the run's settings: the workload's, with the command line's overrides
@@ -264,43 +277,52 @@ def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> Case
     record = CaseRecord(
         case=case.id, solution=handle.solution.name, axes=dict(case.axes), status=Status.PASSED, seeds={"correctness": list(seeds)}
     )
+    owner, clock = handle.solution.name, ctx.clock
     started = time.perf_counter()
     output_bytes = value_bytes(ctx.output_specs)
     try:
+        with clock.phase("worker_start", owner):
+            handle.ensure_started()
         try:
-            reply, blob = handle.request(
-                "outputs", CorrectnessJob(case, seeds), f"running case {case.id}", len(seeds) * output_bytes + 2**20, ("outputs",)
-            )
-            outputs = decode_outputs(reply, blob, ctx, len(seeds))
+            with clock.phase("traffic", owner) as request:
+                reply, blob = handle.request(
+                    "outputs", CorrectnessJob(case, seeds), f"running case {case.id}", len(seeds) * output_bytes + 2**20, ("outputs",)
+                )
+            clock.reassign(reply.phase_s, owner, request.seconds)
+            with clock.phase("decode", owner):
+                outputs = decode_outputs(reply, blob, ctx, len(seeds))
         except ProtocolError as exc:
             handle.kill()
             raise WorkerFailure(Status.RUNTIME_ERROR, f"{exc}; worker killed") from None
         checks_start = time.perf_counter()
         record.phases_s["correctness_calls"] = checks_start - started
-        result = worst([ctx.check(seed, out) for seed, out in zip(seeds, outputs, strict=True)])
+        with clock.phase("checks", owner):
+            result = worst([ctx.check(seed, out) for seed, out in zip(seeds, outputs, strict=True)])
         record.phases_s["checks"] = time.perf_counter() - checks_start
         if result.passed and options.timer is not None:
-            job = TimingJob(
-                case, trial_seeds(settings, case), settings.warmup, settings.iterations, derive_seed(settings.seed, case.id, "sample")
-            )
+            job = timing_job(settings, case, handle.solution.name == REFERENCE_SOLUTION)
             limit = len(job.trial_seeds) * (output_bytes + value_bytes(ctx.redraw_specs)) + 2**20
             sent = time.perf_counter()
             try:
-                reply, blob = handle.request("time", job, f"timing case {case.id}", limit, ("timing",))
+                with clock.phase("traffic", owner) as request:
+                    reply, blob = handle.request("time", job, f"timing case {case.id}", limit, ("timing",))
                 wall_s = time.perf_counter() - sent
-                timing = decode_timing(reply, blob, ctx, job)
+                clock.reassign(reply.phase_s, owner, request.seconds)
+                with clock.phase("decode", owner):
+                    timing = decode_timing(reply, blob, ctx, job)
             except ProtocolError as exc:
                 handle.kill()
                 raise WorkerFailure(Status.RUNTIME_ERROR, f"{exc}; worker killed") from None
             record.seeds["trials"] = [list(s) for s in job.trial_seeds]
             record.seeds["checked_calls"] = [{"trial": c.trial, "iteration": c.iteration, "seed": c.seed} for c in timing.checked]
-            for call in timing.checked:  # outputs of timed calls are checked too, not only the first call
-                checked = ctx.check(call.seed, call.outputs, call.redrawn_inputs)
-                if not checked.passed:
-                    message = f"timed call {call.iteration} of trial {call.trial} returned wrong outputs: {checked.message}"
-                    result = CheckResult(checked.status, message, checked.max_abs_error, checked.max_rel_error)
-                    break
-            suspect = implausible_timing(timing, job, ctx, wall_s, options.copy_bytes_per_s) if result.passed else None
+            with clock.phase("checks", owner):
+                for call in timing.checked:  # outputs of timed calls are checked too, not only the first call
+                    checked = ctx.check(call.seed, call.outputs, call.redrawn_inputs)
+                    if not checked.passed:
+                        message = f"timed call {call.iteration} of trial {call.trial} returned wrong outputs: {checked.message}"
+                        result = CheckResult(checked.status, message, checked.max_abs_error, checked.max_rel_error)
+                        break
+                suspect = implausible_timing(timing, job, ctx, wall_s, options.copy_bytes_per_s) if result.passed else None
             if suspect is not None:
                 result = CheckResult(
                     Status.TIMING_SUSPECT, f"impossible timing, not recorded: {suspect}", result.max_abs_error, result.max_rel_error
@@ -347,17 +369,81 @@ def order_solutions(solutions: list[Solution], timing: bool, reference: Solution
     return chosen
 
 
-def worker_identities(solutions: list[Solution], options: RunOptions, cases: list[Case]) -> dict[str, isolation.WorkerIdentity]:
-    """One identity per solution (see :mod:`dsa_bench.run.isolation`)."""
+def worker_identities(
+    solutions: list[Solution], options: RunOptions, cases: list[Case], first_slot: int = 0
+) -> dict[str, isolation.WorkerIdentity]:
+    """One identity per solution (see :mod:`dsa_bench.run.isolation`); ``first_slot`` keeps the
+    identities of several devices' workers apart."""
     reads = isolation.python_paths() + [Path.cwd()]
     if options.dataset_root is not None:
         reads.append(options.dataset_root)
     reads += sorted({src.path for c in cases for src in c.inputs.values() if src.path is not None})
     devices = isolation.gpu_device_files(options.device.index or 0) if options.device.type == "cuda" else []
     return {
-        s.name: isolation.choose_identity(options.worker_user, slot, reads + [s.path], devices)
+        # a packed solution is imported from its folder's parent (see loader.import_entry)
+        s.name: isolation.choose_identity(
+            options.worker_user, first_slot + slot, reads + [s.path] + ([s.path.parent] if s.packed_from else []), devices
+        )
         for slot, s in enumerate(solutions)
     }
+
+
+class DeviceRunner:
+    """Every solution's worker on one device. It runs whole cases, reference first, so each
+    speedup is a ratio of two latencies measured on the same device in the same run."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        solutions: list[Solution],
+        options: RunOptions,
+        identities: dict[str, isolation.WorkerIdentity],
+        gpu: int | None = None,
+        clock: PhaseClock | None = None,
+    ) -> None:
+        self.clock = clock or PhaseClock()  # not shared between threads: one per device
+        self.workload = workload
+        self.solutions = solutions
+        self.options = options
+        self.gpu = gpu  # this device's index among the run's devices (recorded on each record), None on a one-device run
+        self.handles = {s.name: WorkerHandle(s, workload.definition.name, options, identities[s.name]) for s in solutions}
+        self.peers = {s.name for s in solutions if s.requires.any}
+
+    def run_case(self, case: Case) -> list[CaseRecord]:
+        ctx = CaseContext(self.workload, case, self.options.device, self.options.settings.tolerance, self.clock)
+        reference_ms: float | None = None
+        records = []
+        for solution in self.solutions:
+            record = run_one(self.handles[solution.name], ctx, self.options)
+            record.gpu = self.gpu
+            if solution.name == REFERENCE_SOLUTION and record.passed and record.timing:
+                reference_ms = record.timing.mean_ms
+            if record.passed and record.timing and reference_ms:
+                record.speedup = reference_ms / record.timing.mean_ms
+            records.append(record)
+        assign_peer_speedups(records, self.peers, self.options.speedup_over)
+        del ctx
+        if self.options.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return records
+
+    @property
+    def notes(self) -> dict[str, str]:
+        return {name: h.notes for name, h in self.handles.items() if h.notes}
+
+    @property
+    def packages(self) -> dict[str, dict[str, str]]:
+        return {name: h.packages for name, h in self.handles.items() if h.packages}
+
+    def stop(self) -> None:
+        for handle in self.handles.values():
+            with self.clock.phase("worker_stop", handle.solution.name):
+                handle.stop()
+
+    def kill(self) -> None:
+        """End every worker now (from another thread: a stopping run's in-flight case)."""
+        for handle in self.handles.values():
+            handle.kill()
 
 
 def run_workload(
@@ -368,38 +454,27 @@ def run_workload(
     results: ResultsFile,
     on_record: Callable[[CaseRecord], None] = lambda r: None,
     identities: dict[str, isolation.WorkerIdentity] | None = None,
+    clock: PhaseClock | None = None,
 ) -> list[CaseRecord]:
-    """Run every solution on every case; records reach ``results`` and ``on_record`` as they finish."""
-    identities = identities or worker_identities(solutions, options, cases)
-    handles = {s.name: WorkerHandle(s, workload.definition.name, options, identities[s.name]) for s in solutions}
-    peers = {s.name for s in solutions if s.requires.any}
+    """Run every solution on every case on one device; records reach ``results`` (with ``clock``'s
+    wall-time breakdown so far) and ``on_record`` as they finish."""
+    clock = clock or PhaseClock()
+    runner = DeviceRunner(workload, solutions, options, identities or worker_identities(solutions, options, cases), clock=clock)
     records: list[CaseRecord] = []
     try:
         for case in cases:
-            ctx = CaseContext(workload, case, options.device, options.settings.tolerance)
-            reference_ms: float | None = None
-            case_records = []
-            for solution in solutions:
-                record = run_one(handles[solution.name], ctx, options)
-                if solution.name == REFERENCE_SOLUTION and record.passed and record.timing:
-                    reference_ms = record.timing.mean_ms
-                if record.passed and record.timing and reference_ms:
-                    record.speedup = reference_ms / record.timing.mean_ms
+            for record in runner.run_case(case):
                 records.append(record)
-                case_records.append(record)
-                results.add(record)
+                breakdown = clock.breakdown()
+                with clock.phase("results_writes", HARNESS):
+                    results.add(record, wall_breakdown=breakdown)
                 on_record(record)
-            assign_peer_speedups(case_records, peers, options.speedup_over)
-            if any(r.peer is not None for r in case_records):
-                results.replace(case_records)
-            del ctx
-            if options.device.type == "cuda":
-                torch.cuda.empty_cache()
     finally:
-        for handle in handles.values():
-            handle.stop()
+        runner.stop()
+        # a resumed run keeps earlier sittings' notes
         results.update(
-            solution_notes={name: h.notes for name, h in handles.items() if h.notes},
-            solution_packages={name: h.packages for name, h in handles.items() if h.packages},
+            solution_notes={**(results.document.get("solution_notes") or {}), **runner.notes},
+            solution_packages={**(results.document.get("solution_packages") or {}), **runner.packages},
         )
+    return records
     return records

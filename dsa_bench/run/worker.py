@@ -22,6 +22,7 @@ Protocol (frames)::
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import pickle
 import random
@@ -141,6 +142,8 @@ def main(argv: list[str]) -> None:
     try:
         measure = _bind_measurement(config, device)  # before any solution code runs
         solution = load_solution(Path(config.solution_path))
+        if config.packed_from is not None:
+            solution = dataclasses.replace(solution, packed_from=Path(config.packed_from))
         entry = solution.entry_for(config.definition)
         unmet_reason = unmet(solution.requires, device)
         if unmet_reason is not None:  # a peer whose package or GPU this machine lacks: skipped, not failed
@@ -223,14 +226,25 @@ class _CaseRunner:
         axes = self.definition.axes(job.case.axes)
         reply = _Reply(self._output_specs(job.case))
         sets = []
+        phases = {"build_inputs": 0.0, "calls": 0.0, "encode": 0.0}  # the harness's wall-time breakdown
         for i, seed in enumerate(job.seeds):
+            started = _now()
             inputs = self._inputs(job.case, seed)
             outs = self.definition.allocate_outputs(axes, self.device)
+            self._sync()
+            called = _now()
             got = call_solution(self.fn, self.dps, self.definition.input_args(inputs), outs, self.names)
             self._sync()
+            encoded = _now()
             sets.append(reply.values(got, f"{i}/"))
+            phases["build_inputs"] += called - started
+            phases["calls"] += encoded - called
+            phases["encode"] += _now() - encoded
             del inputs, outs, got
-        return {"type": "outputs", "sets": sets}, reply.blob()
+        encoded = _now()
+        blob = reply.blob()
+        phases["encode"] += _now() - encoded
+        return {"type": "outputs", "sets": sets, "phase_s": phases}, blob
 
     def time(
         self, job: TimingJob, time_iterations: Any, flush: Any, read_clocks: Any, timer_name: str | None
@@ -241,10 +255,13 @@ class _CaseRunner:
             raise RuntimeError("this worker was started without a timer")
         reply = _Reply(self._output_specs(job.case))
         header: dict[str, Any] = {"type": "timing", "timer": timer_name, "samples_ms": [], "clocks": [], "checked": [],
-                                  "phase_s": {"build_inputs": 0.0, "warmup": 0.0, "timed_calls": 0.0}}  # fmt: skip
+                                  "phase_s": {"build_inputs": 0.0, "warmup": 0.0, "timed_calls": 0.0, "encode": 0.0}}  # fmt: skip
         for trial, seeds in enumerate(job.trial_seeds):  # each trial's input sets die with it
             self._time_trial(job, trial, seeds, time_iterations, flush, read_clocks, header, reply)
-        return header, reply.blob()
+        encoded = _now()
+        blob = reply.blob()
+        header["phase_s"]["encode"] += _now() - encoded
+        return header, blob
 
     def _time_trial(self, job: TimingJob, trial: int, seeds: tuple[int, ...], time_iterations: Any, flush: Any, read_clocks: Any,
                     header: dict[str, Any], reply: _Reply) -> None:  # fmt: skip
@@ -296,11 +313,13 @@ class _CaseRunner:
         phases["timed_calls"] += _now() - timed_start
         header["clocks"].append({"after_warmup": before, "after_timing": read_clocks()})
         k = len(header["checked"])
+        encoded = _now()
         header["checked"].append({
             "trial": trial, "iteration": sampled, "seed": seeds[sampled % n],
             "outputs": reply.values(captured, f"checked{k}/out/"),
             "redrawn": reply.values(redrawn, f"checked{k}/redrawn/", self._input_specs(job.case)),
         })  # fmt: skip
+        phases["encode"] += _now() - encoded
 
 
 if __name__ == "__main__":

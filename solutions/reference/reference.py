@@ -4,6 +4,7 @@ import torch
 
 from dsa_bench.definitions import indexer as indexer_definition
 from dsa_bench.definitions import kv_insert as kv_insert_definition
+from dsa_bench.definitions import mla_decode as mla_decode_definition
 from dsa_bench.definitions import sparse_attention as attention_definition
 
 
@@ -34,3 +35,21 @@ def kv_insert_v4(kv, positions, cos_sin_cache, slot_mapping, block_size, kv_cach
 
 def kv_insert_v41(kv, positions, cos_sin_cache, slot_mapping, block_size, kv_cache: torch.Tensor) -> None:
     _rotating_insert(kv_insert_definition.V41, kv, positions, cos_sin_cache, slot_mapping, block_size, kv_cache)
+
+
+def _mla_decode(fmt, q, kv_cache, indices, sm_scale, attn_sink, topk_length, out: torch.Tensor, lse: torch.Tensor) -> None:
+    result = mla_decode_definition.decode(fmt, q, kv_cache, indices, sm_scale, attn_sink, topk_length)
+    out.copy_(result["out"])
+    lse.copy_(result["lse"])
+
+
+def mla_decode_v32(q, kv_cache, indices, sm_scale, attn_sink, out: torch.Tensor, lse: torch.Tensor) -> None:
+    _mla_decode(mla_decode_definition.V32, q, kv_cache, indices, sm_scale, attn_sink, None, out, lse)
+
+
+def mla_decode_v4(q, kv_cache, indices, sm_scale, attn_sink, topk_length, out: torch.Tensor, lse: torch.Tensor) -> None:
+    _mla_decode(mla_decode_definition.V4, q, kv_cache, indices, sm_scale, attn_sink, topk_length, out, lse)
+
+
+def mla_decode_v41(q, kv_cache, indices, sm_scale, attn_sink, topk_length, out: torch.Tensor, lse: torch.Tensor) -> None:
+    _mla_decode(mla_decode_definition.V41, q, kv_cache, indices, sm_scale, attn_sink, topk_length, out, lse)

@@ -1,0 +1,108 @@
+"""Spreading a run's cases over several devices of one machine (``run --gpus N``).
+
+One :class:`~dsa_bench.run.runner.DeviceRunner` per device, each with its own isolated worker
+per solution (built once per device), pulls whole cases from one queue: the reference and every
+solution of a case run on the same device, so per-case speedups stay same-device ratios. Seeds
+come from the workload seed and the case id only, so statuses and seeds do not depend on how
+many devices ran or which one took a case; only the timings do.
+
+The serving threads do the harness's own work (inputs, expectations, checks) for their device;
+the solutions run in their workers' processes. A worker that crashes or hangs is handled by its
+own handle (that case is marked, that worker restarted), never by the other devices.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Callable
+
+import torch
+
+from dsa_bench.results.records import CaseRecord, ResultsFile
+from dsa_bench.run import isolation
+from dsa_bench.run.runner import DeviceRunner, RunOptions
+from dsa_bench.solution import Solution
+from dsa_bench.workloads import Case, Workload
+
+#: how often the main thread wakes to take signals while the devices work
+_JOIN_POLL_S = 0.2
+
+
+def run_on_devices(
+    workload: Workload,
+    cases: list[Case],
+    solutions: list[Solution],
+    device_options: list[RunOptions],
+    device_identities: list[dict[str, isolation.WorkerIdentity]],
+    results: ResultsFile,
+    on_record: Callable[[CaseRecord], None] = lambda r: None,
+) -> list[CaseRecord]:
+    """Run every case on whichever device is free; records reach ``results`` as cases finish.
+
+    Records are kept in case order at the end (the order of a one-device run). A stop (Ctrl-C,
+    SIGTERM) reaches the main thread: it ends every worker, keeps the finished cases' records and
+    drops the in-flight ones.
+    """
+    queue = collections.deque(cases)
+    lock = threading.Lock()
+    stopping = threading.Event()
+    records: list[CaseRecord] = []
+    errors: list[BaseException] = []
+    runners = [
+        DeviceRunner(workload, solutions, options, identities, gpu=slot)
+        for slot, (options, identities) in enumerate(zip(device_options, device_identities, strict=True))
+    ]
+
+    def serve(runner: DeviceRunner) -> None:
+        if runner.options.device.type == "cuda":
+            torch.cuda.set_device(runner.options.device)  # this thread's current device
+        try:
+            while not stopping.is_set():
+                with lock:
+                    if not queue:
+                        return
+                    case = queue.popleft()
+                finished = runner.run_case(case)
+                with lock:
+                    if stopping.is_set():  # the run was stopped while this case ran: its records are partial
+                        return
+                    for record in finished:
+                        records.append(record)
+                        results.add(record)
+                        on_record(record)
+        except BaseException as exc:  # a harness bug: stop everything and raise it in the main thread
+            if not stopping.is_set():
+                errors.append(exc)
+                stopping.set()
+
+    threads = [threading.Thread(target=serve, args=(r,), name=f"device-{r.gpu}", daemon=True) for r in runners]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(_JOIN_POLL_S)
+    except BaseException:
+        stopping.set()
+        for runner in runners:
+            runner.kill()
+        for thread in threads:
+            thread.join(5)
+        raise
+    finally:
+        for runner in runners:
+            runner.stop()
+        notes: dict[str, str] = {}
+        packages: dict[str, dict[str, str]] = {}
+        for runner in runners:
+            notes.update(runner.notes)
+            packages.update(runner.packages)
+        results.update(
+            solution_notes={**(results.document.get("solution_notes") or {}), **notes},
+            solution_packages={**(results.document.get("solution_packages") or {}), **packages},
+            device_breakdowns=[runner.clock.breakdown() for runner in runners],
+        )
+    if errors:
+        raise errors[0]
+    return records

@@ -1,0 +1,167 @@
+"""Running a workload's cases on a Ray cluster (``run --executor ray [--ray-address ADDR]``).
+
+One actor per GPU (``num_gpus=1``); each is a judging-side process like the harness itself: it
+owns a :class:`~dsa_bench.run.runner.DeviceRunner` whose solutions run in isolated worker
+processes it starts, builds each solution once, and runs whole cases (reference first). Only the
+case goes to an actor and only its finished records come back; expectations, checks and the
+reference's outputs stay inside the actor's judging code, never in a solution's process.
+
+Ray retries nothing (``max_restarts=0``, ``max_task_retries=0``): a solution that crashes shows as
+its case's RUNTIME_ERROR, from the actor's worker handle; if an actor itself dies, its case is
+recorded as RUNTIME_ERROR for every solution and a fresh actor takes the next case. Records are
+written to the results file as they arrive, so an interrupted cluster run keeps what finished.
+
+The actors resolve their device and timer themselves (CUDA when their GPU is visible, else a
+correctness-only run on CPU, as Ray's logical GPUs in tests give) and report their environment,
+recorded under ``environment.gpus``. Every node needs the project at the same path (a shared
+file system, or the same checkout), since solutions, workloads and caches are read from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dsa_bench.definitions.status import Status
+from dsa_bench.errors import DsaBenchError
+from dsa_bench.results.records import CaseRecord, ResultsFile
+from dsa_bench.run.runner import DeviceRunner, RunOptions, worker_identities
+from dsa_bench.solution import Solution
+from dsa_bench.workloads import Case, Workload
+
+
+def ray_module() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise DsaBenchError("--executor ray needs Ray, which is not installed here: pip install 'dsa-bench[ray]'") from None
+    return ray
+
+
+class CaseActor:
+    """The body of one Ray actor: a device's runner. Made remote by :func:`run_on_ray`."""
+
+    def __init__(
+        self, workload: Workload, cases: list[Case], solutions: list[Solution], options: RunOptions, timer: str, root: str, slot: int
+    ) -> None:
+        import torch
+
+        from dsa_bench.results.environment import environment
+        from dsa_bench.timing import choose_timer
+        from dsa_bench.timing.flush import measure_copy_bandwidth
+
+        if Path(root).is_dir():
+            os.chdir(root)  # the project's relative paths (caches, logs) as on the driver
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        chosen, warning = choose_timer(timer, device)
+        copy = measure_copy_bandwidth(device) if chosen is not None else None
+        self.options = dataclasses.replace(options, device=device, timer=chosen, copy_bytes_per_s=copy)
+        if chosen is not None and self.options.settings.input_sets < 2:
+            raise DsaBenchError("timing needs --input-sets >= 2 so consecutive calls never see the same tensors")
+        identities = worker_identities(solutions, self.options, cases, first_slot=slot * len(solutions))
+        self.runner = DeviceRunner(workload, solutions, self.options, identities, gpu=slot)
+        self.description = {
+            **environment(device),
+            **({"copy_gbps": copy / 1e9} if copy else {}),
+            "timer": chosen,
+            "timer_warning": warning,
+            "workers": sorted({identity.description for identity in identities.values()}),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return self.description
+
+    def run_case(self, case: Case) -> list[dict[str, Any]]:
+        return [r.to_json() for r in self.runner.run_case(case)]
+
+    def stop(self) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
+        self.runner.stop()
+        return self.runner.notes, self.runner.packages
+
+
+def run_on_ray(
+    workload: Workload,
+    cases: list[Case],
+    solutions: list[Solution],
+    options: RunOptions,
+    timer: str,
+    root: Path,
+    results: ResultsFile,
+    on_record: Callable[[CaseRecord], None] = lambda r: None,
+    address: str | None = None,
+    max_actors: int | None = None,
+    on_start: Callable[[list[dict[str, Any]]], None] = lambda descriptions: None,
+) -> list[CaseRecord]:
+    """Run every case on the cluster's GPUs (at most ``max_actors``); records reach ``results`` as they arrive."""
+    ray = ray_module()
+    if not ray.is_initialized():
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise DsaBenchError(f"--executor ray: cannot reach the Ray cluster at {address or 'a new local one'}: {exc}") from None
+    gpus = int(ray.cluster_resources().get("GPU", 0))
+    if gpus == 0:
+        raise DsaBenchError("--executor ray: the Ray cluster offers no GPUs (start its nodes with --num-gpus, or ray.init(num_gpus=N))")
+    count = max(1, min(gpus, max_actors or gpus, len(cases)))
+    actor_class = ray.remote(num_gpus=1, max_restarts=0, max_task_retries=0)(CaseActor)
+
+    def start(slot: int) -> Any:
+        return actor_class.remote(workload, cases, solutions, options, timer, str(root), slot)
+
+    actors = [start(slot) for slot in range(count)]
+    try:
+        descriptions = ray.get([a.describe.remote() for a in actors])
+    except ray.exceptions.RayError as exc:
+        for actor in actors:
+            ray.kill(actor)
+        raise DsaBenchError(f"--executor ray: an actor could not start: {_first_line(exc)}") from None
+    on_start(descriptions)
+    queue = list(reversed(cases))
+    pending: dict[Any, tuple[int, Case]] = {}
+    records: list[CaseRecord] = []
+
+    def submit(slot: int) -> None:
+        if queue:
+            case = queue.pop()
+            pending[actors[slot].run_case.remote(case)] = (slot, case)
+
+    try:
+        for slot in range(count):
+            submit(slot)
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            slot, case = pending.pop(done[0])
+            try:
+                finished = [CaseRecord.from_json(data) for data in ray.get(done[0])]
+            except ray.exceptions.RayActorError as exc:  # the actor process died: this case, and a fresh actor
+                message = f"the Ray actor running this case died (not retried): {_first_line(exc)}"
+                finished = [CaseRecord(case.id, s.name, dict(case.axes), Status.RUNTIME_ERROR, message, gpu=slot) for s in solutions]
+                actors[slot] = start(slot)
+            for record in finished:
+                records.append(record)
+                results.add(record)
+                on_record(record)
+            submit(slot)
+    finally:
+        notes: dict[str, str] = {}
+        packages: dict[str, dict[str, str]] = {}
+        for actor in actors:
+            try:
+                actor_notes, actor_packages = ray.get(actor.stop.remote(), timeout=30)
+                notes.update(actor_notes)
+                packages.update(actor_packages)
+            except (ray.exceptions.RayError, TimeoutError):
+                pass
+            ray.kill(actor)
+        results.update(
+            solution_notes={**(results.document.get("solution_notes") or {}), **notes},
+            solution_packages={**(results.document.get("solution_packages") or {}), **packages},
+        )
+    return records
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]

@@ -1,0 +1,170 @@
+"""How one decode call is tiled and launched: ``DecodeConfig``, the tunable table ``CONFIG_TABLE`` and the policy.
+
+A config fixes the program tile (BLOCK_H heads x BLOCK_N records per step), the split count S
+over the topk positions, Triton's num_warps / num_stages, how the S partials are combined and the
+partials' storage. ``select_config`` takes the first ``CONFIG_TABLE`` rule that matches the call
+(format, h_q, query tokens b * s_q); a rule's ``splits = 0`` lets ``auto_splits`` choose S from
+the SM count. ``benchmarks/kernels/mla_decode.py --configs`` sweeps candidates on the GPU and
+prints rules to paste here.
+
+Combines (``combine``):
+
+* ``auto``: S = 1 needs none; else ``barrier`` when the grid fits one program per SM (then it is
+  co-resident: any kernel that launches at all fits one program per SM), else ``two_launch``.
+  ``DSA_DECODE_TWO_LAUNCH=1`` forces ``two_launch`` (an environment where the SM count
+  overstates what this process gets: MPS with an active-thread percentage, green contexts).
+* ``barrier``: in the same launch behind the ticket barrier, each program combining 512 / S
+  columns (refused when the grid could exceed one program per SM, and under the interpreter).
+* ``last``: in the same launch, the last program to arrive combines the whole unit (any grid).
+* ``two_launch``: a second kernel.
+* ``none``: S = 1, the program writes the output itself (what ``auto`` resolves to at S = 1).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from .geometry import D_V, MIN_DOT_DIM
+from .kernels import TICKETS_PER_CALL
+
+COMBINES = ("auto", "barrier", "last", "two_launch", "none")
+PARTIAL_DTYPES = ("bf16", "fp32")
+#: Heads per program the kernel is designed for: acc [64, 512] fp32 is 128 registers per thread
+#: at 8 warps, and 64 is wgmma's M (docs/kernels/mla_decode.md, "Tiling").
+DESIGN_BLOCK_H = 64
+MAX_SPLITS = 32  #: 512 / 32 = 16 value columns per combining program; divides TICKETS_PER_CALL
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """One call's tiling. ``splits`` 0: chosen by ``auto_splits``; ``combine``: see the module docstring;
+    ``l2_prefetch``: the next block's records are prefetched into L2 while the current one is
+    attended (``prefetch.global.L2``; compiled code only)."""
+
+    block_h: int = DESIGN_BLOCK_H
+    block_n: int = 64
+    splits: int = 0
+    num_warps: int = 8
+    num_stages: int = 1
+    combine: str = "auto"
+    partial_dtype: str = "fp32"
+    l2_prefetch: bool = True
+
+    def validate(self, h_q: int, topk: int) -> None:
+        """Raises ValueError naming the config and what it gets wrong for (h_q, topk)."""
+        if not _is_pow2(self.block_h) or self.block_h < MIN_DOT_DIM or h_q % self.block_h:
+            raise ValueError(f"{self}: block_h must be a power of two >= {MIN_DOT_DIM} dividing h_q = {h_q}")
+        if not _is_pow2(self.block_n) or self.block_n < MIN_DOT_DIM:
+            raise ValueError(f"{self}: block_n must be a power of two >= {MIN_DOT_DIM} (a tl.dot dimension)")
+        if self.splits < 1 or not _is_pow2(self.splits) or self.splits > MAX_SPLITS:
+            raise ValueError(f"{self}: splits must be a power of two in [1, {MAX_SPLITS}] (0 only before auto_splits)")
+        assert D_V % self.splits == 0 and TICKETS_PER_CALL % self.splits == 0
+        split_len = -(-topk // self.splits)
+        if self.block_n > split_len:
+            raise ValueError(f"{self}: block_n {self.block_n} > split size {split_len} (topk {topk}) would read other splits' slots")
+        if self.combine not in COMBINES:
+            raise ValueError(f"{self}: combine must be one of {', '.join(COMBINES)}")
+        if (self.combine == "none") != (self.splits == 1) and self.combine != "auto":
+            raise ValueError(f"{self}: combine 'none' goes with exactly one split")
+        if self.partial_dtype not in PARTIAL_DTYPES:
+            raise ValueError(f"{self}: partial_dtype must be one of {', '.join(PARTIAL_DTYPES)}")
+        if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
+            raise ValueError(f"{self}: num_warps in 1..16 (a power of two), num_stages >= 1")
+
+
+@dataclass(frozen=True)
+class ConfigRule:
+    """Applies to calls of ``kv_format`` (None: any) with ``h_q`` heads (None: any) and at most
+    ``max_tokens`` query tokens b * s_q."""
+
+    kv_format: str | None
+    h_q: int | None
+    max_tokens: int
+    config: DecodeConfig
+
+
+#: First match wins; the last rule catches everything. Not yet tuned on the H200: every rule is
+#: the design point (64 x 64 tiles, 8 warps, 1 stage, L2 prefetch) with the split count from auto_splits.
+#: Paste the rules benchmarks/kernels/mla_decode.py --configs prints above the catch-all.
+CONFIG_TABLE: tuple[ConfigRule, ...] = (
+    ConfigRule(None, None, 2**31, DecodeConfig()),
+)
+
+#: Interpreter configs: its cost grows with the elements each program touches and it runs
+#: programs one after another, so the fewest, largest programs (the tests exercise the others).
+INTERPRETER_CONFIG = DecodeConfig(block_h=64, block_n=64, splits=1, num_warps=4, num_stages=1, combine="none", l2_prefetch=False)
+
+#: auto_splits' cost model: a split adds this much work, in BLOCK_N-record steps, for writing and
+#: combining its partial (a rough guess, to be tuned with --configs).
+SPLIT_OVERHEAD_STEPS = 2
+
+
+def auto_splits(units: int, topk: int, block_n: int, sm_count: int) -> int:
+    """Split count for ``units`` = b * s_q * h_q / BLOCK_H programs' worth of rows on ``sm_count``
+    SMs (one program per SM): the S in 1, 2, 4, ... MAX_SPLITS (block_n <= topk / S) whose waves
+    times steps per program, plus SPLIT_OVERHEAD_STEPS for S > 1, is least; ties go to fewer
+    splits. E.g. 132 SMs, topk 2048, 64-record steps: 8 units (b = 2, h_q 128) -> 16, 4 -> 32,
+    256 -> 1, 296 (b = 74) -> 2."""
+    best, best_cost = 1, float("inf")
+    splits = 1
+    while splits <= MAX_SPLITS and block_n <= -(-topk // splits):
+        waves = -(-units * splits // sm_count)
+        steps = -(-topk // (splits * block_n)) + (SPLIT_OVERHEAD_STEPS if splits > 1 else 0)
+        cost = waves * steps
+        if cost < best_cost:
+            best, best_cost = splits, cost
+        splits *= 2
+    return best
+
+
+def select_config(kv_format: str, h_q: int, tokens: int, topk: int, sm_count: int,
+                  table: tuple[ConfigRule, ...] = CONFIG_TABLE) -> DecodeConfig:
+    """The GPU config of a call: the first matching rule, its split count and block_n fitted to
+    ``topk`` (block_n halved while it exceeds the split), validated."""
+    for rule in table:
+        if rule.kv_format in (None, kv_format) and rule.h_q in (None, h_q) and tokens <= rule.max_tokens:
+            config = rule.config
+            break
+    else:
+        raise ValueError(f"no CONFIG_TABLE rule matches {kv_format} h_q={h_q} with {tokens} query tokens")
+    block_n = config.block_n
+    while block_n > MIN_DOT_DIM and block_n > topk:
+        block_n //= 2
+    config = replace(config, block_n=block_n)
+    if config.splits == 0:
+        config = replace(config, splits=auto_splits(tokens * (h_q // config.block_h), topk, block_n, sm_count))
+    config = resolve_combine(config, tokens * (h_q // config.block_h) * config.splits, sm_count, interpreted=False)
+    config.validate(h_q, topk)
+    return config
+
+
+def interpreter_config(h_q: int, topk: int) -> DecodeConfig:
+    """The interpreter's config: one program per (token, head block), steps of up to 128 records."""
+    block_n = 128
+    while block_n > MIN_DOT_DIM and block_n > topk:
+        block_n //= 2
+    config = replace(INTERPRETER_CONFIG, block_n=block_n, block_h=min(INTERPRETER_CONFIG.block_h, h_q))
+    config.validate(h_q, topk)
+    return config
+
+
+def resolve_combine(config: DecodeConfig, programs: int, sm_count: int, interpreted: bool) -> DecodeConfig:
+    """``config`` with ``auto`` resolved to a concrete combine for a grid of ``programs``; raises
+    ValueError for a barrier that could deadlock (grid beyond one program per SM, or the interpreter)."""
+    if config.splits == 1:
+        return replace(config, combine="none")
+    force_two = os.environ.get("DSA_DECODE_TWO_LAUNCH") == "1"
+    combine = config.combine
+    if combine == "auto":
+        combine = "barrier" if not interpreted and not force_two and programs <= sm_count else "two_launch"
+    if combine == "barrier":
+        if interpreted:
+            raise ValueError(f"{config}: the barrier spins and would never end under the Triton interpreter")
+        if programs > sm_count:
+            raise ValueError(f"{config}: a barrier grid of {programs} programs may exceed the {sm_count} resident at once")
+    return replace(config, combine=combine)
+
+
+def _is_pow2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0

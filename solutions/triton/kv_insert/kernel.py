@@ -1,0 +1,379 @@
+"""One Triton kernel family that quantizes KV rows and inserts their FP8 records into a paged cache.
+
+The record layout is not spelled here: :func:`kernel_layout` reads it from a
+:class:`~dsa_bench.definitions.kv_records.KvRecordFormat` (tile, scale dtype, pad byte, where data,
+scales and RoPE live for a block size) and hands it to the kernel as compile-time constants, so
+V3.2, V4 and V4.1 are three specialisations of one source.
+
+A program takes ``TOKENS`` consecutive tokens (16 on a GPU; the grid is ``cdiv(T, TOKENS)``, never
+capped, so per-token cost does not change with T). Per token it reads the 512-dim latent row as
+``[LT, TILE]`` scale tiles, takes each tile's amax, its power-of-two exponent and the e4m3 bytes,
+and stores data bytes and scales. V3.2 and V4 keep the 64 RoPE dims as bf16: they are read a
+second time as 32 int32 words (a bf16 pair each), rotated in fp32 when the format rotates (V4), and
+stored. V4.1 rotates them the same way and quantizes them as their own two tiles, with the
+integer e4m3 rounding (see :data:`ROPE_IN_TILES` for the other path). Exactness:
+
+* exponent: ``ceil(log2(max(amax, 1e-4) / 448))`` from the float bits of ``c = max(amax, 1e-4)``
+  (c = m * 2^E, 1 <= m < 2, 448 = 1.75 * 2^8: the exponent is E - 8, plus 1 when m > 1.75), exact
+  for every c. The reference's IEEE fp32 division followed by frexp gives the same integer (the
+  fp32 value just above 448 * 2^k divides to more than 2^k plus half an ulp), so both are exact;
+* values: ``x * 2^-e``, an exact scaling like the reference's ``x / 2^e``; ``|x * 2^-e| <= 448`` by
+  the exponent's choice, so the reference's clamp never acts and is left out; e4m3 and bf16
+  round to nearest even: the hardware conversions on a GPU, or (``SOFT_ROUND``, the interpreter's
+  path, whose own conversions do not round to nearest even) integer code that does the same;
+* RoPE: ``e*c - o*s`` and ``o*c + e*s`` as separate fp32 products and a sum, launched with
+  ``enable_fp_fusion=False`` so no FMA changes a bit against the reference's separate torch ops.
+
+Addresses are int64 (262144 tokens x a record, num_blocks x page stride pass 2^31). Skipped
+tokens (slot -1) read only their slot, unless the call is small (``speculative``: rows are read
+beside their slots to save a dependent memory round trip).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from dsa_bench.definitions.kv_insert import LATENT_DIMS, ROPE_DIMS  # the kv / kv_c row; RoPE dims (last of kv, or k_pe)
+from dsa_bench.definitions.kv_records import FP8_E4M3_MAX, MIN_FP8_SCALE, UE8M0_BIAS, KvRecordFormat
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+_FP32_MANTISSA_BITS = 23
+
+
+@dataclass(frozen=True)
+class LaunchTile:
+    """Tokens per program and warps per program."""
+
+    tokens: int
+    num_warps: int
+
+    def __post_init__(self) -> None:
+        if self.tokens < 1 or self.tokens & (self.tokens - 1):
+            raise ValueError(f"{self}: tokens per program must be a power of two")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"{self}: num_warps must be 1, 2, 4, 8 or 16")
+
+
+#: GPU: 16 tokens (16 KiB of bf16 rows, ~9 KiB of records) per 4-warp program: enough bytes in
+#: flight per SM with several programs resident, and a grid of T/16 programs that scales with T
+#: (the H200 sweep: 16x4 beat 4x4, 8x4, 8x8 and 16x8 at T = 16384 and 65536 for every format).
+GPU_TILE = LaunchTile(tokens=16, num_warps=4)
+#: The interpreter runs programs one after another: few large numpy-vectorised programs.
+INTERPRETER_MAX_TOKENS = 256
+#: Calls of at most this many tokens read rows beside their slots (latency), larger ones only
+#: the rows of written tokens (bandwidth).
+SPECULATIVE_MAX_TOKENS = 4096
+
+
+def default_tile(num_tokens: int) -> LaunchTile:
+    if INTERPRETING:
+        return LaunchTile(min(INTERPRETER_MAX_TOKENS, triton.next_power_of_2(max(num_tokens, 1))), 4)
+    return GPU_TILE
+
+
+def _mantissa_exponent(value: float) -> tuple[int, int]:
+    """``value = (1 + mantissa / 2^23) * 2^exponent`` for a positive float32-exact ``value``."""
+    m, e = math.frexp(value)  # value = m * 2^e, 0.5 <= m < 1
+    mantissa = (2 * m - 1) * 2**_FP32_MANTISSA_BITS
+    assert mantissa == int(mantissa), value
+    return int(mantissa), e - 1
+
+
+#: V4.1's RoPE tiles: rotated and quantized as a separate [tokens, 2, 16] block of bf16 pairs whose
+#: e4m3 pairs are stored as int16 words (False, shipped: its e4m3 rounding is the integer code, since
+#: the H200's hardware conversion gave wrong bytes on that shape), or rotated inside the row's scale
+#: tiles (True: one quantize path, but 2x slower on the H200: 18.8 vs 10.3 µs at T = 16384)
+ROPE_IN_TILES = False
+
+
+@functools.cache
+def kernel_layout(fmt: KvRecordFormat, rotate: bool, block_size: int, rope_in_tiles: bool = ROPE_IN_TILES) -> dict[str, int | bool | float]:
+    """The kernel's compile-time constants for ``fmt`` at ``block_size`` (``rotate``: the RoPE dims
+    are the latent row's last 64 and are rotated; else they come separately, already rotated)."""
+    if fmt.value_dtype != "e4m3" or fmt.scale_dtype not in ("fp32", "ue8m0") or fmt.layout not in ("per_token", "per_page"):
+        raise ValueError(f"{fmt.kv_format}: this kernel writes e4m3 values with fp32 or UE8M0 scales only")
+    tile = fmt.scale_tile
+    latent_tiles = LATENT_DIMS // tile
+    rope_quantized = fmt.rope_dims == 0
+    if rotate != (fmt.input_dims == LATENT_DIMS):
+        raise ValueError(f"{fmt.kv_format}: RoPE dims inside the {LATENT_DIMS}-dim row iff they are rotated here")
+    main_dims = fmt.quant_dims - (ROPE_DIMS if rope_quantized else 0)
+    if rope_quantized and not rotate:
+        raise ValueError(f"{fmt.kv_format}: quantized RoPE dims are expected inside the latent row")
+    if latent_tiles * tile != LATENT_DIMS or latent_tiles & (latent_tiles - 1) or main_dims % tile or (rope_quantized and ROPE_DIMS % tile):
+        raise ValueError(f"{fmt.kv_format}: tile {tile} does not split {LATENT_DIMS} and {ROPE_DIMS} dims into powers of two")
+    if not rope_quantized and fmt.rope_dims != ROPE_DIMS:
+        raise ValueError(f"{fmt.kv_format}: expected {ROPE_DIMS} bf16 RoPE dims or none")
+    scale_eb = fmt.scale_element_bytes
+    pad = -1 if fmt.pad_byte is None else fmt.pad_byte
+    if fmt.scale_bytes != fmt.num_scales * scale_eb and (pad < 0 or scale_eb != 1 or fmt.scale_bytes > latent_tiles):
+        raise ValueError(f"{fmt.kv_format}: scale pad bytes are supported for 1-byte scales inside the tile count")
+    at0 = fmt.offsets(0, block_size)
+    if block_size > 1:
+        at1 = fmt.offsets(1, block_size)
+        step = {k: at1[k] - at0[k] for k in at0}
+    else:
+        step = {k: 0 for k in at0}
+    rope_words = ROPE_DIMS // 2
+    rope_tiles = ROPE_DIMS // tile if rope_quantized else 1
+    # Element offsets in the int16 / int32 views of the cache must be whole elements.
+    in_tiles = rope_quantized and rope_in_tiles
+    words = [(at0["scales"], step["scales"], scale_eb)]
+    if not rope_quantized:
+        words.append((at0["rope"], step["rope"], 4))
+    elif not in_tiles:
+        words.append((at0["data"] + main_dims, step["data"], 2))
+    for base, stride, size in words:
+        if base % size or stride % size:
+            raise ValueError(f"{fmt.kv_format}: offset {base} + slot x {stride} is not {size}-byte aligned")
+    max_mantissa, max_exponent = _mantissa_exponent(FP8_E4M3_MAX)
+    return {
+        "BLOCK_SIZE": block_size,
+        "LATENT": LATENT_DIMS,
+        "TILE": tile,
+        "LT": latent_tiles,
+        "MAIN_TILES": latent_tiles if in_tiles else main_dims // tile,  # V4.1 in tiles: the RoPE tiles are quantized in place
+        "NUM_SCALES": fmt.num_scales,
+        "SCALE_FP32": fmt.scale_dtype == "fp32",
+        "SCALE_BYTES": fmt.scale_bytes,
+        "PAD_BYTE": pad,
+        "ROTATE": rotate,
+        "ROPE_QUANTIZED": rope_quantized,
+        "ROPE_IN_TILES": in_tiles,
+        "ROPE_TILES": rope_tiles,
+        "ROPE_PAIRS": rope_words // rope_tiles,
+        "ROPE_ROW_WORDS": LATENT_DIMS // 2 if rotate else rope_words,
+        "ROPE_COL_WORDS": (LATENT_DIMS - ROPE_DIMS) // 2 if rotate else 0,
+        "DATA_BASE": at0["data"],
+        "DATA_STEP": step["data"],
+        "SCALE_BASE": at0["scales"] // scale_eb,
+        "SCALE_STEP": step["scales"] // scale_eb,
+        # bf16 RoPE int32 words (V3.2, V4), e4m3 RoPE int16 pairs (V4.1 separate), unused (V4.1 in tiles)
+        "ROPE_BASE": 0 if in_tiles else (at0["data"] + main_dims) // 2 if rope_quantized else at0["rope"] // 4,
+        "ROPE_STEP": 0 if in_tiles else step["data"] // 2 if rope_quantized else step["rope"] // 4,
+        "MIN_AMAX": MIN_FP8_SCALE,
+        "MAX_EXPONENT": max_exponent,
+        "MAX_MANTISSA": max_mantissa,
+        "SCALE_LO": -UE8M0_BIAS,
+        "SCALE_HI": 255 - UE8M0_BIAS,
+    }
+
+
+# --------------------------------------------------------------------------- device code
+
+
+@triton.jit
+def _bf16_to_f32(bits):
+    """fp32 values of bf16 bit patterns held in the low 16 bits of ``bits`` (exact)."""
+    return (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _exponents(amax, MIN_AMAX: tl.constexpr, MAX_EXPONENT: tl.constexpr, MAX_MANTISSA: tl.constexpr,
+               SCALE_FP32: tl.constexpr, SCALE_LO: tl.constexpr, SCALE_HI: tl.constexpr):
+    """Exact ``ceil(log2(max(amax, MIN_AMAX) / 448))`` (int32) from the float bits; clamped to the
+    UE8M0 range for byte scales, as the reference does."""
+    bits = tl.maximum(amax, MIN_AMAX).to(tl.int32, bitcast=True)
+    e = (bits >> 23) - (127 + MAX_EXPONENT) + ((bits & 0x7FFFFF) > MAX_MANTISSA).to(tl.int32)
+    if not SCALE_FP32:
+        e = tl.minimum(tl.maximum(e, SCALE_LO), SCALE_HI)
+    return e
+
+
+@triton.jit
+def _pow2(e):
+    """2^e as fp32 from its bits (normal range only: |e| <= 126)."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e4m3_bits(q, SOFT_ROUND: tl.constexpr):
+    """e4m3 bytes (uint8) of fp32 ``q`` with |q| <= 448, rounded to nearest even like torch's cast."""
+    if SOFT_ROUND:
+        bits = q.to(tl.int32, bitcast=True)
+        sign = (bits >> 24) & 0x80
+        a = bits & 0x7FFFFFFF
+        # normal results (|q| >= 2^-6): drop 20 mantissa bits with ties to even, rebias 127 -> 7
+        normal = ((a + 0x7FFFF + ((a >> 20) & 1)) >> 20) - (120 << 3)
+        # subnormal results: |q| * 2^9 rounded to an integer 0..8 by the fp32 add of 2^23
+        sub = (a.to(tl.float32, bitcast=True) * 512.0 + 8388608.0).to(tl.int32, bitcast=True) - 0x4B000000
+        return (tl.where(a >= 0x3C800000, normal, sub) | sign).to(tl.uint8)
+    else:
+        return q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
+
+
+@triton.jit
+def _bf16_bits(x, SOFT_ROUND: tl.constexpr):
+    """bf16 bit patterns (int32, 0..65535) of fp32 ``x``, rounded to nearest even like torch."""
+    if SOFT_ROUND:
+        bits = x.to(tl.int32, bitcast=True)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) & 0xFFFF
+    else:
+        return x.to(tl.bfloat16).to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+
+
+@triton.jit
+def _store_scales(cache_u8, cache_i32, at, e, index, mask, SCALE_FP32: tl.constexpr):
+    """Scales ``2^e`` at scale element ``at + index``: fp32 bits, or UE8M0 bytes (e + 127)."""
+    if SCALE_FP32:
+        tl.store(cache_i32 + at + index, (e + 127) << 23, mask=mask)
+    else:
+        tl.store(cache_u8 + at + index, (e + 127).to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def kv_insert_kernel(
+    latent_ptr, rope_ptr, pos_ptr, cos_sin_ptr, slot_ptr,
+    cache_u8, cache_i16, cache_i32,
+    num_tokens, page_u8, page_i16, page_i32,
+    TOKENS: tl.constexpr, SPECULATIVE: tl.constexpr, SOFT_ROUND: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, LATENT: tl.constexpr, TILE: tl.constexpr, LT: tl.constexpr, MAIN_TILES: tl.constexpr,
+    NUM_SCALES: tl.constexpr, SCALE_FP32: tl.constexpr, SCALE_BYTES: tl.constexpr, PAD_BYTE: tl.constexpr,
+    ROTATE: tl.constexpr, ROPE_QUANTIZED: tl.constexpr, ROPE_IN_TILES: tl.constexpr, ROPE_TILES: tl.constexpr, ROPE_PAIRS: tl.constexpr,
+    ROPE_ROW_WORDS: tl.constexpr, ROPE_COL_WORDS: tl.constexpr,
+    DATA_BASE: tl.constexpr, DATA_STEP: tl.constexpr, SCALE_BASE: tl.constexpr, SCALE_STEP: tl.constexpr,
+    ROPE_BASE: tl.constexpr, ROPE_STEP: tl.constexpr,
+    MIN_AMAX: tl.constexpr, MAX_EXPONENT: tl.constexpr, MAX_MANTISSA: tl.constexpr,
+    SCALE_LO: tl.constexpr, SCALE_HI: tl.constexpr,
+):
+    """Records of tokens ``[pid * TOKENS, (pid + 1) * TOKENS)``. Pointers: ``latent_ptr`` int16
+    [T, LATENT] (bf16 bits), ``rope_ptr`` int32 words [T, ROPE_ROW_WORDS] whose RoPE pairs start at
+    word ROPE_COL_WORDS, ``pos_ptr`` int64 [T] and ``cos_sin_ptr`` fp32 [max_pos, 64] (read only when
+    ROTATE), ``slot_ptr`` int64 [T]; the cache as uint8 / int16 / int32 views with page strides
+    ``page_*`` in their own elements."""
+    pid = tl.program_id(0)
+    tok = pid * TOKENS + tl.arange(0, TOKENS)
+    live = tok < num_tokens
+    tok = tok.to(tl.int64)
+    slot = tl.load(slot_ptr + tok, mask=live, other=-1)
+    valid = slot >= 0
+    if SPECULATIVE:
+        rows = live
+    else:
+        rows = valid
+    page = slot // BLOCK_SIZE
+    offset = slot - page * BLOCK_SIZE
+
+    # ---- the latent row as [TOKENS, LT, TILE] scale tiles
+    j = tl.arange(0, LT)[None, :, None]
+    d = j * TILE + tl.arange(0, TILE)[None, None, :]
+    x = _bf16_to_f32(tl.load(latent_ptr + tok[:, None, None] * LATENT + d, mask=rows[:, None, None], other=0))
+    if ROPE_IN_TILES:
+        # V4.1: rotate the last ROPE dims inside their tiles, then quantize all LT tiles alike. Each
+        # element's pair partner (d ^ 1) is a second, cached read of the same row; the products stay
+        # separate (no FMA: enable_fp_fusion=False), so an even dim gets e*c - o*s and an odd one
+        # o*c + e*s, the reference's bits.
+        rope = d >= LATENT - 2 * ROPE_TILES * ROPE_PAIRS
+        partner = _bf16_to_f32(tl.load(latent_ptr + tok[:, None, None] * LATENT + (d ^ 1),
+                                       mask=rows[:, None, None] & rope, other=0))
+        pos = tl.load(pos_ptr + tok, mask=live, other=0)
+        pair = tl.where(rope, (d - (LATENT - 2 * ROPE_TILES * ROPE_PAIRS)) // 2, 0)
+        cs = cos_sin_ptr + pos[:, None, None] * (2 * ROPE_TILES * ROPE_PAIRS) + pair
+        c = tl.load(cs, mask=rows[:, None, None] & rope, other=0.0)
+        s = tl.load(cs + ROPE_TILES * ROPE_PAIRS, mask=rows[:, None, None] & rope, other=0.0)
+        odd = (d & 1) == 1
+        x = tl.where(rope, tl.where(odd, x * c + partner * s, x * c - partner * s), x)
+    e = _exponents(tl.max(tl.abs(x), axis=2), MIN_AMAX, MAX_EXPONENT, MAX_MANTISSA, SCALE_FP32, SCALE_LO, SCALE_HI)
+    q = _e4m3_bits(x * _pow2(-e)[:, :, None], SOFT_ROUND)
+    data_at = page * page_u8 + DATA_BASE + offset * DATA_STEP
+    store = valid[:, None, None]
+    if MAIN_TILES < LT:
+        store = store & (d < MAIN_TILES * TILE)
+    tl.store(cache_u8 + data_at[:, None, None] + d, q, mask=store)
+
+    jj = tl.arange(0, LT)[None, :]
+    if SCALE_FP32:
+        scale_at = page * page_i32 + SCALE_BASE + offset * SCALE_STEP
+    else:
+        scale_at = page * page_u8 + SCALE_BASE + offset * SCALE_STEP
+    if PAD_BYTE >= 0 and not SCALE_FP32:
+        # the pad bytes after the scales, in the same store
+        pad = (jj >= NUM_SCALES) & (jj < SCALE_BYTES)
+        byte = tl.where(pad, PAD_BYTE, e + 127).to(tl.uint8)
+        tl.store(cache_u8 + scale_at[:, None] + jj, byte, mask=valid[:, None] & ((jj < MAIN_TILES) | pad))
+    else:
+        _store_scales(cache_u8, cache_i32, scale_at[:, None], e, jj, valid[:, None] & (jj < MAIN_TILES), SCALE_FP32)
+
+    if not ROPE_QUANTIZED:
+        # ---- RoPE kept as bf16: 32 int32 words (bf16 pairs) as [TOKENS, ROPE_TILES, ROPE_PAIRS]
+        k = tl.arange(0, ROPE_TILES)[None, :, None] * ROPE_PAIRS + tl.arange(0, ROPE_PAIRS)[None, None, :]
+        words = tl.load(rope_ptr + tok[:, None, None] * ROPE_ROW_WORDS + ROPE_COL_WORDS + k, mask=rows[:, None, None], other=0)
+        rope_at = page * page_i32 + ROPE_BASE + offset * ROPE_STEP
+        rope_store = valid[:, None, None]
+        if not ROTATE:
+            tl.store(cache_i32 + rope_at[:, None, None] + k, words, mask=rope_store)  # already rotated: copy the bits
+        else:
+            pos = tl.load(pos_ptr + tok, mask=live, other=0)
+            # cos_sin row: the 32 cosines, then the 32 sines
+            cs = cos_sin_ptr + pos[:, None, None] * (2 * ROPE_TILES * ROPE_PAIRS)
+            c = tl.load(cs + k, mask=rows[:, None, None], other=0.0)
+            s = tl.load(cs + ROPE_TILES * ROPE_PAIRS + k, mask=rows[:, None, None], other=0.0)
+            even = _bf16_to_f32(words)
+            odd = (words & -65536).to(tl.float32, bitcast=True)
+            r_even = even * c - odd * s
+            r_odd = odd * c + even * s
+            word = (_bf16_bits(r_odd, SOFT_ROUND) << 16) | _bf16_bits(r_even, SOFT_ROUND)
+            tl.store(cache_i32 + rope_at[:, None, None] + k, word, mask=rope_store)
+    elif not ROPE_IN_TILES:
+        # ---- V4.1, RoPE as its own [TOKENS, ROPE_TILES, ROPE_PAIRS] block of bf16 pairs: rotate, quantize
+        # per tile, store the e4m3 pairs as int16 words and the tiles' scales after the main ones
+        k = tl.arange(0, ROPE_TILES)[None, :, None] * ROPE_PAIRS + tl.arange(0, ROPE_PAIRS)[None, None, :]
+        words = tl.load(rope_ptr + tok[:, None, None] * ROPE_ROW_WORDS + ROPE_COL_WORDS + k, mask=rows[:, None, None], other=0)
+        pos = tl.load(pos_ptr + tok, mask=live, other=0)
+        cs = cos_sin_ptr + pos[:, None, None] * (2 * ROPE_TILES * ROPE_PAIRS)
+        c = tl.load(cs + k, mask=rows[:, None, None], other=0.0)
+        s = tl.load(cs + ROPE_TILES * ROPE_PAIRS + k, mask=rows[:, None, None], other=0.0)
+        even = _bf16_to_f32(words)
+        odd = (words & -65536).to(tl.float32, bitcast=True)
+        r_even = even * c - odd * s
+        r_odd = odd * c + even * s
+        amax = tl.max(tl.maximum(tl.abs(r_even), tl.abs(r_odd)), axis=2)
+        er = _exponents(amax, MIN_AMAX, MAX_EXPONENT, MAX_MANTISSA, SCALE_FP32, SCALE_LO, SCALE_HI)
+        inv = _pow2(-er)[:, :, None]
+        lo = _e4m3_bits(r_even * inv, True).to(tl.int32)  # integer rounding (see ROPE_IN_TILES)
+        hi = _e4m3_bits(r_odd * inv, True).to(tl.int32)
+        rope_at = page * page_i16 + ROPE_BASE + offset * ROPE_STEP
+        tl.store(cache_i16 + rope_at[:, None, None] + k, ((hi << 8) | lo).to(tl.int16), mask=valid[:, None, None])
+        rt = tl.arange(0, ROPE_TILES)[None, :]
+        _store_scales(cache_u8, cache_i32, scale_at[:, None], er, MAIN_TILES + rt, valid[:, None], SCALE_FP32)
+
+
+# --------------------------------------------------------------------------- host side
+
+
+def launch(fmt: KvRecordFormat, latent: torch.Tensor, rope: torch.Tensor, positions: torch.Tensor | None,
+           cos_sin_cache: torch.Tensor | None, slot_mapping: torch.Tensor, block_size: int, kv_cache: torch.Tensor,
+           tile: LaunchTile | None = None, soft_round: bool | None = None, speculative: bool | None = None,
+           rope_in_tiles: bool = ROPE_IN_TILES) -> None:
+    """One launch writing every token's record. ``latent`` bf16 [T, 512]; ``rope`` bf16 [T, 64]
+    (k_pe) or the latent itself when ``positions`` is given (rotate its last 64 dims); the cache a
+    contiguous uint8 [num_blocks, page_bytes] with page_bytes % 16 == 0. Inputs checked by the caller.
+    ``soft_round``: integer rounding code (default only under the interpreter)."""
+    num_tokens = latent.shape[0]
+    if num_tokens == 0:
+        return
+    rotate = positions is not None
+    layout = kernel_layout(fmt, rotate, block_size, rope_in_tiles)
+    tile = tile or default_tile(num_tokens)
+    soft_round = INTERPRETING if soft_round is None else soft_round
+    speculative = num_tokens <= SPECULATIVE_MAX_TOKENS if speculative is None else speculative
+    page = kv_cache.shape[1]
+    latent_bits = latent.view(torch.int16)
+    rope_words = (latent if rotate else rope).view(torch.int32)
+    pos = positions if rotate else slot_mapping
+    cos_sin = cos_sin_cache if rotate else slot_mapping
+    grid = (triton.cdiv(num_tokens, tile.tokens),)
+    kv_insert_kernel[grid](
+        latent_bits, rope_words, pos, cos_sin, slot_mapping,
+        kv_cache, kv_cache.view(torch.int16), kv_cache.view(torch.int32),
+        num_tokens, page, page // 2, page // 4,
+        TOKENS=tile.tokens, SPECULATIVE=speculative, SOFT_ROUND=soft_round, **layout,
+        num_warps=tile.num_warps, enable_fp_fusion=False,
+    )  # fmt: skip

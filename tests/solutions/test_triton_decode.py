@@ -1,0 +1,443 @@
+"""The solution's FP8 sparse MLA decode (solutions/triton/decode/): Triton kernels for V3.2, V4 and V4.1 records.
+
+CPU tests run the kernels under the Triton interpreter (conftest sets TRITON_INTERPRET=1 before
+the solution is imported) on tiny shapes, against an fp32 reference written here from the
+``kv_records`` writer and reader: records are written with ``fmt.quantize`` / ``fmt.write`` only at
+the tokens some index points to, every other cache byte is NaN-producing (FP8 0x7F, fp32 NaN
+scales, untouched page padding), so a wrong gather fails loudly. Outputs start as NaN. The
+tolerances are the brief's: out elementwise |diff| <= 1e-2 or <= 1e-2 |ref|, lse absolute
+<= 2.5e-4; an empty row must give out exactly 0 and lse +inf. GPU tests (``-m gpu``) run
+production shapes, every combine, and the ticket words' reuse.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+from conftest import HAS_CUDA, ROOT
+
+from dsa_bench.definitions import kv_records as kvr
+
+SOLUTION_DIR = ROOT / "solutions" / "triton"
+# The decode entries are not in solution.yaml yet (their definitions land separately): the modules
+# are imported as the harness imports an entry, inside a package rooted at the solution folder (not
+# through the attention's entry, which builds its CUDA extension at import on a GPU).
+_PACKAGE = "dsa_test_triton_solution_decode"
+if _PACKAGE not in sys.modules:
+    _package = types.ModuleType(_PACKAGE)
+    _package.__path__ = [str(SOLUTION_DIR)]
+    sys.modules[_PACKAGE] = _package
+entry = importlib.import_module(f"{_PACKAGE}.decode.entry")
+config_mod = importlib.import_module(f"{_PACKAGE}.decode.config")
+kernels = importlib.import_module(f"{_PACKAGE}.decode.kernels")
+geometry_mod = importlib.import_module(f"{_PACKAGE}.decode.geometry")
+DecodeConfig = config_mod.DecodeConfig
+
+FORMATS = {"V32": kvr.V32, "V4": kvr.V4, "V41": kvr.V41}
+CPU = torch.device("cpu")
+OUT_ATOL = OUT_RTOL = 1e-2
+LSE_ATOL = 2.5e-4
+
+
+# --------------------------------------------------------------------------- inputs and reference
+
+
+def make_case(fmt, b=2, s_q=2, h_q=64, topk=64, block_size=16, num_blocks=8, seed=0, page_pad=0, valid_frac=0.85,
+              empty_rows=(), sink=False, topk_length=None, device=CPU):  # fmt: skip
+    """Inputs of one call. Row r of the index matrix (r = batch * s_q + query) holds distinct
+    random ids; row 0 starts with both ends of every page; ``valid_frac`` of the rest stay valid
+    (the others -1, scattered); ``empty_rows`` are all -1. The cache backing is [num_blocks, page
+    stride + page_pad] bytes, NaN-producing except the referenced records."""
+    g = torch.Generator().manual_seed(seed)
+    stride = fmt.page_stride(block_size) + page_pad
+    backing = torch.full((num_blocks, stride), kvr.FP8_NAN_BYTE, dtype=torch.uint8)
+    if fmt.scale_dtype == "fp32":
+        fmt.scales(backing, block_size).fill_(float("nan"))
+    total = num_blocks * block_size
+    rows = torch.stack([torch.randperm(total, generator=g)[:topk] for _ in range(b * s_q)]).to(torch.int32)
+    ends = torch.tensor([p * block_size + o for p in range(num_blocks) for o in (0, block_size - 1)][:topk], dtype=torch.int32)
+    rest = rows[0][~torch.isin(rows[0], ends)]
+    rows[0] = torch.cat([ends, rest])[:topk]
+    drop = torch.rand(rows.shape, generator=g) > valid_frac
+    drop[0, : ends.numel()] = False
+    rows[drop] = -1
+    for r in empty_rows:
+        rows[r] = -1
+    indices = rows.view(b, s_q, topk)
+    used = torch.unique(indices[indices >= 0])
+    x = torch.randn(used.numel(), fmt.input_dims, generator=g) * 2
+    fmt.write(backing, block_size, used, fmt.quantize(x, "flashmla"))
+    cache = backing.as_strided((num_blocks, block_size, 1, fmt.bytes_per_token), (stride, fmt.bytes_per_token, fmt.bytes_per_token, 1))
+    q = torch.randn(b, s_q, h_q, fmt.d_qk, generator=g).to(torch.bfloat16)
+    attn_sink = None
+    if sink:
+        attn_sink = torch.randn(h_q, generator=g) * 3
+        attn_sink[::3] = float("-inf")  # no sink for those heads
+    lengths = None if topk_length is None else torch.tensor(topk_length, dtype=torch.int32)
+    case = dict(q=q, kv_cache=cache, indices=indices, sm_scale=fmt.d_qk**-0.55, attn_sink=attn_sink, topk_length=lengths)
+    case = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
+    return case, backing.to(device), block_size
+
+
+def reference(fmt, backing, block_size, q, indices, sm_scale, attn_sink, topk_length) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 on the dequantized records: out [b, s_q, h_q, 512], lse (natural log); an empty row
+    gets out 0 and lse +inf; the sink scales out by 1 / (1 + exp(sink - lse))."""
+    b, s_q, h_q, d_qk = q.shape
+    topk = indices.shape[-1]
+    valid = indices >= 0
+    if topk_length is not None:
+        valid &= torch.arange(topk, device=q.device)[None, None, :] < topk_length[:, None, None]
+    anchor = indices[valid][0] if valid.any() else torch.zeros((), dtype=indices.dtype, device=q.device)
+    safe = torch.where(valid, indices, anchor).long()
+    k = fmt.dequantize(fmt.read(backing, block_size, safe.flatten())).view(b, s_q, topk, d_qk)
+    k = torch.where(valid[..., None], k, 0.0)
+    logits = torch.einsum("bshd,bstd->bsht", q.float(), k) * sm_scale
+    logits = logits.masked_fill(~valid[:, :, None, :], float("-inf"))
+    lse = torch.logsumexp(logits, -1)
+    empty = ~valid.any(-1)[..., None].expand_as(lse)
+    p = torch.exp(logits - torch.where(empty, 0.0, lse)[..., None])
+    out = torch.einsum("bsht,bstd->bshd", p, k[..., : geometry_mod.D_V])
+    lse = torch.where(empty, float("inf"), lse)
+    out = torch.where(empty[..., None], 0.0, out)
+    if attn_sink is not None:
+        out = out / (1 + torch.exp(attn_sink - lse))[..., None]
+    return out, lse
+
+
+def run(fmt, case, config=None):
+    """The solution on ``case``; outputs NaN-poisoned first. Returns (out, lse, config used)."""
+    b, s_q, h_q, _ = case["q"].shape
+    out = torch.full((b, s_q, h_q, geometry_mod.D_V), float("nan"), dtype=torch.bfloat16, device=case["q"].device)
+    lse = torch.full((b, s_q, h_q), float("nan"), device=case["q"].device)
+    used = entry.mla_decode(fmt, case["q"], case["kv_cache"], case["indices"], case["sm_scale"], case["attn_sink"],
+                            case["topk_length"], out, lse, config)  # fmt: skip
+    return out, lse, used
+
+
+def assert_matches(out, lse, ref_out, ref_lse, where=""):
+    out = out.float()
+    assert not out.isnan().any() and not lse.isnan().any(), f"{where}: NaN in the outputs"
+    diff = (out - ref_out).abs()
+    bad = ~((diff <= OUT_ATOL) | (diff <= OUT_RTOL * ref_out.abs()))
+    assert not bad.any(), f"{where}: {int(bad.sum())} out elements off, worst |diff| {diff[bad].max():.4g}"
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(lse[empty], ref_lse[empty]), f"{where}: an empty row's lse must be +inf"
+    assert out[empty].eq(0).all(), f"{where}: an empty row's out must be exactly 0"
+    lse_err = (lse[~empty] - ref_lse[~empty]).abs()
+    assert lse_err.numel() == 0 or lse_err.max() <= LSE_ATOL, f"{where}: lse off by {lse_err.max():.3g}"
+
+
+def check(fmt, case, backing, block_size, config=None):
+    out, lse, used = run(fmt, case, config)
+    ref_out, ref_lse = reference(fmt, backing, block_size, case["q"], case["indices"], case["sm_scale"], case["attn_sink"],
+                                 case["topk_length"])  # fmt: skip
+    assert_matches(out, lse, ref_out, ref_lse, f"{fmt.kv_format} {used}")
+    return out, lse, used
+
+
+# --------------------------------------------------------------------------- CPU (interpreter)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_default_path_with_padded_pages_page_ends_empty_row_and_sink(name):
+    fmt = FORMATS[name]
+    lengths = [64, 40] if fmt is not kvr.V32 else None  # V4 / V4.1: batch 1's rows are short
+    case, backing, bs = make_case(fmt, page_pad=48, empty_rows=(1,), sink=True, topk_length=lengths, seed=1)
+    out, lse, used = check(fmt, case, backing, bs)
+    assert used.splits == 1 and used.combine == "none"
+    assert torch.isinf(lse[0, 1]).all() and out[0, 1].eq(0).all()
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("combine,splits,block_n", [("two_launch", 2, 32), ("last", 4, 16), ("two_launch", 4, 16)])
+def test_split_paths(name, combine, splits, block_n):
+    fmt = FORMATS[name]
+    lengths = [50, 3] if fmt is not kvr.V32 else None
+    case, backing, bs = make_case(fmt, b=2, s_q=2, topk=64, empty_rows=(2,), sink=True, topk_length=lengths, seed=2)
+    config = DecodeConfig(block_n=block_n, splits=splits, combine=combine, num_warps=4, num_stages=1)
+    _, _, used = check(fmt, case, backing, bs, config)
+    assert (used.combine, used.splits) == (combine, splits)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_several_blocks_per_program_and_block_sizes_that_are_not_powers_of_two(name):
+    # block sizes of the correctness grid (61, 2): page arithmetic by non-power-of-two divisors;
+    # several blocks per program (the id look-ahead) and a row ending mid-block.
+    fmt = FORMATS[name]
+    for block_size, num_blocks in ((61, 3), (2, 70)):
+        lengths = [100, 128, 7] if fmt is not kvr.V32 else None
+        case, backing, bs = make_case(fmt, b=3, s_q=1, topk=128, block_size=block_size, num_blocks=num_blocks, seed=block_size,
+                                      topk_length=lengths, page_pad=16)  # fmt: skip
+        check(fmt, case, backing, bs, DecodeConfig(block_n=32, splits=1, num_warps=4, num_stages=1))
+
+
+def test_v4_topk_length_ignores_valid_ids_past_the_length():
+    fmt = kvr.V4
+    case, backing, bs = make_case(fmt, b=3, s_q=2, topk=64, valid_frac=1.0, topk_length=[64, 17, 0], seed=4)
+    out, lse, _ = check(fmt, case, backing, bs, DecodeConfig(block_n=16, splits=2, combine="last", num_warps=4, num_stages=1))
+    assert torch.isinf(lse[2]).all() and out[2].eq(0).all()  # length 0: every id ignored
+    # the ids past the length are valid and their records written: ignoring the length changes batch 1
+    wrong, _, _ = run(fmt, dict(case, topk_length=None), DecodeConfig(block_n=16, splits=1, num_warps=4, num_stages=1))
+    assert (wrong[1].float() - out[1].float()).abs().max() > 0.05
+
+
+def test_all_rows_empty_and_large_logits():
+    fmt = kvr.V32
+    case, backing, bs = make_case(fmt, b=1, s_q=2, topk=64, empty_rows=(0, 1), sink=True, seed=5)
+    out, lse, _ = check(fmt, case, backing, bs, DecodeConfig(block_n=16, splits=4, combine="two_launch", num_warps=4, num_stages=1))
+    assert torch.isinf(lse).all() and lse.gt(0).all() and out.eq(0).all()
+    case, backing, bs = make_case(fmt, b=1, s_q=2, topk=64, seed=6)
+    check(fmt, dict(case, sm_scale=0.5), backing, bs)  # logits of several hundred: exp2 overflows without the running max
+
+
+def test_wrong_rope_offset_fails_the_reference():
+    """A kernel that reads the RoPE part 16 bytes off (a geometry mutant) must fail the check,
+    for the K-only RoPE of V3.2 and the V RoPE of V4: the test can tell."""
+    for fmt in (kvr.V32, kvr.V4):
+        case, backing, bs = make_case(fmt, seed=7)
+        good = entry.record_geometry(fmt.kv_format, bs)
+        mutant = geometry_mod.RecordGeometry(**{**good.__dict__, "rope_offset": good.rope_offset + 16})
+        entry.record_geometry.cache_clear()
+        original = entry.record_geometry
+        entry.record_geometry = lambda kv_format, block_size, _m=mutant: _m
+        try:
+            with pytest.raises(AssertionError, match="off|NaN"):
+                check(fmt, case, backing, bs)
+        finally:
+            entry.record_geometry = original
+    check(kvr.V4, *make_case(kvr.V4, seed=7))  # and the real geometry passes again
+
+
+def test_ticket_words_survive_changing_split_counts_and_the_int32_wrap():
+    """MODE_LAST under the interpreter: calls with 2, 4, 1, 8 splits on the same ticket words,
+    starting just below the int32 wrap, each leave every word on a multiple of TICKETS_PER_CALL,
+    advanced by exactly one call, and stay correct."""
+    fmt = kvr.V41
+    case, backing, bs = make_case(fmt, b=1, s_q=2, topk=128, seed=8)
+    words = entry.ticket_words(CPU, 2)
+    units = words.view(-1, kernels.TICKET_STRIDE)[:, 0]
+    units.fill_(2**31 - 2 * kernels.TICKETS_PER_CALL)
+    start = units.clone()
+    calls = 0
+    for splits in (2, 4, 1, 8, 4):  # topk 128: 8 splits of 16 positions
+        check(fmt, case, backing, bs, DecodeConfig(block_n=min(64, 128 // splits), splits=splits, combine="last" if splits > 1 else "auto",
+                                                   num_warps=4, num_stages=1))  # fmt: skip
+        calls += splits > 1
+        expected = ((start.long() + calls * kernels.TICKETS_PER_CALL + 2**31) % 2**32 - 2**31).to(torch.int32)
+        assert torch.equal(units[:2], expected[:2]), (splits, units[:2], expected[:2])
+    assert units[0] < 0  # wrapped
+
+
+def test_inputs_are_checked_and_left_unmodified():
+    fmt = kvr.V32
+    case, backing, bs = make_case(fmt, seed=9)
+    before = {k: v.clone() for k, v in case.items() if isinstance(v, torch.Tensor)}
+    backing_before = backing.clone()
+    run(fmt, case)
+    for k, v in before.items():
+        assert torch.equal(case[k], v), k
+    assert torch.equal(backing, backing_before)
+    b, s_q, h_q, _ = case["q"].shape
+    out = torch.empty(b, s_q, h_q, geometry_mod.D_V, dtype=torch.bfloat16)
+    lse = torch.empty(b, s_q, h_q)
+    with pytest.raises(ValueError, match="q: expected bf16"):
+        entry.kernel_v4(case["q"], case["kv_cache"], case["indices"], 1.0, None, None, out, lse)  # V3.2 q for V4
+    with pytest.raises(ValueError, match="indices: expected int32"):
+        entry.kernel_v32(case["q"], case["kv_cache"], case["indices"].long(), 1.0, None, out, lse)
+    with pytest.raises(ValueError, match="page stride"):
+        squeezed = case["kv_cache"].as_strided(case["kv_cache"].shape, (16, *case["kv_cache"].stride()[1:]))
+        entry.kernel_v32(case["q"], squeezed, case["indices"], 1.0, None, out, lse)
+    with pytest.raises(ValueError, match="out: expected"):
+        entry.kernel_v32(case["q"], case["kv_cache"], case["indices"], 1.0, None, out[..., :256], lse)
+
+
+def test_configs_check_their_tiling_and_the_barrier_is_refused_here():
+    with pytest.raises(ValueError, match="split size"):
+        DecodeConfig(block_n=64, splits=4).validate(64, 128)  # split of 32 < BLOCK_N
+    with pytest.raises(ValueError, match="block_h"):
+        DecodeConfig(block_h=48, splits=1, combine="none").validate(64, 128)
+    with pytest.raises(ValueError, match="power of two"):
+        DecodeConfig(splits=3).validate(64, 2048)
+    with pytest.raises(ValueError, match="interpreter"):
+        config_mod.resolve_combine(DecodeConfig(splits=4, combine="barrier"), 8, 132, interpreted=True)
+    with pytest.raises(ValueError, match="resident"):
+        config_mod.resolve_combine(DecodeConfig(splits=4, combine="barrier"), 200, 132, interpreted=False)
+    fmt = kvr.V32
+    case, _, _ = make_case(fmt, seed=10)
+    with pytest.raises(ValueError, match="interpreter"):
+        run(fmt, case, DecodeConfig(block_n=16, splits=2, combine="barrier"))
+
+
+def test_gpu_policy_on_the_production_shapes():
+    """What the GPU would run on an H200's 132 SMs: a single grid of at most 132 programs behind
+    the barrier at b = 2, one program per (token, head block) from b = 64 on."""
+    sms = 132
+    cases = {(2, 128): 16, (2, 64): 32, (64, 128): 1, (128, 128): 1, (128, 64): 1}
+    for (b, h_q), splits in cases.items():
+        for fmt in ("V32", "V4"):
+            config = config_mod.select_config(fmt, h_q, b * 2, 2048, sms)
+            programs = b * 2 * (h_q // config.block_h) * config.splits
+            assert config.splits == splits, (fmt, b, h_q, config)
+            assert config.combine == ("barrier" if splits > 1 else "none") and (splits == 1 or programs <= sms), config
+    config = config_mod.select_config("V32", 128, 148, 2048, sms)  # b = 74: 296 units, waves 3 at S = 1
+    assert config.splits > 1 and config.combine == "two_launch"
+    assert config_mod.select_config("V4", 64, 2, 32, sms).block_n == 32  # a block never exceeds the row
+    os.environ["DSA_DECODE_TWO_LAUNCH"] = "1"
+    try:
+        assert config_mod.select_config("V32", 128, 4, 2048, sms).combine == "two_launch"
+    finally:
+        del os.environ["DSA_DECODE_TWO_LAUNCH"]
+
+
+def test_geometry_comes_from_the_descriptors():
+    for fmt in FORMATS.values():
+        for bs in (1, 2, 61, 64):
+            g = geometry_mod.RecordGeometry.of(fmt, bs)
+            at = fmt.offsets(bs - 1, bs)
+            assert at["data"] == (bs - 1) * g.data_slot_bytes and at["scales"] == g.scale_base + (bs - 1) * g.scale_slot_bytes
+            assert g.quant_dims + g.v_rope_dims == geometry_mod.D_V and g.d_qk - geometry_mod.D_V == g.k_extra_dims
+    with pytest.raises(ValueError, match="e4m3 values"):
+        geometry_mod.RecordGeometry.of(kvr.V41_FP4, 64)
+
+
+_SM90_COMPILE = textwrap.dedent(
+    """
+    import json, re, sys, types, importlib
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    pkg = types.ModuleType("decode_sol"); pkg.__path__ = [sys.argv[1]]; sys.modules["decode_sol"] = pkg
+    K = importlib.import_module("decode_sol.decode.kernels")
+    entry = importlib.import_module("decode_sol.decode.entry")
+    from dsa_bench.definitions import kv_records as kvr
+    result = {}
+    for name, mode in (("V32", K.MODE_DIRECT), ("V4", K.MODE_BARRIER), ("V41", K.MODE_LAST)):
+        fmt = kvr.get_format(name)
+        g = entry.record_geometry(name, 64)
+        fn = K._decode_kernel
+        names = list(fn.arg_names)
+        sig = {"q_ptr": "*bf16", "cache_ptr": "*u8", "idx_ptr": "*i32", "topk_length_ptr": "*i32", "sink_ptr": "*fp32",
+               "out_ptr": "*bf16", "lse_ptr": "*fp32", "part_out_ptr": "*fp32", "part_lse_ptr": "*fp32", "ticket_ptr": "*i32",
+               "qk_scale_log2": "fp32", "page_stride": "i64"}
+        sig.update({n: "i32" for n in names if n.startswith("stride_")})
+        splits = 1 if mode == K.MODE_DIRECT else 16
+        consts = dict(S_Q=2, TOPK=2048, D_V=512, BLOCK_H=64, BLOCK_N=64, NUM_SPLITS=splits, SPLIT_SCAN=2048 // splits, MODE=mode,
+                      L2_PREFETCH=True, HAS_TOPK_LENGTH=name != "V32", HAS_SINK=True, **g.constexprs(), TICKET_STRIDE=K.TICKET_STRIDE,
+                      TICKETS_PER_CALL=K.TICKETS_PER_CALL, INTERPRETED=False)
+        sig.update({k: "constexpr" for k in consts})
+        attrs = {(names.index(k),): [["tt.divisibility", 16]] for k, v in sig.items() if v.startswith("*")}
+        c = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs), target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": 8, "num_stages": 1})
+        ptx = c.asm["ptx"]
+        result[name] = {"mma": sorted(set(re.findall(r"wgmma\\.mma_async\\S*", ptx))), "shared": c.metadata.shared,
+                        "atomics": len(re.findall(r"atom\\.global\\S*acq_rel", ptx)),
+                        "polls": len(re.findall(r"ld\\.global\\S*acquire", ptx))}
+    print(json.dumps(result))
+    """
+)
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_sm90_with_wgmma():
+    # Compiles the GPU tile (64 heads x 64 records, 8 warps) for Hopper with this machine's
+    # Triton (no GPU needed): both products on wgmma, shared memory within the SM's 227 KB.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    proc = subprocess.run([sys.executable, "-c", _SM90_COMPILE, str(SOLUTION_DIR)], capture_output=True, text=True, env=env,
+                          timeout=600, check=False)  # fmt: skip
+    if proc.returncode != 0 and ("No module named 'triton.backends" in proc.stderr or "ptxas" in proc.stderr.lower()):
+        pytest.skip(f"this Triton cannot compile for sm_90 here: {proc.stderr.strip().splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, r in result.items():
+        assert any("m64n256k16.f32.bf16.bf16" in m for m in r["mma"]), (name, r)  # P·V: 256 value columns per warpgroup
+        assert any("m64n32k16.f32.bf16.bf16" in m for m in r["mma"]), (name, r)  # q·k: 32 records per warpgroup
+        assert r["shared"] <= 227 * 1024, (name, r)
+    # no ticket at S = 1; the last-arriver combine arrives once; the barrier arrives, then polls with acquiring loads
+    assert result["V32"]["atomics"] == 0 and result["V41"]["atomics"] == 1 and result["V41"]["polls"] == 0
+    assert result["V4"]["atomics"] == 1 and result["V4"]["polls"] >= 1
+
+
+def test_benchmark_lists_the_policy_without_a_gpu():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels" / "mla_decode.py"), "--list", "--format", "V32",
+                           "--hq", "128", "--batch", "2", "--batch", "128"], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 2 and "splits=16" in lines[0] and "combine='barrier'" in lines[0] and lines[0].endswith("128 programs")
+    assert "splits=1," in lines[1] and lines[1].endswith("512 programs")
+
+
+def test_benchmark_cpu_dry_run_checks_its_inputs_and_reference():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels" / "mla_decode.py"), "--cpu-dry-run", "--format", "V4",
+                           "--hq", "64", "--batch", "2", "--s-q", "1", "--topk", "64", "--s-k", "512"], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count(": PASS") == 3 and "combine='last'" in proc.stdout and "combine='two_launch'" in proc.stdout
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+GPU = torch.device("cuda") if HAS_CUDA else None
+
+
+def _gpu_case(fmt, b, s_q, h_q, topk=2048, seq_blocks=64, **kw):
+    return make_case(fmt, b=b, s_q=s_q, h_q=h_q, topk=topk, block_size=64, num_blocks=b * seq_blocks, device=GPU, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["V32", "V4"])
+@pytest.mark.parametrize("b,h_q", [(2, 128), (2, 64), (16, 128)])
+def test_gpu_production_shapes_default_config(name, b, h_q):
+    fmt = FORMATS[name]
+    lengths = [2048 - 700 * (i % 3) for i in range(b)] if fmt is kvr.V4 else None
+    case, backing, bs = _gpu_case(fmt, b, 2, h_q, valid_frac=0.97, empty_rows=(1,), sink=True, topk_length=lengths)
+    check(fmt, case, backing, bs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["V32", "V4", "V41"])
+def test_gpu_every_combine_and_tiling(name):
+    fmt = FORMATS[name]
+    lengths = [2048, 1000] if fmt is not kvr.V32 else None
+    case, backing, bs = _gpu_case(fmt, 2, 2, 128, valid_frac=0.9, empty_rows=(3,), sink=True, topk_length=lengths)
+    for config in (
+        DecodeConfig(splits=16, combine="barrier"),
+        DecodeConfig(splits=8, combine="last"),
+        DecodeConfig(splits=4, combine="two_launch", partial_dtype="bf16"),
+        DecodeConfig(splits=1, combine="none", num_stages=2),
+        DecodeConfig(splits=2, block_n=32, combine="two_launch", l2_prefetch=False),
+        DecodeConfig(splits=16, combine="barrier", num_stages=2, block_n=32),
+    ):
+        _, _, used = check(fmt, case, backing, bs, config)
+        assert used.combine == config.combine
+
+
+@pytest.mark.gpu
+def test_gpu_barrier_words_reused_across_many_calls():
+    # h_q 64: 4 units, so even 32 splits keep the barrier's grid (128 programs) co-resident
+    fmt = kvr.V32
+    case, backing, bs = _gpu_case(fmt, 2, 2, 64)
+    ref = reference(fmt, backing, bs, case["q"], case["indices"], case["sm_scale"], case["attn_sink"], case["topk_length"])
+    words = entry.ticket_words(GPU, 4)
+    words.view(-1, kernels.TICKET_STRIDE)[:, 0].fill_(2**31 - 5 * kernels.TICKETS_PER_CALL)
+    for i in range(60):
+        splits = (2, 4, 8, 16, 32)[i % 5]
+        out, lse, used = run(fmt, case, DecodeConfig(splits=splits, combine=("barrier", "last")[i % 2]))
+        assert used.combine == ("barrier", "last")[i % 2]
+        if i % 7 == 0:
+            assert_matches(out, lse, *ref, f"call {i}")
+    torch.cuda.synchronize()
+    assert_matches(out, lse, *ref, "last call")
+    assert (words.view(-1, kernels.TICKET_STRIDE)[:4, 0] % kernels.TICKETS_PER_CALL == 0).all()
