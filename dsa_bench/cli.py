@@ -91,8 +91,8 @@ def run(
     atol: float | None = typer.Option(None, "--atol", help="Absolute tolerance of value outputs (default: the workload's)."),
     rtol: float | None = typer.Option(None, "--rtol", help="Relative tolerance of value outputs (default: the workload's)."),
     lse_atol: float | None = typer.Option(None, "--lse-atol", help="Absolute tolerance of log-sum-exp outputs (default: the workload's)."),
-    score_rtol: float | None = typer.Option(None, "--score-rtol", help="Top-k tie tolerance, relative to the row's largest score "
-                                                                       "(default: the workload's)."),
+    score_rtol: float | None = typer.Option(None, "--score-rtol", help="Top-k tie tolerance as a fixed fraction of the row's largest score "
+                                                                       "(default: the workload's; none: the definition's derived bound)."),
     resume: Path | None = typer.Option(None, "--resume", help="Continue the interrupted run of this results file: same workload, options "
                                                               "and solutions (else a refusal naming what differs); finished cases are "
                                                               "kept, the rest run, and the union is written back to the file."),
@@ -102,6 +102,9 @@ def run(
                                                                 "stderr."),
     breakdown: bool = typer.Option(False, "--breakdown", help="Print where the run's wall time went, phase by phase (the results file "
                                                               "always records it as wall_breakdown)."),
+    speedup_over: str | None = typer.Option(None, "--speedup-over", help="Solution of this run that the second speedup column is "
+                                                                          "measured against (default: the fastest peer, a solution with "
+                                                                          "`requires`, that passed each case)."),
 ) -> None:
     """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them.
 
@@ -125,7 +128,7 @@ def run(
         warmup=warmup, iterations=iterations, trials=trials, case_timeout=case_timeout, compile_timeout=compile_timeout, save=save,
         no_save=no_save, dataset=dataset, worker_user=worker_user, gpus=gpus, executor=executor, ray_address=ray_address,
         dataset_solutions=dataset_solutions, atol=atol, rtol=rtol, lse_atol=lse_atol, score_rtol=score_rtol,
-        resume=resume, reference_protocol=reference_protocol,
+        resume=resume, reference_protocol=reference_protocol, speedup_over=speedup_over,
     )  # fmt: skip
     plan = plan_run(request, find_root())
     for warning in plan.warnings:
@@ -165,6 +168,9 @@ def run(
         typer.echo("")
     if records and not (json_lines and quiet):
         say(summary_table(records))
+        if any(r.peer is not None for r in records):
+            over = f"--speedup-over {plan.options.speedup_over}" if plan.options.speedup_over else "the fastest peer that passed each case"
+            say(f"vs peer: that solution's latency over each solution's, measured against {over}")
     if not (json_lines and quiet):
         say(breakdown_table(wall) if breakdown else f"{wall_time(wall)} (--breakdown shows where it went)")
     if not quiet:

@@ -128,10 +128,13 @@ def setting_problem(key: str, value: Any) -> str | None:
     return None
 
 
-def _checked_setting(key: str) -> BeforeValidator:
-    """The check of run setting ``key`` (see :func:`setting_problem`), before the type's own."""
+def _checked_setting(key: str, optional: bool = False) -> BeforeValidator:
+    """The check of run setting ``key`` (see :func:`setting_problem`), before the type's own;
+    an ``optional`` one may be null (its default rule applies)."""
 
     def check(value: Any) -> Any:
+        if optional and value is None:
+            return value
         problem = setting_problem(key, value)
         if problem is not None:
             raise field_sentence(f"= {value!r}: {problem}")
@@ -142,7 +145,8 @@ def _checked_setting(key: str) -> BeforeValidator:
 
 class SettingsModel(ClosedModel):
     """A workload's ``settings``: the run settings (bounds in :data:`COUNT_BOUNDS`) and the
-    tolerances (finite, >= 0); each defaults to RunSettings' and Tolerance's value."""
+    tolerances (finite, >= 0; score_rtol may be null: the definition's derived rule); each defaults
+    to RunSettings' and Tolerance's value."""
 
     seed: Annotated[int, _checked_setting("seed")] = RunSettings.seed
     input_sets: Annotated[int, _checked_setting("input_sets")] = RunSettings.input_sets
@@ -152,7 +156,7 @@ class SettingsModel(ClosedModel):
     atol: Annotated[float, _checked_setting("atol")] = Tolerance.atol
     rtol: Annotated[float, _checked_setting("rtol")] = Tolerance.rtol
     lse_atol: Annotated[float, _checked_setting("lse_atol")] = Tolerance.lse_atol
-    score_rtol: Annotated[float, _checked_setting("score_rtol")] = Tolerance.score_rtol
+    score_rtol: Annotated[float | None, _checked_setting("score_rtol", optional=True)] = Tolerance.score_rtol
     reference_protocol: Literal["light", "full"] = "light"
 
     def run_settings(self) -> RunSettings:

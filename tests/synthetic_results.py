@@ -6,6 +6,7 @@ from pathlib import Path
 
 from dsa_bench.definitions.status import Status
 from dsa_bench.results.records import CaseRecord, ResultsFile, Timing
+from dsa_bench.run.runner import assign_peer_speedups
 
 GPU_ENVIRONMENT = {"dsa_bench": "0.1.0", "torch": "2.11.0", "device": "cuda:0", "gpu": "NVIDIA H200", "sm_count": 132}
 CPU_ENVIRONMENT = {"dsa_bench": "0.1.0", "torch": "2.13.0", "device": "cpu", "gpu": None}
@@ -28,8 +29,10 @@ def write_results(
     hashes: dict[str, str] | None = None,
     gpu: str = "NVIDIA H200",
     l2_flush: str | None = "clean",
+    peers: tuple[str, ...] | None = None,
 ) -> Path:
-    """``latencies[case][solution]`` in ms (the reference among them); ``failures`` marks records failed."""
+    """``latencies[case][solution]`` in ms (the reference among them); ``failures`` marks records failed;
+    ``peers`` (None: a file from before peer speedups) are the solutions the peer speedups are measured against."""
     spreads = spreads or {}
     failures = failures or {}
     solutions = list(dict.fromkeys(s for per_case in latencies.values() for s in per_case))
@@ -45,10 +48,12 @@ def write_results(
         **({"l2_flush": l2_flush if timed else None} if l2_flush is not None else {}),  # None: a file from before the flush modes
         "environment": {**GPU_ENVIRONMENT, "gpu": gpu} if timed else CPU_ENVIRONMENT,
         "solutions": {s: {"path": f"solutions/{s}", "content_hash": (hashes or {}).get(s, f"hash-{s}")} for s in solutions},
+        **({"peers": list(peers), "speedup_over": None} if peers is not None else {}),
     }
     results = ResultsFile(path, header)
     for number, (case, per_solution) in enumerate(latencies.items()):
         reference_ms = per_solution.get("reference")
+        case_records = []
         for solution, ms in per_solution.items():
             status = failures.get((case, solution), Status.PASSED)
             record = CaseRecord(
@@ -60,6 +65,10 @@ def write_results(
                 record.timing = timing(ms, spreads.get((case, solution), spread))
                 if reference_ms is not None and (case, "reference") not in failures:
                     record.speedup = reference_ms / record.timing.mean_ms  # as the runner computes it
+            case_records.append(record)
+        if peers is not None:
+            assign_peer_speedups(case_records, set(peers), None)
+        for record in case_records:
             results.add(record)
     results.update(complete=True)
     return path

@@ -276,7 +276,7 @@ def test_run_the_datasets_own_solutions(dataset, tmp_path):
         proc.stderr
     )
     doc = json.loads(strict.read_text())
-    assert doc["settings"]["tolerance"] == {"atol": 0.001, "rtol": 0.01, "lse_atol": 0.00025, "score_rtol": 0.0001}
+    assert doc["settings"]["tolerance"] == {"atol": 0.001, "rtol": 0.01, "lse_atol": 0.00025, "score_rtol": None}
     assert {(r["solution"], r["status"]) for r in doc["records"]} == {("reference", "PASSED"), ("rms_shifted", "INCORRECT_NUMERICAL")}
 
     # the traces of a dataset run: the workloads as the dataset gives them

@@ -71,6 +71,7 @@ def module_at(rev: str, name: str, folder: Path) -> types.ModuleType:
     spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass of the module looks the module up while it executes
     spec.loader.exec_module(module)
     return module
 

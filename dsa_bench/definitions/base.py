@@ -51,14 +51,16 @@ class Tolerance:
     seven times larger; benchmarks/h200/lse_error) and the 7.0e-4 of leaving out one of 2048
     equal-weight slots.
 
-    ``score_rtol`` is the top-k tie tolerance of index outputs, relative to the row's largest
-    absolute score: a selected token may score that much below the k-th best.
+    ``score_rtol`` sets the top-k tie tolerance of index outputs to a fixed fraction of the row's
+    largest absolute score (a selected token may score that much below the k-th best). None, the
+    default, uses the definition's own per-row bound, derived from the rounding errors of a
+    correct FP8 kernel (``indexer.tie_tolerances``).
     """
 
     atol: float = 1e-2
     rtol: float = 1e-2
     lse_atol: float = 2.5e-4
-    score_rtol: float = 1e-4
+    score_rtol: float | None = None
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,8 @@ class BaselineCaseModel(ClosedModel):
     spread: Measure | None = None
     reference_latency_ms: Measure | None = None
     reference_spread: Measure | None = None
+    peer: Name | None = None  # absent in baselines written before peer speedups
+    peer_speedup: Measure | None = None
 
 
 class BaselineBlockModel(OpenModel):
@@ -76,6 +78,8 @@ class CaseMeasure:
     spread: float | None = None
     reference_latency_ms: float | None = None
     reference_spread: float | None = None
+    peer: str | None = None  # what peer_speedup is measured against (CaseRecord.peer); shown, never judged
+    peer_speedup: float | None = None
 
     @property
     def passed(self) -> bool:
@@ -99,6 +103,8 @@ def measures_of(results: LoadedResults) -> dict[Key, CaseMeasure]:
             spread=r.timing.spread if r.timing else None,
             reference_latency_ms=ref_timing.mean_ms if ref_timing else None,
             reference_spread=ref_timing.spread if ref_timing else None,
+            peer=r.peer,
+            peer_speedup=r.peer_speedup,
         )
     return found
 

@@ -23,7 +23,9 @@ case's ½-sum of spreads: independent per-case noise averages out over N cases, 
 slowdown is caught even where a noisy reference makes every single case's band wide.
 
 A comparison fails (non-zero exit) on any slower case, any solution slower overall, or any newly
-failing case. Cases only in the baseline (not run) or only in the results (no baseline yet) are
+failing case. The speedup over the best peer of the same run (``peer_speedup``) is shown beside
+it, baseline and now, but never judged: it moves with the peers' own code and packages. Cases
+only in the baseline (not run) or only in the results (no baseline yet) are
 listed but never fail it.
 
 Baseline file (``baselines/<gpu>.json``)::
@@ -265,6 +267,16 @@ def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _geomean(values: list[float | None]) -> float | None:
+    """Geometric mean of the peer speedups present (None: no case has one)."""
+    present = [v for v in values if v]
+    return math.exp(statistics.fmean(math.log(v) for v in present)) if present else None
+
+
+def _vs_peer(measure: CaseMeasure) -> str:
+    return "-" if measure.peer_speedup is None else f"{measure.peer_speedup:.2f}x ({measure.peer})"
+
+
 def render_comparison(comparison: Comparison, fmt: str = "table", show_all: bool = False) -> str:
     """Summary per (workload, solution), then the cases that are not 'same' (all with ``show_all``)."""
     from tabulate import tabulate
@@ -293,6 +305,7 @@ def render_comparison(comparison: Comparison, fmt: str = "table", show_all: bool
             workload, solution, len(items), counts[Verdict.FASTER], counts[Verdict.SAME], counts[Verdict.SLOWER],
             f"{counts[Verdict.FAILED]} ({sum(1 for c in items if c.newly_failing)} new)", counts[Verdict.FIXED],
             counts[Verdict.UNTIMED], geomean, {True: "yes", False: "no", None: "?"}[changed],
+            _x(_geomean([c.baseline.peer_speedup for c in items])), _x(_geomean([c.new.peer_speedup for c in items])),
         ])  # fmt: skip
     headers = [
         "workload",
@@ -306,6 +319,8 @@ def render_comparison(comparison: Comparison, fmt: str = "table", show_all: bool
         "untimed",
         "geomean change ± band",
         "code changed",
+        "vs peer, baseline",
+        "vs peer, now",
     ]
     out.append(heading(f"Speedup vs baseline (threshold {_pct(comparison.threshold, signed=False)})"))
     out.append(tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True))
@@ -321,12 +336,14 @@ def render_comparison(comparison: Comparison, fmt: str = "table", show_all: bool
                 _pct(c.band, signed=False) if c.band is not None else "-",
                 "-" if c.latency_ratio is None else f"{_pct(c.latency_ratio - 1)} ± {_pct(c.latency_band, signed=False)}",
                 c.baseline.status if c.baseline.status == c.new.status else f"{c.baseline.status} -> {c.new.status}",
+                _x(c.baseline.peer_speedup), _vs_peer(c.new),
             ]
             for c in sorted(shown, key=lambda c: (c.key[0], c.key[2], c.ratio if c.ratio is not None else -1, c.key[1]))
         ]  # fmt: skip
         headers = [
-            "workload", "case", "solution", "verdict", "baseline", "now", "change", "noise band", "latency change (decides)", "status"
-        ]
+            "workload", "case", "solution", "verdict", "baseline", "now", "change", "noise band", "latency change (decides)", "status",
+            "vs peer, baseline", "vs peer, now",
+        ]  # fmt: skip
         out.append(tabulate(detail, headers=headers, tablefmt=tablefmt, disable_numparse=True))
 
     for title, keys in (("In the baseline but not run", comparison.only_in_baseline), ("Not in the baseline", comparison.only_in_results)):

@@ -105,6 +105,11 @@ class CaseRecord:
     seeds: dict[str, Any] = field(default_factory=dict)
     timing: Timing | None = None
     speedup: float | None = None
+    #: the solution ``peer_speedup`` is measured against (the fastest peer that passed this case in
+    #: the same run, or the run's ``--speedup-over``); None when no such latency exists
+    peer: str | None = None
+    #: that solution's latency / this one's, when this record passed and was timed
+    peer_speedup: float | None = None
     wall_s: float = 0.0
     #: where the harness spent the wall time of this record (worker and checker phases)
     phases_s: dict[str, float] = field(default_factory=dict)
@@ -232,6 +237,8 @@ class RecordModel(ClosedModel):
     seeds: dict[str, Any] = {}
     timing: TimingModel | None = None
     speedup: Measure | None = None
+    peer: Name | None = None  # absent in files written before peer speedups
+    peer_speedup: Measure | None = None
     wall_s: Measure = 0.0
     phases_s: dict[str, Measure] = {}
     gpu: Annotated[int, Field(ge=0)] | None = None
@@ -273,6 +280,9 @@ class ResultsModel(OpenModel):
     solution_notes: dict[str, str] | None = None
     #: installed versions of the packages each peer solution requires
     solution_packages: dict[str, dict[str, str]] | None = None
+    #: the run's peers (solutions whose manifest has ``requires``) and its ``--speedup-over`` (None: the fastest peer)
+    peers: list[str] | None = None
+    speedup_over: str | None = None
     records: list[RecordModel]
     complete: bool = False
     finished: str | None = None

@@ -2,7 +2,8 @@
 
 Per results file (one workload): a summary per solution, and, when the run was timed, three
 plots: per-case latency bars and per-case speedup bars with the solutions side by side, and the
-distribution (empirical CDF) of each solution's speedup over the case mix. Then a per-case table
+distribution (empirical CDF) of each solution's speedup over the case mix; where peers ran, a
+fourth: each solution's speedup over the best peer of the same run, per case. Then a per-case table
 with the solutions side by side, the failures, and the environment the numbers came from. A run
 without timing (a CPU run) is said to be one, and shows statuses only.
 
@@ -118,6 +119,28 @@ def speedup_figure(results: LoadedResults) -> Figure:
     return fig
 
 
+def peer_speedup_figure(results: LoadedResults) -> Figure:
+    """Per case, each solution's speedup over the peer it is measured against (CaseRecord.peer)."""
+    records = results.records
+    cases, by_key = _cases(records), _lookup(records)
+    solutions = [s for s in _solutions(records) if s != REFERENCE_SOLUTION]
+    series = {
+        s: [r.peer_speedup if r is not None and r.passed and r.peer_speedup else math.nan for r in (by_key.get((c, s)) for c in cases)]
+        for s in solutions
+    }
+    failed = {s: [(r := by_key.get((c, s))) is not None and r.failed for c in cases] for s in solutions}
+    over = results.document.get("speedup_over")
+    fig = Figure(figsize=(_figure_width(len(cases)), 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    _grouped_bars(ax, cases, series, failed)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label=_literal(f"{over or 'the fastest peer'} (1x)"))
+    ax.set_ylabel(_literal(f"speedup over {over or 'the fastest peer that passed the case'} (same run)"))
+    against = "the peer" if over is None else over
+    ax.set_title(_literal(f"{results.workload}: speedup over {against} per case (higher is better; x = failed)"))
+    ax.legend(loc="upper left", fontsize=8)
+    return fig
+
+
 def speedup_distribution_figure(results: LoadedResults) -> Figure:
     """Empirical CDF of each solution's speedup over the cases it passed, geomean marked."""
     solutions = [s for s in _solutions(results.records) if s != REFERENCE_SOLUTION]
@@ -154,6 +177,8 @@ def _figure_plan(loaded: list[LoadedResults]) -> list[tuple[str, str, Any, Loade
                 ("speedup", "Speedup per case", speedup_figure),
                 ("speedup-distribution", "Speedup distribution", speedup_distribution_figure),
             ]
+        if has_solutions and any(r.peer_speedup for r in results.records):
+            makers.append(("peer-speedup", "Speedup over the best peer per case", peer_speedup_figure))
         for suffix, title, make in makers:
             name = base = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', results.workload)[:80]}-{suffix}"
             k = 2
@@ -198,13 +223,23 @@ def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _with_peer(results: LoadedResults) -> bool:
+    return any(r.peer is not None for r in results.records)
+
+
+def _summary_headers(results: LoadedResults) -> list[str]:
+    headers = ["solution", "passed", "mean speedup (failed = 0)", "geomean speedup", "mean µs"]
+    return headers + (["mean vs peer (failed = 0)", "geomean vs peer"] if _with_peer(results) else [])
+
+
 def _summary_rows(results: LoadedResults) -> list[list[Any]]:
     rows = []
     for s in _solutions(results.records):
         summary = summarize(results.records, s)
-        rows.append(
-            [s, f"{summary.passed}/{summary.total}", _x(summary.mean_speedup), _x(summary.geomean_speedup), _us(summary.mean_latency_ms)]
-        )
+        row = [s, f"{summary.passed}/{summary.total}", _x(summary.mean_speedup), _x(summary.geomean_speedup), _us(summary.mean_latency_ms)]
+        if _with_peer(results):
+            row += [_x(summary.mean_peer_speedup), _x(summary.geomean_peer_speedup)]
+        rows.append(row)
     return rows
 
 
@@ -213,8 +248,9 @@ def _case_rows(results: LoadedResults) -> tuple[list[list[Any]], list[str]]:
     cases, solutions, by_key = _cases(records), _solutions(records), _lookup(records)
     axes = list(dict.fromkeys(a for r in records for a in r.axes))
     headers = ["case", *axes]
+    with_peer = _with_peer(results)
     for s in solutions:
-        headers += [f"{s} status"] + ([f"{s} µs", f"{s} speedup"] if results.timed else [])
+        headers += [f"{s} status"] + ([f"{s} µs", f"{s} speedup"] if results.timed else []) + ([f"{s} vs peer"] if with_peer else [])
     rows = []
     for c in cases:
         first = next(r for r in records if r.case == c)
@@ -224,6 +260,8 @@ def _case_rows(results: LoadedResults) -> tuple[list[list[Any]], list[str]]:
             row.append("-" if r is None else r.status.value)
             if results.timed:
                 row += [_us(r.timing.mean_ms if r is not None and r.timing else None), _x(r.speedup if r is not None else None)]
+            if with_peer:
+                row.append("-" if r is None or r.peer_speedup is None else f"{r.peer_speedup:.2f}x ({r.peer})")
         rows.append(row)
     return rows, headers
 
@@ -290,7 +328,7 @@ def render_html(loaded: list[LoadedResults], figures: list[ReportFigure], pngs: 
         parts.append("<h3>Summary</h3>")
         parts.append(
             _status_classes(
-                _table(_summary_rows(results), ["solution", "passed", "mean speedup (failed = 0)", "geomean speedup", "mean µs"])
+                _table(_summary_rows(results), _summary_headers(results))
             )
         )
         mine = [f for f in figures if f.results is results]

@@ -21,6 +21,15 @@ class SolutionSummary:
     geomean_speedup: float | None  # over passed, timed cases
     mean_latency_ms: float | None  # over passed, timed cases
     wall_s: float  # the harness's wall time on this solution's records (the records' wall_s summed)
+    #: the same over the cases with a peer latency (CaseRecord.peer_speedup), None where there is none
+    mean_peer_speedup: float | None = None
+    geomean_peer_speedup: float | None = None
+
+
+def _means(values: list[float]) -> tuple[float | None, float | None]:
+    """(mean, geometric mean over the positive values) of speedups where a failure counts 0."""
+    good = [v for v in values if v > 0]
+    return (statistics.fmean(values) if values else None, math.exp(statistics.fmean(math.log(v) for v in good)) if good else None)
 
 
 def summarize(records: list[CaseRecord], solution: str) -> SolutionSummary:
@@ -31,6 +40,7 @@ def summarize(records: list[CaseRecord], solution: str) -> SolutionSummary:
     good = [r.speedup for r in passed if r.speedup is not None and r.speedup > 0]
     latencies = [r.timing.mean_ms for r in passed if r.timing is not None]
     any_timing = any(r.speedup is not None for r in mine)
+    mean_peer, geomean_peer = _means([r.peer_speedup if r.passed and r.peer_speedup is not None else 0.0 for r in mine if r.peer])
     return SolutionSummary(
         solution=solution,
         passed=len(passed),
@@ -39,6 +49,8 @@ def summarize(records: list[CaseRecord], solution: str) -> SolutionSummary:
         geomean_speedup=math.exp(statistics.fmean(math.log(s) for s in good)) if good else None,
         mean_latency_ms=statistics.fmean(latencies) if latencies else None,
         wall_s=sum(r.wall_s for r in mine),
+        mean_peer_speedup=mean_peer,
+        geomean_peer_speedup=geomean_peer,
     )
 
 
@@ -48,6 +60,10 @@ def _fmt_us(ms: float | None) -> str:
 
 def _fmt_err(value: float | None) -> str:
     return "-" if value is None else f"{value:.2g}"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
 
 
 def one_line(message: str, limit: int = 300) -> str:
@@ -67,6 +83,8 @@ def record_line(record: CaseRecord, done: int, total: int) -> str:
     parts = [f"[{done}/{total}] {record.case} {record.solution}{where}: {record.status.value}"]
     if record.timing is not None:
         parts.append(f"{_fmt_us(record.timing.mean_ms)} µs" + ("" if record.speedup is None else f" ({record.speedup:.2f}x)"))
+        if record.peer_speedup is not None:
+            parts.append(f"{record.peer_speedup:.2f}x vs {record.peer}")
     elif record.passed:
         parts.append("correctness only")
     parts.append(f"{record.wall_s:.1f} s")
@@ -75,14 +93,18 @@ def record_line(record: CaseRecord, done: int, total: int) -> str:
 
 
 def records_table(records: list[CaseRecord], key_axes: tuple[str, ...]) -> str:
-    """One row per (case, solution): key axes, status, error figures and, when timed, latency and speedup."""
+    """One row per (case, solution): key axes, status, error figures and, when timed, latency,
+    speedup over the reference and (where a peer ran) over the peer it is measured against."""
     from tabulate import tabulate
 
     timed = any(r.timing is not None for r in records)
     spread = any(r.gpu is not None for r in records)  # a multi-device run: say where each ran
     headers = ["case", *key_axes, "solution", *(["gpu"] if spread else []), "status", "max abs err", "max rel err"]
+    with_peer = any(r.peer is not None for r in records)
     if timed:
         headers += ["timer", "mean µs", "median µs", "min µs", "trial spread", "speedup"]
+    if with_peer:
+        headers += ["vs peer", "peer"]
     rows = []
     for r in records:
         row = [
@@ -104,6 +126,8 @@ def records_table(records: list[CaseRecord], key_axes: tuple[str, ...]) -> str:
                 "-" if t is None else f"{100 * t.spread:.1f}%",
                 "-" if r.speedup is None else f"{r.speedup:.2f}x",
             ]
+        if with_peer:
+            row += [_x(r.peer_speedup), r.peer or "-"]
         rows.append(row)
     return tabulate(rows, headers=headers, disable_numparse=True)
 
@@ -112,20 +136,18 @@ def summary_table(records: list[CaseRecord]) -> str:
     from tabulate import tabulate
 
     names = list(dict.fromkeys(r.solution for r in records))
+    with_peer = any(r.peer is not None for r in records)
     rows = []
     for name in names:
         s = summarize(records, name)
-        rows.append(
-            [
-                name,
-                f"{s.passed}/{s.total}" if s.total else "skipped",
-                "-" if s.mean_speedup is None else f"{s.mean_speedup:.2f}x",
-                "-" if s.geomean_speedup is None else f"{s.geomean_speedup:.2f}x",
-                _fmt_us(s.mean_latency_ms),
-                f"{s.wall_s:.1f}",
-            ]
-        )
+        passed = f"{s.passed}/{s.total}" if s.total else "skipped"
+        row = [name, passed, _x(s.mean_speedup), _x(s.geomean_speedup), _fmt_us(s.mean_latency_ms), f"{s.wall_s:.1f}"]
+        if with_peer:
+            row += [_x(s.mean_peer_speedup), _x(s.geomean_peer_speedup)]
+        rows.append(row)
     headers = ["solution", "passed", "mean speedup", "geomean speedup", "mean µs", "wall s"]
+    if with_peer:
+        headers += ["mean vs peer", "geomean vs peer"]
     return tabulate(rows, headers=headers, disable_numparse=True)
 
 

@@ -81,6 +81,7 @@ class RunRequest:
     score_rtol: float | None = None
     resume: Path | None = None  # an interrupted run's results file, completed in place
     reference_protocol: str | None = None  # REFERENCE_PROTOCOLS; None: the workload's
+    speedup_over: str | None = None  # the solution peer speedups are measured against; None: the fastest peer of each case
 
     def tolerance_overrides(self) -> dict[str, float]:
         return {key: getattr(self, key) for key in TOLERANCES if getattr(self, key) is not None}
@@ -171,6 +172,8 @@ class RunPlan:
             if self.executor == "local" else None,  # Ray actors report theirs under environment.gpus
             "solutions": {s.name: self._solution_header(s) for s in self.solutions},
             "cases": [c.id for c in self.cases],
+            "peers": [s.name for s in self.solutions if s.requires.any],
+            "speedup_over": options.speedup_over,
         }
 
     def _solution_header(self, solution: Solution) -> dict[str, Any]:
@@ -422,7 +425,16 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     solutions, warnings = _solutions(request, workload, root, timer is not None or on_ray)
     if warning:
         warnings.insert(0, warning)
-    changed = [f"{k} {v:g} (the workload's: {getattr(workload.settings.tolerance, k):g})" for k, v in request.tolerance_overrides().items()]
+    if request.speedup_over is not None and request.speedup_over not in {s.name for s in solutions}:
+        raise DsaBenchError(
+            f"--speedup-over {request.speedup_over!r} is not a solution of this run (it runs {', '.join(s.name for s in solutions)})"
+        )
+
+    def shown(value: float | None) -> str:
+        return "derived" if value is None else f"{value:g}"  # score_rtol None: the definition's own per-row bound
+
+    overrides = request.tolerance_overrides().items()
+    changed = [f"{k} {v:g} (the workload's: {shown(getattr(workload.settings.tolerance, k))})" for k, v in overrides]
     if changed:
         warnings.append(f"tolerances set on the command line judge cases differently from the workload's settings: {', '.join(changed)}")
     default_save = root / "results" / f"{safe_file_name(workload.name)}-{now_iso().replace(':', '')}.json"
@@ -440,6 +452,7 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
         cache_dir=root / ".cache" / "dsa-bench",
         dataset_root=request.dataset,
         worker_user=request.worker_user,
+        speedup_over=request.speedup_over,
     )
     device_options = [
         dataclasses.replace(template, device=d, copy_bytes_per_s=measure_copy_bandwidth(d) if timer is not None else None)

@@ -3,7 +3,9 @@
 For each case the harness builds the same input sets the workers build (same seeds), computes
 what the checker needs from the reference once, and hands each solution's outputs to the
 definition's checker. The reference solution runs first on every case when timing, so each
-solution's speedup is measured against a reference timed in the same run.
+solution's speedup is measured against a reference timed in the same run. Once every solution
+has run a case, each record also gets its speedup over the fastest peer (a solution whose
+manifest has ``requires``) that passed that case, or over the run's ``--speedup-over`` solution.
 """
 
 from __future__ import annotations
@@ -61,6 +63,8 @@ class RunOptions:
     worker_user: str = "auto"  # isolation.WORKER_USER_MODES
     #: measured device copy bandwidth (bytes/s); with it, timings below the physical floor are refused
     copy_bytes_per_s: float | None = None
+    #: the solution every record's peer speedup is measured against; None: the fastest peer that passed the case
+    speedup_over: str | None = None
 
 
 class WorkerFailure(Exception):
@@ -335,6 +339,27 @@ def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> Case
     return record
 
 
+def assign_peer_speedups(records: list[CaseRecord], peers: set[str], speedup_over: str | None) -> None:
+    """Set each record's ``peer`` and ``peer_speedup`` from one case's records of one run.
+
+    The comparison is ``speedup_over`` where it passed and was timed on this case, else (when
+    ``speedup_over`` is None) the fastest of ``peers`` that passed and was timed. Every record
+    of the case then names it; a record that passed and was timed gets the comparison's latency
+    over its own (the fastest peer itself gets 1.0), others keep None (a failure counts as 0 in
+    the summaries, as for the speedup over the reference).
+    """
+    timed = {r.solution: r.timing.mean_ms for r in records if r.passed and r.timing is not None}
+    candidates = [speedup_over] if speedup_over is not None else sorted(peers)
+    timed_candidates = [name for name in candidates if name in timed]
+    if not timed_candidates:
+        return
+    comparison = min(timed_candidates, key=lambda name: timed[name])
+    for record in records:
+        record.peer = comparison
+        mine = timed.get(record.solution)
+        record.peer_speedup = timed[comparison] / mine if mine else None
+
+
 def order_solutions(solutions: list[Solution], timing: bool, reference: Solution | None) -> list[Solution]:
     """Reference first; when timing, the reference is always included for the speedup column."""
     chosen = [s for s in solutions if s.name != REFERENCE_SOLUTION]
@@ -382,6 +407,7 @@ class DeviceRunner:
         self.options = options
         self.gpu = gpu  # this device's index among the run's devices (recorded on each record), None on a one-device run
         self.handles = {s.name: WorkerHandle(s, workload.definition.name, options, identities[s.name]) for s in solutions}
+        self.peers = {s.name for s in solutions if s.requires.any}
 
     def run_case(self, case: Case) -> list[CaseRecord]:
         ctx = CaseContext(self.workload, case, self.options.device, self.options.settings.tolerance, self.clock)
@@ -395,6 +421,7 @@ class DeviceRunner:
             if record.passed and record.timing and reference_ms:
                 record.speedup = reference_ms / record.timing.mean_ms
             records.append(record)
+        assign_peer_speedups(records, self.peers, self.options.speedup_over)
         del ctx
         if self.options.device.type == "cuda":
             torch.cuda.empty_cache()
