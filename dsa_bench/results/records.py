@@ -191,6 +191,15 @@ class ResultsFile:
         if time.monotonic() - self._written_at >= WRITE_INTERVAL_S:
             self._write()
 
+    def refresh(self, records: Iterable[CaseRecord]) -> None:
+        """Record these (already added) records again, as they are now."""
+        latest = {(r.case, r.solution): r.to_json() for r in records}
+        kept = self.document["records"]
+        for i, data in enumerate(kept):
+            key = (data["case"], data["solution"])
+            if key in latest:
+                kept[i] = latest[key]
+
     def update(self, **fields: Any) -> None:
         self.document.update(fields)
         self._write()

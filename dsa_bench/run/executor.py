@@ -40,9 +40,9 @@ def run_on_devices(
 ) -> list[CaseRecord]:
     """Run every case on whichever device is free; records reach ``results`` as cases finish.
 
-    Records are kept in case order at the end (the order of a one-device run). A stop (Ctrl-C,
-    SIGTERM) reaches the main thread: it ends every worker, keeps the finished cases' records and
-    drops the in-flight ones.
+    Records are written as each finishes (the run sorts them into a one-device run's order at
+    the end). A stop (Ctrl-C, SIGTERM) reaches the main thread: it ends every worker and keeps
+    every finished record; an in-flight case is left unfinished, as on one device.
     """
     queue = collections.deque(cases)
     lock = threading.Lock()
@@ -57,20 +57,23 @@ def run_on_devices(
     def serve(runner: DeviceRunner) -> None:
         if runner.options.device.type == "cuda":
             torch.cuda.set_device(runner.options.device)  # this thread's current device
+
+        def emit(record: CaseRecord) -> None:
+            with lock:
+                if not stopping.is_set():
+                    records.append(record)
+                    results.add(record)
+                    on_record(record)
+
         try:
             while not stopping.is_set():
                 with lock:
                     if not queue:
                         return
                     case = queue.popleft()
-                finished = runner.run_case(case)
+                finished = runner.run_case(case, emit)
                 with lock:
-                    if stopping.is_set():  # the run was stopped while this case ran: its records are partial
-                        return
-                    for record in finished:
-                        records.append(record)
-                        results.add(record)
-                        on_record(record)
+                    results.refresh(finished)  # the case's final peer speedups
         except BaseException as exc:  # a harness bug: stop everything and raise it in the main thread
             if not stopping.is_set():
                 errors.append(exc)

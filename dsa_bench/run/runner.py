@@ -361,8 +361,10 @@ def assign_peer_speedups(records: list[CaseRecord], peers: set[str], speedup_ove
 
 
 def order_solutions(solutions: list[Solution], timing: bool, reference: Solution | None) -> list[Solution]:
-    """Reference first; when timing, the reference is always included for the speedup column."""
-    chosen = [s for s in solutions if s.name != REFERENCE_SOLUTION]
+    """Reference first, then the peers (solutions with ``requires``), then the others; when
+    timing, the reference is always included for the speedup column."""
+    others = [s for s in solutions if s.name != REFERENCE_SOLUTION]
+    chosen = [s for s in others if s.requires.any] + [s for s in others if not s.requires.any]
     has_reference = any(s.name == REFERENCE_SOLUTION for s in solutions)
     if (timing or has_reference) and reference is not None:
         chosen.insert(0, reference)
@@ -409,7 +411,11 @@ class DeviceRunner:
         self.handles = {s.name: WorkerHandle(s, workload.definition.name, options, identities[s.name]) for s in solutions}
         self.peers = {s.name for s in solutions if s.requires.any}
 
-    def run_case(self, case: Case) -> list[CaseRecord]:
+    def run_case(self, case: Case, emit: Callable[[CaseRecord], None] = lambda r: None) -> list[CaseRecord]:
+        """Every solution on ``case``; each record goes to ``emit`` as soon as it is finished. The
+        peers run right after the reference (:func:`order_solutions`), so a solution's speedup
+        over the best peer is final when it is emitted; a peer's own may still change when a later
+        peer is faster, so the caller re-records the returned records once the case is done."""
         ctx = CaseContext(self.workload, case, self.options.device, self.options.settings.tolerance, self.clock)
         reference_ms: float | None = None
         records = []
@@ -421,7 +427,8 @@ class DeviceRunner:
             if record.passed and record.timing and reference_ms:
                 record.speedup = reference_ms / record.timing.mean_ms
             records.append(record)
-        assign_peer_speedups(records, self.peers, self.options.speedup_over)
+            assign_peer_speedups(records, self.peers, self.options.speedup_over)
+            emit(record)
         del ctx
         if self.options.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -461,14 +468,16 @@ def run_workload(
     clock = clock or PhaseClock()
     runner = DeviceRunner(workload, solutions, options, identities or worker_identities(solutions, options, cases), clock=clock)
     records: list[CaseRecord] = []
+    def emit(record: CaseRecord) -> None:
+        records.append(record)
+        breakdown = clock.breakdown()
+        with clock.phase("results_writes", HARNESS):
+            results.add(record, wall_breakdown=breakdown)
+        on_record(record)
+
     try:
         for case in cases:
-            for record in runner.run_case(case):
-                records.append(record)
-                breakdown = clock.breakdown()
-                with clock.phase("results_writes", HARNESS):
-                    results.add(record, wall_breakdown=breakdown)
-                on_record(record)
+            results.refresh(runner.run_case(case, emit))  # the case's final peer speedups
     finally:
         runner.stop()
         # a resumed run keeps earlier sittings' notes
