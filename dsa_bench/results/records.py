@@ -18,6 +18,7 @@ import datetime as _dt
 import json
 import math
 import statistics
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
@@ -157,6 +158,12 @@ WRITE_INTERVAL_S = 2.0
 class ResultsFile:
     """A results document kept on disk as records arrive.
 
+    The whole document is rewritten at most every :data:`WRITE_INTERVAL_S` while records arrive
+    (a write per record made long runs quadratic): :meth:`add` writes when the last write is that
+    old, and a flusher thread writes what is pending otherwise, so a record never waits on disk
+    for a solution that hangs on the next one. :meth:`update`, which ends every run, interrupted
+    or not, always writes.
+
     A resumed run starts from the interrupted run's ``records``; the records of a case in
     ``superseded`` (one the interrupted run left unfinished, run again from its start) stay until
     that case's first new record arrives and then all go, so the file never loses a record it
@@ -176,36 +183,58 @@ class ResultsFile:
             "complete": False,
         }
         self._superseded = set(superseded)
+        self._lock = threading.RLock()
+        self._dirty = False
         self._written_at = -math.inf
+        self._stopped = threading.Event()
         self._write()
+        if path is not None:
+            threading.Thread(target=self._flush_pending, name="results-flush", daemon=True).start()
 
     def add(self, record: CaseRecord, **fields: Any) -> None:
-        """Append a record (and set any header ``fields`` with it). The file is rewritten at most
-        every :data:`WRITE_INTERVAL_S` here (the whole document each time: a write per record made
-        long runs quadratic); :meth:`update`, which ends every run, interrupted or not, always writes."""
-        if record.case in self._superseded:
-            self._superseded.discard(record.case)
-            self.document["records"] = [r for r in self.document["records"] if r["case"] != record.case]
-        self.document["records"].append(record.to_json())
-        self.document.update(fields)
-        if time.monotonic() - self._written_at >= WRITE_INTERVAL_S:
-            self._write()
+        """Append a record (and set any header ``fields`` with it)."""
+        with self._lock:
+            if record.case in self._superseded:
+                self._superseded.discard(record.case)
+                self.document["records"] = [r for r in self.document["records"] if r["case"] != record.case]
+            self.document["records"].append(record.to_json())
+            self.document.update(fields)
+            self._dirty = True
+            if time.monotonic() - self._written_at >= WRITE_INTERVAL_S:
+                self._write()
 
     def refresh(self, records: Iterable[CaseRecord]) -> None:
         """Record these (already added) records again, as they are now."""
         latest = {(r.case, r.solution): r.to_json() for r in records}
-        kept = self.document["records"]
-        for i, data in enumerate(kept):
-            key = (data["case"], data["solution"])
-            if key in latest:
-                kept[i] = latest[key]
+        with self._lock:
+            kept = self.document["records"]
+            for i, data in enumerate(kept):
+                key = (data["case"], data["solution"])
+                if key in latest:
+                    kept[i] = latest[key]
+                    self._dirty = True
 
     def update(self, **fields: Any) -> None:
-        self.document.update(fields)
-        self._write()
+        with self._lock:
+            self.document.update(fields)
+            self._write()
+
+    def stop_flushing(self) -> None:
+        """Write what is pending and end the flusher: the caller now owns the document (the run's end)."""
+        self._stopped.set()
+        with self._lock:
+            if self._dirty:
+                self._write()
+
+    def _flush_pending(self) -> None:
+        while not self._stopped.wait(WRITE_INTERVAL_S):
+            with self._lock:
+                if self._dirty and not self._stopped.is_set():
+                    self._write()
 
     def _write(self) -> None:
         self._written_at = time.monotonic()
+        self._dirty = False
         if self.path is not None:
             write_atomic(self.path, json.dumps(self.document, indent=1, allow_nan=True), "results")
 

@@ -569,6 +569,7 @@ def execute(plan: RunPlan, on_record: Callable[[CaseRecord], None] = lambda r: N
             _run(plan, results, on_record, clock)
     except KeyboardInterrupt as stop:
         stopped_by = stop.signum if isinstance(stop, Interrupted) else int(signal.SIGINT)
+    results.stop_flushing()
     case_order = {c.id: i for i, c in enumerate(plan.cases)}
     solution_order = {s.name: i for i, s in enumerate(plan.solutions)}
     # several devices finish cases out of order: the file keeps a one-device run's order
