@@ -239,22 +239,6 @@ def main() -> int:
             print(f"{key:4s} T={tokens:7d}  {us:9.2f} µs  {record['per_token_ns']:8.3f} ns/token  {traffic / 1e6:8.2f} MB  "
                   f"{gbps:7.0f} GB/s  {record['copy_ratio']:6.1%} of copy  {'exact' if problem is None else 'MISMATCH'}")
 
-            if fmt.rope_dims == 0:  # V4.1: the other RoPE path too (kernel.ROPE_IN_TILES picks the shipped one)
-                other = not kernels.ROPE_IN_TILES
-                launch_other = functools.partial(kernels.launch, fmt, call_args[0], call_args[0], call_args[1], call_args[2],
-                                                 inputs["slot_mapping"], args.block_size, cache, rope_in_tiles=other)
-                r = time_call(lambda i, f=launch_other: f(), prepare=repoison)
-                repoison(0)
-                launch_other()
-                ok = torch.equal(cache, want)
-                o_us = r.mean_ms * 1e3
-                record["rope_in_tiles"] = kernels.ROPE_IN_TILES
-                record["other_rope_path"] = {"rope_in_tiles": other, "us": o_us, "gbps": traffic / (o_us * 1e-6) / 1e9, "byte_exact": ok}
-                print(f"      rope_in_tiles={other}: {o_us:.2f} µs, {traffic / (o_us * 1e-6) / 1e9:.0f} GB/s, "
-                      f"{'exact' if ok else 'MISMATCH'}")
-                repoison(0)
-                entry(*call_args, cache)
-
             if tokens == args.sweep_tokens and args.tiles:
                 sweep = {}
                 for text in args.tiles.split(","):

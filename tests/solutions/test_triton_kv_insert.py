@@ -181,20 +181,6 @@ def test_gpu_tile_and_wide_exponent_range_under_the_interpreter(name):
         _assert_byte_exact(definition, axes, inputs, cache)
 
 
-@pytest.mark.parametrize("rope_in_tiles", [True, False], ids=["rope_in_tiles", "rope_separate"])
-def test_both_v41_rope_paths_are_byte_exact(rope_in_tiles):
-    """V4.1's RoPE tiles rotated inside the row's tiles, or as their own block (kernel.ROPE_IN_TILES)."""
-    name = "dsa_kv_insert_v41_fp8"
-    definition = next(d for d in kvi.DEFINITIONS if d.name == name)
-    axes = _axes(definition, 21, 64, 16)
-    inputs = definition.generate(axes, {}, {"slot_mapping": {"skip_every": 5}}, InputRng(13, DEVICE))
-    inputs = _wide_range(definition, axes, inputs, 3)
-    args = definition.input_args(inputs)
-    cache = definition.allocate_outputs(axes, DEVICE)["kv_cache"]
-    K.launch(kvi.V41, args[0], args[0], args[1], args[2], inputs["slot_mapping"], 64, cache, tile=K.GPU_TILE, rope_in_tiles=rope_in_tiles)
-    _assert_byte_exact(definition, axes, inputs, cache)
-
-
 def test_layouts_come_from_the_descriptors():
     for fmt, rotate in ((kvi.V32, False), (kvi.V4, True), (kvi.V41, True)):
         for bs in (32, 64):

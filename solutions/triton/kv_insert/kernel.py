@@ -11,7 +11,7 @@ capped, so per-token cost does not change with T). Per token it reads the 512-di
 and stores data bytes and scales. V3.2 and V4 keep the 64 RoPE dims as bf16: they are read a
 second time as 32 int32 words (a bf16 pair each), rotated in fp32 when the format rotates (V4), and
 stored. V4.1 rotates them the same way and quantizes them as their own two tiles, with the
-integer e4m3 rounding (see :data:`ROPE_IN_TILES` for the other path). Exactness:
+integer e4m3 rounding (the H200's hardware conversion gave wrong bytes on that shape). Exactness:
 
 * exponent: ``ceil(log2(max(amax, 1e-4) / 448))`` from the float bits of ``c = max(amax, 1e-4)``
   (c = m * 2^E, 1 <= m < 2, 448 = 1.75 * 2^8: the exponent is E - 8, plus 1 when m > 1.75), exact
@@ -86,15 +86,10 @@ def _mantissa_exponent(value: float) -> tuple[int, int]:
     return int(mantissa), e - 1
 
 
-#: V4.1's RoPE tiles: rotated and quantized as a separate [tokens, 2, 16] block of bf16 pairs whose
-#: e4m3 pairs are stored as int16 words (False, shipped: its e4m3 rounding is the integer code, since
-#: the H200's hardware conversion gave wrong bytes on that shape), or rotated inside the row's scale
-#: tiles (True: one quantize path, but 2x slower on the H200: 18.8 vs 10.3 µs at T = 16384)
-ROPE_IN_TILES = False
 
 
 @functools.cache
-def kernel_layout(fmt: KvRecordFormat, rotate: bool, block_size: int, rope_in_tiles: bool = ROPE_IN_TILES) -> dict[str, int | bool | float]:
+def kernel_layout(fmt: KvRecordFormat, rotate: bool, block_size: int) -> dict[str, int | bool | float]:
     """The kernel's compile-time constants for ``fmt`` at ``block_size`` (``rotate``: the RoPE dims
     are the latent row's last 64 and are rotated; else they come separately, already rotated)."""
     if fmt.value_dtype != "e4m3" or fmt.scale_dtype not in ("fp32", "ue8m0") or fmt.layout not in ("per_token", "per_page"):
@@ -124,11 +119,10 @@ def kernel_layout(fmt: KvRecordFormat, rotate: bool, block_size: int, rope_in_ti
     rope_words = ROPE_DIMS // 2
     rope_tiles = ROPE_DIMS // tile if rope_quantized else 1
     # Element offsets in the int16 / int32 views of the cache must be whole elements.
-    in_tiles = rope_quantized and rope_in_tiles
     words = [(at0["scales"], step["scales"], scale_eb)]
     if not rope_quantized:
         words.append((at0["rope"], step["rope"], 4))
-    elif not in_tiles:
+    else:
         words.append((at0["data"] + main_dims, step["data"], 2))
     for base, stride, size in words:
         if base % size or stride % size:
@@ -139,14 +133,13 @@ def kernel_layout(fmt: KvRecordFormat, rotate: bool, block_size: int, rope_in_ti
         "LATENT": LATENT_DIMS,
         "TILE": tile,
         "LT": latent_tiles,
-        "MAIN_TILES": latent_tiles if in_tiles else main_dims // tile,  # V4.1 in tiles: the RoPE tiles are quantized in place
+        "MAIN_TILES": main_dims // tile,
         "NUM_SCALES": fmt.num_scales,
         "SCALE_FP32": fmt.scale_dtype == "fp32",
         "SCALE_BYTES": fmt.scale_bytes,
         "PAD_BYTE": pad,
         "ROTATE": rotate,
         "ROPE_QUANTIZED": rope_quantized,
-        "ROPE_IN_TILES": in_tiles,
         "ROPE_TILES": rope_tiles,
         "ROPE_PAIRS": rope_words // rope_tiles,
         "ROPE_ROW_WORDS": LATENT_DIMS // 2 if rotate else rope_words,
@@ -155,9 +148,9 @@ def kernel_layout(fmt: KvRecordFormat, rotate: bool, block_size: int, rope_in_ti
         "DATA_STEP": step["data"],
         "SCALE_BASE": at0["scales"] // scale_eb,
         "SCALE_STEP": step["scales"] // scale_eb,
-        # bf16 RoPE int32 words (V3.2, V4), e4m3 RoPE int16 pairs (V4.1 separate), unused (V4.1 in tiles)
-        "ROPE_BASE": 0 if in_tiles else (at0["data"] + main_dims) // 2 if rope_quantized else at0["rope"] // 4,
-        "ROPE_STEP": 0 if in_tiles else step["data"] // 2 if rope_quantized else step["rope"] // 4,
+        # bf16 RoPE int32 words (V3.2, V4), e4m3 RoPE int16 pairs (V4.1)
+        "ROPE_BASE": (at0["data"] + main_dims) // 2 if rope_quantized else at0["rope"] // 4,
+        "ROPE_STEP": step["data"] // 2 if rope_quantized else step["rope"] // 4,
         "MIN_AMAX": MIN_FP8_SCALE,
         "MAX_EXPONENT": max_exponent,
         "MAX_MANTISSA": max_mantissa,
@@ -236,7 +229,7 @@ def kv_insert_kernel(
     TOKENS: tl.constexpr, SPECULATIVE: tl.constexpr, SOFT_ROUND: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, LATENT: tl.constexpr, TILE: tl.constexpr, LT: tl.constexpr, MAIN_TILES: tl.constexpr,
     NUM_SCALES: tl.constexpr, SCALE_FP32: tl.constexpr, SCALE_BYTES: tl.constexpr, PAD_BYTE: tl.constexpr,
-    ROTATE: tl.constexpr, ROPE_QUANTIZED: tl.constexpr, ROPE_IN_TILES: tl.constexpr, ROPE_TILES: tl.constexpr, ROPE_PAIRS: tl.constexpr,
+    ROTATE: tl.constexpr, ROPE_QUANTIZED: tl.constexpr, ROPE_TILES: tl.constexpr, ROPE_PAIRS: tl.constexpr,
     ROPE_ROW_WORDS: tl.constexpr, ROPE_COL_WORDS: tl.constexpr,
     DATA_BASE: tl.constexpr, DATA_STEP: tl.constexpr, SCALE_BASE: tl.constexpr, SCALE_STEP: tl.constexpr,
     ROPE_BASE: tl.constexpr, ROPE_STEP: tl.constexpr,
@@ -265,21 +258,6 @@ def kv_insert_kernel(
     j = tl.arange(0, LT)[None, :, None]
     d = j * TILE + tl.arange(0, TILE)[None, None, :]
     x = _bf16_to_f32(tl.load(latent_ptr + tok[:, None, None] * LATENT + d, mask=rows[:, None, None], other=0))
-    if ROPE_IN_TILES:
-        # V4.1: rotate the last ROPE dims inside their tiles, then quantize all LT tiles alike. Each
-        # element's pair partner (d ^ 1) is a second, cached read of the same row; the products stay
-        # separate (no FMA: enable_fp_fusion=False), so an even dim gets e*c - o*s and an odd one
-        # o*c + e*s, the reference's bits.
-        rope = d >= LATENT - 2 * ROPE_TILES * ROPE_PAIRS
-        partner = _bf16_to_f32(tl.load(latent_ptr + tok[:, None, None] * LATENT + (d ^ 1),
-                                       mask=rows[:, None, None] & rope, other=0))
-        pos = tl.load(pos_ptr + tok, mask=live, other=0)
-        pair = tl.where(rope, (d - (LATENT - 2 * ROPE_TILES * ROPE_PAIRS)) // 2, 0)
-        cs = cos_sin_ptr + pos[:, None, None] * (2 * ROPE_TILES * ROPE_PAIRS) + pair
-        c = tl.load(cs, mask=rows[:, None, None] & rope, other=0.0)
-        s = tl.load(cs + ROPE_TILES * ROPE_PAIRS, mask=rows[:, None, None] & rope, other=0.0)
-        odd = (d & 1) == 1
-        x = tl.where(rope, tl.where(odd, x * c + partner * s, x * c - partner * s), x)
     e = _exponents(tl.max(tl.abs(x), axis=2), MIN_AMAX, MAX_EXPONENT, MAX_MANTISSA, SCALE_FP32, SCALE_LO, SCALE_HI)
     q = _e4m3_bits(x * _pow2(-e)[:, :, None], SOFT_ROUND)
     data_at = page * page_u8 + DATA_BASE + offset * DATA_STEP
@@ -321,7 +299,7 @@ def kv_insert_kernel(
             r_odd = odd * c + even * s
             word = (_bf16_bits(r_odd, SOFT_ROUND) << 16) | _bf16_bits(r_even, SOFT_ROUND)
             tl.store(cache_i32 + rope_at[:, None, None] + k, word, mask=rope_store)
-    elif not ROPE_IN_TILES:
+    else:
         # ---- V4.1, RoPE as its own [TOKENS, ROPE_TILES, ROPE_PAIRS] block of bf16 pairs: rotate, quantize
         # per tile, store the e4m3 pairs as int16 words and the tiles' scales after the main ones
         k = tl.arange(0, ROPE_TILES)[None, :, None] * ROPE_PAIRS + tl.arange(0, ROPE_PAIRS)[None, None, :]
@@ -337,7 +315,7 @@ def kv_insert_kernel(
         amax = tl.max(tl.maximum(tl.abs(r_even), tl.abs(r_odd)), axis=2)
         er = _exponents(amax, MIN_AMAX, MAX_EXPONENT, MAX_MANTISSA, SCALE_FP32, SCALE_LO, SCALE_HI)
         inv = _pow2(-er)[:, :, None]
-        lo = _e4m3_bits(r_even * inv, True).to(tl.int32)  # integer rounding (see ROPE_IN_TILES)
+        lo = _e4m3_bits(r_even * inv, True).to(tl.int32)  # integer rounding: the hardware cast was wrong on this shape
         hi = _e4m3_bits(r_odd * inv, True).to(tl.int32)
         rope_at = page * page_i16 + ROPE_BASE + offset * ROPE_STEP
         tl.store(cache_i16 + rope_at[:, None, None] + k, ((hi << 8) | lo).to(tl.int16), mask=valid[:, None, None])
@@ -350,8 +328,7 @@ def kv_insert_kernel(
 
 def launch(fmt: KvRecordFormat, latent: torch.Tensor, rope: torch.Tensor, positions: torch.Tensor | None,
            cos_sin_cache: torch.Tensor | None, slot_mapping: torch.Tensor, block_size: int, kv_cache: torch.Tensor,
-           tile: LaunchTile | None = None, soft_round: bool | None = None, speculative: bool | None = None,
-           rope_in_tiles: bool = ROPE_IN_TILES) -> None:
+           tile: LaunchTile | None = None, soft_round: bool | None = None, speculative: bool | None = None) -> None:
     """One launch writing every token's record. ``latent`` bf16 [T, 512]; ``rope`` bf16 [T, 64]
     (k_pe) or the latent itself when ``positions`` is given (rotate its last 64 dims); the cache a
     contiguous uint8 [num_blocks, page_bytes] with page_bytes % 16 == 0. Inputs checked by the caller.
@@ -360,7 +337,7 @@ def launch(fmt: KvRecordFormat, latent: torch.Tensor, rope: torch.Tensor, positi
     if num_tokens == 0:
         return
     rotate = positions is not None
-    layout = kernel_layout(fmt, rotate, block_size, rope_in_tiles)
+    layout = kernel_layout(fmt, rotate, block_size)
     tile = tile or default_tile(num_tokens)
     soft_round = INTERPRETING if soft_round is None else soft_round
     speculative = num_tokens <= SPECULATIVE_MAX_TOKENS if speculative is None else speculative
