@@ -18,6 +18,7 @@ import html
 import io
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -99,18 +100,25 @@ def latency_figure(results: LoadedResults) -> Figure:
     return fig
 
 
-def speedup_figure(results: LoadedResults) -> Figure:
+def _per_case_bars(results: LoadedResults, value_of: Callable[[CaseRecord], float | None]) -> tuple[Figure, Any]:
+    """A figure of grouped bars, one group per case and one bar per solution but the reference:
+    ``value_of`` of each passed record (failed ones marked)."""
     records = results.records
     cases, by_key = _cases(records), _lookup(records)
     solutions = [s for s in _solutions(records) if s != REFERENCE_SOLUTION]
     series = {
-        s: [r.speedup if r is not None and r.passed and r.speedup else math.nan for r in (by_key.get((c, s)) for c in cases)]
+        s: [(value_of(r) or math.nan) if r is not None and r.passed else math.nan for r in (by_key.get((c, s)) for c in cases)]
         for s in solutions
     }
     failed = {s: [(r := by_key.get((c, s))) is not None and r.failed for c in cases] for s in solutions}
     fig = Figure(figsize=(_figure_width(len(cases)), 4.8), layout="constrained")
     ax = fig.add_subplot()
     _grouped_bars(ax, cases, series, failed)
+    return fig, ax
+
+
+def speedup_figure(results: LoadedResults) -> Figure:
+    fig, ax = _per_case_bars(results, lambda r: r.speedup)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="reference (1x)")
     ax.set_yscale("log")
     ax.set_ylabel("speedup over the reference (same run)")
@@ -121,18 +129,8 @@ def speedup_figure(results: LoadedResults) -> Figure:
 
 def peer_speedup_figure(results: LoadedResults) -> Figure:
     """Per case, each solution's speedup over the peer it is measured against (CaseRecord.peer)."""
-    records = results.records
-    cases, by_key = _cases(records), _lookup(records)
-    solutions = [s for s in _solutions(records) if s != REFERENCE_SOLUTION]
-    series = {
-        s: [r.peer_speedup if r is not None and r.passed and r.peer_speedup else math.nan for r in (by_key.get((c, s)) for c in cases)]
-        for s in solutions
-    }
-    failed = {s: [(r := by_key.get((c, s))) is not None and r.failed for c in cases] for s in solutions}
+    fig, ax = _per_case_bars(results, lambda r: r.peer_speedup)
     over = results.document.get("speedup_over")
-    fig = Figure(figsize=(_figure_width(len(cases)), 4.8), layout="constrained")
-    ax = fig.add_subplot()
-    _grouped_bars(ax, cases, series, failed)
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label=_literal(f"{over or 'the fastest peer'} (1x)"))
     ax.set_ylabel(_literal(f"speedup over {over or 'the fastest peer that passed the case'} (same run)"))
     against = "the peer" if over is None else over
