@@ -36,11 +36,13 @@ NAMES = tuple(ENTRIES)
 
 
 @triton.jit
-def _helpers_kernel(x_ptr, e4m3_ptr, bf16_ptr, exp_ptr, N: tl.constexpr, SOFT: tl.constexpr, MIN_AMAX: tl.constexpr,
+def _helpers_kernel(x_ptr, e4m3_ptr, pair_ptr, bf16_ptr, exp_ptr, N: tl.constexpr, SOFT: tl.constexpr, MIN_AMAX: tl.constexpr,
                     MAX_EXPONENT: tl.constexpr, MAX_MANTISSA: tl.constexpr):
     i = tl.arange(0, N)
     x = tl.load(x_ptr + i)
     tl.store(e4m3_ptr + i, K._e4m3_bits(x, SOFT))
+    # word i: x[i] in the low byte, x[N - 1 - i] in the high one
+    tl.store(pair_ptr + i, K._e4m3_pair_words(x, tl.load(x_ptr + N - 1 - i), SOFT))
     tl.store(bf16_ptr + i, K._bf16_bits(x, SOFT))
     tl.store(exp_ptr + i, K._exponents(tl.abs(x), MIN_AMAX, MAX_EXPONENT, MAX_MANTISSA, True, 0, 0))
 
@@ -77,13 +79,18 @@ def test_rounding_matches_torch_casts_and_the_exponent_is_exact(soft):
     e4m3 = torch.empty(n, dtype=torch.uint8, device=DEVICE)
     bf16 = torch.empty(n, dtype=torch.int32, device=DEVICE)
     exps = torch.empty(n, dtype=torch.int32, device=DEVICE)
+    pairs = torch.empty(n, dtype=torch.int16, device=DEVICE)
     layout = K.kernel_layout(kvi.V4, True, 64)
-    _helpers_kernel[(1,)](padded, e4m3, bf16, exps, N=n, SOFT=soft, MIN_AMAX=layout["MIN_AMAX"],
+    _helpers_kernel[(1,)](padded, e4m3, pairs, bf16, exps, N=n, SOFT=soft, MIN_AMAX=layout["MIN_AMAX"],
                           MAX_EXPONENT=layout["MAX_EXPONENT"], MAX_MANTISSA=layout["MAX_MANTISSA"])
     m = x.numel()
     want8 = x.to(torch.float8_e4m3fn).view(torch.uint8)
     bad = torch.nonzero(e4m3[:m] != want8).flatten()
     assert bad.numel() == 0, f"e4m3 of {x[bad[:5]].tolist()}: got {e4m3[bad[:5]].tolist()}, torch {want8[bad[:5]].tolist()}"
+    all8 = padded.to(torch.float8_e4m3fn).view(torch.uint8).to(torch.int32)
+    want_pairs = (all8 | (all8.flip(0) << 8)).to(torch.int16)  # little-endian: low byte first in memory
+    bad = torch.nonzero(pairs != want_pairs).flatten()
+    assert bad.numel() == 0, f"e4m3 pair words at {bad[:5].tolist()}: got {pairs[bad[:5]].tolist()}, want {want_pairs[bad[:5]].tolist()}"
     want16 = x.to(torch.bfloat16).view(torch.int16).to(torch.int32) & 0xFFFF
     bad = torch.nonzero(bf16[:m] != want16).flatten()
     assert bad.numel() == 0, f"bf16 of {x[bad[:5]].tolist()}"

@@ -10,8 +10,8 @@ capped, so per-token cost does not change with T). Per token it reads the 512-di
 ``[LT, TILE]`` scale tiles, takes each tile's amax, its power-of-two exponent and the e4m3 bytes,
 and stores data bytes and scales. V3.2 and V4 keep the 64 RoPE dims as bf16: they are read a
 second time as 32 int32 words (a bf16 pair each), rotated in fp32 when the format rotates (V4), and
-stored. V4.1 rotates them the same way and quantizes them as their own two tiles, with the
-integer e4m3 rounding (the H200's hardware conversion gave wrong bytes on that shape). Exactness:
+stored. V4.1 rotates them the same way and quantizes them as their own two tiles, each e4m3 pair
+converted by one PTX instruction (Triton's own cast gave wrong bytes on that shape). Exactness:
 
 * exponent: ``ceil(log2(max(amax, 1e-4) / 448))`` from the float bits of ``c = max(amax, 1e-4)``
   (c = m * 2^E, 1 <= m < 2, 448 = 1.75 * 2^8: the exponent is E - 8, plus 1 when m > 1.75), exact
@@ -203,6 +203,19 @@ def _e4m3_bits(q, SOFT_ROUND: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_pair_words(lo, hi, SOFT_ROUND: tl.constexpr):
+    """int16 words of two e4m3 bytes, ``lo`` (fp32, |lo| <= 448) in the low byte and ``hi`` in the high one."""
+    if SOFT_ROUND:
+        return ((_e4m3_bits(hi, True).to(tl.int32) << 8) | _e4m3_bits(lo, True).to(tl.int32)).to(tl.int16)
+    else:
+        # One PTX conversion per pair (d's high byte from the first source): Triton's own cast
+        # wrote wrong bytes for the V4.1 RoPE block's [tokens, 2, 16] pairs on the H200.
+        return tl.inline_asm_elementwise(
+            "cvt.rn.satfinite.e4m3x2.f32 $0, $2, $1;", "=h,f,f", [lo, hi], dtype=tl.int16, is_pure=True, pack=1
+        )
+
+
+@triton.jit
 def _bf16_bits(x, SOFT_ROUND: tl.constexpr):
     """bf16 bit patterns (int32, 0..65535) of fp32 ``x``, rounded to nearest even like torch."""
     if SOFT_ROUND:
@@ -315,10 +328,9 @@ def kv_insert_kernel(
         amax = tl.max(tl.maximum(tl.abs(r_even), tl.abs(r_odd)), axis=2)
         er = _exponents(amax, MIN_AMAX, MAX_EXPONENT, MAX_MANTISSA, SCALE_FP32, SCALE_LO, SCALE_HI)
         inv = _pow2(-er)[:, :, None]
-        lo = _e4m3_bits(r_even * inv, True).to(tl.int32)  # integer rounding: the hardware cast was wrong on this shape
-        hi = _e4m3_bits(r_odd * inv, True).to(tl.int32)
+        pairs = _e4m3_pair_words(r_even * inv, r_odd * inv, SOFT_ROUND)
         rope_at = page * page_i16 + ROPE_BASE + offset * ROPE_STEP
-        tl.store(cache_i16 + rope_at[:, None, None] + k, ((hi << 8) | lo).to(tl.int16), mask=valid[:, None, None])
+        tl.store(cache_i16 + rope_at[:, None, None] + k, pairs, mask=valid[:, None, None])
         rt = tl.arange(0, ROPE_TILES)[None, :]
         _store_scales(cache_u8, cache_i32, scale_at[:, None], er, MAIN_TILES + rt, valid[:, None], SCALE_FP32)
 
