@@ -149,12 +149,15 @@ def score_variants(kernels) -> dict[str, Any]:
     return {
         "policy": None,
         "p1_w4": kernels.GPU_SCORE_TILE,
-        "p2_w4": kernels.ScoreTile(pages=2, num_warps=4),
-        "loop2_st2": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=2, num_stages=2),
-        "loop4_st2": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=4, num_stages=2),
-        "loop4_st3": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=4, num_stages=3),
-        "loop8_st3": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=8, num_stages=3),
-        "loop4_st3_w8": kernels.ScoreTile(pages=1, num_warps=8, loop_pages=4, num_stages=3),
+        "p2_w4": kernels.ScoreTile(pages=2, num_warps=4, dot="fp8"),
+        "loop2_st2": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=2),
+        "loop4_st2": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=4, num_stages=2),
+        "loop4_st3": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=4, num_stages=3),
+        "loop8_st3": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=8, num_stages=3),
+        "loop4_st3_w8": kernels.ScoreTile(pages=1, num_warps=8, dot="fp8", loop_pages=4, num_stages=3),
+        # the exact fp16 dot of the earlier policy, beside the FP8 one
+        "p1_w4_fp16": kernels.ScoreTile(pages=1, num_warps=4, dot="fp16"),
+        "loop4_st2_fp16": kernels.ScoreTile(pages=1, num_warps=4, dot="fp16", loop_pages=4, num_stages=2),
     }
 
 

@@ -195,7 +195,7 @@ def test_score_kernel_matches_row_scores(tile):
 
 def test_gpu_score_tile_policy(monkeypatch):
     # The GPU policy (checked with the interpreter switched off in the policy only), whatever its
-    # tuned thresholds: larger calls are matched first, every tile is a one-page fp16 tile, the
+    # tuned thresholds: larger calls are matched first, every tile is a one-page tile with the GPU dot, the
     # smallest scored call gets no loop, and more programs never get fewer pages per program.
     monkeypatch.setattr(kernels, "INTERPRETING", False)
     thresholds = [t for t, _ in kernels.GPU_LOOP_TILES]
@@ -205,7 +205,7 @@ def test_gpu_score_tile_policy(monkeypatch):
     loops = []
     for _, batch, pages in calls:
         tile = kernels.default_score_tile(pages, batch)
-        assert tile.pages == 1 and not tile.dot_fp32, (batch, pages, tile)
+        assert tile.pages == 1 and tile.dot == kernels.GPU_SCORE_TILE.dot, (batch, pages, tile)
         loops.append(tile.loop_pages)
     assert loops == sorted(loops), "more programs, never fewer pages per program"
 
@@ -299,9 +299,10 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
     result = {}
     consts = {"NUM_HEADS": shapes.NUM_HEADS, "HEAD_DIM": shapes.HEAD_DIM, "PAGE_SIZE": shapes.PAGE_SIZE, "PAGE_BYTES": shapes.PAGE_BYTES,
               "TOPK": shapes.TOPK, "PAGES": tile.pages, "BLOCK_N": tile.block_n, "LOOP_PAGES": tile.loop_pages, "SKIP_SHORT_ROWS": True,
-              "DOT_FP32": False, "SENTINEL": K.SENTINEL_SCORE}
-    result["fp16"] = compile_kernel(K._score_kernel, score_sig, consts, tile.num_warps)
-    result["fp16_loop"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LOOP_PAGES=4), tile.num_warps)
+              "DOT": tile.dot, "SENTINEL": K.SENTINEL_SCORE}
+    result["gpu"] = compile_kernel(K._score_kernel, score_sig, consts, tile.num_warps)
+    result["gpu_loop"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LOOP_PAGES=4), tile.num_warps)
+    result["fp16"] = compile_kernel(K._score_kernel, score_sig, dict(consts, DOT="fp16"), tile.num_warps)
     emit_sig = {"block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "positions_ptr": "*i64", "out_ptr": "*i32",
                 "stride_bt_row": "i32", "stride_pos_row": "i32", "stride_out_row": "i32"}
     for has_positions in (False, True):
@@ -315,7 +316,7 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
 @pytest.mark.slow
 def test_triton_kernels_compile_for_sm90():
     # Compiles the GPU tiles for Hopper with this machine's Triton (no GPU needed): the score
-    # kernel must use wgmma and 16-byte key loads.
+    # kernel must use the FP8 wgmma (the exact fp16 variant the fp16 one) and 16-byte key loads.
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     command = [sys.executable, "-c", _TRITON_SM90_COMPILE, str(SOLUTION_DIR)]
@@ -324,9 +325,10 @@ def test_triton_kernels_compile_for_sm90():
         pytest.skip(f"this Triton cannot compile for sm_90 here: {proc.stderr.strip().splitlines()[-1]}")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["gpu"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3"], result
+    assert result["gpu"]["vector_loads"], "key loads did not vectorise"
+    assert result["gpu_loop"]["mma"] == result["gpu"]["mma"] and result["gpu_loop"]["vector_loads"], result
     assert result["fp16"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"], result
-    assert result["fp16"]["vector_loads"], "key loads did not vectorise"
-    assert result["fp16_loop"]["mma"] == result["fp16"]["mma"] and result["fp16_loop"]["vector_loads"], result
 
 
 # --------------------------------------------------------------------------- CUDA top-k, emulated on CPU

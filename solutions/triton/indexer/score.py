@@ -29,20 +29,34 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 # --------------------------------------------------------------------------- tiles
 
 
+#: Precisions of the score kernel's key-query dot. Each product of two e4m3 values is exact in
+#: fp32; they differ in how the 128 products of a dot are summed.
+DOTS = {
+    # Hopper's FP8 wgmma: the whole dot in the tensor core's accumulator (4 k=32 steps, about 13
+    # fraction bits kept per step, toward zero), like DeepGEMM's paged-logits kernel. Its error
+    # is what the checker's derived tie tolerance models (docs/checks.md), with 4x margin.
+    "fp8": "native FP8 tensor-core dot",
+    # FP8 -> fp16 is exact (every e4m3 value is an fp16 value): exact products summed in fp32.
+    "fp16": "exact fp16 tensor-core dot of the FP8 values",
+    "fp32": "exact fp32 dot of the FP8 values",
+}
+
+
 @dataclass(frozen=True)
 class ScoreTile:
     """Launch shape of the score kernel: ``pages`` cache pages (64 tokens each) of one row per
     tile, ``loop_pages`` one-page tiles per program in a software-pipelined loop (the query and
     weights are loaded once per program; ``num_stages`` sets the pipeline depth).
 
-    The dot multiplies the FP8 values converted to fp16 by default (exact, see the kernel).
-    ``dot_fp32`` converts them to fp32 instead, equally exact; the interpreter uses it because
-    numpy runs fp32 matmuls through BLAS but fp16 ones through slow loops.
+    ``dot`` is the precision of the key-query dot (see ``DOTS``): ``"fp8"`` the native FP8
+    tensor-core MMA (the GPU's choice), ``"fp16"`` the FP8 values converted to fp16 (exact),
+    ``"fp32"`` converted to fp32 (equally exact; the interpreter's choice, because numpy runs
+    fp32 matmuls through BLAS but fp16 ones through slow loops).
     """
 
     pages: int
     num_warps: int
-    dot_fp32: bool = False
+    dot: str = "fp16"
     num_stages: int = 1
     loop_pages: int = 1
 
@@ -54,6 +68,8 @@ class ScoreTile:
             raise ValueError(f"{self}: num_warps must be 1, 2, 4 or 8")
         if self.loop_pages < 1 or (self.loop_pages > 1 and self.pages != 1):
             raise ValueError(f"{self}: loop_pages must be >= 1, and a looping program takes one-page tiles")
+        if self.dot not in DOTS:
+            raise ValueError(f"{self}: dot must be one of {sorted(DOTS)}")
 
     @property
     def pages_per_program(self) -> int:
@@ -74,7 +90,7 @@ class ScoreTile:
 #: from registers and q from shared memory (90 registers, 16 KiB of shared memory per program,
 #: checked with an offline sm_90 compile). With two warps Triton falls back to mma.sync and
 #: needs 194 registers, which costs more occupancy than the smaller program gains.
-GPU_SCORE_TILE = ScoreTile(pages=1, num_warps=4)
+GPU_SCORE_TILE = ScoreTile(pages=1, num_warps=4, dot="fp8")
 #: Interpreter tile: up to 32 pages (2048 tokens) per program. The interpreter runs programs one
 #: after another, so big numpy-vectorised tiles are fast; 32 pages bounds the work wasted on the
 #: overhang of a row's last tile (FP8 decoding costs the interpreter ~20 ns per element).
@@ -94,15 +110,15 @@ assert TOPK % GPU_EMIT_BLOCK == 0
 #: 12.9 -> 10.1 µs with 4 pages per program, 23 x 84 pages 7.8 -> 6.9 µs with 2; below ~1800
 #: pages the one-page grid was as fast or faster (looping programs leave SMs idle).
 GPU_LOOP_TILES = (
-    (2400, ScoreTile(pages=1, num_warps=4, loop_pages=4, num_stages=2)),
-    (1800, ScoreTile(pages=1, num_warps=4, loop_pages=2, num_stages=2)),
+    (2400, ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=4, num_stages=2)),
+    (1800, ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=2)),
 )
 
 
 def default_score_tile(max_num_pages: int, batch: int = 1) -> ScoreTile:
     """The score tile for ``batch`` rows of block tables of ``max_num_pages`` columns."""
     if INTERPRETING:
-        return ScoreTile(pages=min(INTERPRETER_MAX_PAGES, triton.next_power_of_2(max_num_pages)), num_warps=4, dot_fp32=True)
+        return ScoreTile(pages=min(INTERPRETER_MAX_PAGES, triton.next_power_of_2(max_num_pages)), num_warps=4, dot="fp32")
     for min_pages, tile in GPU_LOOP_TILES:
         if batch * max_num_pages >= min_pages:
             return tile
@@ -130,15 +146,14 @@ def cache_views(k_index_cache_fp8: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
 
 @triton.jit
-def _page_logits(keys, q_t, DOT_FP32: tl.constexpr):
-    """[tokens, NUM_HEADS] fp32 logits of FP8 keys [tokens, HEAD_DIM] against q_t [HEAD_DIM, NUM_HEADS]."""
-    if DOT_FP32:
-        # Equally exact; the interpreter's choice (numpy's fp32 matmul is BLAS).
+def _page_logits(keys, q_t, DOT: tl.constexpr):
+    """[tokens, NUM_HEADS] fp32 logits of FP8 keys [tokens, HEAD_DIM] against q_t [HEAD_DIM, NUM_HEADS] (see DOTS)."""
+    if DOT == "fp8":
+        # Hopper's default for FP8 operands keeps the whole K = 128 dot in the MMA accumulator.
+        return tl.dot(keys, q_t, out_dtype=tl.float32)
+    elif DOT == "fp32":
         return tl.dot(keys.to(tl.float32), q_t.to(tl.float32), input_precision="ieee", out_dtype=tl.float32)
     else:
-        # Default: FP8 -> fp16 is exact (every e4m3 value is an fp16 value) and so is the product
-        # of two e4m3 values, so the tensor cores accumulate exact products in fp32, like the
-        # reference does.
         return tl.dot(keys.to(tl.float16), q_t.to(tl.float16), out_dtype=tl.float32)
 
 
@@ -147,7 +162,7 @@ def _score_pages_loop(
     q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
     pid_n, row, seq_len,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, TOPK: tl.constexpr,
-    LOOP_PAGES: tl.constexpr, SKIP_SHORT_ROWS: tl.constexpr, DOT_FP32: tl.constexpr, SENTINEL: tl.constexpr,
+    LOOP_PAGES: tl.constexpr, SKIP_SHORT_ROWS: tl.constexpr, DOT: tl.constexpr, SENTINEL: tl.constexpr,
 ):
     """Pages [pid_n * LOOP_PAGES, +LOOP_PAGES) of row ``row``, one page per loop step.
 
@@ -177,7 +192,7 @@ def _score_pages_loop(
         page = tl.load(block_table_ptr + row * stride_bt_row + first_page + i).to(tl.int64)
         keys = tl.load(k_values_ptr + page * PAGE_BYTES + token_offsets, mask=valid[:, None])
         scale = tl.load(k_scales_ptr + page * (PAGE_BYTES // 4) + slot, mask=valid, other=0.0)
-        logits = _page_logits(keys, q_t, DOT_FP32)
+        logits = _page_logits(keys, q_t, DOT)
         head_sum = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)
         tl.store(out_row + tokens, tl.where(valid, head_sum * scale, SENTINEL))
 
@@ -202,7 +217,7 @@ def _score_kernel(
     BLOCK_N: tl.constexpr,  # tokens per tile, PAGES * PAGE_SIZE
     LOOP_PAGES: tl.constexpr,  # one-page tiles per program (PAGES == 1), looped
     SKIP_SHORT_ROWS: tl.constexpr,
-    DOT_FP32: tl.constexpr,
+    DOT: tl.constexpr,
     SENTINEL: tl.constexpr,
 ):
     """Scores of pages ``[pid_n * PAGES, (pid_n + 1) * PAGES)`` of row ``pid_b``.
@@ -220,7 +235,7 @@ def _score_kernel(
     if LOOP_PAGES > 1:
         _score_pages_loop(q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
                           pid_n, row, seq_len, NUM_HEADS, HEAD_DIM, PAGE_SIZE, PAGE_BYTES, TOPK, LOOP_PAGES, SKIP_SHORT_ROWS,
-                          DOT_FP32, SENTINEL)
+                          DOT, SENTINEL)
         return
     if PAGES == 1:
         # GPU tile: its single block-table entry (pid_n < max_num_pages, so it exists) is loaded
@@ -261,7 +276,7 @@ def _score_kernel(
     # Query transposed, [HEAD_DIM, NUM_HEADS]: K-major, as the tensor cores want their B operand.
     heads = tl.arange(0, NUM_HEADS)
     q_t = tl.load(q_ptr + row * (NUM_HEADS * HEAD_DIM) + heads[None, :] * HEAD_DIM + dims[:, None])
-    logits = _page_logits(keys, q_t, DOT_FP32)  # [BLOCK_N, NUM_HEADS]
+    logits = _page_logits(keys, q_t, DOT)  # [BLOCK_N, NUM_HEADS]
     w = tl.load(weights_ptr + row * NUM_HEADS + heads)  # [NUM_HEADS]
     head_sum = tl.sum(tl.maximum(logits, 0.0) * w[None, :], axis=1)  # [BLOCK_N]
     tl.store(out_ptrs, tl.where(tokens < seq_len, head_sum * scale, SENTINEL), mask=in_row)
@@ -304,7 +319,7 @@ def launch_scores(
         q_index_fp8, values, scales, weights, seq_lens, block_table, scores, row_width, block_table.stride(0),
         NUM_HEADS=NUM_HEADS, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, PAGE_BYTES=PAGE_BYTES, TOPK=TOPK,
         PAGES=tile.pages, BLOCK_N=tile.block_n, LOOP_PAGES=tile.loop_pages, SKIP_SHORT_ROWS=skip_short_rows,
-        DOT_FP32=tile.dot_fp32, SENTINEL=SENTINEL_SCORE, num_warps=tile.num_warps, num_stages=tile.num_stages,
+        DOT=tile.dot, SENTINEL=SENTINEL_SCORE, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
 
 
