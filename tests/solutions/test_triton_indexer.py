@@ -291,7 +291,8 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
                                   target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 1})
         ptx = compiled.asm["ptx"]
         return {"mma": sorted(set(re.findall(r"wgmma\\.mma_async\\S*|mma\\.sync\\S*", ptx))),
-                "vector_loads": "ld.global.v4.b32" in ptx, "shared": compiled.metadata.shared}
+                "vector_loads": "ld.global.v4.b32" in ptx, "shared": compiled.metadata.shared,
+                "launch_dependents": "griddepcontrol.launch_dependents" in ptx}
 
     score_sig = {"q_ptr": "*fp8e4nv", "k_values_ptr": "*fp8e4nv", "k_scales_ptr": "*fp32", "weights_ptr": "*fp32",
                  "seq_lens_ptr": "*i32", "block_table_ptr": "*i32", "scores_ptr": "*fp32", "row_width": "i32", "stride_bt_row": "i32"}
@@ -299,10 +300,12 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
     result = {}
     consts = {"NUM_HEADS": shapes.NUM_HEADS, "HEAD_DIM": shapes.HEAD_DIM, "PAGE_SIZE": shapes.PAGE_SIZE, "PAGE_BYTES": shapes.PAGE_BYTES,
               "TOPK": shapes.TOPK, "PAGES": tile.pages, "BLOCK_N": tile.block_n, "LOOP_PAGES": tile.loop_pages, "SKIP_SHORT_ROWS": True,
-              "DOT": tile.dot, "SENTINEL": K.SENTINEL_SCORE}
+              "DOT": tile.dot, "SENTINEL": K.SENTINEL_SCORE, "LAUNCH_DEPENDENTS": False}
     result["gpu"] = compile_kernel(K._score_kernel, score_sig, consts, tile.num_warps)
     result["gpu_loop"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LOOP_PAGES=4), tile.num_warps)
     result["fp16"] = compile_kernel(K._score_kernel, score_sig, dict(consts, DOT="fp16"), tile.num_warps)
+    if hasattr(triton.language.extra.cuda, "gdc_launch_dependents"):
+        result["pdl"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LAUNCH_DEPENDENTS=True), tile.num_warps)
     emit_sig = {"block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "positions_ptr": "*i64", "out_ptr": "*i32",
                 "stride_bt_row": "i32", "stride_pos_row": "i32", "stride_out_row": "i32"}
     for has_positions in (False, True):
@@ -329,6 +332,9 @@ def test_triton_kernels_compile_for_sm90():
     assert result["gpu"]["vector_loads"], "key loads did not vectorise"
     assert result["gpu_loop"]["mma"] == result["gpu"]["mma"] and result["gpu_loop"]["vector_loads"], result
     assert result["fp16"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"], result
+    assert not result["gpu"]["launch_dependents"]
+    if "pdl" in result:  # this Triton can trigger the top-k's dependent launch
+        assert result["pdl"]["launch_dependents"] and result["pdl"]["mma"] == result["gpu"]["mma"], result
 
 
 # --------------------------------------------------------------------------- CUDA top-k, emulated on CPU

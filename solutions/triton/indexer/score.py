@@ -25,6 +25,11 @@ SENTINEL_SCORE = float("-inf")
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
+#: Whether this Triton can end a program's part in a programmatic dependent launch early
+#: (``griddepcontrol.launch_dependents``): the top-k launched after the score kernel then starts
+#: while the score kernel's last programs run. Without it the trigger is each program's exit.
+CAN_LAUNCH_DEPENDENTS = not INTERPRETING and hasattr(getattr(tl.extra, "cuda", None), "gdc_launch_dependents")
+
 
 # --------------------------------------------------------------------------- tiles
 
@@ -219,6 +224,7 @@ def _score_kernel(
     SKIP_SHORT_ROWS: tl.constexpr,
     DOT: tl.constexpr,
     SENTINEL: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr,  # let a dependent launch (the top-k) start now (CAN_LAUNCH_DEPENDENTS)
 ):
     """Scores of pages ``[pid_n * PAGES, (pid_n + 1) * PAGES)`` of row ``pid_b``.
 
@@ -229,6 +235,10 @@ def _score_kernel(
     tl.static_assert(BLOCK_N == PAGES * PAGE_SIZE)
     tl.static_assert(PAGE_BYTES % 16 == 0)
     tl.static_assert(LOOP_PAGES == 1 or PAGES == 1, "a looping program takes one-page tiles")
+    if LAUNCH_DEPENDENTS:
+        # The top-k waits for this whole grid's completion before it reads a score
+        # (griddepcontrol.wait), so the trigger may come first.
+        tl.extra.cuda.gdc_launch_dependents()
     pid_n = tl.program_id(0)
     row = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + row)
@@ -291,11 +301,14 @@ def launch_scores(
     scores: torch.Tensor,
     skip_short_rows: bool = True,
     tile: ScoreTile | None = None,
+    launch_dependents: bool = False,
 ) -> None:
     """Fill ``scores [B, max_num_pages * 64]`` with the row scores (sentinel at positions >= L).
 
     With ``skip_short_rows`` rows of L <= TOPK are left unwritten: the top-k stage passes them
-    through without looking at their scores.
+    through without looking at their scores. ``launch_dependents`` triggers a programmatic
+    dependent launch at each program's start (where this Triton can, ``CAN_LAUNCH_DEPENDENTS``);
+    only for a next kernel that waits for this grid before it reads the scores.
     """
     batch, max_pages = block_table.shape
     row_width = max_pages * PAGE_SIZE
@@ -319,7 +332,8 @@ def launch_scores(
         q_index_fp8, values, scales, weights, seq_lens, block_table, scores, row_width, block_table.stride(0),
         NUM_HEADS=NUM_HEADS, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, PAGE_BYTES=PAGE_BYTES, TOPK=TOPK,
         PAGES=tile.pages, BLOCK_N=tile.block_n, LOOP_PAGES=tile.loop_pages, SKIP_SHORT_ROWS=skip_short_rows,
-        DOT=tile.dot, SENTINEL=SENTINEL_SCORE, num_warps=tile.num_warps, num_stages=tile.num_stages,
+        DOT=tile.dot, SENTINEL=SENTINEL_SCORE, LAUNCH_DEPENDENTS=launch_dependents and CAN_LAUNCH_DEPENDENTS,
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
 
 

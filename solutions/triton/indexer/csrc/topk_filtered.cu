@@ -50,7 +50,18 @@ cudaError_t launch(TopkArgs args, cudaStream_t stream) {
   args.candidate_capacity = wanted < limit ? wanted : limit;
   if (args.fast_candidates < 0 || args.fast_candidates > kFastCandidates) args.fast_candidates = kFastCandidates;
   const size_t smem = candidate_bytes(args.candidate_capacity);
-  filtered_topk_kernel<kThreads><<<args.batch, kThreads, smem, stream>>>(args);
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(args.batch));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = args.dependent_launch ? 1 : 0;
+  err = cudaLaunchKernelEx(&config, filtered_topk_kernel<kThreads>, args);
+  if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
 

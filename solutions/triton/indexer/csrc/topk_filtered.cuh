@@ -463,6 +463,14 @@ __device__ bool fast_select(const CachedRow<kThreads>& row, int max_candidates, 
   return true;
 }
 
+// Programmatic dependent launch: returns once the grid this one depends on has completed and its
+// memory operations are visible (at once when the launch had no such dependency).
+__device__ __forceinline__ void wait_for_preceding_grid() {
+#if !defined(DSA_TOPK_HOST_EMULATION) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads) filtered_topk_kernel(TopkArgs args) {
   static_assert(kThreads % kWarpSize == 0 && kThreads >= kRadix, "whole warps, one thread per bin");
@@ -481,15 +489,26 @@ __global__ void __launch_bounds__(kThreads) filtered_topk_kernel(TopkArgs args) 
   if (len > args.max_len) __trap();  // seq_len beyond max_num_pages * 64 breaks the contract: fail loudly
   const float* __restrict__ scores = args.scores + row * args.score_stride;
   // The row's pages go to shared memory; every path below passes a barrier before its first emit.
-  // The fast path's row loads are issued first, so that they overlap the block-table copy.
   const bool try_fast = args.fast_candidates > 0 && len <= CachedRow<kThreads>::kCapacity;  // block-uniform
   CachedRow<kThreads> cached;
-  if (try_fast) cached.load(scores, len);
   __shared__ int32_t shared_table[kSharedTablePages];
   const int pages = (len + kPageSize - 1) / kPageSize;
-  if (pages <= kSharedTablePages) {
-    for (int i = threadIdx.x; i < pages; i += kThreads) shared_table[i] = __ldg(table_row + i);
-    table_row = shared_table;
+  auto copy_table = [&] {
+    if (pages <= kSharedTablePages) {
+      for (int i = threadIdx.x; i < pages; i += kThreads) shared_table[i] = __ldg(table_row + i);
+      table_row = shared_table;
+    }
+  };
+  if (args.dependent_launch) {
+    // The score kernel may still be running: copy the table (not written by it), then wait for
+    // its completion and memory flush before the first score is read.
+    copy_table();
+    wait_for_preceding_grid();
+    if (try_fast) cached.load(scores, len);
+  } else {
+    // The fast path's row loads are issued first, so that they overlap the block-table copy.
+    if (try_fast) cached.load(scores, len);
+    copy_table();
   }
   if (try_fast) {
     __shared__ FastState fast;

@@ -35,6 +35,9 @@ struct TopkArgs {
   int max_len;                // score_stride rounded to pages: the longest row possible
   int candidate_capacity;     // entries per shared buffer; < 0 picks the default
   int fast_candidates;        // fast path's largest directly ranked bin; 0: radix select only; < 0: kFastCandidates
+  int dependent_launch;       // 1: launch as a programmatic dependent of the stream's previous kernel
+                              // (the score kernel): the blocks start during its tail, copy their
+                              // block-table rows, and read scores only after it has completed
 };
 
 #ifndef DSA_TOPK_HOST_EMULATION
