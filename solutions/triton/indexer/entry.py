@@ -56,7 +56,7 @@ def solution_notes() -> str:
         )
         return (
             "top-k: CUDA filtered select on 32-bit score keys (range-binned fast path, radix select fallback) with page-table emit "
-            f"(extension {_cuda_topk.__name__}); scores: Triton, exact fp16 tensor-core dot of the FP8 values; {graphs}"
+            f"(library {_cuda_topk.name}); scores: Triton, exact fp16 tensor-core dot of the FP8 values; {graphs}"
         )
     if INTERPRETING:
         return (
