@@ -251,6 +251,20 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     assert library.error_message(-3).startswith("splits must be a power of two")
     with pytest.raises(RuntimeError, match=r"dsa_attention_resident_clusters failed: splits must be a power of two"):
         library.call("resident_clusters", 0, 12, ctypes.byref(ctypes.c_int()))  # refused before any CUDA call
+    # launch's argument errors come back before any CUDA call (T = 1, 16 splits, the barrier combine)
+    sizes = {"part_out": 16 * 16 * 512, "part_lse": 16 * 16, "sync": cuda_ext.SYNC_STRIDE, "phase_clocks": 16 * cuda_ext.PHASE_SLOTS}
+
+    def launch_args(**change):
+        counts = dict(sizes, **change)
+        return [
+            0, None, *[0, 0, 0] * 4, 0, 0, 0, 0, 0, 0, 0, *[x for name in sizes for x in (0, counts[name])],
+            1, 0.1, 16, cuda_ext.COMBINES["barrier"], 0, ctypes.byref(ctypes.c_int()),
+        ]  # fmt: skip
+
+    with pytest.raises(RuntimeError, match="part_out, part_lse or sync too small"):
+        library.call("launch", *launch_args(sync=cuda_ext.SYNC_STRIDE - 1))
+    with pytest.raises(RuntimeError, match="null tensor pointer"):
+        library.call("launch", *launch_args())
     if ctypes.util.find_library("cuda") is None:  # no driver: the CUDA runtime's own error comes back as a RuntimeError
         with pytest.raises(RuntimeError, match=r"dsa_attention_resident_programs failed: .*CUDA.* \(code [1-9]\d*\)"):
             library.call("resident_programs", 0, ctypes.byref(ctypes.c_int()))
