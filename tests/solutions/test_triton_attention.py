@@ -12,12 +12,13 @@ empty row must give output 0 and lse exactly -inf.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import importlib
 import random
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,12 +31,12 @@ from dsa_bench.run.loader import import_entry
 from dsa_bench.solution import load_solution
 
 SOLUTION_DIR = ROOT / "solutions" / "triton"
-ATTENTION_CSRC = SOLUTION_DIR / "attention" / "csrc"
 
 
 _, entry = import_entry(load_solution(SOLUTION_DIR), attn.NAME)  # attention/entry.py
 plans = importlib.import_module(f"{entry.__package__}.plan")  # attention/plan.py
 cuda_ext = importlib.import_module(f"{entry.__package__}.cuda")  # attention/cuda.py
+cuda_build = importlib.import_module(f"{entry.__package__.rsplit('.', 1)[0]}.common.cuda_build")
 CPU = torch.device("cpu")
 FULL = attn.TOPK
 
@@ -228,22 +229,54 @@ def test_cuda_entry_refuses_cpu_tensors_before_the_binding():
 
 
 @pytest.mark.slow
-def test_cuda_source_compiles_alone_with_nvcc(tmp_path):
-    """The kernels as the extension builds them: without spills, all three entry functions."""
-    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
-    if nvcc is None:
+def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
+    """The whole shared library, built by the command a GPU machine runs (plus ``-Xptxas -v`` for
+    its report): kernels without spills, all three entry functions, and a C ABI that exports its
+    functions and the header's constants, and nothing else."""
+    if cuda_build.nvcc_path() is None:
         pytest.skip("nvcc is not installed")
-    obj = tmp_path / "attention_sm90.o"
-    proc = subprocess.run(
-        [nvcc, "-arch=sm_90a", "-O3", "-Xptxas", "-v", "-c", str(ATTENTION_CSRC / "attention_sm90.cu"), "-o", str(obj)],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert obj.stat().st_size > 0
-    assert "spill stores" in proc.stderr, "ptxas -v reports spills"
-    assert not re.search(r"[1-9]\d* bytes spill stores", proc.stderr), proc.stderr
-    compiled = re.findall(r"Compiling entry function '\w*?(split_kernel|combine_kernel|cluster_kernel)\w*'", proc.stderr)
-    assert sorted(compiled) == ["cluster_kernel", "combine_kernel", "split_kernel"], proc.stderr
+    build = (cuda_ext.STEM, cuda_ext.WHAT, cuda_ext.HERE, cuda_ext.SOURCES, cuda_ext.HEADERS, "sm_90a")
+    compiled = cuda_build.compile_library(*build, root=tmp_path, extra_flags=("-Xptxas", "-v"))
+    assert compiled.path.is_file() and compiled.path.parent.name == compiled.name and compiled.seconds_built > 0
+    assert "arch=compute_90a,code=sm_90a" in compiled.command
+    assert "spill stores" in compiled.log, "ptxas -v reports spills"
+    assert not re.search(r"[1-9]\d* bytes spill stores", compiled.log), compiled.log
+    entries = re.findall(r"Compiling entry function '\w*?(split_kernel|combine_kernel|cluster_kernel)\w*'", compiled.log)
+    assert sorted(entries) == ["cluster_kernel", "combine_kernel", "split_kernel"], compiled.log
+
+    library = cuda_build.CudaLibrary(compiled, cuda_ext.WHAT, cuda_ext.PREFIX, cuda_ext.SIGNATURES)  # opens without a GPU
+    assert library.mismatched(cuda_ext.EXPECTED_CONSTANTS) == []
+    assert library.mismatched(dict(cuda_ext.EXPECTED_CONSTANTS, HEADS=17)) == ["HEADS"]
+    assert library.error_message(1) == "invalid argument"  # cudaErrorInvalidValue, named by the CUDA runtime
+    assert library.error_message(-3).startswith("splits must be a power of two")
+    with pytest.raises(RuntimeError, match=r"dsa_attention_resident_clusters failed: splits must be a power of two"):
+        library.call("resident_clusters", 0, 12, ctypes.byref(ctypes.c_int()))  # refused before any CUDA call
+    # launch's argument errors come back before any CUDA call (T = 1, 16 splits, the barrier combine)
+    sizes = {"part_out": 16 * 16 * 512, "part_lse": 16 * 16, "sync": cuda_ext.SYNC_STRIDE, "phase_clocks": 16 * cuda_ext.PHASE_SLOTS}
+
+    def launch_args(**change):
+        counts = dict(sizes, **change)
+        return [
+            0, None, *[0, 0, 0] * 4, 0, 0, 0, 0, 0, 0, 0, *[x for name in sizes for x in (0, counts[name])],
+            1, 0.1, 16, cuda_ext.COMBINES["barrier"], 0, ctypes.byref(ctypes.c_int()),
+        ]  # fmt: skip
+
+    with pytest.raises(RuntimeError, match="part_out, part_lse or sync too small"):
+        library.call("launch", *launch_args(sync=cuda_ext.SYNC_STRIDE - 1))
+    with pytest.raises(RuntimeError, match="null tensor pointer"):
+        library.call("launch", *launch_args())
+    if ctypes.util.find_library("cuda") is None:  # no driver: the CUDA runtime's own error comes back as a RuntimeError
+        with pytest.raises(RuntimeError, match=r"dsa_attention_resident_programs failed: .*CUDA.* \(code [1-9]\d*\)"):
+            library.call("resident_programs", 0, ctypes.byref(ctypes.c_int()))
+    nm = shutil.which("nm")
+    if nm:
+        proc = subprocess.run([nm, "-D", "--defined-only", str(compiled.path)], capture_output=True, text=True, check=True)
+        exported = {line.split()[-1] for line in proc.stdout.splitlines() if line.strip()}
+        wanted = {cuda_ext.PREFIX + name for name in [*cuda_ext.SIGNATURES, "error_string", *cuda_ext.EXPECTED_CONSTANTS]}
+        assert exported == wanted, "the C ABI alone is exported (the static CUDA runtime stays hidden)"
+
+    again = cuda_build.compile_library(*build, root=tmp_path, extra_flags=("-Xptxas", "-v"))
+    assert (again.path, again.seconds_built, again.log) == (compiled.path, 0.0, ""), "the second build comes from the cache"
 
 
 def test_rejects_wrong_shapes_and_dtypes():
@@ -428,6 +461,30 @@ def test_gpu_back_to_back_calls_without_sync(cuda):
     torch.cuda.synchronize()
     for outputs in results[::7] + results[-1:]:
         assert judge(attn.DEFINITION, axes, inputs, outputs, expected, Tolerance(), cuda).passed
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_launch_is_captured_in_a_cuda_graph(cuda):
+    """The C ABI launches on torch's current stream of the call, so a capturing stream records
+    the launch: each replay recomputes from whatever the inputs hold then."""
+    counts = [FULL, 3, 700]
+    axes, inputs = make_inputs(counts, "scattered", 1024, seed=32, device=cuda)
+    args = attn.DEFINITION.input_args(inputs)
+    outputs = attn.DEFINITION.allocate_outputs(axes, cuda)
+    assert cuda_ext.launch(*args, outputs["output"], outputs["lse"], 16, "cluster") == cuda_ext.CLUSTER  # eager first
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cuda_ext.launch(*args, outputs["output"], outputs["lse"], 16, "cluster")
+    for seed in (33, 34):
+        _, fresh = make_inputs(counts, "scattered", 1024, seed=seed, device=cuda)
+        for name in ("q_nope", "q_pe"):
+            inputs[name].copy_(fresh[name])
+        outputs["output"].fill_(float("nan"))
+        outputs["lse"].fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_correct(axes, inputs, outputs, cuda)
 
 
 @pytest.mark.gpu

@@ -42,6 +42,7 @@ kernel, entry_module = import_entry(_solution, indexer.NAME)  # indexer/entry.py
 kernels = importlib.import_module(f"{entry_module.__package__}.score")  # the Triton kernels
 topk_ext = importlib.import_module(f"{entry_module.__package__}.topk")  # the CUDA top-k
 shapes = importlib.import_module(f"{entry_module.__package__}.shapes")
+cuda_build = importlib.import_module(f"{entry_module.__package__.rsplit('.', 1)[0]}.common.cuda_build")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -261,16 +262,33 @@ def test_emit_kernel_maps_positions_through_the_block_table():
 
 
 @pytest.mark.slow
-def test_topk_cuda_source_compiles_alone_with_nvcc(tmp_path):
-    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
-    if nvcc is None:
+def test_topk_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
+    """The whole shared library, built by the command a GPU machine runs; its C ABI exports the
+    function, the error names and the header's constants, and nothing else."""
+    if cuda_build.nvcc_path() is None:
         pytest.skip("nvcc is not installed")
-    proc = subprocess.run(
-        [nvcc, "-arch=sm_90a", "-O3", "-c", str(TOPK_CSRC / "topk_filtered.cu"), "-o", str(tmp_path / "topk_filtered.o")],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "topk_filtered.o").stat().st_size > 0
+    compiled = cuda_build.compile_library(
+        topk_ext.STEM, topk_ext.WHAT, topk_ext.HERE, topk_ext.SOURCES, topk_ext.HEADERS, "sm_90a", root=tmp_path
+    )
+    assert compiled.path.is_file() and compiled.path.parent == tmp_path / compiled.name
+    assert "arch=compute_90a,code=sm_90a" in compiled.command
+    library = cuda_build.CudaLibrary(compiled, topk_ext.WHAT, topk_ext.PREFIX, topk_ext.SIGNATURES)  # opens without a GPU
+    assert library.mismatched(topk_ext.EXPECTED_CONSTANTS) == []
+    assert library.mismatched(dict(topk_ext.EXPECTED_CONSTANTS, MAX_CANDIDATES=4096)) == ["MAX_CANDIDATES"]
+    assert library.error_message(1) == "invalid argument"
+    # argument errors come back before any CUDA call: a misaligned score row, a bad test hook
+    args = [0, None, 4, 64, 0, 0, 1, 0, 2048, 1, 64, -1, -1]
+    with pytest.raises(RuntimeError, match="dsa_topk_filtered failed: score rows must be 16-byte aligned"):
+        library.call("filtered", *args)
+    with pytest.raises(RuntimeError, match="fast_candidates must be -1 or 0..FAST_CANDIDATES"):
+        library.call("filtered", *[*args[:2], 16, *args[3:-1], topk_ext.FAST_CANDIDATES + 1])
+    library.call("filtered", *[*args[:2], 16, *args[3:9], 0, *args[10:]])  # batch 0: nothing to launch, returns 0
+    nm = shutil.which("nm")
+    if nm:
+        proc = subprocess.run([nm, "-D", "--defined-only", str(compiled.path)], capture_output=True, text=True, check=True)
+        exported = {line.split()[-1] for line in proc.stdout.splitlines() if line.strip()}
+        wanted = {topk_ext.PREFIX + name for name in [*topk_ext.SIGNATURES, "error_string", *topk_ext.EXPECTED_CONSTANTS]}
+        assert exported == wanted
 
 
 _TRITON_SM90_COMPILE = textwrap.dedent(

@@ -1,28 +1,47 @@
 """The hand-written CUDA sparse attention (``csrc/attention_sm90.cu``): its build, a checked entry, and a call's buffers.
 
-``run`` checks every argument in Python before the binding sees it (the binding's own checks
-only guard the pointers it hands on; see indexer/topk.py for why bad input must never first
-reach an extension on the H200 machine's toolchain). ``launch`` is ``run`` with the scratch a
-call needs and the barrier words, which persist across calls: zeroed once when allocated, kept
-per (device, stream), while scratch is allocated per call, so concurrent streams never share
-either.
+The kernels and a small C ABI (``csrc/attention_capi.cpp``: device pointers, strides, the
+stream and the device) are one shared library, built by ``common/cuda_build.py`` and called
+through ctypes. ``run`` checks every argument in Python before the call (the C side's checks
+only guard the pointers it hands on) and passes torch's current stream at call time, so the
+launch is captured like any other when that stream is capturing a CUDA graph.
+
+``launch`` is ``run`` with the scratch a call needs and the barrier words, which persist across
+calls: zeroed once when allocated, kept per (device, stream), while scratch is allocated per
+call, so concurrent streams never share either.
 """
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
-from types import ModuleType
 
 import torch
 
-from ..common.cuda_build import CudaBuildError, build_extension
+from ..common.cuda_build import CudaBuildError, CudaLibrary, load_library
 from .shapes import D_CKV, D_KPE, NUM_HEADS, PAGE_SIZE, TOPK, check_io
 
 HERE = Path(__file__).resolve().parent
-#: compiled sources (relative to this folder): the torch binding and the pure-CUDA kernels
-SOURCES = ("csrc/attention_binding.cpp", "csrc/attention_sm90.cu")
+#: compiled sources (relative to this folder): the C ABI and the kernels with their launcher
+SOURCES = ("csrc/attention_capi.cpp", "csrc/attention_sm90.cu")
 HEADERS = ("csrc/attention_sm90.h",)
-#: constants of csrc/attention_sm90.h (checked against the built module on load, as are its
+#: the C ABI's exports are named dsa_attention_<name>
+PREFIX = "dsa_attention_"
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+#: the C ABI's functions (restype, argtypes); see csrc/attention_capi.cpp
+SIGNATURES = {
+    "launch": (_INT, (
+        _INT, _P,  # device, stream
+        _P, _I64, _I64, _P, _I64, _I64,  # q_nope and its token and head strides, q_pe and its
+        _P, _I64, _I64, _P, _I64, _I64,  # ckv_cache and its page and slot strides, kpe_cache and its
+        _P, _I64, _P, _I64, _I64, _P, _I64,  # sparse_indices, output, lse with their strides
+        _P, _I64, _P, _I64, _P, _I64, _P, _I64,  # part_out, part_lse, sync, phase_clocks with their element counts
+        _I64, ctypes.c_double, _I64, _I64, _I64, ctypes.POINTER(_INT),  # tokens, sm_scale, splits, combine, gather_lag, used
+    )),
+    "resident_programs": (_INT, (_INT, ctypes.POINTER(_INT))),
+    "resident_clusters": (_INT, (_INT, _INT, ctypes.POINTER(_INT))),
+}  # fmt: skip
+#: constants of csrc/attention_sm90.h (checked against the built library on load, as are its
 #: HEADS, D_CKV, D_KPE, TOPK and PAGE_SIZE against shapes.py)
 MIN_SPLITS, MAX_SPLITS = 8, 64
 MAX_CLUSTER_SPLITS = 16  # the cluster combine: one thread-block cluster per token
@@ -38,7 +57,7 @@ PHASE_SLOTS = 9
 #: "two_launch" always a second launch, "cluster" in the same launch through distributed shared
 #: memory, the token's programs forming one thread-block cluster
 COMBINES = {"barrier": 0, "two_launch": 1, "cluster": 2}
-#: launches, as the binding returns them
+#: launches, as the C ABI reports them (its `used` argument)
 FUSED, TWO_LAUNCH, CLUSTER = 0, 1, 2
 #: gather stages (tiles in flight at most) of a program
 STAGES = 2
@@ -47,21 +66,25 @@ STAGES = 2
 #: only once the one before has landed
 GATHER_LAG_ON_LANDING = 2**31 - 1
 
-_module: ModuleType | None = None
+#: what the built library's exported constants must be (the header's, as this file and shapes.py know them)
+EXPECTED_CONSTANTS = {
+    "HEADS": NUM_HEADS, "D_CKV": D_CKV, "D_KPE": D_KPE, "TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "MIN_SPLITS": MIN_SPLITS,
+    "MAX_SPLITS": MAX_SPLITS, "MAX_CLUSTER_SPLITS": MAX_CLUSTER_SPLITS, "SYNC_STRIDE": SYNC_STRIDE,
+    "TICKETS_PER_CALL": TICKETS_PER_CALL, "PHASE_SLOTS": PHASE_SLOTS, "TILE_SLOTS": TILE_SLOTS, "STAGES": STAGES,
+    "GATHER_LAG_ON_LANDING": GATHER_LAG_ON_LANDING,
+}  # fmt: skip
+#: the library's stem (its cache folder is <stem>_<digest>) and its name in errors
+STEM, WHAT = "dsa_sparse_attention_sm90", "the CUDA sparse attention"
+
+_module: CudaLibrary | None = None
 
 
-def load_attention_extension(verbose: bool | None = None) -> ModuleType:
-    """The compiled extension (built on first use); raises cuda_build.CudaBuildError with the reason."""
+def load_attention_extension(verbose: bool | None = None) -> CudaLibrary:
+    """The compiled library (built on first use); raises cuda_build.CudaBuildError with the reason."""
     global _module
     if _module is None:
-        module = build_extension("dsa_sparse_attention_sm90", "the CUDA sparse attention", HERE, SOURCES, HEADERS, verbose)
-        expected = {
-            "HEADS": NUM_HEADS, "D_CKV": D_CKV, "D_KPE": D_KPE, "TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "MIN_SPLITS": MIN_SPLITS,
-            "MAX_SPLITS": MAX_SPLITS, "MAX_CLUSTER_SPLITS": MAX_CLUSTER_SPLITS, "SYNC_STRIDE": SYNC_STRIDE,
-            "TICKETS_PER_CALL": TICKETS_PER_CALL, "PHASE_SLOTS": PHASE_SLOTS, "TILE_SLOTS": TILE_SLOTS, "STAGES": STAGES,
-            "GATHER_LAG_ON_LANDING": GATHER_LAG_ON_LANDING,
-        }  # fmt: skip
-        mismatched = [name for name, value in expected.items() if getattr(module, name) != value]
+        module = load_library(STEM, WHAT, HERE, SOURCES, HEADERS, PREFIX, SIGNATURES, verbose=verbose)
+        mismatched = module.mismatched(EXPECTED_CONSTANTS)
         if mismatched:
             raise CudaBuildError(f"attention/cuda.py and shapes.py disagree with csrc/attention_sm90.h on {mismatched}")
         _module = module
@@ -70,13 +93,19 @@ def load_attention_extension(verbose: bool | None = None) -> ModuleType:
 
 def resident_programs() -> int:
     """Programs of the split kernel the current device keeps resident at once."""
-    return int(load_attention_extension().resident_programs())
+    programs = ctypes.c_int(0)
+    load_attention_extension().call("resident_programs", torch.cuda.current_device(), ctypes.byref(programs))
+    return programs.value
 
 
 def resident_clusters(splits: int) -> int:
     """Clusters of ``splits`` programs (the cluster combine) the current device keeps resident at
     once; 0 when it cannot schedule one at all."""
-    return int(load_attention_extension().resident_clusters(splits))
+    if not (MIN_SPLITS <= splits <= MAX_CLUSTER_SPLITS and splits & (splits - 1) == 0):
+        raise ValueError(f"splits must be a power of two in [{MIN_SPLITS}, {MAX_CLUSTER_SPLITS}] for a cluster, got {splits}")
+    clusters = ctypes.c_int(0)
+    load_attention_extension().call("resident_clusters", torch.cuda.current_device(), splits, ctypes.byref(clusters))
+    return clusters.value
 
 
 def _aligned(t: torch.Tensor, name: str, problems: list[str]) -> None:
@@ -139,13 +168,20 @@ def run(
         problems.append(f"phase_clocks must be a contiguous int64 CUDA tensor of >= T * splits * {PHASE_SLOTS} elements")
     if problems:
         raise ValueError("; ".join(problems))
-    stamps = phase_clocks if phase_clocks is not None else sync.new_empty(0, dtype=torch.int64)
-    return int(
-        load_attention_extension().sparse_attention(
-            q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, float(sm_scale), output, lse, part_out, part_lse, sync, splits,
-            COMBINES[combine], gather_lag, stamps,
-        )
-    )
+    library = load_attention_extension()
+    device = q_nope.device
+    used = ctypes.c_int(FUSED)
+    library.call(
+        "launch", device_index(device), torch.cuda.current_stream(device).cuda_stream,  # the stream now: captured when capturing
+        q_nope.data_ptr(), q_nope.stride(0), q_nope.stride(1), q_pe.data_ptr(), q_pe.stride(0), q_pe.stride(1),
+        ckv_cache.data_ptr(), ckv_cache.stride(0), ckv_cache.stride(1), kpe_cache.data_ptr(), kpe_cache.stride(0), kpe_cache.stride(1),
+        sparse_indices.data_ptr(), sparse_indices.stride(0), output.data_ptr(), output.stride(0), output.stride(1),
+        lse.data_ptr(), lse.stride(0),
+        part_out.data_ptr(), part_out.numel(), part_lse.data_ptr(), part_lse.numel(), sync.data_ptr(), sync.numel(),
+        phase_clocks.data_ptr() if phase_clocks is not None else None, phase_clocks.numel() if phase_clocks is not None else 0,
+        T, float(sm_scale), splits, COMBINES[combine], gather_lag, ctypes.byref(used),
+    )  # fmt: skip
+    return used.value
 
 
 # --------------------------------------------------------------------------- a call's buffers

@@ -56,7 +56,7 @@ def solution_notes() -> str:
         )
         return (
             "top-k: CUDA filtered select on 32-bit score keys (range-binned fast path, radix select fallback) with page-table emit "
-            f"(extension {_cuda_topk.__name__}); "
+            f"(library {_cuda_topk.name}); "
             f"scores: Triton, {score.DOTS[score.GPU_SCORE_TILE.dot]}; {graphs}"
         )
     if INTERPRETING:

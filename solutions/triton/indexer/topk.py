@@ -1,35 +1,55 @@
-"""The CUDA filtered top-k (``csrc/topk_filtered.cuh``): its just-in-time build and a checked Python entry."""
+"""The CUDA filtered top-k (``csrc/topk_filtered.cuh``): its just-in-time build and a checked Python entry.
+
+The kernel, its launcher and a small C ABI (``csrc/topk_capi.cpp``: device pointers, strides,
+the stream and the device) are one shared library, built by ``common/cuda_build.py`` and called
+through ctypes on torch's current stream of the moment (so a capturing stream captures it).
+"""
 
 from __future__ import annotations
 
+import ctypes
 from pathlib import Path
-from types import ModuleType
 
 import torch
 
-from ..common.cuda_build import CudaBuildError, build_extension
+from ..common.cuda_build import CudaBuildError, CudaLibrary, load_library
 from .shapes import PAGE_SIZE, TOPK
 
 HERE = Path(__file__).resolve().parent
-#: compiled sources (relative to this folder): the torch binding (host compiler) and the pure-CUDA launcher (nvcc)
-SOURCES = ("csrc/topk_binding.cpp", "csrc/topk_filtered.cu")
+#: compiled sources (relative to this folder): the C ABI and the launcher with its kernel
+SOURCES = ("csrc/topk_capi.cpp", "csrc/topk_filtered.cu")
 #: headers they include (part of the build's digest)
 HEADERS = ("csrc/topk_filtered.h", "csrc/topk_filtered.cuh")
-#: constants of csrc/topk_filtered.h (checked against the built module in load_topk_extension, as are
+#: the C ABI's exports are named dsa_topk_<name>
+PREFIX = "dsa_topk_"
+_P, _I64 = ctypes.c_void_p, ctypes.c_int64
+#: the C ABI's functions (restype, argtypes); see csrc/topk_capi.cpp
+SIGNATURES = {
+    "filtered": (ctypes.c_int, (
+        ctypes.c_int, _P,  # device, stream
+        _P, _I64, _P, _P, _I64, _P, _I64,  # scores, its row stride, seq_lens, block_table, its row stride, topk_indices, its row stride
+        _I64, _I64, _I64, _I64,  # batch, max_len, candidate_capacity, fast_candidates
+    )),
+}  # fmt: skip
+#: constants of csrc/topk_filtered.h (checked against the built library in load_topk_extension, as are
 #: its TOPK and PAGE_SIZE against shapes.py)
 MAX_CANDIDATES = 8192  # the radix select's largest shared candidate buffer (entries)
 FAST_CANDIDATES = 1024  # the fast path's largest threshold bin
 
-_module: ModuleType | None = None
+#: what the built library's exported constants must be
+EXPECTED_CONSTANTS = {"TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "MAX_CANDIDATES": MAX_CANDIDATES, "FAST_CANDIDATES": FAST_CANDIDATES}
+#: the library's stem (its cache folder is <stem>_<digest>) and its name in errors
+STEM, WHAT = "dsa_topk_filtered", "the CUDA filtered top-k"
+
+_module: CudaLibrary | None = None
 
 
-def load_topk_extension(verbose: bool | None = None) -> ModuleType:
-    """The compiled extension (built on first use); raises cuda_build.CudaBuildError with the reason."""
+def load_topk_extension(verbose: bool | None = None) -> CudaLibrary:
+    """The compiled library (built on first use); raises cuda_build.CudaBuildError with the reason."""
     global _module
     if _module is None:
-        module = build_extension("dsa_topk_filtered", "the CUDA filtered top-k", HERE, SOURCES, HEADERS, verbose)
-        expected = {"TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "MAX_CANDIDATES": MAX_CANDIDATES, "FAST_CANDIDATES": FAST_CANDIDATES}
-        mismatched = [name for name, value in expected.items() if getattr(module, name) != value]
+        module = load_library(STEM, WHAT, HERE, SOURCES, HEADERS, PREFIX, SIGNATURES, verbose=verbose)
+        mismatched = module.mismatched(EXPECTED_CONSTANTS)
         if mismatched:
             raise CudaBuildError(f"indexer/topk.py and shapes.py disagree with csrc/topk_filtered.h on {mismatched}")
         _module = module
@@ -56,11 +76,10 @@ def filtered_topk(
 
     ``scores [B, W]`` fp32 (W >= max_num_pages * 64, rows 16-byte aligned), ``seq_lens [B]`` and
     ``block_table [B, max_num_pages]`` int32, ``topk_indices [B, 2048]`` int32, all on one CUDA
-    device. Every argument is checked here, before it reaches the binding: the binding repeats
-    the checks with TORCH_CHECK, but an exception thrown out of the extension has crashed the
-    process on the H200 machine's toolchain (torch 2.11, nvcc 13.0; cause not established), so
-    it must never be the place where bad input is caught. ``candidate_capacity`` and
-    ``fast_candidates`` are test hooks (-1: defaults; see topk_binding.cpp).
+    device. Every argument is checked here, before the C call: the C side repeats only the
+    checks that guard what it hands on (a nonzero return raises RuntimeError with its message),
+    and a raw pointer cannot be checked for shape or device at all. ``candidate_capacity`` and
+    ``fast_candidates`` are test hooks (-1: defaults; see csrc/topk_capi.cpp).
     """
     tensors = (scores, seq_lens, block_table, topk_indices)
     for (name, dtype, dims), tensor in zip(_TENSOR_ARGS, tensors, strict=True):
@@ -89,4 +108,9 @@ def filtered_topk(
         raise ValueError(f"candidate_capacity must be -1 or non-negative, got {candidate_capacity}")
     if not -1 <= fast_candidates <= FAST_CANDIDATES:
         raise ValueError(f"fast_candidates must be -1 or 0..{FAST_CANDIDATES}, got {fast_candidates}")
-    load_topk_extension().filtered_topk(scores, seq_lens, block_table, topk_indices, candidate_capacity, fast_candidates)
+    device = scores.device
+    load_topk_extension().call(
+        "filtered", device.index, torch.cuda.current_stream(device).cuda_stream,  # the stream now: captured when capturing
+        scores.data_ptr(), scores.stride(0), seq_lens.data_ptr(), block_table.data_ptr(), block_table.stride(0),
+        topk_indices.data_ptr(), topk_indices.stride(0), batch, max_len, candidate_capacity, fast_candidates,
+    )  # fmt: skip

@@ -1,7 +1,6 @@
 // Sparse MLA attention for Hopper, hand-written: split-K over the 2048 selected slots, the
-// combine in the same launch. Pure CUDA (no torch): it builds alone with
-//   nvcc -arch=sm_90a -c attention_sm90.cu
-// and links into the torch extension next to attention_binding.cpp.
+// combine in the same launch. Pure CUDA (no torch); nvcc links it with attention_capi.cpp, the
+// C ABI, into one shared library (common/cuda_build.py).
 //
 // Grid (S splits, T tokens), 8 warps per program. Program (s, t) owns the slots s, s + S,
 // s + 2S, ... of token t (strided: valid slots cluster at the front of a row) and walks them in

@@ -1,6 +1,7 @@
 // Host-side interface of the hand-written sparse MLA attention for Hopper (plain C++, no torch).
 //
-// Shared by attention_sm90.cu (nvcc) and attention_binding.cpp (the torch binding, host compiler).
+// Shared by attention_sm90.cu (the kernels and launcher) and attention_capi.cpp (the C ABI that
+// attention/cuda.py calls through ctypes); nvcc links both into one shared library.
 #pragma once
 
 #include <cstdint>

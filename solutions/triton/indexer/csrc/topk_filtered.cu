@@ -1,6 +1,5 @@
-// Host launcher of the filtered radix top-k. Pure CUDA (no torch headers): it builds alone with
-//   nvcc -arch=sm_90a -c topk_filtered.cu
-// and links into the torch extension next to topk_binding.cpp.
+// Host launcher of the filtered radix top-k. Pure CUDA (no torch headers); nvcc links it with
+// topk_capi.cpp, the C ABI, into one shared library (common/cuda_build.py).
 #include "topk_filtered.cuh"
 
 namespace dsa_topk {

@@ -29,7 +29,7 @@
 //
 // Selected positions are turned into physical ids (block_table[row][pos / 64] * 64 + pos % 64)
 // and written straight to the output row; order inside the row is free. Pure CUDA: nvcc can
-// compile it alone (topk_filtered.cu); topk_binding.cpp is the torch side.
+// compile it alone (topk_filtered.cu); topk_capi.cpp is the C ABI Python calls through ctypes.
 //
 // With DSA_TOPK_HOST_EMULATION defined, topk_emulator.cpp compiles this same file as host C++
 // on top of a small SIMT emulation (fibers for threads), so CPU-only machines can test it.

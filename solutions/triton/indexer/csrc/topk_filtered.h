@@ -1,7 +1,7 @@
 // Host-side interface of the filtered radix top-k (plain C++; no CUDA kernels, no torch).
 //
-// Shared by topk_filtered.cu (which nvcc compiles on its own) and topk_binding.cpp (the thin
-// torch binding, compiled by the host compiler).
+// Shared by topk_filtered.cu (the launcher) and topk_capi.cpp (the C ABI that indexer/topk.py
+// calls through ctypes); nvcc links both into one shared library (common/cuda_build.py).
 #pragma once
 
 #include <cstdint>

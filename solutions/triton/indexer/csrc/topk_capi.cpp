@@ -1,0 +1,102 @@
+// C ABI of the filtered radix top-k, loaded by indexer/topk.py through ctypes.
+//
+// Plain C++ over the CUDA runtime (no torch, no pybind11: their headers were most of a fresh
+// machine's build time). It takes device pointers, strides in elements, the caller's stream and
+// device, and returns 0, a cudaError_t value (> 0), or one of the argument errors below (< 0);
+// dsa_topk_error_string names any of them. indexer/topk.py checks every argument before the
+// call; the checks here only guard what this file hands on to the launcher.
+#include <cstdint>
+#include <limits>
+
+#include <cuda_runtime_api.h>
+
+#include "topk_filtered.h"
+
+#define DSA_EXPORT extern "C" __attribute__((visibility("default")))
+
+namespace {
+
+enum ArgumentError : int {
+  kTooLarge = -1,
+  kMisalignedScores = -2,
+  kBadCandidateCapacity = -3,
+  kBadFastCandidates = -4,
+  kNullPointer = -5,
+};
+
+// The call's device current for its duration, the previous one restored after (what
+// c10::cuda::CUDAGuard did in the torch binding).
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    status_ = cudaGetDevice(&previous_);
+    if (status_ == cudaSuccess && previous_ != device) {
+      status_ = cudaSetDevice(device);
+      switched_ = status_ == cudaSuccess;
+    }
+  }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  cudaError_t status() const { return status_; }
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+  cudaError_t status_ = cudaSuccess;
+};
+
+}  // namespace
+
+// Constants of topk_filtered.h, which indexer/topk.py compares with its own on load.
+DSA_EXPORT const int64_t dsa_topk_TOPK = dsa_topk::kTopK;
+DSA_EXPORT const int64_t dsa_topk_PAGE_SIZE = dsa_topk::kPageSize;
+DSA_EXPORT const int64_t dsa_topk_MAX_CANDIDATES = dsa_topk::kMaxCandidates;
+DSA_EXPORT const int64_t dsa_topk_FAST_CANDIDATES = dsa_topk::kFastCandidates;
+
+DSA_EXPORT const char* dsa_topk_error_string(int code) {
+  switch (code) {
+    case kTooLarge: return "problem too large for 32-bit indexing";
+    case kMisalignedScores: return "score rows must be 16-byte aligned (the kernel reads them as float4)";
+    case kBadCandidateCapacity: return "candidate_capacity must be -1 or non-negative";
+    case kBadFastCandidates: return "fast_candidates must be -1 or 0..FAST_CANDIDATES";
+    case kNullPointer: return "null tensor pointer";
+    default: return code >= 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown argument error";
+  }
+}
+
+// scores [batch, score_stride] fp32 (rows 16-byte aligned), seq_lens [batch] int32, block_table
+// [batch, bt_stride] int32 page ids, topk_indices [batch, out_stride] int32 (kTopK per row written);
+// max_len = max_num_pages * kPageSize. candidate_capacity < 0 picks the default shared-memory
+// candidate buffer; 0 or a small value forces rows onto the filter-the-row path (a test hook).
+// fast_candidates < 0 picks the fast path's default; 0 turns the fast path off (a test hook for
+// the radix select).
+DSA_EXPORT int dsa_topk_filtered(int device, void* stream, const float* scores, int64_t score_stride, const int32_t* seq_lens,
+                                 const int32_t* block_table, int64_t bt_stride, int32_t* topk_indices, int64_t out_stride,
+                                 int64_t batch, int64_t max_len, int64_t candidate_capacity, int64_t fast_candidates) {
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  if (batch < 0 || batch > kIntMax || max_len < 0 || max_len > kIntMax) return kTooLarge;
+  if (score_stride % 4 != 0 || reinterpret_cast<uintptr_t>(scores) % 16 != 0) return kMisalignedScores;
+  if (candidate_capacity < -1 || candidate_capacity > kIntMax) return kBadCandidateCapacity;
+  if (fast_candidates < -1 || fast_candidates > dsa_topk::kFastCandidates) return kBadFastCandidates;
+  if (batch == 0) return 0;
+  if (scores == nullptr || seq_lens == nullptr || block_table == nullptr || topk_indices == nullptr) return kNullPointer;
+
+  const DeviceGuard guard(device);
+  if (guard.status() != cudaSuccess) return guard.status();
+  dsa_topk::TopkArgs args{};
+  args.scores = scores;
+  args.score_stride = score_stride;
+  args.seq_lens = seq_lens;
+  args.block_table = block_table;
+  args.bt_stride = bt_stride;
+  args.out = topk_indices;
+  args.out_stride = out_stride;
+  args.batch = static_cast<int>(batch);
+  args.max_len = static_cast<int>(max_len);
+  args.candidate_capacity = static_cast<int>(candidate_capacity);
+  args.fast_candidates = static_cast<int>(fast_candidates);
+  return static_cast<int>(dsa_topk::launch_filtered_topk(args, static_cast<cudaStream_t>(stream)));
+}
