@@ -56,7 +56,8 @@ def solution_notes() -> str:
         )
         return (
             "top-k: CUDA filtered select on 32-bit score keys (range-binned fast path, radix select fallback) with page-table emit "
-            f"(library {_cuda_topk.name}); "
+            f"(library {_cuda_topk.name}), launched as the score kernel's programmatic dependent "
+            f"({'triggered at its programs’ start' if score.CAN_LAUNCH_DEPENDENTS else 'triggered as its programs end'}); "
             f"scores: Triton, {score.DOTS[score.GPU_SCORE_TILE.dot]}; {graphs}"
         )
     if INTERPRETING:
@@ -97,12 +98,21 @@ def _contiguous(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [t if t.is_contiguous() else t.contiguous() for t in tensors]
 
 
-def scored_path(select_topk, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices) -> None:
-    """Triton scores of the rows longer than 2048, then ``select_topk`` writes the ids."""
+def scored_path(select_topk, dependent, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices) -> None:
+    """Triton scores of the rows longer than 2048, then ``select_topk`` writes the ids.
+
+    ``dependent``: the CUDA top-k is launched as a programmatic dependent of the score kernel, so
+    its launch and block-table copy overlap the score kernel's tail (it reads the scores only
+    after the score kernel has completed).
+    """
     batch, max_pages = block_table.shape
     scores = torch.empty((batch, max_pages * PAGE_SIZE), dtype=torch.float32, device=q_index_fp8.device)
-    score.launch_scores(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, scores, skip_short_rows=True)
-    select_topk(scores, seq_lens, block_table, topk_indices)
+    score.launch_scores(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, scores, skip_short_rows=True,
+                        launch_dependents=dependent)  # fmt: skip
+    if dependent:
+        select_topk(scores, seq_lens, block_table, topk_indices, dependent_launch=True)
+    else:
+        select_topk(scores, seq_lens, block_table, topk_indices)
 
 
 def portable_topk(scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, topk_indices: torch.Tensor) -> None:
@@ -115,18 +125,19 @@ def portable_topk(scores: torch.Tensor, seq_lens: torch.Tensor, block_table: tor
     score.launch_emit_ids(block_table, seq_lens, topk_indices, positions)
 
 
-def scored_pipeline(select_topk):
+def scored_pipeline(select_topk, dependent: bool = False):
     """``scored_path`` with ``select_topk``, replayed as one CUDA graph per argument set on a GPU.
 
-    The entry uses the CUDA top-k (torch.topk under the interpreter); the indexer benchmark
-    builds its comparison pipeline from ``portable_topk``.
+    The entry uses the CUDA top-k as the score kernel's dependent launch (torch.topk under the
+    interpreter); the indexer benchmark builds its comparison pipelines from ``portable_topk``
+    and from the CUDA top-k launched after the score kernel has ended.
     """
-    scored = functools.partial(scored_path, select_topk)
+    scored = functools.partial(scored_path, select_topk, dependent)
     return LaunchGraphs(scored) if torch.cuda.is_available() and not INTERPRETING else scored
 
 
 #: The entry's scored path: the CUDA top-k on a GPU, torch.topk under the interpreter.
-_scored_graphs = scored_pipeline(topk.filtered_topk if _cuda_topk is not None else portable_topk)
+_scored_graphs = scored_pipeline(topk.filtered_topk, dependent=True) if _cuda_topk is not None else scored_pipeline(portable_topk)
 
 
 def run_pipeline(scored, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices) -> None:

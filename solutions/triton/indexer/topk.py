@@ -29,6 +29,7 @@ SIGNATURES = {
         ctypes.c_int, _P,  # device, stream
         _P, _I64, _P, _P, _I64, _P, _I64,  # scores, its row stride, seq_lens, block_table, its row stride, topk_indices, its row stride
         _I64, _I64, _I64, _I64,  # batch, max_len, candidate_capacity, fast_candidates
+        ctypes.c_int,  # dependent_launch
     )),
 }  # fmt: skip
 #: constants of csrc/topk_filtered.h (checked against the built library in load_topk_extension, as are
@@ -71,6 +72,7 @@ def filtered_topk(
     topk_indices: torch.Tensor,
     candidate_capacity: int = -1,
     fast_candidates: int = -1,
+    dependent_launch: bool = False,
 ) -> None:
     """Write the top-2048 physical ids of every row of ``scores`` into ``topk_indices``.
 
@@ -80,6 +82,9 @@ def filtered_topk(
     checks that guard what it hands on (a nonzero return raises RuntimeError with its message),
     and a raw pointer cannot be checked for shape or device at all. ``candidate_capacity`` and
     ``fast_candidates`` are test hooks (-1: defaults; see csrc/topk_capi.cpp).
+    ``dependent_launch``: launch as a programmatic dependent of the stream's previous kernel, which
+    must be the one that writes ``scores`` (the score kernel): the top-k's blocks may start
+    before it ends and wait for its completion before they read a score.
     """
     tensors = (scores, seq_lens, block_table, topk_indices)
     for (name, dtype, dims), tensor in zip(_TENSOR_ARGS, tensors, strict=True):
@@ -113,4 +118,5 @@ def filtered_topk(
         "filtered", device.index, torch.cuda.current_stream(device).cuda_stream,  # the stream now: captured when capturing
         scores.data_ptr(), scores.stride(0), seq_lens.data_ptr(), block_table.data_ptr(), block_table.stride(0),
         topk_indices.data_ptr(), topk_indices.stride(0), batch, max_len, candidate_capacity, fast_candidates,
+        int(dependent_launch),
     )  # fmt: skip

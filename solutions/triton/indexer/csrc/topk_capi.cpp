@@ -72,10 +72,12 @@ DSA_EXPORT const char* dsa_topk_error_string(int code) {
 // max_len = max_num_pages * kPageSize. candidate_capacity < 0 picks the default shared-memory
 // candidate buffer; 0 or a small value forces rows onto the filter-the-row path (a test hook).
 // fast_candidates < 0 picks the fast path's default; 0 turns the fast path off (a test hook for
-// the radix select).
+// the radix select). dependent_launch != 0 launches the kernel as a programmatic dependent of the
+// stream's previous kernel (TopkArgs::dependent_launch).
 DSA_EXPORT int dsa_topk_filtered(int device, void* stream, const float* scores, int64_t score_stride, const int32_t* seq_lens,
                                  const int32_t* block_table, int64_t bt_stride, int32_t* topk_indices, int64_t out_stride,
-                                 int64_t batch, int64_t max_len, int64_t candidate_capacity, int64_t fast_candidates) {
+                                 int64_t batch, int64_t max_len, int64_t candidate_capacity, int64_t fast_candidates,
+                                 int dependent_launch) {
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
   if (batch < 0 || batch > kIntMax || max_len < 0 || max_len > kIntMax) return kTooLarge;
   if (score_stride % 4 != 0 || reinterpret_cast<uintptr_t>(scores) % 16 != 0) return kMisalignedScores;
@@ -98,5 +100,6 @@ DSA_EXPORT int dsa_topk_filtered(int device, void* stream, const float* scores, 
   args.max_len = static_cast<int>(max_len);
   args.candidate_capacity = static_cast<int>(candidate_capacity);
   args.fast_candidates = static_cast<int>(fast_candidates);
+  args.dependent_launch = dependent_launch != 0;
   return static_cast<int>(dsa_topk::launch_filtered_topk(args, static_cast<cudaStream_t>(stream)));
 }
