@@ -45,7 +45,7 @@ def test_bench_indexer_cpu_dry_run_checks_and_reports(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text())
     assert [r["case"] for r in doc["records"]] == ["indexer_000_b1_p1", "indexer_069_b1_p33"]
-    assert all(r["passed"] and set(r["us"]) == {"triton", "plain"} for r in doc["records"])
+    assert all(r["passed"] and set(r["us"]) == {"triton", "serial", "plain"} for r in doc["records"])
     assert doc["summary"]["triton_speedup_mean"] is None, "no reference, no speedup"
     assert "all 2 cases" in proc.stdout
 
