@@ -108,16 +108,14 @@ INTERPRETER_EMIT_BLOCK = TOPK
 assert TOPK % GPU_EMIT_BLOCK == 0
 
 
-#: Large calls (batch x max_num_pages one-page programs at least this many) loop over several
+#: Large calls (batch x max_num_pages one-page programs at least this many) loop over two
 #: pages per program instead: several waves of one-page programs each pay the full chain of
 #: dependent loads, while a looping program loads the query once and overlaps the next page's
-#: keys with this page's dot. Measured on the H200 (score kernel alone, cold L2): 31 x 91 pages
-#: 12.9 -> 10.1 µs with 4 pages per program, 23 x 84 pages 7.8 -> 6.9 µs with 2; below ~1800
-#: pages the one-page grid was as fast or faster (looping programs leave SMs idle).
-GPU_LOOP_TILES = (
-    (2400, ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=4, num_stages=2)),
-    (1800, ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=2)),
-)
+#: keys with this page's dot. Measured on the H200 with the FP8 dot (score kernel alone, cold L2,
+#: benchmarks/h200/indexer_variants.json): 31 x 91 pages 7.84 µs one page per program, 7.02 with
+#: two, 8.03 with four; 23 x 83 pages 5.46 with one, 5.94 with two (with the fp16 dot four pages
+#: had won at 31 x 91 and two at 23 x 84: the FP8 MMA shortened each page's dot).
+GPU_LOOP_TILES = ((2400, ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=2)),)
 
 
 def default_score_tile(max_num_pages: int, batch: int = 1) -> ScoreTile:
