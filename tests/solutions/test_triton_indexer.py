@@ -325,7 +325,7 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
     if hasattr(triton.language.extra.cuda, "gdc_launch_dependents"):
         result["pdl"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LAUNCH_DEPENDENTS=True), tile.num_warps)
     emit_sig = {"block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "positions_ptr": "*i64", "out_ptr": "*i32",
-                "stride_bt_row": "i32", "stride_pos_row": "i32", "stride_out_row": "i32"}
+                "stride_bt_row": "i32", "stride_pos_row": "i32", "stride_out_row": "i32", "max_pages": "i32"}
     for has_positions in (False, True):
         compile_kernel(K._emit_ids_kernel, emit_sig, {"PAGE_SIZE": shapes.PAGE_SIZE, "TOPK": shapes.TOPK, "BLOCK": K.GPU_EMIT_BLOCK,
                        "HAS_POSITIONS": has_positions}, 4)

@@ -347,6 +347,7 @@ def _emit_ids_kernel(
     stride_bt_row,
     stride_pos_row,
     stride_out_row,
+    max_pages,  # columns of the block table
     PAGE_SIZE: tl.constexpr,
     TOPK: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -360,13 +361,18 @@ def _emit_ids_kernel(
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     seq_len = tl.load(seq_lens_ptr + row)
-    pos = cols
     if HAS_POSITIONS:
         selected = cols < tl.where(seq_len > TOPK, TOPK, 0)  # all slots of a long row, none of a short one
         chosen = tl.load(positions_ptr + row * stride_pos_row + cols, mask=selected, other=0)
         pos = tl.where(selected, chosen.to(tl.int32), cols)
-    valid = pos < seq_len
-    page = tl.load(block_table_ptr + row * stride_bt_row + pos // PAGE_SIZE, mask=valid, other=0)
+        valid = pos < seq_len
+        page = tl.load(block_table_ptr + row * stride_bt_row + pos // PAGE_SIZE, mask=valid, other=0)
+    else:
+        # Passthrough: slot i is position i. Its block-table entry is read whether or not i < L
+        # (masked by the table's width only), so this load does not wait for seq_len's.
+        pos = cols
+        valid = pos < seq_len
+        page = tl.load(block_table_ptr + row * stride_bt_row + pos // PAGE_SIZE, mask=pos // PAGE_SIZE < max_pages, other=0)
     ids = tl.where(valid, page * PAGE_SIZE + pos % PAGE_SIZE, -1)
     tl.store(out_ptr + row * stride_out_row + cols, ids)
 
@@ -393,7 +399,7 @@ def launch_emit_ids(
     pos_arg = positions if positions is not None else topk_indices  # never read without HAS_POSITIONS
     _emit_ids_kernel[(batch, TOPK // block)](
         block_table, seq_lens, pos_arg, topk_indices,
-        block_table.stride(0), pos_arg.stride(0), topk_indices.stride(0),
+        block_table.stride(0), pos_arg.stride(0), topk_indices.stride(0), block_table.shape[1],
         PAGE_SIZE=PAGE_SIZE, TOPK=TOPK, BLOCK=block, HAS_POSITIONS=positions is not None,
         num_warps=4,
     )  # fmt: skip
