@@ -171,7 +171,7 @@ def test_entry_is_byte_exact(name, case):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_gpu_tile_and_wide_exponent_range_under_the_interpreter(name):
-    """The GPU's 8-token programs (several per call, a ragged last one), both row-read modes, and
+    """The GPU's 16-token programs on 4 and 2 warps (several per call, a ragged last one), both row-read modes, and
     tiles over 80 binades, against the reference."""
     fmt = kvi.FORMAT_OF[name]
     definition = next(d for d in kvi.DEFINITIONS if d.name == name)
@@ -181,11 +181,12 @@ def test_gpu_tile_and_wide_exponent_range_under_the_interpreter(name):
     args = definition.input_args(inputs)
     rotate = fmt is not kvi.V32
     for speculative in (False, True):
-        cache = definition.allocate_outputs(axes, DEVICE)["kv_cache"]
         rope = args[0] if rotate else args[1]
         pos, cs = (args[1], args[2]) if rotate else (None, None)
-        K.launch(fmt, args[0], rope, pos, cs, inputs["slot_mapping"], 32, cache, tile=K.GPU_TILE, speculative=speculative)
-        _assert_byte_exact(definition, axes, inputs, cache)
+        for tile in (K.GPU_TILE, K.GPU_TILE_QUANTIZED_ROPE):
+            cache = definition.allocate_outputs(axes, DEVICE)["kv_cache"]
+            K.launch(fmt, args[0], rope, pos, cs, inputs["slot_mapping"], 32, cache, tile=tile, speculative=speculative)
+            _assert_byte_exact(definition, axes, inputs, cache)
 
 
 def test_layouts_come_from_the_descriptors():
@@ -233,7 +234,7 @@ def test_one_launch_and_no_other_device_work_per_call(name, monkeypatch):
 
     class Recorder:
         def __getitem__(self, grid):
-            return lambda *args, **kwargs: launches.append((grid, kwargs["TOKENS"]))
+            return lambda *args, **kwargs: launches.append((grid, kwargs["TOKENS"], kwargs["num_warps"]))
 
     class Ops(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -252,7 +253,8 @@ def test_one_launch_and_no_other_device_work_per_call(name, monkeypatch):
         with Ops():
             fn(*args, cache)
         assert {op.split(".")[0] for op in ops} <= {"view", "alias", "detach"}, ops  # no-copy views only
-        assert launches[-1] == ((triton.cdiv(tokens, K.GPU_TILE.tokens),), K.GPU_TILE.tokens)
+        tile = K.GPU_TILE_QUANTIZED_ROPE if kvi.FORMAT_OF[name].rope_dims == 0 else K.GPU_TILE  # V4.1's own tile
+        assert launches[-1] == ((triton.cdiv(tokens, tile.tokens),), tile.tokens, tile.num_warps)
     assert len(launches) == 4
 
 

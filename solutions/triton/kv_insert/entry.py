@@ -35,7 +35,9 @@ CACHE_ALIGNMENT = 16
 def solution_notes() -> str:
     rounding = ("integer round-to-nearest-even code (the Triton interpreter's own casts do not round to nearest even)"
                 if INTERPRETING else "the GPU's e4m3 / bf16 conversions")
-    return (f"KV insert: one Triton launch, {kernel.GPU_TILE.tokens} tokens per program on a GPU, grid cdiv(T, tokens); "
+    tile, quantized_rope = kernel.GPU_TILE, kernel.GPU_TILE_QUANTIZED_ROPE
+    return (f"KV insert: one Triton launch, {tile.tokens} tokens on {tile.num_warps} warps per program on a GPU "
+            f"({quantized_rope.tokens} on {quantized_rope.num_warps} where the RoPE dims are quantized), grid cdiv(T, tokens); "
             f"e4m3 / bf16 rounding by {rounding}")
 
 

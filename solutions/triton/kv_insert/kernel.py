@@ -65,6 +65,10 @@ class LaunchTile:
 #: flight per SM with several programs resident, and a grid of T/16 programs that scales with T
 #: (the H200 sweep: 16x4 beat 4x4, 8x4, 8x8 and 16x8 at T = 16384 and 65536 for every format).
 GPU_TILE = LaunchTile(tokens=16, num_warps=4)
+#: Formats whose RoPE dims are quantized too (V4.1: two more scale tiles and the rotation per
+#: token, 18 tiles against V4's 8): 16 tokens on 2 warps. The H200 sweep at T = 16384
+#: (benchmarks/h200/kv_insert.json): 8.92 µs on 16x2 against 9.62 on 16x4.
+GPU_TILE_QUANTIZED_ROPE = LaunchTile(tokens=16, num_warps=2)
 #: The interpreter runs programs one after another: few large numpy-vectorised programs.
 INTERPRETER_MAX_TOKENS = 256
 #: Calls of at most this many tokens read rows beside their slots (latency), larger ones only
@@ -72,10 +76,10 @@ INTERPRETER_MAX_TOKENS = 256
 SPECULATIVE_MAX_TOKENS = 4096
 
 
-def default_tile(num_tokens: int) -> LaunchTile:
+def default_tile(num_tokens: int, fmt: KvRecordFormat) -> LaunchTile:
     if INTERPRETING:
         return LaunchTile(min(INTERPRETER_MAX_TOKENS, triton.next_power_of_2(max(num_tokens, 1))), 4)
-    return GPU_TILE
+    return GPU_TILE_QUANTIZED_ROPE if fmt.rope_dims == 0 else GPU_TILE
 
 
 def _mantissa_exponent(value: float) -> tuple[int, int]:
@@ -350,7 +354,7 @@ def launch(fmt: KvRecordFormat, latent: torch.Tensor, rope: torch.Tensor, positi
         return
     rotate = positions is not None
     layout = kernel_layout(fmt, rotate, block_size)
-    tile = tile or default_tile(num_tokens)
+    tile = tile or default_tile(num_tokens, fmt)
     soft_round = INTERPRETING if soft_round is None else soft_round
     speculative = num_tokens <= SPECULATIVE_MAX_TOKENS if speculative is None else speculative
     page = kv_cache.shape[1]
