@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 #: compiled sources (relative to this folder): the C ABI and the launcher with its kernel
 SOURCES = ("csrc/topk_capi.cpp", "csrc/topk_filtered.cu")
 #: headers they include (part of the build's digest)
-HEADERS = ("csrc/topk_filtered.h", "csrc/topk_filtered.cuh")
+HEADERS = ("csrc/topk_filtered.h", "csrc/topk_filtered.cuh", "../common/csrc/capi.h")
 #: the C ABI's exports are named dsa_topk_<name>
 PREFIX = "dsa_topk_"
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64

@@ -10,8 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include "attention_sm90.h"
-
-#define DSA_EXPORT extern "C" __attribute__((visibility("default")))
+#include "../../common/csrc/capi.h"
 
 namespace {
 
@@ -23,30 +22,6 @@ enum ArgumentError : int {
   kScratchTooSmall = -5,
   kPhaseClocksTooSmall = -6,
   kNullPointer = -7,
-};
-
-// The call's device current for its duration, the previous one restored after (what
-// c10::cuda::CUDAGuard did in the torch binding).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    status_ = cudaGetDevice(&previous_);
-    if (status_ == cudaSuccess && previous_ != device) {
-      status_ = cudaSetDevice(device);
-      switched_ = status_ == cudaSuccess;
-    }
-  }
-  ~DeviceGuard() {
-    if (switched_) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-  cudaError_t status() const { return status_; }
-
- private:
-  int previous_ = 0;
-  bool switched_ = false;
-  cudaError_t status_ = cudaSuccess;
 };
 
 }  // namespace
@@ -119,7 +94,7 @@ DSA_EXPORT int dsa_attention_launch(
     return kNullPointer;
   }
 
-  const DeviceGuard guard(device);
+  const dsa_capi::DeviceGuard guard(device);
   if (guard.status() != cudaSuccess) return guard.status();
   AttentionArgs a{};
   a.q_nope = static_cast<const uint16_t*>(q_nope);
@@ -158,7 +133,7 @@ DSA_EXPORT int dsa_attention_launch(
 // Programs of the split kernel that `device` keeps resident at once.
 DSA_EXPORT int dsa_attention_resident_programs(int device, int* programs) {
   if (programs == nullptr) return kNullPointer;
-  const DeviceGuard guard(device);
+  const dsa_capi::DeviceGuard guard(device);
   if (guard.status() != cudaSuccess) return guard.status();
   return static_cast<int>(dsa_attention::resident_programs(programs));
 }
@@ -167,7 +142,7 @@ DSA_EXPORT int dsa_attention_resident_programs(int device, int* programs) {
 DSA_EXPORT int dsa_attention_resident_clusters(int device, int splits, int* clusters) {
   if (clusters == nullptr) return kNullPointer;
   if (splits < dsa_attention::kMinSplits || splits > dsa_attention::kMaxClusterSplits || (splits & (splits - 1)) != 0) return kBadSplits;
-  const DeviceGuard guard(device);
+  const dsa_capi::DeviceGuard guard(device);
   if (guard.status() != cudaSuccess) return guard.status();
   return static_cast<int>(dsa_attention::resident_clusters(splits, clusters));
 }

@@ -11,8 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include "topk_filtered.h"
-
-#define DSA_EXPORT extern "C" __attribute__((visibility("default")))
+#include "../../common/csrc/capi.h"
 
 namespace {
 
@@ -22,30 +21,6 @@ enum ArgumentError : int {
   kBadCandidateCapacity = -3,
   kBadFastCandidates = -4,
   kNullPointer = -5,
-};
-
-// The call's device current for its duration, the previous one restored after (what
-// c10::cuda::CUDAGuard did in the torch binding).
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    status_ = cudaGetDevice(&previous_);
-    if (status_ == cudaSuccess && previous_ != device) {
-      status_ = cudaSetDevice(device);
-      switched_ = status_ == cudaSuccess;
-    }
-  }
-  ~DeviceGuard() {
-    if (switched_) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-  cudaError_t status() const { return status_; }
-
- private:
-  int previous_ = 0;
-  bool switched_ = false;
-  cudaError_t status_ = cudaSuccess;
 };
 
 }  // namespace
@@ -86,7 +61,7 @@ DSA_EXPORT int dsa_topk_filtered(int device, void* stream, const float* scores, 
   if (batch == 0) return 0;
   if (scores == nullptr || seq_lens == nullptr || block_table == nullptr || topk_indices == nullptr) return kNullPointer;
 
-  const DeviceGuard guard(device);
+  const dsa_capi::DeviceGuard guard(device);
   if (guard.status() != cudaSuccess) return guard.status();
   dsa_topk::TopkArgs args{};
   args.scores = scores;
