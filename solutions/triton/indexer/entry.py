@@ -57,7 +57,7 @@ def solution_notes() -> str:
         return (
             "top-k: CUDA filtered select on 32-bit score keys (range-binned fast path, radix select fallback) with page-table emit "
             f"(library {_cuda_topk.name}), launched as the score kernel's programmatic dependent "
-            f"({'triggered at its programs’ start' if score.CAN_LAUNCH_DEPENDENTS else 'triggered as its programs end'}); "
+            f"({'triggered when its programs start' if score.CAN_LAUNCH_DEPENDENTS else 'triggered when its programs end'}); "
             f"scores: Triton, {score.DOTS[score.GPU_SCORE_TILE.dot]}; {graphs}"
         )
     if INTERPRETING:
