@@ -253,7 +253,7 @@ def test_one_launch_and_no_other_device_work_per_call(name, monkeypatch):
         with Ops():
             fn(*args, cache)
         assert {op.split(".")[0] for op in ops} <= {"view", "alias", "detach"}, ops  # no-copy views only
-        tile = K.GPU_TILE_QUANTIZED_ROPE if kvi.FORMAT_OF[name].rope_dims == 0 else K.GPU_TILE  # V4.1's own tile
+        tile = K.GPU_TILE_QUANTIZED_ROPE if K.quantizes_rope(kvi.FORMAT_OF[name]) else K.GPU_TILE  # V4.1's own tile
         assert launches[-1] == ((triton.cdiv(tokens, tile.tokens),), tile.tokens, tile.num_warps)
     assert len(launches) == 4
 

@@ -76,10 +76,15 @@ INTERPRETER_MAX_TOKENS = 256
 SPECULATIVE_MAX_TOKENS = 4096
 
 
+def quantizes_rope(fmt: KvRecordFormat) -> bool:
+    """Whether ``fmt`` quantizes the RoPE dims too (no bf16 RoPE dims: V4.1)."""
+    return fmt.rope_dims == 0
+
+
 def default_tile(num_tokens: int, fmt: KvRecordFormat) -> LaunchTile:
     if INTERPRETING:
         return LaunchTile(min(INTERPRETER_MAX_TOKENS, triton.next_power_of_2(max(num_tokens, 1))), 4)
-    return GPU_TILE_QUANTIZED_ROPE if fmt.rope_dims == 0 else GPU_TILE
+    return GPU_TILE_QUANTIZED_ROPE if quantizes_rope(fmt) else GPU_TILE
 
 
 def _mantissa_exponent(value: float) -> tuple[int, int]:
@@ -100,7 +105,7 @@ def kernel_layout(fmt: KvRecordFormat, rotate: bool, block_size: int) -> dict[st
         raise ValueError(f"{fmt.kv_format}: this kernel writes e4m3 values with fp32 or UE8M0 scales only")
     tile = fmt.scale_tile
     latent_tiles = LATENT_DIMS // tile
-    rope_quantized = fmt.rope_dims == 0
+    rope_quantized = quantizes_rope(fmt)
     if rotate != (fmt.input_dims == LATENT_DIMS):
         raise ValueError(f"{fmt.kv_format}: RoPE dims inside the {LATENT_DIMS}-dim row iff they are rotated here")
     main_dims = fmt.quant_dims - (ROPE_DIMS if rope_quantized else 0)
