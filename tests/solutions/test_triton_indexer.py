@@ -380,7 +380,7 @@ def emulate_topk(
     batch, width = scores.shape
     max_len = block_table.shape[1] * 64
     if threads is None:  # what the CUDA launcher picks
-        threads = 512 if max_len <= 4096 else 1024
+        threads = 512 if max_len <= 8192 else 1024
     header = np.array([batch, width, block_table.shape[1], max_len, capacity, threads, fast_candidates], dtype=np.int32)
     folder = exe.parent
     parts = (header, scores.numpy(), seq_lens.cpu().numpy().astype(np.int32), block_table.cpu().numpy().astype(np.int32))
@@ -456,7 +456,7 @@ def test_emulated_fast_path_ranks_ties_in_its_threshold_bin(emulator):
     assert_exact_topk(scores, seq_lens, table, out)
 
 
-@pytest.mark.parametrize("threads", [256, 512])
+@pytest.mark.parametrize("threads", [256, 512, 1024])
 def test_emulated_cuda_topk_other_block_sizes(emulator, threads):
     scores, seq_lens, table = synthetic_rows(seed=threads, max_pages=64)
     keep = seq_lens <= 64 * 64
@@ -487,7 +487,7 @@ def _cuda_topk():
 @pytest.mark.gpu
 @pytest.mark.parametrize("fast_candidates", [-1, 0])  # fast path first, or the radix select only
 @pytest.mark.parametrize("capacity", [-1, 0, 16])
-@pytest.mark.parametrize("max_pages", [64, 91])  # 512 and 1024 threads per block
+@pytest.mark.parametrize("max_pages", [64, 91])  # 512 threads per block, caching 8 and 16 keys per thread
 def test_cuda_topk_matches_torch_topk(capacity, max_pages, fast_candidates):
     scores, seq_lens, table = synthetic_rows(seed=capacity + max_pages, max_pages=max_pages)
     seq_lens = seq_lens.clamp(max=max_pages * 64)

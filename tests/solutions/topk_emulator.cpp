@@ -162,7 +162,7 @@ inline void run_block(unsigned index, int threads, const std::function<void()>& 
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __launch_bounds__(n)
+#define __launch_bounds__(...)
 #define __shared__ static
 #define threadIdx (simt::thread_index())
 #define blockIdx (simt::block_index())
@@ -226,10 +226,10 @@ inline unsigned __match_any_sync(unsigned mask, int value) {
 
 namespace {
 
-template <int kThreads>
+template <int kThreads, int kVectors = dsa_topk::kCachedVectors>
 void run(dsa_topk::TopkArgs args) {
   for (int row = 0; row < args.batch; ++row) {
-    simt::run_block(static_cast<unsigned>(row), kThreads, [&] { dsa_topk::filtered_topk_kernel<kThreads>(args); });
+    simt::run_block(static_cast<unsigned>(row), kThreads, [&] { dsa_topk::filtered_topk_kernel<kThreads, kVectors>(args); });
   }
 }
 
@@ -268,7 +268,10 @@ int main(int argc, char** argv) {
   dsa_topk::TopkArgs args{scores.data(), score_stride, seq_lens.data(), table.data(), bt_stride, out.data(), dsa_topk::kTopK, batch, max_len, cap, fast};
   switch (threads) {
     case 256: run<256>(args); break;
-    case 512: run<512>(args); break;
+    case 512:  // as the launcher: rows past kSmallRowMaxLen cache more keys per thread
+      if (max_len <= dsa_topk::kSmallRowMaxLen) run<512>(args);
+      else run<512, dsa_topk::kLongRowCachedVectors>(args);
+      break;
     case 1024: run<1024>(args); break;
     default: std::fprintf(stderr, "emulator: threads must be 256, 512 or 1024\n"); return 2;
   }

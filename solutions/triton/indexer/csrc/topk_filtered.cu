@@ -12,7 +12,7 @@ size_t candidate_bytes(int capacity) { return 2 * static_cast<size_t>(capacity) 
 // Largest candidate capacity that fits the device's opt-in shared memory next to the kernel's
 // static shared memory; on first use per device it also opts the kernel in to that much dynamic
 // shared memory (needed as soon as static + dynamic exceed 48 KiB). Cached per device and block size.
-template <int kThreads>
+template <int kThreads, int kVectors>
 cudaError_t capacity_limit(int device, int* limit) {
   static int cached[kMaxDevices] = {0};
   if (device >= 0 && device < kMaxDevices && cached[device] > 0) {
@@ -23,11 +23,11 @@ cudaError_t capacity_limit(int device, int* limit) {
   cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) return err;
   cudaFuncAttributes attributes;
-  err = cudaFuncGetAttributes(&attributes, filtered_topk_kernel<kThreads>);
+  err = cudaFuncGetAttributes(&attributes, filtered_topk_kernel<kThreads, kVectors>);
   if (err != cudaSuccess) return err;
   const long long spare = static_cast<long long>(optin) - static_cast<long long>(attributes.sharedSizeBytes);
   if (spare > 0) {
-    err = cudaFuncSetAttribute(filtered_topk_kernel<kThreads>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(spare));
+    err = cudaFuncSetAttribute(filtered_topk_kernel<kThreads, kVectors>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(spare));
     if (err != cudaSuccess) return err;
   }
   const long long fit = spare > 0 ? spare / static_cast<long long>(candidate_bytes(1)) : 0;
@@ -36,13 +36,13 @@ cudaError_t capacity_limit(int device, int* limit) {
   return cudaSuccess;
 }
 
-template <int kThreads>
+template <int kThreads, int kVectors>
 cudaError_t launch(TopkArgs args, cudaStream_t stream) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   int limit = 0;
-  err = capacity_limit<kThreads>(device, &limit);
+  err = capacity_limit<kThreads, kVectors>(device, &limit);
   if (err != cudaSuccess) return err;
   const int wanted = args.candidate_capacity < 0 ? default_candidate_capacity(args.max_len) : args.candidate_capacity;
   // A smaller buffer only moves rows with many candidates to the (correct, slower) filter path.
@@ -59,7 +59,7 @@ cudaError_t launch(TopkArgs args, cudaStream_t stream) {
   config.stream = stream;
   config.attrs = &dependent;
   config.numAttrs = args.dependent_launch ? 1 : 0;
-  err = cudaLaunchKernelEx(&config, filtered_topk_kernel<kThreads>, args);
+  err = cudaLaunchKernelEx(&config, filtered_topk_kernel<kThreads, kVectors>, args);
   if (err != cudaSuccess) return err;
   return cudaGetLastError();
 }
@@ -68,8 +68,9 @@ cudaError_t launch(TopkArgs args, cudaStream_t stream) {
 
 cudaError_t launch_filtered_topk(const TopkArgs& args, cudaStream_t stream) {
   if (args.batch <= 0) return cudaSuccess;
-  if (args.max_len <= kSmallRowMaxLen) return launch<kSmallRowThreads>(args, stream);
-  return launch<kLargeRowThreads>(args, stream);
+  if (args.max_len <= kSmallRowMaxLen) return launch<kSmallRowThreads, kCachedVectors>(args, stream);
+  if (args.max_len <= kLongRowMaxLen) return launch<kSmallRowThreads, kLongRowCachedVectors>(args, stream);
+  return launch<kLargeRowThreads, kCachedVectors>(args, stream);
 }
 
 }  // namespace dsa_topk

@@ -58,6 +58,9 @@ constexpr int kScoresPerVector = 4;             // float4 loads of a score row
 constexpr int kSmallRowThreads = 512;
 constexpr int kLargeRowThreads = 1024;
 constexpr int kSmallRowMaxLen = 4096;
+// Rows up to this long also get a kSmallRowThreads block, caching kLongRowCachedVectors float4
+// per thread (16 keys): fewer warps per barrier than a kLargeRowThreads block.
+constexpr int kLongRowMaxLen = 8192;
 
 // Fast path: bins over [min key, max key]; a threshold bin of up to kFastDirectRank keys is
 // ranked directly (each key compared with all, c^2 / threads comparisons per thread), a larger
@@ -70,13 +73,14 @@ constexpr int kMaxWarps = 1024 / kWarpSize;
 // kThreads * 4 * kCachedVectors scores (8192 at 1024 threads, 4096 at 512) is read from global
 // memory once; the four passes then cost no loads. Longer rows take the radix select.
 constexpr int kCachedVectors = 2;
-constexpr int kCachedKeys = kCachedVectors * kScoresPerVector;
+constexpr int kLongRowCachedVectors = 4;
 // Block-table entries a block copies to shared memory (rows up to 256 pages = 16384 tokens;
 // longer rows read the table from global memory).
 constexpr int kSharedTablePages = 256;
 
 static_assert(kTopK % kPageSize == 0, "rows are whole pages");
-static_assert(kSmallRowThreads * kCachedKeys >= kSmallRowMaxLen, "the small-row block caches its longest row");
+static_assert(kSmallRowThreads * kCachedVectors * kScoresPerVector >= kSmallRowMaxLen, "the small-row block caches its longest row");
+static_assert(kSmallRowThreads * kLongRowCachedVectors * kScoresPerVector >= kLongRowMaxLen, "the long-row block caches its longest row");
 static_assert(kFastCandidates * 2 <= kFastBins, "the level-2 ties (uint2) fit in the histogram's storage");
 static_assert(kRadix % kWarpSize == 0, "the threshold scan gives each warp whole bins");
 static_assert(kKeyBits % kDigitBits == 0, "digits tile the key");
@@ -214,25 +218,26 @@ __device__ __forceinline__ void for_each_score(const float* __restrict__ row, in
 // One row of scores as order-preserving keys in the registers of a block: thread t holds the
 // float4 vectors t, t + kThreads, ... of the row. Rows are 16-byte aligned and padded to whole
 // pages, so a vector starting below len is in bounds; keys past len are not members.
-template <int kThreads>
+template <int kThreads, int kVectors = kCachedVectors>
 struct CachedRow {
+  static constexpr int kCachedKeys = kVectors * kScoresPerVector;
+  static constexpr int kCapacity = kThreads * kCachedKeys;
+
   uint32_t keys[kCachedKeys];
   int len;
-
-  static constexpr int kCapacity = kThreads * kCachedKeys;
 
   // Issues every load first (they overlap); the caller needs len <= kCapacity.
   __device__ __forceinline__ void load(const float* __restrict__ row, int row_len) {
     len = row_len;
     const int vectors = (row_len + kScoresPerVector - 1) / kScoresPerVector;
-    float4 x[kCachedVectors];
+    float4 x[kVectors];
 #pragma unroll
-    for (int c = 0; c < kCachedVectors; ++c) {
+    for (int c = 0; c < kVectors; ++c) {
       const int v = c * kThreads + static_cast<int>(threadIdx.x);
       x[c] = v < vectors ? __ldg(reinterpret_cast<const float4*>(row) + v) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
-    for (int c = 0; c < kCachedVectors; ++c) {
+    for (int c = 0; c < kVectors; ++c) {
       keys[c * kScoresPerVector + 0] = order_key(x[c].x);
       keys[c * kScoresPerVector + 1] = order_key(x[c].y);
       keys[c * kScoresPerVector + 2] = order_key(x[c].z);
@@ -327,8 +332,8 @@ __device__ __forceinline__ void fast_threshold(FastState& f, int need) {
 // The fast path (see the top of this file) for one cached row of more than kTopK scores. Returns false,
 // having written nothing, when the row's threshold bin holds more than `max_candidates` keys.
 // Block-wide: every thread calls it and all get the same result.
-template <int kThreads>
-__device__ bool fast_select(const CachedRow<kThreads>& row, int max_candidates, const int32_t* table_row,
+template <int kThreads, int kVectors>
+__device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_candidates, const int32_t* table_row,
                             int32_t* __restrict__ out_row, FastState& f) {
   constexpr int kWarps = kThreads / kWarpSize;
   const int tid = threadIdx.x;
@@ -471,8 +476,10 @@ __device__ __forceinline__ void wait_for_preceding_grid() {
 #endif
 }
 
-template <int kThreads>
-__global__ void __launch_bounds__(kThreads) filtered_topk_kernel(TopkArgs args) {
+// kVectors: float4 of the row cached per thread (CachedRow). The long-row block (more cached keys)
+// asks for one block per SM so that ptxas may give it the registers it needs without spilling.
+template <int kThreads, int kVectors = kCachedVectors>
+__global__ void __launch_bounds__(kThreads, kVectors > kCachedVectors ? 1 : 0) filtered_topk_kernel(TopkArgs args) {
   static_assert(kThreads % kWarpSize == 0 && kThreads >= kRadix, "whole warps, one thread per bin");
   __shared__ SelectState s;
   uint2* candidate_buffers = dynamic_shared<uint2>();  // [2][capacity] (key, position) pairs
@@ -489,8 +496,8 @@ __global__ void __launch_bounds__(kThreads) filtered_topk_kernel(TopkArgs args) 
   if (len > args.max_len) __trap();  // seq_len beyond max_num_pages * 64 breaks the contract: fail loudly
   const float* __restrict__ scores = args.scores + row * args.score_stride;
   // The row's pages go to shared memory; every path below passes a barrier before its first emit.
-  const bool try_fast = args.fast_candidates > 0 && len <= CachedRow<kThreads>::kCapacity;  // block-uniform
-  CachedRow<kThreads> cached;
+  const bool try_fast = args.fast_candidates > 0 && len <= CachedRow<kThreads, kVectors>::kCapacity;  // block-uniform
+  CachedRow<kThreads, kVectors> cached;
   __shared__ int32_t shared_table[kSharedTablePages];
   const int pages = (len + kPageSize - 1) / kPageSize;
   auto copy_table = [&] {
@@ -512,7 +519,7 @@ __global__ void __launch_bounds__(kThreads) filtered_topk_kernel(TopkArgs args) 
   }
   if (try_fast) {
     __shared__ FastState fast;
-    if (fast_select<kThreads>(cached, args.fast_candidates, table_row, out_row, fast)) return;
+    if (fast_select<kThreads, kVectors>(cached, args.fast_candidates, table_row, out_row, fast)) return;
   }
   const int capacity = args.candidate_capacity;
 
