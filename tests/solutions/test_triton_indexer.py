@@ -440,18 +440,24 @@ def test_emulated_cuda_topk_is_exact(emulator, capacity, fast_candidates):
 
 def test_emulated_fast_path_ranks_ties_in_its_threshold_bin(emulator):
     # Rows whose threshold bin holds a few equal keys (and a few distinct ones in one narrow
-    # bin): the fast path must take exactly the missing count of them, no duplicates.
+    # bin): the fast path must take exactly the missing count of them, no duplicates. Rows 4
+    # and 5 put 300 and 400 keys in one level-1 bin (more than the direct rank's 128, fewer
+    # than the fast path's 1024), so they are binned a second time, row 5 with ties among them.
     g = torch.Generator().manual_seed(7)
     width = 40 * 64
-    scores = torch.randn((4, width), generator=g) * 10
+    scores = torch.randn((6, width), generator=g) * 10
     scores[0, :2000] = 50.0 + torch.arange(2000).float()  # 2000 clear winners ...
     scores[0, 2000:2100] = 1.0  # ... then 100 equal keys for the last 48 slots
     scores[1, :] = torch.linspace(0, 1, width)  # evenly spread: one key per bin
     scores[2, :2040] = 100.0 + torch.arange(2040).float()
     scores[2, 2040:2060] = 3.0 + torch.arange(20).float() * 2.0**-20  # 20 distinct keys in one narrow range
     scores[3, :] = torch.randint(0, 5000, (width,), generator=g).float()  # many duplicates
-    seq_lens = torch.tensor([width, width, 2500, 2049], dtype=torch.int32)
-    table = torch.stack([torch.randperm(NUM_PAGES, generator=g)[:40] for _ in range(4)]).int()
+    scores[4:] = -100.0 - torch.rand((2, width), generator=g)  # below the cluster
+    scores[4:, :2000] = 50.0 + torch.arange(2000).float()
+    scores[4, 2000:2300] = 1.0 + torch.arange(300).float() * 2.0**-20
+    scores[5, 2000:2400] = 1.0 + (torch.arange(400) % 7).float() * 2.0**-20
+    seq_lens = torch.tensor([width, width, 2500, 2049, width, width], dtype=torch.int32)
+    table = torch.stack([torch.randperm(NUM_PAGES, generator=g)[:40] for _ in range(6)]).int()
     out = emulate_topk(emulator, scores, seq_lens, table)
     assert_exact_topk(scores, seq_lens, table, out)
 

@@ -170,10 +170,14 @@ inline void run_block(unsigned index, int threads, const std::function<void()>& 
 struct uint2 {
   unsigned x, y;
 };
+struct alignas(16) int4 {
+  int x, y, z, w;
+};
 struct float4 {
   float x, y, z, w;
 };
 inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
+inline int4 make_int4(int x, int y, int z, int w) { return int4{x, y, z, w}; }
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 inline void __syncthreads() { simt::sync_block(); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
@@ -211,6 +215,23 @@ inline int __shfl_up_sync(unsigned mask, int value, unsigned delta) {
 }
 inline int __shfl_xor_sync(unsigned mask, int value, int lane_mask) {
   return static_cast<int>(static_cast<uint32_t>(simt::exchange(static_cast<uint32_t>(value), mask, [lane_mask](const uint64_t* slots, int lane) { return slots[lane ^ lane_mask]; })));
+}
+template <typename Op>
+inline uint32_t warp_reduce_emulated(unsigned mask, uint32_t value, Op op) {
+  return static_cast<uint32_t>(simt::exchange(value, mask, [op](const uint64_t* slots, int) {
+    uint32_t r = static_cast<uint32_t>(slots[0]);
+    for (int l = 1; l < simt::kWarp; ++l) r = op(r, static_cast<uint32_t>(slots[l]));
+    return static_cast<uint64_t>(r);
+  }));
+}
+inline unsigned __reduce_min_sync(unsigned mask, unsigned value) {
+  return warp_reduce_emulated(mask, value, [](uint32_t a, uint32_t b) { return a < b ? a : b; });
+}
+inline unsigned __reduce_max_sync(unsigned mask, unsigned value) {
+  return warp_reduce_emulated(mask, value, [](uint32_t a, uint32_t b) { return a > b ? a : b; });
+}
+inline int __reduce_add_sync(unsigned mask, int value) {
+  return static_cast<int>(warp_reduce_emulated(mask, static_cast<uint32_t>(value), [](uint32_t a, uint32_t b) { return a + b; }));
 }
 inline unsigned __match_any_sync(unsigned mask, int value) {
   return static_cast<unsigned>(simt::exchange(static_cast<uint32_t>(value), mask, [](const uint64_t* slots, int lane) {

@@ -15,10 +15,10 @@
 //   remaining candidates have identical keys, i.e. identical scores: any of them will do.
 //
 // Fast path, tried first on every long row: bin the keys linearly between the row's smallest
-// and largest key (2048 bins, each a narrow key range, unlike the 8-bit digits whose first one
+// and largest key (8192 bins, each a narrow key range, unlike the 8-bit digits whose first one
 // holds little more than the exponent), find the threshold bin with one block-wide scan, emit
 // every key above it and collect the keys inside it in shared memory; bin those once more
-// (2048 sub-bins of the bin's range) when there are many, and rank the few keys of the last
+// (8192 sub-bins of the bin's range) when there are many, and rank the few keys of the last
 // threshold bin against each other (ties broken by position; a few threads per key). The row
 // is read from global memory once, into registers (up to 8 keys per thread); four passes over
 // those registers (range, histogram, per-thread counts, writes at scanned offsets), none of
@@ -64,10 +64,16 @@ constexpr int kLongRowMaxLen = 8192;
 
 // Fast path: bins over [min key, max key]; a threshold bin of up to kFastDirectRank keys is
 // ranked directly (each key compared with all, c^2 / threads comparisons per thread), a larger
-// one (up to kFastCandidates) is binned once more first.
-constexpr int kFastBinBits = 11;
-constexpr int kFastDirectRank = 64;
+// one (up to kFastCandidates) is binned once more first. A row's few largest scores stretch its
+// key range, so 2048 bins left 130-350 keys in the threshold bin of most contest rows and the
+// sub-binning (five barriers; a sixth of a 5824-token row's time in a clock64 phase profile on
+// the H200) ran on nearly every row; 8192 bins leave 9-93, which the direct rank takes.
+constexpr int kFastBinBits = 13;
+constexpr int kFastDirectRank = 128;
 constexpr int kFastBins = 1 << kFastBinBits;
+// Sub-bins of a level-1 threshold bin (at most kFastCandidates keys): about one key each.
+constexpr int kFastSubBinBits = 11;
+constexpr int kFastSubBins = 1 << kFastSubBinBits;
 constexpr int kMaxWarps = 1024 / kWarpSize;
 // The fast path keeps its row in registers: kCachedVectors float4 per thread, so a row of up to
 // kThreads * 4 * kCachedVectors scores (8192 at 1024 threads, 4096 at 512) is read from global
@@ -82,6 +88,7 @@ static_assert(kTopK % kPageSize == 0, "rows are whole pages");
 static_assert(kSmallRowThreads * kCachedVectors * kScoresPerVector >= kSmallRowMaxLen, "the small-row block caches its longest row");
 static_assert(kSmallRowThreads * kLongRowCachedVectors * kScoresPerVector >= kLongRowMaxLen, "the long-row block caches its longest row");
 static_assert(kFastCandidates * 2 <= kFastBins, "the level-2 ties (uint2) fit in the histogram's storage");
+static_assert(kFastCandidates <= kFastSubBins && kFastSubBinBits <= kFastBinBits, "level 2 needs no third level of bins");
 static_assert(kRadix % kWarpSize == 0, "the threshold scan gives each warp whole bins");
 static_assert(kKeyBits % kDigitBits == 0, "digits tile the key");
 static_assert(kSmallRowThreads >= kRadix && kSmallRowThreads % kWarpSize == 0, "one thread per bin, whole warps");
@@ -100,9 +107,10 @@ struct SelectState {
 
 // Block-shared bookkeeping of the fast path.
 struct FastState {
-  int hist[kFastBins];                // keys per bin (level 1: the row; level 2: the candidates);
+  alignas(16) int hist[kFastBins];    // keys per bin (level 1: the row; level 2: the candidates);
                                       // finally the level-2 threshold bin's keys as uint2
   uint2 candidates[kFastCandidates];  // (key, position) of the level-1 threshold bin's keys
+  int selected[kTopK];                // the selected positions, copied out as physical ids at the end
   unsigned warp_lo[kMaxWarps];        // per-warp smallest / largest key
   unsigned warp_hi[kMaxWarps];
   int warp_totals[kMaxWarps];         // per-warp bin totals of the threshold scan
@@ -268,12 +276,9 @@ __device__ __forceinline__ void for_each_candidate(const uint2* buffer, int coun
   }
 }
 
+// Warp reductions are single redux.sync instructions (sm_80 and later), not chains of five shuffles.
 __device__ __forceinline__ unsigned warp_reduce(unsigned v, bool take_max) {
-  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {
-    const unsigned other = static_cast<unsigned>(__shfl_sync(kFullMask, static_cast<int>(v), static_cast<int>(threadIdx.x % kWarpSize) ^ offset));
-    v = take_max ? (other > v ? other : v) : (other < v ? other : v);
-  }
-  return v;
+  return take_max ? __reduce_max_sync(kFullMask, v) : __reduce_min_sync(kFullMask, v);
 }
 
 // Block-wide inclusive prefix sum of `value` over threads in index order (`lane` and `warp` are
@@ -291,39 +296,67 @@ __device__ __forceinline__ int block_inclusive_sum(int value, int lane, int warp
   }
   if (lane == kWarpSize - 1) warp_totals[warp] = inclusive;
   __syncthreads();
-  // The earlier warps' totals: lane w reads warp w's (all lanes at once), then a warp sum,
+  // The earlier warps' totals: lane w reads warp w's (all lanes at once), then one warp sum,
   // instead of a chain of up to 31 dependent shared loads in the last warp.
-  int earlier = lane < warp ? warp_totals[lane] : 0;  // lane < warp < kWarps
-  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) earlier += __shfl_xor_sync(kFullMask, earlier, offset);
-  return inclusive + earlier;
+  const int earlier = lane < warp ? warp_totals[lane] : 0;  // lane < warp < kWarps
+  return inclusive + __reduce_add_sync(kFullMask, earlier);
 }
 
-// Finds the bin t of f.hist with count(bins > t) < need <= count(bins >= t) and stores t and
-// count(bins > t) in f.threshold / f.above (and count(t) in f.in_bin). Needs 1 <= need <= the histogram's total. Thread i
-// owns bins [kFastBins - (i + 1) * per, kFastBins - i * per), so an inclusive prefix sum over
-// threads counts keys from the top bin down. Block-wide; starts and ends with a barrier's
-// worth of ordering (the caller's histogram must be complete).
-template <int kThreads>
+// Zeroes a block-shared histogram of kBins counts (16-byte aligned), in int4 stores.
+template <int kThreads, int kBins>
+__device__ __forceinline__ void zero_bins(int* hist) {
+  static_assert(kBins % 4 == 0, "whole int4 vectors");
+  int4* vectors = reinterpret_cast<int4*>(hist);
+  for (int i = threadIdx.x; i < kBins / 4; i += kThreads) vectors[i] = make_int4(0, 0, 0, 0);
+}
+
+// Finds the bin t of the kBins counts in f.hist with count(bins > t) < need <= count(bins >= t)
+// and stores t and count(bins > t) in f.threshold / f.above (and count(t) in f.in_bin). Needs
+// 1 <= need <= the histogram's total. Thread i owns bins [kBins - (i + 1) * per, kBins - i * per),
+// so an inclusive prefix sum over threads counts keys from the top bin down; the one thread whose
+// run holds t reads its run again and walks it. Block-wide; the caller's histogram must be
+// complete (a barrier before), and a barrier ends it.
+template <int kThreads, int kBins>
 __device__ __forceinline__ void fast_threshold(FastState& f, int need) {
-  constexpr int kBinsPerThread = kFastBins / kThreads;
-  static_assert(kFastBins % kThreads == 0 && kThreads / kWarpSize <= kMaxWarps, "threads own whole, equal runs of bins");
+  constexpr int kBinsPerThread = kBins / kThreads;
+  static_assert(kBins % kThreads == 0 && kBins <= kFastBins && kThreads / kWarpSize <= kMaxWarps, "threads own whole, equal runs of bins");
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
-  const int top = kFastBins - tid * kBinsPerThread;  // one past this thread's highest bin
+  const int first = kBins - (tid + 1) * kBinsPerThread;  // this thread's lowest bin
   int mine = 0;
-  for (int b = 0; b < kBinsPerThread; ++b) mine += f.hist[top - 1 - b];
+  if constexpr (kBinsPerThread % 4 == 0) {
+    // int4 loads of the run, each thread starting at another of its vectors: consecutive
+    // threads' runs lie kBinsPerThread words apart, so reading them in step would put most of a
+    // warp's loads in the same few banks (16-way conflicts at 16 bins per thread).
+    constexpr int kVectorsPerThread = kBinsPerThread / 4;
+    const int4* own = reinterpret_cast<const int4*>(f.hist + first);
+#pragma unroll
+    for (int v = 0; v < kVectorsPerThread; ++v) {
+      const int4 c = own[(v + tid) % kVectorsPerThread];
+      mine += c.x + c.y + c.z + c.w;
+    }
+  } else {
+#pragma unroll
+    for (int b = 0; b < kBinsPerThread; ++b) mine += f.hist[first + b];
+  }
   const int inclusive = block_inclusive_sum<kThreads>(mine, lane, warp, f.warp_totals);
-  int running = inclusive - mine;  // keys in bins above this thread's
-  if (running < need && inclusive >= need) {  // exactly one thread: the threshold bin is here
-    for (int b = top - 1;; --b) {
-      if (running + f.hist[b] >= need) {
-        f.threshold = b;
+  const int above_run = inclusive - mine;  // keys in bins above this thread's
+  if (above_run < need && inclusive >= need) {  // exactly one thread: the threshold bin is here
+    int counts[kBinsPerThread];
+#pragma unroll
+    for (int b = 0; b < kBinsPerThread; ++b) counts[b] = f.hist[first + b];  // independent loads
+    int running = above_run;
+    bool found = false;
+#pragma unroll
+    for (int b = kBinsPerThread - 1; b >= 0; --b) {  // from this thread's highest bin down
+      if (!found && running + counts[b] >= need) {
+        f.threshold = first + b;
         f.above = running;
-        f.in_bin = f.hist[b];
-        break;
+        f.in_bin = counts[b];
+        found = true;
       }
-      running += f.hist[b];
+      running += counts[b];
     }
   }
   __syncthreads();
@@ -341,7 +374,7 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
   const int warp = tid / kWarpSize;
 
   // Pass 1 over the row: its key range (the histogram is zeroed meanwhile).
-  for (int i = tid; i < kFastBins; i += kThreads) f.hist[i] = 0;
+  zero_bins<kThreads, kFastBins>(f.hist);
   unsigned lo = 0xffffffffu, hi = 0u;
   row.for_each([&](uint32_t key, int, bool member) {
     if (member) {
@@ -371,7 +404,7 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
     if (member) atomicAdd(&f.hist[(key - lo) >> shift], 1);
   });
   __syncthreads();
-  fast_threshold<kThreads>(f, kTopK);
+  fast_threshold<kThreads, kFastBins>(f, kTopK);
   const int threshold = f.threshold;
   const int above = f.above;
   const int in_bin = f.in_bin;  // read from f, not f.hist: other threads zero the bins after pass 4
@@ -396,22 +429,22 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
   // Pass 4: emit the keys above the threshold bin, collect the ones in it.
   row.for_each([&](uint32_t key, int pos, bool member) {
     const int bin = member ? static_cast<int>((key - lo) >> shift) : -1;
-    if (bin > threshold) out_row[out_at++] = physical_id(table_row, pos);
+    if (bin > threshold) f.selected[out_at++] = pos;
     if (bin == threshold) f.candidates[tie_at++] = make_uint2(key, static_cast<uint32_t>(pos));
   });
-  for (int i = tid; i < kFastBins; i += kThreads) f.hist[i] = 0;
+  const bool subdivide = in_bin > kFastDirectRank;  // block-uniform
+  if (subdivide) zero_bins<kThreads, kFastSubBins>(f.hist);
   if (tid == 0) f.emitted = above;  // level 2 hands out the slots after the keys above
   __syncthreads();
 
   // Level 2, on the candidates: sub-bins of the threshold bin's key range, the next
-  // kFastBinBits bits below `shift` (just the remaining bits when fewer are left). Candidates
+  // kFastSubBinBits bits below `shift` (just the remaining bits when fewer are left). Candidates
   // above the sub-threshold bin take slots after the level-1 keys; the sub-threshold bin's keys
   // are compacted into `ties` (the histogram's storage, free by then) and ranked against each
   // other (larger key first, then lower position) for the remaining slots. A small level-1 bin
   // skips the sub-binning: all its keys are ranked.
   const int need = kTopK - above;  // slots left for the threshold bin's keys, >= 1
-  const bool subdivide = in_bin > kFastDirectRank;
-  const int shift2 = shift > kFastBinBits ? shift - kFastBinBits : 0;
+  const int shift2 = shift > kFastSubBinBits ? shift - kFastSubBinBits : 0;
   const uint32_t base = lo + (static_cast<uint32_t>(threshold) << shift);  // smallest key of the bin
   auto sub_bin = [&](uint32_t key) { return subdivide ? static_cast<int>((key - base) >> shift2) : 0; };
   int sub_threshold = 0;
@@ -421,7 +454,7 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
   if (subdivide) {
     for (int i = tid; i < in_bin; i += kThreads) atomicAdd(&f.hist[sub_bin(f.candidates[i].x)], 1);
     __syncthreads();
-    fast_threshold<kThreads>(f, need);
+    fast_threshold<kThreads, kFastSubBins>(f, need);
     sub_threshold = f.threshold;
     sub_above = f.above;
     tie_count = f.in_bin;
@@ -434,7 +467,7 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
       const uint2 me = i < in_bin ? f.candidates[i] : make_uint2(0u, 0u);
       const int sub = i < in_bin ? sub_bin(me.x) : -1;
       const int slot = warp_reserve(sub > sub_threshold, &f.emitted);
-      if (sub > sub_threshold) out_row[slot] = physical_id(table_row, static_cast<int>(me.y));
+      if (sub > sub_threshold) f.selected[slot] = static_cast<int>(me.y);
       const int at = warp_reserve(sub == sub_threshold, &f.candidate_count);
       if (sub == sub_threshold) sub_ties[at] = me;
     }
@@ -463,8 +496,11 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
       }
     }
     for (int offset = lanes / 2; offset > 0; offset >>= 1) rank += __shfl_xor_sync(kFullMask, rank, offset);
-    if (member && member_lane == 0 && rank < tie_need) out_row[first_tie_slot + rank] = physical_id(table_row, static_cast<int>(me.y));
+    if (member && member_lane == 0 && rank < tie_need) f.selected[first_tie_slot + rank] = static_cast<int>(me.y);
   }
+  // The row's ids in coalesced stores: the scattered per-thread runs above went to shared memory.
+  __syncthreads();
+  for (int i = tid; i < kTopK; i += kThreads) out_row[i] = physical_id(table_row, f.selected[i]);
   return true;
 }
 
