@@ -94,7 +94,8 @@ def test_bench_attention_variants_builds_named_cuda_plans():
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the refusal on a machine without CUDA")
 @pytest.mark.parametrize(
-    "script,args", [("profile_kernels.py", ["topk"]), ("profile_kernels.py", ["phases"]), ("attention_variants.py", [])]
+    "script,args",
+    [("profile_kernels.py", ["topk"]), ("profile_kernels.py", ["phases"]), ("attention_variants.py", []), ("topk_phases.py", [])],
 )
 def test_gpu_tools_refuse_without_cuda(script, args):
     proc = run_tool(script, *args)
@@ -192,6 +193,25 @@ def test_gather_floor_kernels_compile_alone_with_nvcc(tmp_path):
     assert proc.returncode == 0, proc.stderr
     compiled = re.findall(r"Compiling entry function '(\w+)'", proc.stderr)
     assert len(compiled) == 3 and all(any(k in name for name in compiled) for k in ("bulk_gather", "rows_gather", "ldg_gather")), compiled
+
+
+def test_topk_phases_stamps_every_phase_of_the_shipped_kernel():
+    # The stamps go after anchor lines of topk_filtered.cuh: a kernel edit that drops one fails here.
+    phases = load_script("topk_phases")
+    source = (phases.CSRC / "topk_filtered.cuh").read_text()
+    marked = phases.instrument(source)
+    assert [marked.count(f" DSA_MARK({m});") for m, _ in phases.MARKS] == [1] * len(phases.MARKS)
+    assert "g_info[blockIdx.x * 4] = in_bin;" in marked
+    with pytest.raises(SystemExit, match="anchor of phase stamp 4"):
+        phases.instrument(source.replace("fast_threshold<kThreads, kFastBins>(f, kTopK);", "fast_threshold(f);"))
+
+
+@pytest.mark.slow
+def test_topk_phases_driver_builds_with_nvcc(tmp_path):
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").is_file() else None)
+    if nvcc is None:
+        pytest.skip("nvcc is not installed")
+    assert load_script("topk_phases").build(nvcc, tmp_path).is_file()
 
 
 def test_gather_floor_copy_check_catches_a_wrong_word():

@@ -16,7 +16,7 @@ in this run the same way (``bench`` around a device-to-device copy of --copy-mib
 plus written), and the per-token time. Summaries: per-token time at T = 262144 over T = 16384, T = 1
 against an empty Triton kernel timed the same way, and the targets of issue 20 (>= 70 % of copy
 bandwidth at T >= 16384, <= 1.15x per token, <= 1.5x the empty launch). Also: the reference writer
-at T = 16384 (context), and a sweep of launch tiles (tokens x warps per program) at T = 65536.
+at T = 16384 (context), and a sweep of launch tiles (tokens x warps per program) at --sweep-tokens (default 16384).
 Prints a table; with --out writes a JSON record (GPU, versions, date, command, every sample).
 """
 
@@ -40,7 +40,7 @@ FORMATS = {"v32": "dsa_kv_insert_v32_fp8", "v4": "dsa_kv_insert_v4_fp8", "v41": 
 TOKENS = (1, 16384, 32768, 65536, 262144)
 DRY_RUN_TOKENS = (1, 64, 256)
 TARGETS = {"copy_ratio_min": 0.70, "per_token_ratio_max": 1.15, "t1_vs_empty_max": 1.5}
-TILE_SWEEP = ("4x4", "8x4", "16x4", "8x8", "16x8")
+TILE_SWEEP = ("16x4", "16x4d", "16x2", "8x2", "8x1", "8x1d", "4x1")
 
 
 def parse_args() -> argparse.Namespace:
@@ -56,8 +56,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--copy-mib", type=int, default=256, help="size of the timed copy that gives the copy bandwidth")
     p.add_argument("--tiles", default=",".join(TILE_SWEEP),
-                   help="tiles TOKENSxWARPS swept at --sweep-tokens ('' to skip); the entry's own tile is timed anyway")
-    p.add_argument("--sweep-tokens", type=int, default=None, help="T of the tile sweep (default 16384; dry run 256)")
+                   help="tiles TOKENSxWARPS[d] swept at --sweep-tokens (d: rows read after their slots; '' to skip); "
+                        "the entry's own tile is timed anyway")
+    p.add_argument("--sweep-tokens", type=int, action="append", help="repeatable: T of the tile sweep (default 16384; dry run 256)")
     p.add_argument("--reference-tokens", type=int, default=None,
                    help="T at which the reference writer is timed (default 16384; dry run 64; 0: skip)")
     p.add_argument("--seed", type=int, default=7)
@@ -65,7 +66,7 @@ def parse_args() -> argparse.Namespace:
                    help="no GPU: Triton interpreter on CPU, small T, host-clock 'timings' (meaningless as numbers)")
     args = p.parse_args()
     if args.sweep_tokens is None:
-        args.sweep_tokens = DRY_RUN_TOKENS[-1] if args.dry_run else 16384
+        args.sweep_tokens = [DRY_RUN_TOKENS[-1] if args.dry_run else 16384]
     if args.reference_tokens is None:
         args.reference_tokens = DRY_RUN_TOKENS[1] if args.dry_run else 16384
     return args
@@ -152,9 +153,13 @@ def exact(definition, inputs, cache: torch.Tensor, want: torch.Tensor) -> str | 
     return definition.check(inputs, {"kv_cache": cache}, definition.expect(inputs), Tolerance()).message
 
 
-def parse_tile(text: str, launch_tile):
-    tokens, warps = (int(v) for v in text.lower().split("x"))
-    return launch_tile(tokens=tokens, num_warps=warps)
+def parse_tile(text: str, launch_tile) -> tuple[Any, bool]:
+    """``TOKENSxWARPS`` (rows read beside their slots, as the entry does), or with a ``d`` suffix:
+    rows read after their slots, only for tokens that are written (``speculative=False``)."""
+    text = text.lower()
+    speculative = not text.endswith("d")
+    tokens, warps = (int(v) for v in text.rstrip("d").split("x"))
+    return launch_tile(tokens=tokens, num_warps=warps), speculative
 
 
 def main() -> int:
@@ -200,7 +205,7 @@ def main() -> int:
 
     records: list[dict[str, Any]] = []
     failures: list[str] = []
-    sweeps: dict[str, Any] = {}
+    sweeps: dict[str, list[dict[str, Any]]] = {}
     reference: dict[str, Any] = {}
     notes = None
     for key in formats:
@@ -239,15 +244,15 @@ def main() -> int:
             print(f"{key:4s} T={tokens:7d}  {us:9.2f} µs  {record['per_token_ns']:8.3f} ns/token  {traffic / 1e6:8.2f} MB  "
                   f"{gbps:7.0f} GB/s  {record['copy_ratio']:6.1%} of copy  {'exact' if problem is None else 'MISMATCH'}")
 
-            if tokens == args.sweep_tokens and args.tiles:
+            if tokens in args.sweep_tokens and args.tiles:
                 sweep = {}
                 for text in args.tiles.split(","):
-                    tile = parse_tile(text, kernels.LaunchTile)
+                    tile, speculative = parse_tile(text, kernels.LaunchTile)
                     rope = call_args[0] if fmt is not kvi.V32 else call_args[1]
                     pos, cs = (call_args[1], call_args[2]) if fmt is not kvi.V32 else (None, None)
 
                     launch = functools.partial(kernels.launch, fmt, call_args[0], rope, pos, cs, inputs["slot_mapping"],
-                                               args.block_size, cache, tile=tile)
+                                               args.block_size, cache, tile=tile, speculative=speculative)
 
                     r = time_call(lambda i, f=launch: f(), prepare=repoison)
                     repoison(0)
@@ -257,7 +262,7 @@ def main() -> int:
                     sweep[text] = {"us": t_us, "gbps": traffic / (t_us * 1e-6) / 1e9, "byte_exact": ok}
                     if not ok:
                         failures.append(f"{key} T={tokens} tile {text}: not byte-exact")
-                sweeps[key] = {"tokens": tokens, "tiles": sweep}
+                sweeps.setdefault(key, []).append({"tokens": tokens, "tiles": sweep})
                 print("      tiles: " + "  ".join(f"{t}={v['us']:.2f}µs/{v['gbps']:.0f}GB/s" for t, v in sweep.items()))
 
             if tokens == args.reference_tokens and args.reference_tokens:

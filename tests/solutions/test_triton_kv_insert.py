@@ -183,7 +183,7 @@ def test_gpu_tile_and_wide_exponent_range_under_the_interpreter(name):
     for speculative in (False, True):
         rope = args[0] if rotate else args[1]
         pos, cs = (args[1], args[2]) if rotate else (None, None)
-        for tile in (K.GPU_TILE, K.GPU_TILE_QUANTIZED_ROPE):
+        for tile in (K.GPU_TILE, K.SMALL_CALL_TILE, K.LaunchTile(16, 4)):
             cache = definition.allocate_outputs(axes, DEVICE)["kv_cache"]
             K.launch(fmt, args[0], rope, pos, cs, inputs["slot_mapping"], 32, cache, tile=tile, speculative=speculative)
             _assert_byte_exact(definition, axes, inputs, cache)
@@ -234,7 +234,7 @@ def test_one_launch_and_no_other_device_work_per_call(name, monkeypatch):
 
     class Recorder:
         def __getitem__(self, grid):
-            return lambda *args, **kwargs: launches.append((grid, kwargs["TOKENS"], kwargs["num_warps"]))
+            return lambda *args, **kwargs: launches.append((grid, kwargs["TOKENS"], kwargs["num_warps"], kwargs["SPECULATIVE"]))
 
     class Ops(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -253,8 +253,8 @@ def test_one_launch_and_no_other_device_work_per_call(name, monkeypatch):
         with Ops():
             fn(*args, cache)
         assert {op.split(".")[0] for op in ops} <= {"view", "alias", "detach"}, ops  # no-copy views only
-        tile = K.GPU_TILE_QUANTIZED_ROPE if K.quantizes_rope(kvi.FORMAT_OF[name]) else K.GPU_TILE  # V4.1's own tile
-        assert launches[-1] == ((triton.cdiv(tokens, tile.tokens),), tile.tokens, tile.num_warps)
+        tile = K.SMALL_CALL_TILE if tokens <= K.SMALL_CALL_TOKENS else K.GPU_TILE
+        assert launches[-1] == ((triton.cdiv(tokens, tile.tokens),), tile.tokens, tile.num_warps, True)
     assert len(launches) == 4
 
 
@@ -268,13 +268,15 @@ def test_benchmark_script_dry_run(tmp_path):
     out = tmp_path / "kv.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks/kernels/kv_insert.py"), "--dry-run", "--format", "v41",
-                           "--tokens", "1", "--tokens", "17", "--tiles", "8x4", "--sweep-tokens", "17", "--reference-tokens",
+                           "--tokens", "1", "--tokens", "17", "--tiles", "8x4,8x4d", "--sweep-tokens", "17", "--reference-tokens",
                            "17", "--warmup", "0", "--iterations", "1", "--trials", "1", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(out.read_text())
     assert [(r["format"], r["tokens"], r["byte_exact"]) for r in doc["records"]] == [("v41", 1, True), ("v41", 17, True)]
-    assert doc["tile_sweep"]["v41"]["tiles"]["8x4"]["byte_exact"] and doc["reference"]["v41"]["tokens"] == 17
+    [sweep] = doc["tile_sweep"]["v41"]
+    assert sweep["tokens"] == 17 and all(sweep["tiles"][t]["byte_exact"] for t in ("8x4", "8x4d"))
+    assert doc["reference"]["v41"]["tokens"] == 17
     assert doc["records"][1]["bytes"] > 17 * kvi.V41.bytes_per_token and doc["dry_run"] and doc["command"].startswith("python")
     assert "t1_vs_empty" in doc["summary"]["v41"] and "dry run" in proc.stdout
 

@@ -35,10 +35,10 @@ CACHE_ALIGNMENT = 16
 def solution_notes() -> str:
     rounding = ("integer round-to-nearest-even code (the Triton interpreter's own casts do not round to nearest even)"
                 if INTERPRETING else "the GPU's e4m3 / bf16 conversions")
-    tile, quantized_rope = kernel.GPU_TILE, kernel.GPU_TILE_QUANTIZED_ROPE
-    return (f"KV insert: one Triton launch, {tile.tokens} tokens on {tile.num_warps} warps per program on a GPU "
-            f"({quantized_rope.tokens} on {quantized_rope.num_warps} where the RoPE dims are quantized), grid cdiv(T, tokens); "
-            f"e4m3 / bf16 rounding by {rounding}")
+    tile, small = kernel.GPU_TILE, kernel.SMALL_CALL_TILE
+    return (f"KV insert: one Triton launch, {tile.tokens} tokens on {tile.num_warps} warp(s) per program on a GPU "
+            f"({small.tokens} on {small.num_warps} up to {kernel.SMALL_CALL_TOKENS} tokens), grid cdiv(T, tokens), "
+            f"rows read beside their slots; e4m3 / bf16 rounding by {rounding}")
 
 
 def _tensor_problem(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple[int | None, ...]) -> str | None:

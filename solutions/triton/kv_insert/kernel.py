@@ -24,9 +24,9 @@ converted by one PTX instruction (Triton's own cast gave wrong bytes on that sha
 * RoPE: ``e*c - o*s`` and ``o*c + e*s`` as separate fp32 products and a sum, launched with
   ``enable_fp_fusion=False`` so no FMA changes a bit against the reference's separate torch ops.
 
-Addresses are int64 (262144 tokens x a record, num_blocks x page stride pass 2^31). Skipped
-tokens (slot -1) read only their slot, unless the call is small (``speculative``: rows are read
-beside their slots to save a dependent memory round trip).
+Addresses are int64 (262144 tokens x a record, num_blocks x page stride pass 2^31). Rows are read
+beside their slots (``speculative``), not after them: that saves a dependent memory round trip
+per program, at the price of reading the rows of skipped (slot -1) tokens too.
 """
 
 from __future__ import annotations
@@ -61,19 +61,21 @@ class LaunchTile:
             raise ValueError(f"{self}: num_warps must be 1, 2, 4, 8 or 16")
 
 
-#: GPU: 16 tokens (16 KiB of bf16 rows, ~9 KiB of records) per 4-warp program: enough bytes in
-#: flight per SM with several programs resident, and a grid of T/16 programs that scales with T
-#: (the H200 sweep: 16x4 beat 4x4, 8x4, 8x8 and 16x8 at T = 16384 and 65536 for every format).
-GPU_TILE = LaunchTile(tokens=16, num_warps=4)
-#: Formats whose RoPE dims are quantized too (V4.1: two more scale tiles and the rotation per
-#: token, 18 tiles against V4's 8): 16 tokens on 2 warps. The H200 sweep at T = 16384
-#: (benchmarks/h200/kv_insert.json): 8.92 µs on 16x2 against 9.62 on 16x4.
-GPU_TILE_QUANTIZED_ROPE = LaunchTile(tokens=16, num_warps=2)
+#: GPU: 8 tokens (8 KiB of bf16 rows, ~4.5 KiB of records) per 1-warp program, for every format.
+#: The H200 sweeps at T = 16384, 65536 and 262144 (benchmarks/h200/kv_insert.json) put 8x1 within
+#: 4 % of each sweep's best tile for V3.2, V4 and V4.1. Against the tiles it replaced, all reading
+#: rows beside their slots: 1.5-3 % faster than 16x4 for V3.2, within 1.3 % of it for V4, and 3-7 %
+#: faster than 16x2 for V4.1, whose 18 scale tiles per token make it the most compute-heavy.
+GPU_TILE = LaunchTile(tokens=8, num_warps=1)
+#: Calls of at most SMALL_CALL_TOKENS tokens (decode-time inserts: latency, not bandwidth) take 4
+#: tokens on 4 warps: a program's masked-off token rows still cost it their instructions, and
+#: more warps per token shorten its chain. The H200 sweep at T = 1, 64, 1024 and 4096
+#: (benchmarks/h200/kv_insert_small.json) put 4x4 first, or within 8 % of 1x4, for every format:
+#: 1.05-1.6x faster than 16x4 and 8x1 (T = 1: 1.45 / 1.80 / 2.19 µs for V3.2 / V4 / V4.1).
+SMALL_CALL_TOKENS = 4096
+SMALL_CALL_TILE = LaunchTile(tokens=4, num_warps=4)
 #: The interpreter runs programs one after another: few large numpy-vectorised programs.
 INTERPRETER_MAX_TOKENS = 256
-#: Calls of at most this many tokens read rows beside their slots (latency), larger ones only
-#: the rows of written tokens (bandwidth).
-SPECULATIVE_MAX_TOKENS = 4096
 
 
 def quantizes_rope(fmt: KvRecordFormat) -> bool:
@@ -81,10 +83,10 @@ def quantizes_rope(fmt: KvRecordFormat) -> bool:
     return fmt.rope_dims == 0
 
 
-def default_tile(num_tokens: int, fmt: KvRecordFormat) -> LaunchTile:
+def default_tile(num_tokens: int) -> LaunchTile:
     if INTERPRETING:
         return LaunchTile(min(INTERPRETER_MAX_TOKENS, triton.next_power_of_2(max(num_tokens, 1))), 4)
-    return GPU_TILE_QUANTIZED_ROPE if quantizes_rope(fmt) else GPU_TILE
+    return SMALL_CALL_TILE if num_tokens <= SMALL_CALL_TOKENS else GPU_TILE
 
 
 def _mantissa_exponent(value: float) -> tuple[int, int]:
@@ -235,6 +237,20 @@ def _bf16_bits(x, SOFT_ROUND: tl.constexpr):
 
 
 @triton.jit
+def _rotated_pairs(words, pos_ptr, cos_sin_ptr, tok, live, rows, k, HALF: tl.constexpr):
+    """The RoPE rotation of bf16 pairs ``words`` (int32, even element in the low half) at pair
+    index ``k`` of each token's row: fp32 ``(even * c - odd * s, odd * c + even * s)`` against
+    the token's cos/sin row (HALF cosines, then HALF sines), as separate products and one sum."""
+    pos = tl.load(pos_ptr + tok, mask=live, other=0)
+    cs = cos_sin_ptr + pos[:, None, None] * (2 * HALF)
+    c = tl.load(cs + k, mask=rows[:, None, None], other=0.0)
+    s = tl.load(cs + HALF + k, mask=rows[:, None, None], other=0.0)
+    even = _bf16_to_f32(words)
+    odd = (words & -65536).to(tl.float32, bitcast=True)
+    return even * c - odd * s, odd * c + even * s
+
+
+@triton.jit
 def _store_scales(cache_u8, cache_i32, at, e, index, mask, SCALE_FP32: tl.constexpr):
     """Scales ``2^e`` at scale element ``at + index``: fp32 bits, or UE8M0 bytes (e + 127)."""
     if SCALE_FP32:
@@ -310,15 +326,7 @@ def kv_insert_kernel(
         if not ROTATE:
             tl.store(cache_i32 + rope_at[:, None, None] + k, words, mask=rope_store)  # already rotated: copy the bits
         else:
-            pos = tl.load(pos_ptr + tok, mask=live, other=0)
-            # cos_sin row: the 32 cosines, then the 32 sines
-            cs = cos_sin_ptr + pos[:, None, None] * (2 * ROPE_TILES * ROPE_PAIRS)
-            c = tl.load(cs + k, mask=rows[:, None, None], other=0.0)
-            s = tl.load(cs + ROPE_TILES * ROPE_PAIRS + k, mask=rows[:, None, None], other=0.0)
-            even = _bf16_to_f32(words)
-            odd = (words & -65536).to(tl.float32, bitcast=True)
-            r_even = even * c - odd * s
-            r_odd = odd * c + even * s
+            r_even, r_odd = _rotated_pairs(words, pos_ptr, cos_sin_ptr, tok, live, rows, k, ROPE_TILES * ROPE_PAIRS)
             word = (_bf16_bits(r_odd, SOFT_ROUND) << 16) | _bf16_bits(r_even, SOFT_ROUND)
             tl.store(cache_i32 + rope_at[:, None, None] + k, word, mask=rope_store)
     else:
@@ -326,14 +334,7 @@ def kv_insert_kernel(
         # per tile, store the e4m3 pairs as int16 words and the tiles' scales after the main ones
         k = tl.arange(0, ROPE_TILES)[None, :, None] * ROPE_PAIRS + tl.arange(0, ROPE_PAIRS)[None, None, :]
         words = tl.load(rope_ptr + tok[:, None, None] * ROPE_ROW_WORDS + ROPE_COL_WORDS + k, mask=rows[:, None, None], other=0)
-        pos = tl.load(pos_ptr + tok, mask=live, other=0)
-        cs = cos_sin_ptr + pos[:, None, None] * (2 * ROPE_TILES * ROPE_PAIRS)
-        c = tl.load(cs + k, mask=rows[:, None, None], other=0.0)
-        s = tl.load(cs + ROPE_TILES * ROPE_PAIRS + k, mask=rows[:, None, None], other=0.0)
-        even = _bf16_to_f32(words)
-        odd = (words & -65536).to(tl.float32, bitcast=True)
-        r_even = even * c - odd * s
-        r_odd = odd * c + even * s
+        r_even, r_odd = _rotated_pairs(words, pos_ptr, cos_sin_ptr, tok, live, rows, k, ROPE_TILES * ROPE_PAIRS)
         amax = tl.max(tl.maximum(tl.abs(r_even), tl.abs(r_odd)), axis=2)
         er = _exponents(amax, MIN_AMAX, MAX_EXPONENT, MAX_MANTISSA, SCALE_FP32, SCALE_LO, SCALE_HI)
         inv = _pow2(-er)[:, :, None]
@@ -359,9 +360,9 @@ def launch(fmt: KvRecordFormat, latent: torch.Tensor, rope: torch.Tensor, positi
         return
     rotate = positions is not None
     layout = kernel_layout(fmt, rotate, block_size)
-    tile = tile or default_tile(num_tokens, fmt)
+    tile = tile or default_tile(num_tokens)
     soft_round = INTERPRETING if soft_round is None else soft_round
-    speculative = num_tokens <= SPECULATIVE_MAX_TOKENS if speculative is None else speculative
+    speculative = True if speculative is None else speculative
     page = kv_cache.shape[1]
     latent_bits = latent.view(torch.int16)
     rope_words = (latent if rotate else rope).view(torch.int32)
