@@ -70,7 +70,7 @@ GPU_TILE = LaunchTile(tokens=8, num_warps=1)
 #: Calls of at most SMALL_CALL_TOKENS tokens (decode-time inserts: latency, not bandwidth) take 4
 #: tokens on 4 warps: a program's masked-off token rows still cost it their instructions, and
 #: more warps per token shorten its chain. The H200 sweep at T = 1, 64, 1024 and 4096
-#: (benchmarks/h200/kv_insert_small.json) put 4x4 first, or within 8 % of 1x4, for every format:
+#: (benchmarks/h200/kv_insert_tiles_small.json) put 4x4 first, or within 8 % of 1x4, for every format:
 #: 1.05-1.6x faster than 16x4 and 8x1 (T = 1: 1.45 / 1.80 / 2.19 µs for V3.2 / V4 / V4.1).
 SMALL_CALL_TOKENS = 4096
 SMALL_CALL_TILE = LaunchTile(tokens=4, num_warps=4)
