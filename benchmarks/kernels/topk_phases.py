@@ -38,7 +38,7 @@ MARKS: list[tuple[int, tuple[str, ...]]] = [
     (2, ("    f.warp_hi[warp] = hi;\n  }\n  __syncthreads();",)),
     (3, ("    if (member) atomicAdd(&f.hist[(key - lo) >> shift], 1);\n  });\n  __syncthreads();",)),
     (4, ("fast_threshold<kThreads, kFastBins>(f, kTopK);",)),
-    (5, ("const int exclusive = block_inclusive_sum<kThreads>(packed, lane, warp, f.warp_totals) - packed;",)),
+    (5, ("const int exclusive = __shfl_sync(kFullMask, warp_base, kWarpSize - 1) + inclusive - packed;",)),
     (6, ("  if (tid == 0) f.emitted = above;  // level 2 hands out the slots after the keys above\n  __syncthreads();",)),
     (7, ("const int first_tie_slot = above + sub_above;",)),
     (8, ("    if (member && member_lane == 0 && rank < tie_need) f.selected[first_tie_slot + rank] = static_cast<int>(me.y);\n  }",)),

@@ -116,6 +116,7 @@ struct FastState {
   int warp_totals[kMaxWarps];         // per-warp bin totals of the threshold scan
   int emitted;                        // output slots taken by keys above a threshold
   int candidate_count;
+  int pass3_offsets;                  // pass 3's packed (above | in-bin << 16) counts, handed out per warp
   int threshold;                      // threshold bin of the last scan
   int above;                          // keys in bins above it
   int in_bin;                         // keys in it
@@ -375,6 +376,7 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
 
   // Pass 1 over the row: its key range (the histogram is zeroed meanwhile).
   zero_bins<kThreads, kFastBins>(f.hist);
+  if (tid == 0) f.pass3_offsets = 0;
   unsigned lo = 0xffffffffu, hi = 0u;
   row.for_each([&](uint32_t key, int, bool member) {
     if (member) {
@@ -410,10 +412,11 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
   const int in_bin = f.in_bin;  // read from f, not f.hist: other threads zero the bins after pass 4
   if (in_bin > max_candidates) return false;  // block-uniform; nothing written yet
 
-  // Pass 3: each thread counts its keys above and in the threshold bin; an exclusive scan over
-  // threads turns the counts into the thread's own output and candidate offsets, so pass 4
-  // writes without per-key votes or atomics. Both counts travel packed in one int (the totals,
-  // `above` < kTopK and `in_bin` <= kFastCandidates, both fit 16 bits).
+  // Pass 3: each thread counts its keys above and in the threshold bin; a scan over the warp and
+  // one shared atomic per warp (its block of offsets, in whatever order the warps come) turn
+  // the counts into the thread's own output and candidate offsets, so pass 4 writes without
+  // per-key votes or atomics, and no barrier waits for the other warps. Both counts travel
+  // packed in one int (the totals, `above` < kTopK and `in_bin` <= kFastCandidates, fit 16 bits).
   int n_above = 0;
   int n_tie = 0;
   row.for_each([&](uint32_t key, int, bool member) {
@@ -422,7 +425,14 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
     n_tie += bin == threshold;
   });
   const int packed = n_above | (n_tie << 16);
-  const int exclusive = block_inclusive_sum<kThreads>(packed, lane, warp, f.warp_totals) - packed;
+  int inclusive = packed;
+  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+    const int v = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += v;
+  }
+  int warp_base = 0;
+  if (lane == kWarpSize - 1) warp_base = atomicAdd(&f.pass3_offsets, inclusive);
+  const int exclusive = __shfl_sync(kFullMask, warp_base, kWarpSize - 1) + inclusive - packed;
   int out_at = exclusive & 0xffff;
   int tie_at = exclusive >> 16;
 
@@ -479,11 +489,13 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
   // a bin of 64 keys costs 1024 threads four comparisons each instead of 64.
   const int first_tie_slot = above + sub_above;
   const int tie_need = need - sub_above;
-  int lanes = kWarpSize;
-  while (lanes > 1 && tie_count * lanes > kThreads) lanes >>= 1;
-  const int groups = kThreads / lanes;
-  const int group = tid / lanes;
-  const int member_lane = tid % lanes;
+  int lane_bits = 5;  // lanes = 2^lane_bits threads per key (shifts, not divisions by a runtime value)
+  static_assert(kWarpSize == 1 << 5, "32 lanes");
+  while (lane_bits > 0 && (tie_count << lane_bits) > kThreads) --lane_bits;
+  const int lanes = 1 << lane_bits;
+  const int groups = kThreads >> lane_bits;
+  const int group = tid >> lane_bits;
+  const int member_lane = tid & (lanes - 1);
   for (int first = 0; first < tie_count; first += groups) {  // the same trip count in every thread
     const int i = first + group;
     const bool member = i < tie_count;
