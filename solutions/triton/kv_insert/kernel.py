@@ -350,11 +350,12 @@ def kv_insert_kernel(
 
 def launch(fmt: KvRecordFormat, latent: torch.Tensor, rope: torch.Tensor, positions: torch.Tensor | None,
            cos_sin_cache: torch.Tensor | None, slot_mapping: torch.Tensor, block_size: int, kv_cache: torch.Tensor,
-           tile: LaunchTile | None = None, soft_round: bool | None = None, speculative: bool | None = None) -> None:
+           tile: LaunchTile | None = None, soft_round: bool | None = None, speculative: bool = True) -> None:
     """One launch writing every token's record. ``latent`` bf16 [T, 512]; ``rope`` bf16 [T, 64]
     (k_pe) or the latent itself when ``positions`` is given (rotate its last 64 dims); the cache a
     contiguous uint8 [num_blocks, page_bytes] with page_bytes % 16 == 0. Inputs checked by the caller.
-    ``soft_round``: integer rounding code (default only under the interpreter)."""
+    ``soft_round``: integer rounding code (default only under the interpreter). ``speculative``:
+    rows read beside their slots (False: after them, only those of written tokens; tests and sweeps)."""
     num_tokens = latent.shape[0]
     if num_tokens == 0:
         return
@@ -362,7 +363,6 @@ def launch(fmt: KvRecordFormat, latent: torch.Tensor, rope: torch.Tensor, positi
     layout = kernel_layout(fmt, rotate, block_size)
     tile = tile or default_tile(num_tokens)
     soft_round = INTERPRETING if soft_round is None else soft_round
-    speculative = True if speculative is None else speculative
     page = kv_cache.shape[1]
     latent_bits = latent.view(torch.int16)
     rope_words = (latent if rotate else rope).view(torch.int32)
