@@ -10,7 +10,7 @@ Shapes: FlashMLA's production decode shapes by default (V3.2 and V4 records, h_q
 s_q 2, topk 2048, s_k 32768 per sequence, b in {2, 64, 74, 128}, block size 64). Per shape it
 builds ``--sets`` input sets on the GPU the way the tests do (``kv_records``' writer, records only
 at the tokens some index points to, every other byte NaN-producing, a random block table per
-sequence), checks the triton output (and FlashMLA's) against an fp32 reference on the
+sequence), checks the triton output (and FlashMLA's) against the definition's fp32 reference on the
 dequantized records (out |diff| <= 1e-2 or <= 1e-2 |ref|, lse absolute <= 2.5e-4; a failing
 candidate is reported FAIL and not timed), then times each candidate with
 ``dsa_bench.timing.bench.bench``: outputs re-poisoned and the L2 flushed before every call, the
@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from dsa_bench.definitions import kv_records as kvr
+from dsa_bench.definitions import mla_decode
 from dsa_bench.results.environment import environment
 from dsa_bench.results.records import now_iso
 from dsa_bench.timing.bench import bench
@@ -123,24 +124,11 @@ def make_inputs(shape: Shape, seed: int, device: torch.device) -> dict[str, Any]
             "sm_scale": fmt.d_qk**-0.55, "distinct_tokens": int(used.numel())}  # fmt: skip
 
 
-def reference(shape: Shape, inputs: dict[str, Any], rows_per_chunk: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 out [b, s_q, h_q, 512] and natural-log lse on the dequantized records, in chunks of query rows."""
-    fmt = shape.fmt
-    q = inputs["q"].flatten(0, 1)
-    idx = inputs["indices"].flatten(0, 1)
-    outs, lses = [], []
-    for start in range(0, q.shape[0], rows_per_chunk):
-        qc, ic = q[start : start + rows_per_chunk].float(), idx[start : start + rows_per_chunk]
-        valid = ic >= 0
-        safe = torch.where(valid, ic, 0).long()
-        k = fmt.dequantize(fmt.read(inputs["backing"], shape.block_size, safe.flatten())).view(*ic.shape, fmt.d_qk)
-        k = torch.where(valid[..., None], k, 0.0)
-        logits = torch.einsum("rhd,rtd->rht", qc, k) * inputs["sm_scale"]
-        logits = logits.masked_fill(~valid[:, None, :], float("-inf"))
-        lse = torch.logsumexp(logits, -1)
-        outs.append(torch.einsum("rht,rtd->rhd", torch.exp(logits - lse[..., None]), k[..., :512]))
-        lses.append(lse)
-    return torch.cat(outs).view(shape.b, shape.s_q, shape.h_q, 512), torch.cat(lses).view(shape.b, shape.s_q, shape.h_q)
+def reference(shape: Shape, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition's fp32 reference (``mla_decode.attend``, no sink): out [b, s_q, h_q, 512] and
+    natural-log lse on the dequantized records."""
+    no_sink = torch.full((shape.h_q,), float("-inf"), device=inputs["q"].device)
+    return mla_decode.attend(shape.fmt, inputs["q"], inputs["kv_cache"], inputs["indices"], inputs["sm_scale"], no_sink)
 
 
 def compare(out: torch.Tensor, lse: torch.Tensor, ref: tuple[torch.Tensor, torch.Tensor]) -> tuple[bool, float, float]:

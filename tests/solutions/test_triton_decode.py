@@ -25,6 +25,7 @@ import torch
 from conftest import HAS_CUDA, ROOT
 
 from dsa_bench.definitions import kv_records as kvr
+from dsa_bench.definitions import mla_decode
 
 SOLUTION_DIR = ROOT / "solutions" / "triton"
 # The decode entries are not in solution.yaml yet (their definitions land separately): the modules
@@ -87,29 +88,14 @@ def make_case(fmt, b=2, s_q=2, h_q=64, topk=64, block_size=16, num_blocks=8, see
     return case, backing.to(device), block_size
 
 
-def reference(fmt, backing, block_size, q, indices, sm_scale, attn_sink, topk_length) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 on the dequantized records: out [b, s_q, h_q, 512], lse (natural log); an empty row
-    gets out 0 and lse +inf; the sink scales out by 1 / (1 + exp(sink - lse))."""
-    b, s_q, h_q, d_qk = q.shape
-    topk = indices.shape[-1]
-    valid = indices >= 0
-    if topk_length is not None:
-        valid &= torch.arange(topk, device=q.device)[None, None, :] < topk_length[:, None, None]
-    anchor = indices[valid][0] if valid.any() else torch.zeros((), dtype=indices.dtype, device=q.device)
-    safe = torch.where(valid, indices, anchor).long()
-    k = fmt.dequantize(fmt.read(backing, block_size, safe.flatten())).view(b, s_q, topk, d_qk)
-    k = torch.where(valid[..., None], k, 0.0)
-    logits = torch.einsum("bshd,bstd->bsht", q.float(), k) * sm_scale
-    logits = logits.masked_fill(~valid[:, :, None, :], float("-inf"))
-    lse = torch.logsumexp(logits, -1)
-    empty = ~valid.any(-1)[..., None].expand_as(lse)
-    p = torch.exp(logits - torch.where(empty, 0.0, lse)[..., None])
-    out = torch.einsum("bsht,bstd->bshd", p, k[..., : geometry_mod.D_V])
-    lse = torch.where(empty, float("inf"), lse)
-    out = torch.where(empty[..., None], 0.0, out)
-    if attn_sink is not None:
-        out = out / (1 + torch.exp(attn_sink - lse))[..., None]
-    return out, lse
+def reference(fmt, case) -> tuple[torch.Tensor, torch.Tensor]:
+    """The definition's fp32 reference (``mla_decode.attend``) on ``case``: out [b, s_q, h_q, 512]
+    and lse in natural log; an empty row gets out 0 and lse +inf; the sink scales out by
+    1 / (1 + exp(sink - lse)). A case without a sink passes -inf for every head."""
+    sink = case["attn_sink"]
+    if sink is None:
+        sink = torch.full((case["q"].shape[2],), float("-inf"), device=case["q"].device)
+    return mla_decode.attend(fmt, case["q"], case["kv_cache"], case["indices"], case["sm_scale"], sink, case["topk_length"])
 
 
 def run(fmt, case, config=None):
@@ -135,10 +121,9 @@ def assert_matches(out, lse, ref_out, ref_lse, where=""):
     assert lse_err.numel() == 0 or lse_err.max() <= LSE_ATOL, f"{where}: lse off by {lse_err.max():.3g}"
 
 
-def check(fmt, case, backing, block_size, config=None):
+def check(fmt, case, config=None):
     out, lse, used = run(fmt, case, config)
-    ref_out, ref_lse = reference(fmt, backing, block_size, case["q"], case["indices"], case["sm_scale"], case["attn_sink"],
-                                 case["topk_length"])  # fmt: skip
+    ref_out, ref_lse = reference(fmt, case)
     assert_matches(out, lse, ref_out, ref_lse, f"{fmt.kv_format} {used}")
     return out, lse, used
 
@@ -151,7 +136,7 @@ def test_default_path_with_padded_pages_page_ends_empty_row_and_sink(name):
     fmt = FORMATS[name]
     lengths = [64, 40] if fmt is not kvr.V32 else None  # V4 / V4.1: batch 1's rows are short
     case, backing, bs = make_case(fmt, page_pad=48, empty_rows=(1,), sink=True, topk_length=lengths, seed=1)
-    out, lse, used = check(fmt, case, backing, bs)
+    out, lse, used = check(fmt, case)
     assert used.splits == 1 and used.combine == "none"
     assert torch.isinf(lse[0, 1]).all() and out[0, 1].eq(0).all()
 
@@ -163,7 +148,7 @@ def test_split_paths(name, combine, splits, block_n):
     lengths = [50, 3] if fmt is not kvr.V32 else None
     case, backing, bs = make_case(fmt, b=2, s_q=2, topk=64, empty_rows=(2,), sink=True, topk_length=lengths, seed=2)
     config = DecodeConfig(block_n=block_n, splits=splits, combine=combine, num_warps=4, num_stages=1)
-    _, _, used = check(fmt, case, backing, bs, config)
+    _, _, used = check(fmt, case, config)
     assert (used.combine, used.splits) == (combine, splits)
 
 
@@ -176,13 +161,13 @@ def test_several_blocks_per_program_and_block_sizes_that_are_not_powers_of_two(n
         lengths = [100, 128, 7] if fmt is not kvr.V32 else None
         case, backing, bs = make_case(fmt, b=3, s_q=1, topk=128, block_size=block_size, num_blocks=num_blocks, seed=block_size,
                                       topk_length=lengths, page_pad=16)  # fmt: skip
-        check(fmt, case, backing, bs, DecodeConfig(block_n=32, splits=1, num_warps=4, num_stages=1))
+        check(fmt, case, DecodeConfig(block_n=32, splits=1, num_warps=4, num_stages=1))
 
 
 def test_v4_topk_length_ignores_valid_ids_past_the_length():
     fmt = kvr.V4
     case, backing, bs = make_case(fmt, b=3, s_q=2, topk=64, valid_frac=1.0, topk_length=[64, 17, 0], seed=4)
-    out, lse, _ = check(fmt, case, backing, bs, DecodeConfig(block_n=16, splits=2, combine="last", num_warps=4, num_stages=1))
+    out, lse, _ = check(fmt, case, DecodeConfig(block_n=16, splits=2, combine="last", num_warps=4, num_stages=1))
     assert torch.isinf(lse[2]).all() and out[2].eq(0).all()  # length 0: every id ignored
     # the ids past the length are valid and their records written: ignoring the length changes batch 1
     wrong, _, _ = run(fmt, dict(case, topk_length=None), DecodeConfig(block_n=16, splits=1, num_warps=4, num_stages=1))
@@ -192,10 +177,10 @@ def test_v4_topk_length_ignores_valid_ids_past_the_length():
 def test_all_rows_empty_and_large_logits():
     fmt = kvr.V32
     case, backing, bs = make_case(fmt, b=1, s_q=2, topk=64, empty_rows=(0, 1), sink=True, seed=5)
-    out, lse, _ = check(fmt, case, backing, bs, DecodeConfig(block_n=16, splits=4, combine="two_launch", num_warps=4, num_stages=1))
+    out, lse, _ = check(fmt, case, DecodeConfig(block_n=16, splits=4, combine="two_launch", num_warps=4, num_stages=1))
     assert torch.isinf(lse).all() and lse.gt(0).all() and out.eq(0).all()
     case, backing, bs = make_case(fmt, b=1, s_q=2, topk=64, seed=6)
-    check(fmt, dict(case, sm_scale=0.5), backing, bs)  # logits of several hundred: exp2 overflows without the running max
+    check(fmt, dict(case, sm_scale=0.5))  # logits of several hundred: exp2 overflows without the running max
 
 
 def test_wrong_rope_offset_fails_the_reference():
@@ -210,10 +195,10 @@ def test_wrong_rope_offset_fails_the_reference():
         entry.record_geometry = lambda kv_format, block_size, _m=mutant: _m
         try:
             with pytest.raises(AssertionError, match="off|NaN"):
-                check(fmt, case, backing, bs)
+                check(fmt, case)
         finally:
             entry.record_geometry = original
-    check(kvr.V4, *make_case(kvr.V4, seed=7))  # and the real geometry passes again
+    check(kvr.V4, make_case(kvr.V4, seed=7)[0])  # and the real geometry passes again
 
 
 def test_ticket_words_survive_changing_split_counts_and_the_int32_wrap():
@@ -228,7 +213,7 @@ def test_ticket_words_survive_changing_split_counts_and_the_int32_wrap():
     start = units.clone()
     calls = 0
     for splits in (2, 4, 1, 8, 4):  # topk 128: 8 splits of 16 positions
-        check(fmt, case, backing, bs, DecodeConfig(block_n=min(64, 128 // splits), splits=splits, combine="last" if splits > 1 else "auto",
+        check(fmt, case, DecodeConfig(block_n=min(64, 128 // splits), splits=splits, combine="last" if splits > 1 else "auto",
                                                    num_warps=4, num_stages=1))  # fmt: skip
         calls += splits > 1
         expected = ((start.long() + calls * kernels.TICKETS_PER_CALL + 2**31) % 2**32 - 2**31).to(torch.int32)
@@ -403,7 +388,7 @@ def test_gpu_production_shapes_default_config(name, b, h_q):
     fmt = FORMATS[name]
     lengths = [2048 - 700 * (i % 3) for i in range(b)] if fmt is kvr.V4 else None
     case, backing, bs = _gpu_case(fmt, b, 2, h_q, valid_frac=0.97, empty_rows=(1,), sink=True, topk_length=lengths)
-    check(fmt, case, backing, bs)
+    check(fmt, case)
 
 
 @pytest.mark.gpu
@@ -420,7 +405,7 @@ def test_gpu_every_combine_and_tiling(name):
         DecodeConfig(splits=2, block_n=32, combine="two_launch", l2_prefetch=False),
         DecodeConfig(splits=16, combine="barrier", num_stages=2, block_n=32),
     ):
-        _, _, used = check(fmt, case, backing, bs, config)
+        _, _, used = check(fmt, case, config)
         assert used.combine == config.combine
 
 
@@ -429,7 +414,7 @@ def test_gpu_barrier_words_reused_across_many_calls():
     # h_q 64: 4 units, so even 32 splits keep the barrier's grid (128 programs) co-resident
     fmt = kvr.V32
     case, backing, bs = _gpu_case(fmt, 2, 2, 64)
-    ref = reference(fmt, backing, bs, case["q"], case["indices"], case["sm_scale"], case["attn_sink"], case["topk_length"])
+    ref = reference(fmt, case)
     words = entry.ticket_words(GPU, 4)
     words.view(-1, kernels.TICKET_STRIDE)[:, 0].fill_(2**31 - 5 * kernels.TICKETS_PER_CALL)
     for i in range(60):
