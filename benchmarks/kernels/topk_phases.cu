@@ -30,11 +30,13 @@ static void profile(const std::string& label, int B, int stride, const std::vect
     std::vector<long long> m(size_t(B) * 16); std::vector<int> info(size_t(B) * 4);
     CK(cudaMemcpyFromSymbol(m.data(), g_marks, m.size() * 8)); CK(cudaMemcpyFromSymbol(info.data(), g_info, info.size() * 4));
     int long_rows = 0; for (int b = 0; b < B; ++b) long_rows += lens[b] > kTopK;
+    // cycles of phase i of row b (0 where the row never reached the stamp, e.g. the radix path)
+    auto phase = [&](int b, int i) { return m[b * 16 + i] > 0 ? double(m[b * 16 + i] - m[b * 16 + i - 1]) : 0.0; };
     for (int b = 0; b < B; ++b) {
       if (lens[b] <= kTopK) continue;
       double total = 0;
-      for (int i = 1; i <= 9; ++i) { double d = m[b * 16 + i] > 0 ? double(m[b * 16 + i] - m[b * 16 + i - 1]) : 0; acc[i] += d / long_rows / n; total += d; }
-      if (total > worst[0]) { worst[0] = total; for (int i = 1; i <= 9; ++i) worst[i] = m[b * 16 + i] > 0 ? double(m[b * 16 + i] - m[b * 16 + i - 1]) : 0; }
+      for (int i = 1; i <= 9; ++i) { acc[i] += phase(b, i) / long_rows / n; total += phase(b, i); }
+      if (total > worst[0]) { worst[0] = total; for (int i = 1; i <= 9; ++i) worst[i] = phase(b, i); }
       inbin += info[b * 4]; subdiv += info[b * 4] > kFastDirectRank; rows++;
     }
   };

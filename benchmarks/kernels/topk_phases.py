@@ -31,18 +31,18 @@ CSRC = ROOT / "solutions" / "triton" / "indexer" / "csrc"
 DRIVER = Path(__file__).resolve().with_name("topk_phases.cu")
 DEFAULT_CASES = ["indexer_086_b31_p36", "indexer_108_b1_p82", "indexer_127_b31_p91"]
 
-#: (mark, anchors): the stamp goes right after the first anchor found in the kernel's source.
-MARKS: list[tuple[int, tuple[str, ...]]] = [
-    (0, ("const int len = args.seq_lens[row];",)),
-    (1, ("if (len > args.max_len) __trap();",)),
-    (2, ("    f.warp_hi[warp] = hi;\n  }\n  __syncthreads();",)),
-    (3, ("    if (member) atomicAdd(&f.hist[(key - lo) >> shift], 1);\n  });\n  __syncthreads();",)),
-    (4, ("fast_threshold<kThreads, kFastBins>(f, kTopK);",)),
-    (5, ("const int exclusive = __shfl_sync(kFullMask, warp_base, kWarpSize - 1) + inclusive - packed;",)),
-    (6, ("  if (tid == 0) f.emitted = above;  // level 2 hands out the slots after the keys above\n  __syncthreads();",)),
-    (7, ("const int first_tie_slot = above + sub_above;",)),
-    (8, ("    if (member && member_lane == 0 && rank < tie_need) f.selected[first_tie_slot + rank] = static_cast<int>(me.y);\n  }",)),
-    (9, ("out_row[i] = physical_id(table_row, f.selected[i]);",)),
+#: (mark, anchor): the stamp goes right after the anchor, a line of the kernel's source.
+MARKS: list[tuple[int, str]] = [
+    (0, "const int len = args.seq_lens[row];"),
+    (1, "if (len > args.max_len) __trap();"),
+    (2, "    f.warp_hi[warp] = hi;\n  }\n  __syncthreads();"),
+    (3, "    if (member) atomicAdd(&f.hist[(key - lo) >> shift], 1);\n  });\n  __syncthreads();"),
+    (4, "fast_threshold<kThreads, kFastBins>(f, kTopK);"),
+    (5, "const int exclusive = __shfl_sync(kFullMask, warp_base, kWarpSize - 1) + inclusive - packed;"),
+    (6, "  if (tid == 0) f.emitted = above;  // level 2 hands out the slots after the keys above\n  __syncthreads();"),
+    (7, "const int first_tie_slot = above + sub_above;"),
+    (8, "    if (member && member_lane == 0 && rank < tie_need) f.selected[first_tie_slot + rank] = static_cast<int>(me.y);\n  }"),
+    (9, "out_row[i] = physical_id(table_row, f.selected[i]);"),
 ]
 STAMPS = """
 __device__ long long g_marks[4096 * 16];
@@ -53,10 +53,9 @@ __device__ int g_info[4096 * 4];
 
 def instrument(source: str) -> str:
     """The kernel source with the phase stamps (and the level-1 bin size recorded per row)."""
-    for mark, anchors in MARKS:
-        anchor = next((a for a in anchors if a in source), None)
-        if anchor is None:
-            raise SystemExit(f"topk_phases: anchor of phase stamp {mark} not found in topk_filtered.cuh: {anchors[0]!r}")
+    for mark, anchor in MARKS:
+        if anchor not in source:
+            raise SystemExit(f"topk_phases: anchor of phase stamp {mark} not found in topk_filtered.cuh: {anchor!r}")
         at = source.index(anchor) + len(anchor)
         source = source[:at] + f" DSA_MARK({mark});" + source[at:]
     source = source.replace("namespace dsa_topk {", "namespace dsa_topk {" + STAMPS, 1)

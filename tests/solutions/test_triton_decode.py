@@ -135,7 +135,7 @@ def check(fmt, case, config=None):
 def test_default_path_with_padded_pages_page_ends_empty_row_and_sink(name):
     fmt = FORMATS[name]
     lengths = [64, 40] if fmt is not kvr.V32 else None  # V4 / V4.1: batch 1's rows are short
-    case, backing, bs = make_case(fmt, page_pad=48, empty_rows=(1,), sink=True, topk_length=lengths, seed=1)
+    case, _, _ = make_case(fmt, page_pad=48, empty_rows=(1,), sink=True, topk_length=lengths, seed=1)
     out, lse, used = check(fmt, case)
     assert used.splits == 1 and used.combine == "none"
     assert torch.isinf(lse[0, 1]).all() and out[0, 1].eq(0).all()
@@ -146,7 +146,7 @@ def test_default_path_with_padded_pages_page_ends_empty_row_and_sink(name):
 def test_split_paths(name, combine, splits, block_n):
     fmt = FORMATS[name]
     lengths = [50, 3] if fmt is not kvr.V32 else None
-    case, backing, bs = make_case(fmt, b=2, s_q=2, topk=64, empty_rows=(2,), sink=True, topk_length=lengths, seed=2)
+    case, _, _ = make_case(fmt, b=2, s_q=2, topk=64, empty_rows=(2,), sink=True, topk_length=lengths, seed=2)
     config = DecodeConfig(block_n=block_n, splits=splits, combine=combine, num_warps=4, num_stages=1)
     _, _, used = check(fmt, case, config)
     assert (used.combine, used.splits) == (combine, splits)
@@ -159,14 +159,14 @@ def test_several_blocks_per_program_and_block_sizes_that_are_not_powers_of_two(n
     fmt = FORMATS[name]
     for block_size, num_blocks in ((61, 3), (2, 70)):
         lengths = [100, 128, 7] if fmt is not kvr.V32 else None
-        case, backing, bs = make_case(fmt, b=3, s_q=1, topk=128, block_size=block_size, num_blocks=num_blocks, seed=block_size,
+        case, _, _ = make_case(fmt, b=3, s_q=1, topk=128, block_size=block_size, num_blocks=num_blocks, seed=block_size,
                                       topk_length=lengths, page_pad=16)  # fmt: skip
         check(fmt, case, DecodeConfig(block_n=32, splits=1, num_warps=4, num_stages=1))
 
 
 def test_v4_topk_length_ignores_valid_ids_past_the_length():
     fmt = kvr.V4
-    case, backing, bs = make_case(fmt, b=3, s_q=2, topk=64, valid_frac=1.0, topk_length=[64, 17, 0], seed=4)
+    case, _, _ = make_case(fmt, b=3, s_q=2, topk=64, valid_frac=1.0, topk_length=[64, 17, 0], seed=4)
     out, lse, _ = check(fmt, case, DecodeConfig(block_n=16, splits=2, combine="last", num_warps=4, num_stages=1))
     assert torch.isinf(lse[2]).all() and out[2].eq(0).all()  # length 0: every id ignored
     # the ids past the length are valid and their records written: ignoring the length changes batch 1
@@ -176,10 +176,10 @@ def test_v4_topk_length_ignores_valid_ids_past_the_length():
 
 def test_all_rows_empty_and_large_logits():
     fmt = kvr.V32
-    case, backing, bs = make_case(fmt, b=1, s_q=2, topk=64, empty_rows=(0, 1), sink=True, seed=5)
+    case, _, _ = make_case(fmt, b=1, s_q=2, topk=64, empty_rows=(0, 1), sink=True, seed=5)
     out, lse, _ = check(fmt, case, DecodeConfig(block_n=16, splits=4, combine="two_launch", num_warps=4, num_stages=1))
     assert torch.isinf(lse).all() and lse.gt(0).all() and out.eq(0).all()
-    case, backing, bs = make_case(fmt, b=1, s_q=2, topk=64, seed=6)
+    case, _, _ = make_case(fmt, b=1, s_q=2, topk=64, seed=6)
     check(fmt, dict(case, sm_scale=0.5))  # logits of several hundred: exp2 overflows without the running max
 
 
@@ -187,7 +187,7 @@ def test_wrong_rope_offset_fails_the_reference():
     """A kernel that reads the RoPE part 16 bytes off (a geometry mutant) must fail the check,
     for the K-only RoPE of V3.2 and the V RoPE of V4: the test can tell."""
     for fmt in (kvr.V32, kvr.V4):
-        case, backing, bs = make_case(fmt, seed=7)
+        case, _, bs = make_case(fmt, seed=7)
         good = entry.record_geometry(fmt.kv_format, bs)
         mutant = geometry_mod.RecordGeometry(**{**good.__dict__, "rope_offset": good.rope_offset + 16})
         entry.record_geometry.cache_clear()
@@ -206,7 +206,7 @@ def test_ticket_words_survive_changing_split_counts_and_the_int32_wrap():
     starting just below the int32 wrap, each leave every word on a multiple of TICKETS_PER_CALL,
     advanced by exactly one call, and stay correct."""
     fmt = kvr.V41
-    case, backing, bs = make_case(fmt, b=1, s_q=2, topk=128, seed=8)
+    case, _, _ = make_case(fmt, b=1, s_q=2, topk=128, seed=8)
     words = entry.ticket_words(CPU, 2)
     units = words.view(-1, kernels.TICKET_STRIDE)[:, 0]
     units.fill_(2**31 - 2 * kernels.TICKETS_PER_CALL)
@@ -223,7 +223,7 @@ def test_ticket_words_survive_changing_split_counts_and_the_int32_wrap():
 
 def test_inputs_are_checked_and_left_unmodified():
     fmt = kvr.V32
-    case, backing, bs = make_case(fmt, seed=9)
+    case, backing, _ = make_case(fmt, seed=9)
     before = {k: v.clone() for k, v in case.items() if isinstance(v, torch.Tensor)}
     backing_before = backing.clone()
     run(fmt, case)
@@ -387,7 +387,7 @@ def _gpu_case(fmt, b, s_q, h_q, topk=2048, seq_blocks=64, **kw):
 def test_gpu_production_shapes_default_config(name, b, h_q):
     fmt = FORMATS[name]
     lengths = [2048 - 700 * (i % 3) for i in range(b)] if fmt is kvr.V4 else None
-    case, backing, bs = _gpu_case(fmt, b, 2, h_q, valid_frac=0.97, empty_rows=(1,), sink=True, topk_length=lengths)
+    case, _, _ = _gpu_case(fmt, b, 2, h_q, valid_frac=0.97, empty_rows=(1,), sink=True, topk_length=lengths)
     check(fmt, case)
 
 
@@ -396,7 +396,7 @@ def test_gpu_production_shapes_default_config(name, b, h_q):
 def test_gpu_every_combine_and_tiling(name):
     fmt = FORMATS[name]
     lengths = [2048, 1000] if fmt is not kvr.V32 else None
-    case, backing, bs = _gpu_case(fmt, 2, 2, 128, valid_frac=0.9, empty_rows=(3,), sink=True, topk_length=lengths)
+    case, _, _ = _gpu_case(fmt, 2, 2, 128, valid_frac=0.9, empty_rows=(3,), sink=True, topk_length=lengths)
     for config in (
         DecodeConfig(splits=16, combine="barrier"),
         DecodeConfig(splits=8, combine="last"),
@@ -413,7 +413,7 @@ def test_gpu_every_combine_and_tiling(name):
 def test_gpu_barrier_words_reused_across_many_calls():
     # h_q 64: 4 units, so even 32 splits keep the barrier's grid (128 programs) co-resident
     fmt = kvr.V32
-    case, backing, bs = _gpu_case(fmt, 2, 2, 64)
+    case, _, _ = _gpu_case(fmt, 2, 2, 64)
     ref = reference(fmt, case)
     words = entry.ticket_words(GPU, 4)
     words.view(-1, kernels.TICKET_STRIDE)[:, 0].fill_(2**31 - 5 * kernels.TICKETS_PER_CALL)

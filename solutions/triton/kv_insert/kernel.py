@@ -78,11 +78,6 @@ SMALL_CALL_TILE = LaunchTile(tokens=4, num_warps=4)
 INTERPRETER_MAX_TOKENS = 256
 
 
-def quantizes_rope(fmt: KvRecordFormat) -> bool:
-    """Whether ``fmt`` quantizes the RoPE dims too (no bf16 RoPE dims: V4.1)."""
-    return fmt.rope_dims == 0
-
-
 def default_tile(num_tokens: int) -> LaunchTile:
     if INTERPRETING:
         return LaunchTile(min(INTERPRETER_MAX_TOKENS, triton.next_power_of_2(max(num_tokens, 1))), 4)
@@ -107,7 +102,7 @@ def kernel_layout(fmt: KvRecordFormat, rotate: bool, block_size: int) -> dict[st
         raise ValueError(f"{fmt.kv_format}: this kernel writes e4m3 values with fp32 or UE8M0 scales only")
     tile = fmt.scale_tile
     latent_tiles = LATENT_DIMS // tile
-    rope_quantized = quantizes_rope(fmt)
+    rope_quantized = fmt.rope_dims == 0  # no bf16 RoPE dims: they are quantized too (V4.1)
     if rotate != (fmt.input_dims == LATENT_DIMS):
         raise ValueError(f"{fmt.kv_format}: RoPE dims inside the {LATENT_DIMS}-dim row iff they are rotated here")
     main_dims = fmt.quant_dims - (ROPE_DIMS if rope_quantized else 0)

@@ -175,6 +175,15 @@ __device__ __forceinline__ T* dynamic_shared() {
 #endif
 }
 
+// Inclusive prefix sum of `value` over the lanes of a warp (`lane` is the caller's). Warp-collective.
+__device__ __forceinline__ int warp_inclusive_sum(int value, int lane) {
+  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
+    const int v = __shfl_up_sync(kFullMask, value, offset);
+    if (lane >= offset) value += v;
+  }
+  return value;
+}
+
 // Finds the bin t of `hist` with count(bins > t) < need <= count(bins >= t); stores t and
 // count(bins > t) in `s`. Needs 1 <= need <= the histogram's total, so t exists. Block-wide.
 __device__ __forceinline__ void select_threshold(const int* hist, int need, SelectState& s) {
@@ -186,11 +195,7 @@ __device__ __forceinline__ void select_threshold(const int* hist, int need, Sele
   if (tid < kRadix) {  // warp-uniform: whole warps own bins
     // Thread i owns bin kRadix-1-i, so an inclusive prefix sum over threads counts bins >= it.
     count = hist[kRadix - 1 - tid];
-    at_or_above = count;
-    for (int offset = 1; offset < kWarpSize; offset <<= 1) {
-      const int v = __shfl_up_sync(kFullMask, at_or_above, offset);
-      if (lane >= offset) at_or_above += v;
-    }
+    at_or_above = warp_inclusive_sum(count, lane);
     if (lane == kWarpSize - 1) s.warp_sums[warp] = at_or_above;
   }
   __syncthreads();
@@ -290,11 +295,7 @@ template <int kThreads>
 __device__ __forceinline__ int block_inclusive_sum(int value, int lane, int warp, int* warp_totals) {
   constexpr int kWarps = kThreads / kWarpSize;
   static_assert(kWarps <= kWarpSize, "one lane per warp total");
-  int inclusive = value;
-  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
-    const int v = __shfl_up_sync(kFullMask, inclusive, offset);
-    if (lane >= offset) inclusive += v;
-  }
+  const int inclusive = warp_inclusive_sum(value, lane);
   if (lane == kWarpSize - 1) warp_totals[warp] = inclusive;
   __syncthreads();
   // The earlier warps' totals: lane w reads warp w's (all lanes at once), then one warp sum,
@@ -425,11 +426,7 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
     n_tie += bin == threshold;
   });
   const int packed = n_above | (n_tie << 16);
-  int inclusive = packed;
-  for (int offset = 1; offset < kWarpSize; offset <<= 1) {
-    const int v = __shfl_up_sync(kFullMask, inclusive, offset);
-    if (lane >= offset) inclusive += v;
-  }
+  const int inclusive = warp_inclusive_sum(packed, lane);
   int warp_base = 0;
   if (lane == kWarpSize - 1) warp_base = atomicAdd(&f.pass3_offsets, inclusive);
   const int exclusive = __shfl_sync(kFullMask, warp_base, kWarpSize - 1) + inclusive - packed;
