@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 import types
+from dataclasses import replace
 
 import pytest
 import torch
@@ -40,6 +41,8 @@ entry = importlib.import_module(f"{_PACKAGE}.decode.entry")
 config_mod = importlib.import_module(f"{_PACKAGE}.decode.config")
 kernels = importlib.import_module(f"{_PACKAGE}.decode.kernels")
 geometry_mod = importlib.import_module(f"{_PACKAGE}.decode.geometry")
+cuda_mod = importlib.import_module(f"{_PACKAGE}.decode.cuda")
+cuda_build = importlib.import_module(f"{_PACKAGE}.common.cuda_build")
 DecodeConfig = config_mod.DecodeConfig
 
 FORMATS = {"V32": kvr.V32, "V4": kvr.V4, "V41": kvr.V41}
@@ -76,6 +79,7 @@ def make_case(fmt, b=2, s_q=2, h_q=64, topk=64, block_size=16, num_blocks=8, see
     used = torch.unique(indices[indices >= 0])
     x = torch.randn(used.numel(), fmt.input_dims, generator=g) * 2
     fmt.write(backing, block_size, used, fmt.quantize(x, "flashmla"))
+    backing = backing.to(device)  # the view below, not a copy of it, keeps the padded page stride on the device
     cache = backing.as_strided((num_blocks, block_size, 1, fmt.bytes_per_token), (stride, fmt.bytes_per_token, fmt.bytes_per_token, 1))
     q = torch.randn(b, s_q, h_q, fmt.d_qk, generator=g).to(torch.bfloat16)
     attn_sink = None
@@ -85,7 +89,7 @@ def make_case(fmt, b=2, s_q=2, h_q=64, topk=64, block_size=16, num_blocks=8, see
     lengths = None if topk_length is None else torch.tensor(topk_length, dtype=torch.int32)
     case = dict(q=q, kv_cache=cache, indices=indices, sm_scale=fmt.d_qk**-0.55, attn_sink=attn_sink, topk_length=lengths)
     case = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in case.items()}
-    return case, backing.to(device), block_size
+    return case, backing, block_size
 
 
 def reference(fmt, case) -> tuple[torch.Tensor, torch.Tensor]:
@@ -282,6 +286,77 @@ def test_gpu_policy_on_the_production_shapes():
         del os.environ["DSA_DECODE_TWO_LAUNCH"]
 
 
+def test_cuda_kernel_config_and_policy():
+    """The CUDA kernel's tiling is fixed; its split count follows auto_splits on one program per SM."""
+    sms = 132
+    for (b, h_q), splits in {(2, 128): 16, (2, 64): 32, (64, 128): 1, (128, 128): 1, (74, 128): 2}.items():
+        config = config_mod.cuda_config(b * 2, h_q, 2048, sms)
+        assert (config.kernel, config.splits, config.combine) == ("cuda", splits, "none" if splits == 1 else "two_launch"), (b, h_q)
+        config.validate(h_q, 2048)
+    cuda = config_mod.CUDA_CONFIG
+    with pytest.raises(ValueError, match="tiling is fixed"):
+        replace(cuda, splits=1, combine="none", block_n=32).validate(128, 2048)
+    with pytest.raises(ValueError, match="second launch"):
+        replace(cuda, splits=4, combine="barrier").validate(128, 2048)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        replace(cuda, splits=1, combine="none").validate(96, 2048)
+    with pytest.raises(ValueError, match=r"splits must be in \[1, 32\]"):
+        replace(cuda, splits=33, combine="two_launch").validate(128, 2048)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        DecodeConfig(kernel="cutlass").validate(64, 2048)
+    # under the interpreter (these CPU tests) the default is Triton's, and the CUDA kernel is refused
+    fmt = kvr.V32
+    case, _, _ = make_case(fmt, seed=3)
+    _, _, used = check(fmt, case)
+    assert used.kernel == "triton"
+    with pytest.raises(ValueError, match="does not run under the Triton interpreter"):
+        run(fmt, case, replace(cuda, splits=1))
+    assert cuda_mod.unsupported_reason(kvr.V41, case["q"], case["kv_cache"]).startswith("V41 records")
+    assert cuda_mod.unsupported_reason(fmt, case["q"], case["kv_cache"]) == "not an SM90 GPU"
+
+
+@pytest.mark.slow
+def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
+    """The decode library as a GPU machine builds it (plus ``-Xptxas -v``): both formats' decode
+    kernels and the combine without spills or serialized wgmma, the header's constants matching
+    the record descriptors, argument errors named before any CUDA call, only the C ABI exported."""
+    if cuda_build.nvcc_path() is None:
+        pytest.skip("nvcc is not installed")
+    import re
+    import shutil
+
+    build = (cuda_mod.STEM, cuda_mod.WHAT, cuda_mod.HERE, cuda_mod.SOURCES, cuda_mod.HEADERS, "sm_90a")
+    compiled = cuda_build.compile_library(*build, root=tmp_path, extra_flags=("-Xptxas", "-v"))
+    assert "spill stores" in compiled.log and not re.search(r"[1-9]\d* bytes spill stores", compiled.log), compiled.log
+    assert "C7512" not in compiled.log, "wgmma serialized for lack of registers"
+    entries = re.findall(r"Compiling entry function '\w*?(decode_kernelILi[01]E|combine_kernel)\w*'", compiled.log)
+    assert sorted(entries) == ["combine_kernel", "decode_kernelILi0E", "decode_kernelILi1E"], compiled.log
+    library = cuda_build.CudaLibrary(compiled, cuda_mod.WHAT, cuda_mod.PREFIX, cuda_mod.SIGNATURES)  # opens without a GPU
+    assert library.mismatched(cuda_mod.EXPECTED_CONSTANTS) == []
+    assert library.mismatched(dict(cuda_mod.EXPECTED_CONSTANTS, V4_QUANT_DIMS=512)) == ["V4_QUANT_DIMS"]
+
+    def launch_args(fmt=0, h_q=128, splits=1, q=16):
+        return [0, None, fmt, q, 0, 0, 0, 16, 0, 64, 656, 512, 656, 528, 16, 0, 0, None, None, 16, 0, 0, 0, 16, 0, 0, 0,
+                None, None, 2, 2, h_q, 2048, splits, 0.1]  # fmt: skip
+
+    with pytest.raises(RuntimeError, match="format must be 0"):
+        library.call("launch", *launch_args(fmt=2))
+    with pytest.raises(RuntimeError, match="h_q must be a positive multiple"):
+        library.call("launch", *launch_args(h_q=96))
+    with pytest.raises(RuntimeError, match="splits must be in"):
+        library.call("launch", *launch_args(splits=33))
+    with pytest.raises(RuntimeError, match="null tensor pointer"):
+        library.call("launch", *launch_args(splits=2))  # no partial scratch
+    with pytest.raises(RuntimeError, match="16-byte aligned"):
+        library.call("launch", *launch_args(q=8))
+    nm = shutil.which("nm")
+    if nm:
+        proc = subprocess.run([nm, "-D", "--defined-only", str(compiled.path)], capture_output=True, text=True, check=True)
+        exported = {line.split()[-1] for line in proc.stdout.splitlines() if line.strip()}
+        wanted = {cuda_mod.PREFIX + name for name in [*cuda_mod.SIGNATURES, "error_string", *cuda_mod.EXPECTED_CONSTANTS]}
+        assert exported == wanted, "the C ABI alone is exported"
+
+
 def test_geometry_comes_from_the_descriptors():
     for fmt in FORMATS.values():
         for bs in (1, 2, 61, 64):
@@ -426,3 +501,40 @@ def test_gpu_barrier_words_reused_across_many_calls():
     torch.cuda.synchronize()
     assert_matches(out, lse, *ref, "last call")
     assert (words.view(-1, kernels.TICKET_STRIDE)[:4, 0] % kernels.TICKETS_PER_CALL == 0).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["V32", "V4"])
+def test_gpu_cuda_kernel_is_the_default_and_matches_on_every_split(name):
+    fmt = FORMATS[name]
+    lengths = [2048, 1000] if fmt is kvr.V4 else None
+    case, _, _ = _gpu_case(fmt, 2, 2, 128, valid_frac=0.9, empty_rows=(3,), sink=True, topk_length=lengths)
+    _, _, used = check(fmt, case)
+    assert used.kernel == "cuda" and used.splits > 1 and used.combine == "two_launch"
+    for splits in (1, 2, 4, 32):
+        _, _, used = check(fmt, case, replace(config_mod.CUDA_CONFIG, splits=splits))
+        assert (used.kernel, used.splits) == ("cuda", splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["V32", "V4"])
+@pytest.mark.parametrize("block_size,topk,page_pad", [(64, 64, 0), (16, 576, 48), (61, 130, 16), (2, 100, 0)])
+def test_gpu_cuda_kernel_on_small_pages_short_rows_and_padded_page_strides(name, block_size, topk, page_pad):
+    fmt = FORMATS[name]
+    lengths = [topk - 7, 0, topk] if fmt is kvr.V4 else None
+    blocks = -(-3 * 2 * topk // block_size) + 2
+    case, _, _ = make_case(fmt, b=3, s_q=2, h_q=64, topk=topk, block_size=block_size, num_blocks=blocks, page_pad=page_pad,
+                           empty_rows=(2,), sink=True, topk_length=lengths, device=GPU)  # fmt: skip
+    for splits in (1, 2):
+        _, _, used = check(fmt, case, replace(config_mod.CUDA_CONFIG, splits=splits))
+        assert used.kernel == "cuda"
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_kernel_refuses_what_it_cannot_take():
+    fmt = kvr.V41
+    case, _, _ = _gpu_case(fmt, 2, 1, 64, topk=64, seq_blocks=2)
+    _, _, used = check(fmt, case)
+    assert used.kernel == "triton"  # V4.1 records: no CUDA path on SM90
+    with pytest.raises(ValueError, match="CUDA MLA decode cannot take this call"):
+        run(fmt, case, replace(config_mod.CUDA_CONFIG, splits=1))

@@ -29,6 +29,9 @@ from .geometry import D_V, MIN_DOT_DIM
 from .kernels import TICKETS_PER_CALL
 
 COMBINES = ("auto", "barrier", "last", "two_launch", "none")
+#: which kernel a config runs: the Triton kernel (kernels.py; GPU and interpreter) or the
+#: hand-written SM90 one (cuda.py; V3.2 and V4 on an H100/H200)
+KERNELS = ("triton", "cuda")
 PARTIAL_DTYPES = ("bf16", "fp32")
 #: Heads per program the kernel is designed for: acc [64, 512] fp32 is 128 registers per thread
 #: at 8 warps, and 64 is wgmma's M (docs/kernels/mla_decode.md, "Tiling").
@@ -50,9 +53,15 @@ class DecodeConfig:
     combine: str = "auto"
     partial_dtype: str = "fp32"
     l2_prefetch: bool = True
+    kernel: str = "triton"
 
     def validate(self, h_q: int, topk: int) -> None:
         """Raises ValueError naming the config and what it gets wrong for (h_q, topk)."""
+        if self.kernel not in KERNELS:
+            raise ValueError(f"{self}: kernel must be one of {', '.join(KERNELS)}")
+        if self.kernel == "cuda":
+            self._validate_cuda(h_q)
+            return
         if not _is_pow2(self.block_h) or self.block_h < MIN_DOT_DIM or h_q % self.block_h:
             raise ValueError(f"{self}: block_h must be a power of two >= {MIN_DOT_DIM} dividing h_q = {h_q}")
         if not _is_pow2(self.block_n) or self.block_n < MIN_DOT_DIM:
@@ -72,6 +81,31 @@ class DecodeConfig:
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
             raise ValueError(f"{self}: num_warps in 1..16 (a power of two), num_stages >= 1")
 
+    def _validate_cuda(self, h_q: int) -> None:
+        fixed = replace(CUDA_CONFIG, splits=self.splits, combine=self.combine)
+        if self != fixed:
+            raise ValueError(f"{self}: the CUDA kernel's tiling is fixed ({CUDA_CONFIG}); only splits and combine vary")
+        if h_q % self.block_h:
+            raise ValueError(f"{self}: h_q = {h_q} must be a multiple of {self.block_h}")
+        if not 1 <= self.splits <= MAX_SPLITS:
+            raise ValueError(f"{self}: splits must be in [1, {MAX_SPLITS}]")
+        if self.combine not in ("none", "two_launch") or (self.combine == "none") != (self.splits == 1):
+            raise ValueError(f"{self}: the CUDA kernel combines splits in a second launch ('two_launch'), one split needs none")
+
+
+#: The hand-written SM90 kernel (cuda.py, csrc/decode_sm90.cu): 64 heads x 64 records per step,
+#: three warpgroups (12 warps: a producer and two consumers), two dequantized stages, fp32
+#: partials combined by the Triton combine kernel. Only the split count is chosen per call.
+CUDA_CONFIG = DecodeConfig(block_h=64, block_n=64, splits=0, num_warps=12, num_stages=2, combine="auto", partial_dtype="fp32",
+                           l2_prefetch=True, kernel="cuda")  # fmt: skip
+
+
+def cuda_config(tokens: int, h_q: int, topk: int, sm_count: int) -> DecodeConfig:
+    """The CUDA kernel's config of a call: auto_splits over its one-program-per-SM grid, the
+    second-launch combine when split."""
+    splits = auto_splits(tokens * (h_q // CUDA_CONFIG.block_h), topk, CUDA_CONFIG.block_n, sm_count)
+    return replace(CUDA_CONFIG, splits=splits, combine="none" if splits == 1 else "two_launch")
+
 
 @dataclass(frozen=True)
 class ConfigRule:
@@ -87,9 +121,7 @@ class ConfigRule:
 #: First match wins; the last rule catches everything. Not yet tuned on the H200: every rule is
 #: the design point (64 x 64 tiles, 8 warps, 1 stage, L2 prefetch) with the split count from auto_splits.
 #: Paste the rules benchmarks/kernels/mla_decode.py --configs prints above the catch-all.
-CONFIG_TABLE: tuple[ConfigRule, ...] = (
-    ConfigRule(None, None, 2**31, DecodeConfig()),
-)
+CONFIG_TABLE: tuple[ConfigRule, ...] = (ConfigRule(None, None, 2**31, DecodeConfig()),)
 
 #: Interpreter configs: its cost grows with the elements each program touches and it runs
 #: programs one after another, so the fewest, largest programs (the tests exercise the others).
@@ -118,8 +150,9 @@ def auto_splits(units: int, topk: int, block_n: int, sm_count: int) -> int:
     return best
 
 
-def select_config(kv_format: str, h_q: int, tokens: int, topk: int, sm_count: int,
-                  table: tuple[ConfigRule, ...] = CONFIG_TABLE) -> DecodeConfig:
+def select_config(
+    kv_format: str, h_q: int, tokens: int, topk: int, sm_count: int, table: tuple[ConfigRule, ...] = CONFIG_TABLE
+) -> DecodeConfig:
     """The GPU config of a call: the first matching rule, its split count and block_n fitted to
     ``topk`` (block_n halved while it exceeds the split), validated."""
     for rule in table:

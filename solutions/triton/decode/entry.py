@@ -35,8 +35,8 @@ import torch
 
 from dsa_bench.definitions.kv_records import V4, V32, V41, KvRecordFormat
 
-from . import kernels
-from .config import DecodeConfig, auto_splits, interpreter_config, resolve_combine, select_config
+from . import cuda, kernels
+from .config import DecodeConfig, auto_splits, cuda_config, interpreter_config, resolve_combine, select_config
 from .geometry import D_V, RecordGeometry
 
 BYTE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
@@ -57,14 +57,18 @@ def check_io(fmt: KvRecordFormat, q, kv_cache, indices, attn_sink, topk_length, 
     if d_qk != fmt.d_qk or q.dtype != torch.bfloat16:
         raise ValueError(f"q: expected bf16 [b, s_q, h_q, {fmt.d_qk}] for {fmt.kv_format}, got {q.dtype} {list(q.shape)}")
     if kv_cache.dim() != 4 or kv_cache.shape[2] != 1 or kv_cache.shape[3] != fmt.bytes_per_token or kv_cache.dtype not in BYTE_DTYPES:
-        raise ValueError(f"kv_cache: expected uint8 [num_blocks, block_size, 1, {fmt.bytes_per_token}] ({fmt.kv_format}), "
-                         f"got {kv_cache.dtype} {list(kv_cache.shape)}")
+        raise ValueError(
+            f"kv_cache: expected uint8 [num_blocks, block_size, 1, {fmt.bytes_per_token}] ({fmt.kv_format}), "
+            f"got {kv_cache.dtype} {list(kv_cache.shape)}"
+        )
     block_size = kv_cache.shape[1]
     if block_size > 1 and kv_cache.stride(1) != fmt.bytes_per_token or kv_cache.stride(3) != 1:
         raise ValueError(f"kv_cache: stride(1) must be {fmt.bytes_per_token} and stride(3) 1, got strides {list(kv_cache.stride())}")
     if kv_cache.shape[0] > 1 and kv_cache.stride(0) < fmt.packed_page_bytes(block_size):
-        raise ValueError(f"kv_cache: page stride {kv_cache.stride(0)} B < the packed page {fmt.packed_page_bytes(block_size)} B "
-                         f"({fmt.kv_format}, block size {block_size})")
+        raise ValueError(
+            f"kv_cache: page stride {kv_cache.stride(0)} B < the packed page {fmt.packed_page_bytes(block_size)} B "
+            f"({fmt.kv_format}, block size {block_size})"
+        )
     if indices.dim() != 3 or tuple(indices.shape[:2]) != (b, s_q) or indices.dtype != torch.int32:
         raise ValueError(f"indices: expected int32 [{b}, {s_q}, topk], got {indices.dtype} {list(indices.shape)}")
     topk = indices.shape[2]
@@ -95,8 +99,10 @@ def interpreted(device: torch.device) -> bool:
     if kernels.INTERPRETED:
         return True
     if device.type != "cuda":
-        raise RuntimeError(f"tensors on {device}: compiled Triton kernels need CUDA tensors; "
-                           "set TRITON_INTERPRET=1 before triton is imported to run them on the CPU")
+        raise RuntimeError(
+            f"tensors on {device}: compiled Triton kernels need CUDA tensors; "
+            "set TRITON_INTERPRET=1 before triton is imported to run them on the CPU"
+        )
     return False
 
 
@@ -137,16 +143,27 @@ def ticket_words(device: torch.device, units: int) -> torch.Tensor:
 
 
 def plan_config(fmt: KvRecordFormat, b: int, s_q: int, h_q: int, topk: int, device: torch.device,
-                config: DecodeConfig | None = None) -> DecodeConfig:  # fmt: skip
-    """The concrete config a call runs with: ``config`` (splits 0: auto) or the table's / the
-    interpreter's, with the combine resolved for the grid; validated."""
+                config: DecodeConfig | None = None, cuda_reason: str | None = "not asked") -> DecodeConfig:  # fmt: skip
+    """The concrete config a call runs with: ``config`` (splits 0: auto), else the CUDA kernel's
+    when the call can take it (``cuda_reason`` None), else the table's / the interpreter's, with
+    the combine resolved for the grid; validated."""
     interp = interpreted(device)
     sms = 1 if interp else _device_sms(device)
     if config is None:
         if interp:
             config = interpreter_config(h_q, topk)
+        elif cuda_reason is None:
+            config = cuda_config(b * s_q, h_q, topk, sms)
         else:
             return select_config(fmt.kv_format, h_q, b * s_q, topk, sms)
+    if config.kernel == "cuda":
+        if interp:
+            raise ValueError(f"{config}: the CUDA kernel does not run under the Triton interpreter")
+        if config.splits == 0:
+            config = replace(config, splits=cuda_config(b * s_q, h_q, topk, sms).splits)
+        config = replace(config, combine="none" if config.splits == 1 else "two_launch")
+        config.validate(h_q, topk)
+        return config
     units = b * s_q * (h_q // config.block_h) if h_q % config.block_h == 0 else 0
     if config.splits == 0:
         config = replace(config, splits=auto_splits(units, topk, config.block_n, sms))
@@ -166,12 +183,21 @@ def mla_decode(fmt: KvRecordFormat, q, kv_cache, indices, sm_scale, attn_sink, t
         lse.fill_(float("inf"))
     if tokens == 0 or h_q == 0 or topk == 0:
         return config or DecodeConfig()
-    config = plan_config(fmt, b, s_q, h_q, topk, device, config)
-    geometry = record_geometry(fmt.kv_format, kv_cache.shape[1])
     interp = interpreted(device)
+    cuda_reason = "interpreter" if interp else cuda.unsupported_reason(fmt, q, kv_cache)
+    config = plan_config(fmt, b, s_q, h_q, topk, device, config, cuda_reason)
+    geometry = record_geometry(fmt.kv_format, kv_cache.shape[1])
     head_blocks = h_q // config.block_h
     units = tokens * head_blocks
     splits = config.splits
+    cache = kv_cache if kv_cache.dtype == torch.uint8 else kv_cache.view(torch.uint8)
+    if config.kernel == "cuda":
+        part_out = part_lse = None
+        if splits > 1:
+            part_out = torch.empty(units * splits * config.block_h * D_V, dtype=torch.float32, device=device)
+            part_lse = torch.empty(units * splits * config.block_h, dtype=torch.float32, device=device)
+        cuda.run(fmt, geometry, q, cache, indices, sm_scale, attn_sink, topk_length, out, lse, splits, part_out, part_lse)
+        return config
     mode = {"none": kernels.MODE_DIRECT, "two_launch": kernels.MODE_PARTIAL, "barrier": kernels.MODE_BARRIER,
             "last": kernels.MODE_LAST}[config.combine]  # fmt: skip
     part_out = part_lse = tickets = None
@@ -184,7 +210,6 @@ def mla_decode(fmt: KvRecordFormat, q, kv_cache, indices, sm_scale, attn_sink, t
     scan = 1
     while scan < -(-topk // splits):
         scan *= 2
-    cache = kv_cache if kv_cache.dtype == torch.uint8 else kv_cache.view(torch.uint8)
     kernels._decode_kernel[(head_blocks, splits, tokens)](
         q, cache, indices, topk_length, attn_sink, out, lse, part_out, part_lse, tickets,
         float(sm_scale) * kernels.LOG2_E, kv_cache.stride(0),
@@ -234,6 +259,10 @@ def kernel_v41(q, kv_cache, indices, sm_scale, attn_sink, topk_length, out, lse)
 def solution_notes() -> str:
     if kernels.INTERPRETED:
         return "MLA decode under the Triton interpreter: one program per (query token, 64-head block), no splits"
-    return ("MLA decode: Triton, FP8 records dequantized in registers, 64 heads x 64 records per step (tl.dot bf16, fp32 "
-            "accumulation), log2-domain online softmax; split over the topk positions when b * s_q is small, the combine "
-            "behind a per-unit ticket barrier in the same launch when the grid is co-resident, else a second launch")
+    return (
+        "MLA decode: on SM90 for V3.2 and V4 the hand-written CUDA kernel (wgmma; a producer warpgroup gathers and "
+        "dequantizes 64-record tiles into two shared-memory stages, two consumer warpgroups attend them; split over the "
+        "topk positions when b * s_q is small, the partials merged by a CUDA combine kernel launched as a programmatic "
+        "dependent); otherwise (V4.1, other GPUs, unaligned caches) Triton: FP8 records dequantized in registers, 64 heads "
+        "x 64 records per step, the split's combine behind a per-unit ticket barrier or in a second launch"
+    )

@@ -1,0 +1,639 @@
+// FlashMLA-style sparse MLA decode over FP8 KV records for Hopper, hand-written (wgmma).
+// Pure CUDA (no torch); nvcc links it with decode_capi.cpp, the C ABI, into one shared library
+// (common/cuda_build.py). docs/kernels/mla_decode.md explains the design.
+//
+// Grid (h_q / 64 head blocks, S splits, b * s_q query tokens); 384 threads = three warpgroups,
+// one program per SM (the dequantized tiles fill shared memory). Program (hb, s, t) attends the
+// 64 heads hb*64.. of query token t over the positions s, s + S, s + 2S, ... of its index row,
+// in tiles of 64 records:
+//   producer   warpgroup 0: two threads per record gather its FP8 bytes, scales and RoPE into
+//              registers (the next tile's lines prefetched into L2 meanwhile), wait for a free
+//              stage, dequantize (e4m3 x scale -> bf16, RNE) and store the tile [64, d_qk] into
+//              shared memory in the 128-byte-swizzled layout wgmma reads; then arrive on the
+//              stage's `full` mbarrier. Invalid ids (-1, or past topk_length) store zeros and a
+//              -inf logit bias, never touching the cache.
+//   consumers  warpgroups 1 and 2 (m = 0, 1): S = Q K^T for records 32m..32m+31 (wgmma
+//              m64n32k16, Q and K both from shared memory), the online softmax in the log2 domain
+//              with the row maxima exchanged through shared memory (both warpgroups keep the
+//              same running max), P (bf16) for their 32 records stored into one shared [64, 64]
+//              tile, then O[:, 256m..256m+255] += P V (wgmma m64n256k16, V the same tile read
+//              transposed), and release the stage on its `empty` mbarrier.
+// The output is O / l (times the sink factor) with lse = (m + log2 l) ln 2, or with S > 1 a
+// partial (O / l, m + log2 l) per split that combine_kernel, launched next as a programmatic
+// dependent (its launch overlaps the decode's tail), merges.
+#include "decode_sm90.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../../common/csrc/sm90_sync.cuh"
+
+namespace dsa_decode {
+namespace {
+
+using dsa_sm90::fence_mbarrier_init;
+using dsa_sm90::fence_proxy_async;
+using dsa_sm90::mbarrier_arrive;
+using dsa_sm90::mbarrier_init;
+using dsa_sm90::mbarrier_wait;
+using dsa_sm90::named_barrier;
+using dsa_sm90::smem_addr;
+
+constexpr int kWarpSize = 32;
+constexpr int kWarpgroupThreads = 128;
+constexpr int kMathWarpgroups = 2;
+constexpr int kThreads = (1 + kMathWarpgroups) * kWarpgroupThreads;  // producer + consumers
+constexpr int kMathThreads = kMathWarpgroups * kWarpgroupThreads;
+constexpr int kMathBarrier = 1;  // named barrier of the two consumer warpgroups
+// Shared tiles are 128-byte-swizzled atoms: 64 rows of 64 bf16 (128 B), 8 KB, the 16-byte chunk
+// c of row r stored at chunk c ^ (r % 8); a row of d_qk dims spans d_qk / 64 atoms.
+constexpr int kAtomCols = 64;
+constexpr int kAtomRowBytes = kAtomCols * 2;
+constexpr int kAtomRows = 64;
+constexpr int kAtomBytes = kAtomRows * kAtomRowBytes;
+constexpr int kSwizzleGroupBytes = 8 * kAtomRowBytes;  // 8 rows: the swizzle period, wgmma's SBO
+constexpr int kChunkCols = 8;                          // bf16 per 16-byte chunk
+constexpr int kMmaK = 16;                              // k of one wgmma
+constexpr int kRecordThreads = 2;                      // producer threads per record
+constexpr int kProducerThreads = kWarpgroupThreads;
+constexpr int kQkTokens = kTileTokens / kMathWarpgroups;  // records each consumer scores
+constexpr int kPvCols = kDv / kMathWarpgroups;            // value columns each consumer owns
+constexpr int kAccRegs = kHeadsPerProgram * kPvCols / kWarpgroupThreads;
+constexpr int kLogitRegs = kHeadsPerProgram * kQkTokens / kWarpgroupThreads;
+constexpr uint32_t kL2Line = 128;
+constexpr float kLn2 = 0.6931471805599453f;
+// Registers per thread after the warpgroups rebalance the 168 the launch gives each: the
+// producer gives up what the consumers' accumulators need (128 x (168 - 136) = 256 x (184 - 168)); other splits spilled under nvcc 13.0.
+constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+constexpr int kProducerRegisters = 136;
+constexpr int kConsumerRegisters = 184;
+static_assert(kWarpgroupThreads * (kLaunchRegisters - kProducerRegisters) >= kMathThreads * (kConsumerRegisters - kLaunchRegisters),
+              "the consumers take only what the producer released");
+
+static_assert(kHeadsPerProgram == 64 && kAtomRows == kHeadsPerProgram && kAtomRows == kTileTokens,
+              "Q, the record tiles and P are 64-row atoms; 64 is wgmma's M for one warpgroup");
+static_assert(kProducerThreads == kRecordThreads * kTileTokens, "two producer threads per record of a tile");
+static_assert(kQkTokens == 32 && kAccRegs == 128 && kLogitRegs == 16, "wgmma m64n32 for S, m64n256 for O");
+static_assert(kPvCols % kAtomCols == 0 && kTileTokens % kMmaK == 0, "P.V in whole atoms and k-steps");
+static_assert(kStages == 2, "the producer's and consumers' phase parities assume two stages");
+
+// Format traits: the K row's dims (decode_sm90.h), the per-thread split of a record's bytes.
+template <int kFormat>
+struct Layout {
+  static constexpr FormatDims kDims = kFormat == kFormatV32 ? kV32Dims : kV4Dims;
+  static constexpr int kDqk = kDims.d_qk;
+  static constexpr int kQuantDims = kDims.quant_dims;
+  static constexpr int kRopeDims = kDims.rope_dims;
+  static constexpr int kScaleTile = kDims.scale_tile;
+  static constexpr bool kFp32Scales = kDims.fp32_scales;
+  static constexpr bool kScalesInRow = kFormat == kFormatV32;  // per-token records: scales inside the data row
+  static constexpr int kAtoms = kDqk / kAtomCols;
+  static constexpr int kFp8PerThread = kQuantDims / kRecordThreads;
+  static constexpr int kFp8Vecs = kFp8PerThread / 16;             // 16-byte vectors of FP8 values
+  static constexpr int kRopePerThread = kRopeDims / kRecordThreads;
+  static constexpr int kRopeVecs = kRopePerThread / kChunkCols;   // 16-byte vectors of bf16 RoPE
+  static constexpr int kScalesPerThread = kFp32Scales ? kFp8PerThread / kScaleTile : 8;  // fp32 pair or 8 UE8M0 bytes
+  static_assert(kDqk % kAtomCols == 0 && kDqk >= kDv, "whole atoms; V is the first kDv dims");
+  static_assert(kFp8PerThread % 16 == 0 && kRopePerThread % kChunkCols == 0, "whole vectors per producer thread");
+  static_assert(kFp8PerThread % kScaleTile == 0 || !kFp32Scales, "a producer thread's fp32 scales are whole tiles");
+  static_assert(kFp32Scales ? kScalesPerThread == 2 : kDims.num_scales <= 8, "scales in one 8-byte load");
+  static_assert(kScaleTile % 16 == 0, "a 16-value vector never straddles scale tiles");
+};
+
+template <int kFormat>
+struct Tiles {
+  alignas(1024) uint8_t q[Layout<kFormat>::kAtoms * kAtomBytes];             // Q [64 heads, d_qk]
+  alignas(1024) uint8_t kv[kStages][Layout<kFormat>::kAtoms * kAtomBytes];   // records [64, d_qk], bf16
+  alignas(1024) uint8_t p[kAtomBytes];                                       // P [64 heads, 64 records]
+};
+struct Small {
+  float bias[kStages][kTileTokens];             // 0 or -inf per record of a stage
+  float row_max[kMathWarpgroups][kHeadsPerProgram];
+  float row_sum[kMathWarpgroups][kHeadsPerProgram];
+  uint64_t full[kStages];   // producer -> consumers: the stage's tile is stored
+  uint64_t empty[kStages];  // consumers -> producer: the stage's tile has been read
+};
+template <int kFormat>
+constexpr int shared_bytes() {
+  return static_cast<int>(sizeof(Tiles<kFormat>) + sizeof(Small)) + 1024;  // + the base's alignment
+}
+static_assert(shared_bytes<kFormatV32>() <= 227 * 1024, "V3.2 tiles fit Hopper's 227 KB per block");
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float fast_log2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+template <int kRegisters>
+__device__ __forceinline__ void set_registers_down() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void set_registers_up() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+
+// Byte offset of the 16-byte chunk holding column `col` (a multiple of 8) of row `row` in a
+// swizzled tile of atoms.
+__device__ __forceinline__ uint32_t swizzled(int row, int col) {
+  const int chunk = (col / kChunkCols) % (kAtomRowBytes / 16);
+  return (col / kAtomCols) * kAtomBytes + row * kAtomRowBytes + ((chunk ^ (row % 8)) << 4);
+}
+
+// wgmma shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride
+// byte offsets (PTX ISA, "Matrix Descriptor Format").
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t leading, uint32_t stride) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(leading >> 4) << 16) |
+         (static_cast<uint64_t>(stride >> 4) << 32) | (1ull << 62);
+}
+// K-major operand (rows of 64 k-values per atom): 8-row groups 1024 B apart; the leading offset
+// is unused with this swizzle. A k-step of 16 moves the start by 32 bytes inside the atom.
+__device__ __forceinline__ uint64_t kmajor_desc(uint32_t addr) { return smem_desc(addr, 16, kSwizzleGroupBytes); }
+// MN-major operand (V: rows are k = records, 64 n-values per atom row): atoms along n are
+// kAtomBytes apart (leading), 8-row k-groups 1024 B apart (stride).
+__device__ __forceinline__ uint64_t mnmajor_desc(uint32_t addr) { return smem_desc(addr, kAtomBytes, kSwizzleGroupBytes); }
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving accesses of accumulator registers across wgmma fences and waits.
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// D[64, 32] (+)= A[64, 16] B[16, 32]: A and B K-major in shared memory (S = Q K^T).
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// D[64, 256] (+)= A[64, 16] B[16, 256]: A K-major, B MN-major (transposed) in shared memory (O += P V).
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "}, %128, %129, p, 1, 1, 0, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// 8 e4m3 values (two 32-bit words) times `scale`, as 8 bf16 (round to nearest even), through
+// fp32: e4m3x2 -> f16x2 -> 2 x f32, the multiply, f32 x 2 -> bf16x2. (A path of integer bit moves
+// and one bf16x2 multiply by the scale was slower on the H200: docs/kernels/mla_decode.md.)
+__device__ __forceinline__ uint4 dequant8(uint32_t w0, uint32_t w1, float scale) {
+  uint32_t out[4];
+  const uint32_t words[2] = {w0, w1};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint16_t pair = static_cast<uint16_t>(words[i / 2] >> (16 * (i % 2)));
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * scale, f.y * scale);
+    out[i] = *reinterpret_cast<const uint32_t*>(&b);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// A UE8M0 scale byte as the float 2^(e - 127) (e = 0: 2^-127, a subnormal).
+__device__ __forceinline__ float ue8m0(uint32_t e) { return __int_as_float(e ? e << 23 : 0x00400000); }
+
+struct Row {
+  int bi, si, hb, split, n_pos, n_tiles;
+  const int32_t* ids;  // the query token's index row
+};
+
+__device__ __forceinline__ int record_id(const DecodeArgs& a, const Row& row, int tile, int token) {
+  const int k = tile * kTileTokens + token;
+  return k < row.n_pos ? __ldg(row.ids + row.split + static_cast<int64_t>(k) * a.splits) : -1;
+}
+
+// Warpgroup 0: gathers and dequantizes every tile of the program into the stages.
+template <int kFormat>
+__device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Tiles<kFormat>& tiles, Small& sm) {
+  using L = Layout<kFormat>;
+  const int token = threadIdx.x / kRecordThreads;  // record of the tile this thread fills
+  const int part = threadIdx.x % kRecordThreads;   // which half of its bytes
+  int id = row.n_tiles > 0 ? record_id(a, row, 0, token) : -1;
+  for (int i = 0; i < row.n_tiles; ++i) {
+    const int stage = i % kStages;
+    const bool valid = id >= 0;
+    uint4 raw[L::kFp8Vecs];
+    uint4 rope[L::kRopeVecs];
+    uint2 scales = make_uint2(0, 0);
+    if (valid) {
+      const int block = id / a.block_size;
+      const int slot = id - block * a.block_size;
+      const uint8_t* page = a.cache + static_cast<int64_t>(block) * a.page_stride;
+      const uint8_t* data = page + static_cast<int64_t>(slot) * a.data_slot_bytes;
+      const uint4* values = reinterpret_cast<const uint4*>(data + part * L::kFp8PerThread);
+#pragma unroll
+      for (int v = 0; v < L::kFp8Vecs; ++v) raw[v] = __ldg(values + v);
+      const uint4* rope_src = reinterpret_cast<const uint4*>(data + a.rope_offset + part * L::kRopePerThread * 2);
+#pragma unroll
+      for (int v = 0; v < L::kRopeVecs; ++v) rope[v] = __ldg(rope_src + v);
+      const uint8_t* scale_src = page + a.scale_base + static_cast<int64_t>(slot) * a.scale_slot_bytes;
+      scales = __ldg(reinterpret_cast<const uint2*>(scale_src + (L::kFp32Scales ? part * 8 : 0)));
+    } else {
+#pragma unroll
+      for (int v = 0; v < L::kFp8Vecs; ++v) raw[v] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int v = 0; v < L::kRopeVecs; ++v) rope[v] = make_uint4(0, 0, 0, 0);
+    }
+    // The next tile's record into L2 while this one's loads are in flight.
+    int next = -1;
+    if (i + 1 < row.n_tiles) {
+      next = record_id(a, row, i + 1, token);
+      if (next >= 0) {
+        const int block = next / a.block_size;
+        const int slot = next - block * a.block_size;
+        const uint8_t* page = a.cache + static_cast<int64_t>(block) * a.page_stride;
+        const uint8_t* data = page + static_cast<int64_t>(slot) * a.data_slot_bytes;
+        const uint32_t span = static_cast<uint32_t>(a.data_slot_bytes);
+        for (uint32_t at = part * kL2Line; at < span + kL2Line - 1; at += kRecordThreads * kL2Line)
+          prefetch_l2(data + min(at, span - 1));
+        if (!L::kScalesInRow && part == 1) prefetch_l2(page + a.scale_base + static_cast<int64_t>(slot) * a.scale_slot_bytes);
+      }
+    }
+    if (i >= kStages) mbarrier_wait(&sm.empty[stage], ((i / kStages) - 1) & 1);
+    uint8_t* tile = tiles.kv[stage];
+#pragma unroll
+    for (int v = 0; v < L::kFp8Vecs; ++v) {
+      const int col = part * L::kFp8PerThread + 16 * v;
+      float scale;
+      if constexpr (L::kFp32Scales) {
+        scale = __uint_as_float((col - part * L::kFp8PerThread) / L::kScaleTile == 0 ? scales.x : scales.y);
+      } else {
+        const int tile_index = col / L::kScaleTile;
+        scale = ue8m0(((tile_index < 4 ? scales.x : scales.y) >> (8 * (tile_index % 4))) & 0xff);
+      }
+      *reinterpret_cast<uint4*>(tile + swizzled(token, col)) = dequant8(raw[v].x, raw[v].y, scale);
+      *reinterpret_cast<uint4*>(tile + swizzled(token, col + kChunkCols)) = dequant8(raw[v].z, raw[v].w, scale);
+    }
+#pragma unroll
+    for (int v = 0; v < L::kRopeVecs; ++v)
+      *reinterpret_cast<uint4*>(tile + swizzled(token, L::kQuantDims + part * L::kRopePerThread + kChunkCols * v)) = rope[v];
+    if (part == 0) sm.bias[stage][token] = valid ? 0.0f : neg_inf();
+    fence_proxy_async();  // the stores above are read by wgmma (the async proxy)
+    mbarrier_arrive(&sm.full[stage]);
+    id = next;
+  }
+}
+
+// Warpgroups 1 and 2: attend the tiles, then write the output (or the split's partial).
+template <int kFormat>
+__device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Tiles<kFormat>& tiles, Small& sm) {
+  using L = Layout<kFormat>;
+  const int mt = threadIdx.x - kWarpgroupThreads;  // 0 .. kMathThreads - 1
+  const int m = mt / kWarpgroupThreads;            // records 32m.. of S, value columns 256m.. of O
+  const int lane = mt % kWarpSize;
+  const int quad = lane % 4;
+  // Accumulator fragment rows (heads of the program): r0 and r0 + 8.
+  const int r0 = 16 * ((mt % kWarpgroupThreads) / kWarpSize) + lane / 4;
+  const int r1 = r0 + 8;
+
+  // Q [64 heads, d_qk] into its swizzled tile, by both consumer warpgroups.
+  constexpr int kQChunks = L::kDqk / kChunkCols;
+  const uint16_t* q_rows = a.q + row.bi * a.q_stride_b + row.si * a.q_stride_s +
+                           static_cast<int64_t>(row.hb) * kHeadsPerProgram * a.q_stride_h;
+  for (int c = mt; c < kHeadsPerProgram * kQChunks; c += kMathThreads) {
+    const int head = c / kQChunks;
+    const int col = (c % kQChunks) * kChunkCols;
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(q_rows + head * a.q_stride_h + col));
+    *reinterpret_cast<uint4*>(tiles.q + swizzled(head, col)) = v;
+  }
+  fence_proxy_async();
+  named_barrier(kMathBarrier, kMathThreads);
+
+  float acc[kAccRegs];
+#pragma unroll
+  for (int i = 0; i < kAccRegs; ++i) acc[i] = 0.0f;
+  float m_run0 = neg_inf(), m_run1 = neg_inf(), l_run0 = 0.0f, l_run1 = 0.0f;
+  const uint32_t q_base = smem_addr(tiles.q);
+  const uint32_t p_base = smem_addr(tiles.p);
+  for (int i = 0; i < row.n_tiles; ++i) {
+    const int stage = i % kStages;
+    mbarrier_wait(&sm.full[stage], (i / kStages) & 1);
+    const uint32_t kv_base = smem_addr(tiles.kv[stage]);
+
+    // S [64 heads, 32 records] = Q K^T for records 32m .. 32m + 31.
+    float s[kLogitRegs];
+#pragma unroll
+    for (int j = 0; j < kLogitRegs; ++j) s[j] = 0.0f;
+    fence_registers(s);
+    wgmma_fence();
+#pragma unroll
+    for (int atom = 0; atom < L::kAtoms; ++atom) {
+#pragma unroll
+      for (int k = 0; k < kAtomCols / kMmaK; ++k) {
+        const uint32_t offset = atom * kAtomBytes + k * kMmaK * 2;
+        wgmma_m64n32k16(s, kmajor_desc(q_base + offset), kmajor_desc(kv_base + m * kQkTokens * kAtomRowBytes + offset),
+                        atom + k > 0);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_registers(s);
+
+    // Online softmax, log2 domain. Fragment j of S: records 32m + 8j + 2 quad + {0, 1}, rows r0, r1.
+    float max0 = neg_inf(), max1 = neg_inf();
+#pragma unroll
+    for (int j = 0; j < kLogitRegs / 4; ++j) {
+      const int token = m * kQkTokens + 8 * j + 2 * quad;
+      const float b0 = sm.bias[stage][token], b1 = sm.bias[stage][token + 1];
+      s[4 * j + 0] = fmaf(s[4 * j + 0], a.scale_log2, b0);
+      s[4 * j + 1] = fmaf(s[4 * j + 1], a.scale_log2, b1);
+      s[4 * j + 2] = fmaf(s[4 * j + 2], a.scale_log2, b0);
+      s[4 * j + 3] = fmaf(s[4 * j + 3], a.scale_log2, b1);
+      max0 = fmaxf(max0, fmaxf(s[4 * j + 0], s[4 * j + 1]));
+      max1 = fmaxf(max1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+    }
+#pragma unroll
+    for (int x = 1; x < 4; x *= 2) {
+      max0 = fmaxf(max0, __shfl_xor_sync(0xffffffffu, max0, x));
+      max1 = fmaxf(max1, __shfl_xor_sync(0xffffffffu, max1, x));
+    }
+    if (quad == 0) {
+      sm.row_max[m][r0] = max0;
+      sm.row_max[m][r1] = max1;
+    }
+    // Barrier A: both halves' maxima are in (and, by program order, both warpgroups' P.V of the
+    // previous tile has completed, so P may be overwritten below).
+    named_barrier(kMathBarrier, kMathThreads);
+    max0 = fmaxf(max0, sm.row_max[1 - m][r0]);
+    max1 = fmaxf(max1, sm.row_max[1 - m][r1]);
+    const float new0 = fmaxf(m_run0, max0), new1 = fmaxf(m_run1, max1);
+    // A row that has seen no valid record keeps -inf as its max and 0 as its reference.
+    const float ref0 = new0 == neg_inf() ? 0.0f : new0, ref1 = new1 == neg_inf() ? 0.0f : new1;
+    const float alpha0 = fast_exp2(m_run0 - ref0), alpha1 = fast_exp2(m_run1 - ref1);
+    m_run0 = new0;
+    m_run1 = new1;
+    float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kLogitRegs / 4; ++j) {
+      const float p0 = fast_exp2(s[4 * j + 0] - ref0), p1 = fast_exp2(s[4 * j + 1] - ref0);
+      const float p2 = fast_exp2(s[4 * j + 2] - ref1), p3 = fast_exp2(s[4 * j + 3] - ref1);
+      sum0 += p0 + p1;
+      sum1 += p2 + p3;
+      const int token = m * kQkTokens + 8 * j + 2 * quad;
+      const __nv_bfloat162 top = __floats2bfloat162_rn(p0, p1), bottom = __floats2bfloat162_rn(p2, p3);
+      const int within = (token % kChunkCols) * 2;
+      *reinterpret_cast<__nv_bfloat162*>(tiles.p + swizzled(r0, token) + within) = top;
+      *reinterpret_cast<__nv_bfloat162*>(tiles.p + swizzled(r1, token) + within) = bottom;
+    }
+    l_run0 = l_run0 * alpha0 + sum0;
+    l_run1 = l_run1 * alpha1 + sum1;
+    fence_proxy_async();
+    named_barrier(kMathBarrier, kMathThreads);  // barrier B: all of P is stored
+
+    // O[:, 256m ..] = alpha O + P V.
+#pragma unroll
+    for (int j = 0; j < kAccRegs / 4; ++j) {
+      acc[4 * j + 0] *= alpha0;
+      acc[4 * j + 1] *= alpha0;
+      acc[4 * j + 2] *= alpha1;
+      acc[4 * j + 3] *= alpha1;
+    }
+    fence_registers(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kTileTokens / kMmaK; ++k)
+      wgmma_m64n256k16(acc, kmajor_desc(p_base + k * kMmaK * 2),
+                       mnmajor_desc(kv_base + m * (kPvCols / kAtomCols) * kAtomBytes + k * kMmaK * kAtomRowBytes), 1);
+    wgmma_commit();
+    wgmma_wait_all();
+    fence_registers(acc);
+    if (lane == 0) mbarrier_arrive(&sm.empty[stage]);
+  }
+
+  // Row sums over the quad, then over both warpgroups.
+#pragma unroll
+  for (int x = 1; x < 4; x *= 2) {
+    l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, x);
+    l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, x);
+  }
+  if (quad == 0) {
+    sm.row_sum[m][r0] = l_run0;
+    sm.row_sum[m][r1] = l_run1;
+  }
+  named_barrier(kMathBarrier, kMathThreads);
+  const float l0 = l_run0 + sm.row_sum[1 - m][r0], l1 = l_run1 + sm.row_sum[1 - m][r1];
+  const bool empty0 = l0 == 0.0f, empty1 = l1 == 0.0f;
+  const float lse2_0 = m_run0 + fast_log2(empty0 ? 1.0f : l0), lse2_1 = m_run1 + fast_log2(empty1 ? 1.0f : l1);
+  const int head0 = row.hb * kHeadsPerProgram + r0, head1 = head0 + 8;
+  const int col0 = m * kPvCols + 2 * quad;  // + 8 j
+  if (a.splits == 1) {
+    const float lse0 = lse2_0 * kLn2, lse1 = lse2_1 * kLn2;
+    float f0 = 1.0f, f1 = 1.0f;
+    if (a.sink != nullptr) {
+      f0 = 1.0f / (1.0f + expf(__ldg(a.sink + head0) - lse0));
+      f1 = 1.0f / (1.0f + expf(__ldg(a.sink + head1) - lse1));
+    }
+    const float inv0 = empty0 ? 0.0f : f0 / l0, inv1 = empty1 ? 0.0f : f1 / l1;
+    uint16_t* out0 = a.out + row.bi * a.out_stride_b + row.si * a.out_stride_s + head0 * a.out_stride_h + col0;
+    uint16_t* out1 = out0 + 8 * a.out_stride_h;
+#pragma unroll
+    for (int j = 0; j < kAccRegs / 4; ++j) {
+      const __nv_bfloat162 top = __floats2bfloat162_rn(acc[4 * j + 0] * inv0, acc[4 * j + 1] * inv0);
+      const __nv_bfloat162 bottom = __floats2bfloat162_rn(acc[4 * j + 2] * inv1, acc[4 * j + 3] * inv1);
+      *reinterpret_cast<__nv_bfloat162*>(out0 + 8 * j) = top;
+      *reinterpret_cast<__nv_bfloat162*>(out1 + 8 * j) = bottom;
+    }
+    if (m == 0 && quad == 0) {
+      float* lse = a.lse + row.bi * a.lse_stride_b + row.si * a.lse_stride_s;
+      lse[head0 * a.lse_stride_h] = empty0 ? pos_inf() : lse0;
+      lse[head1 * a.lse_stride_h] = empty1 ? pos_inf() : lse1;
+    }
+  } else {
+    const int64_t unit = static_cast<int64_t>(row.bi * a.s_q + row.si) * (a.h_q / kHeadsPerProgram) + row.hb;
+    const int64_t part = unit * a.splits + row.split;
+    const float inv0 = empty0 ? 0.0f : 1.0f / l0, inv1 = empty1 ? 0.0f : 1.0f / l1;
+    float* out0 = a.part_out + (part * kHeadsPerProgram + r0) * kDv + col0;
+    float* out1 = out0 + 8 * kDv;
+#pragma unroll
+    for (int j = 0; j < kAccRegs / 4; ++j) {
+      *reinterpret_cast<float2*>(out0 + 8 * j) = make_float2(acc[4 * j + 0] * inv0, acc[4 * j + 1] * inv0);
+      *reinterpret_cast<float2*>(out1 + 8 * j) = make_float2(acc[4 * j + 2] * inv1, acc[4 * j + 3] * inv1);
+    }
+    if (m == 0 && quad == 0) {
+      a.part_lse[part * kHeadsPerProgram + r0] = empty0 ? neg_inf() : lse2_0;
+      a.part_lse[part * kHeadsPerProgram + r1] = empty1 ? neg_inf() : lse2_1;
+    }
+  }
+}
+
+template <int kFormat>
+__global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ DecodeArgs a) {
+  extern __shared__ uint8_t shared_raw[];
+  // Offset from shared_raw itself (not through an integer): the compiler then knows every tile
+  // pointer is shared memory and emits STS/LDS instead of generic stores and loads.
+  uint8_t* base = shared_raw + ((1024 - (smem_addr(shared_raw) & 1023)) & 1023);
+  Tiles<kFormat>& tiles = *reinterpret_cast<Tiles<kFormat>*>(base);
+  Small& sm = *reinterpret_cast<Small*>(base + sizeof(Tiles<kFormat>));
+
+  Row row;
+  row.hb = blockIdx.x;
+  row.split = blockIdx.y;
+  const int t = blockIdx.z;
+  row.bi = t / a.s_q;
+  row.si = t - row.bi * a.s_q;
+  row.ids = a.indices + row.bi * a.idx_stride_b + row.si * a.idx_stride_s;
+  int length = a.topk;
+  if (a.topk_length != nullptr) length = min(length, max(__ldg(a.topk_length + row.bi), 0));
+  row.n_pos = length > row.split ? (length - row.split + a.splits - 1) / a.splits : 0;
+  row.n_tiles = (row.n_pos + kTileTokens - 1) / kTileTokens;
+
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&sm.full[s], kProducerThreads);
+      mbarrier_init(&sm.empty[s], kMathThreads / kWarpSize);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x < kWarpgroupThreads) {
+    set_registers_down<kProducerRegisters>();
+    produce<kFormat>(a, row, tiles, sm);
+  } else {
+    set_registers_up<kConsumerRegisters>();
+    consume<kFormat>(a, row, tiles, sm);
+  }
+}
+
+// Grid (units, kDv / kCombineCols), kCombineThreads threads: program (u, c) merges the splits'
+// partials of unit u (a query token's head block) for value columns [c * kCombineCols, ..):
+// with M = max_s lse2_s (0 when every split is empty) and w_s = 2^(lse2_s - M),
+// out = sum_s w_s out_s / sum_s w_s, lse = (M + log2 sum_s w_s) ln 2, then the sink factor.
+constexpr int kCombineCols = 64;
+constexpr int kCombineThreads = 256;
+constexpr int kCombineColsPerThread = kHeadsPerProgram * kCombineCols / kCombineThreads;
+static_assert(kDv % kCombineCols == 0 && kCombineColsPerThread % 8 == 0, "whole 16-byte bf16 vectors per thread");
+
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_constant__ DecodeArgs a) {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the decode grid's partials are complete and visible
+  const int unit = blockIdx.x;
+  const int head_blocks = a.h_q / kHeadsPerProgram;
+  const int t = unit / head_blocks, hb = unit - t * head_blocks;
+  const int bi = t / a.s_q, si = t - bi * a.s_q;
+  constexpr int kThreadsPerHead = kCombineCols / kCombineColsPerThread;
+  const int row = threadIdx.x / kThreadsPerHead;
+  const int col = blockIdx.y * kCombineCols + (threadIdx.x % kThreadsPerHead) * kCombineColsPerThread;
+  const int64_t first = static_cast<int64_t>(unit) * a.splits;
+  float top = neg_inf();
+  for (int s = 0; s < a.splits; ++s) top = fmaxf(top, __ldcg(a.part_lse + (first + s) * kHeadsPerProgram + row));
+  const float ref = top == neg_inf() ? 0.0f : top;
+  float acc[kCombineColsPerThread];
+#pragma unroll
+  for (int i = 0; i < kCombineColsPerThread; ++i) acc[i] = 0.0f;
+  float total = 0.0f;
+  for (int s = 0; s < a.splits; ++s) {
+    const float w = fast_exp2(__ldcg(a.part_lse + (first + s) * kHeadsPerProgram + row) - ref);
+    total += w;
+    const float4* src = reinterpret_cast<const float4*>(a.part_out + ((first + s) * kHeadsPerProgram + row) * kDv + col);
+#pragma unroll
+    for (int i = 0; i < kCombineColsPerThread / 4; ++i) {
+      const float4 v = __ldcg(src + i);
+      acc[4 * i + 0] = fmaf(w, v.x, acc[4 * i + 0]);
+      acc[4 * i + 1] = fmaf(w, v.y, acc[4 * i + 1]);
+      acc[4 * i + 2] = fmaf(w, v.z, acc[4 * i + 2]);
+      acc[4 * i + 3] = fmaf(w, v.w, acc[4 * i + 3]);
+    }
+  }
+  const int head = hb * kHeadsPerProgram + row;
+  const bool empty = total == 0.0f;
+  const float lse = (ref + fast_log2(empty ? 1.0f : total)) * kLn2;
+  const float factor = a.sink != nullptr ? 1.0f / (1.0f + expf(__ldg(a.sink + head) - lse)) : 1.0f;
+  const float scale = empty ? 0.0f : factor / total;
+  uint16_t* out = a.out + bi * a.out_stride_b + si * a.out_stride_s + head * a.out_stride_h + col;
+#pragma unroll
+  for (int i = 0; i < kCombineColsPerThread / 8; ++i) {
+    uint32_t words[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const __nv_bfloat162 b = __floats2bfloat162_rn(acc[8 * i + 2 * j] * scale, acc[8 * i + 2 * j + 1] * scale);
+      words[j] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+    *reinterpret_cast<uint4*>(out + 8 * i) = make_uint4(words[0], words[1], words[2], words[3]);
+  }
+  if (blockIdx.y == 0 && threadIdx.x % kThreadsPerHead == 0)
+    a.lse[bi * a.lse_stride_b + si * a.lse_stride_s + head * a.lse_stride_h] = empty ? pos_inf() : lse;
+}
+
+template <int kFormat>
+cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
+  constexpr int bytes = shared_bytes<kFormat>();
+  cudaError_t err = cudaFuncSetAttribute(decode_kernel<kFormat>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(a.h_q / kHeadsPerProgram, a.splits, a.batch * a.s_q);
+  decode_kernel<kFormat><<<grid, kThreads, bytes, stream>>>(a);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || a.splits == 1) return err;
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(a.batch * a.s_q * (a.h_q / kHeadsPerProgram)), kDv / kCombineCols);
+  config.blockDim = dim3(kCombineThreads);
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = 1;
+  err = cudaLaunchKernelEx(&config, combine_kernel, a);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_decode(const DecodeArgs& args, cudaStream_t stream) {
+  return args.format == kFormatV32 ? launch<kFormatV32>(args, stream) : launch<kFormatV4>(args, stream);
+}
+
+}  // namespace dsa_decode

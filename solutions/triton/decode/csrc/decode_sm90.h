@@ -1,0 +1,62 @@
+// Host-side interface of the hand-written SM90 sparse MLA decode over FP8 KV records (plain
+// C++; no kernels, no torch). Shared by decode_sm90.cu (kernels and launcher) and
+// decode_capi.cpp (the C ABI that decode/cuda.py calls through ctypes).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace dsa_decode {
+
+constexpr int kHeadsPerProgram = 64;  // query heads of one program: the M of every wgmma
+constexpr int kTileTokens = 64;       // records gathered, dequantized and attended together
+constexpr int kDv = 512;              // value and output width of every format
+constexpr int kStages = 2;            // dequantized record tiles in shared memory
+constexpr int kMaxSplits = 32;        // programs sharing one (query token, head block)
+
+// Record formats this kernel reads (the dims; the byte geometry comes from DecodeArgs).
+enum Format : int { kFormatV32 = 0, kFormatV4 = 1 };
+
+// Dims of a format's K row: quant_dims FP8 e4m3 dims with one scale per scale_tile dims
+// (fp32 or UE8M0), then rope_dims bf16 dims; d_qk = quant_dims + rope_dims. V is the first kDv dims.
+struct FormatDims {
+  int d_qk, quant_dims, rope_dims, scale_tile, num_scales;
+  bool fp32_scales;
+};
+constexpr FormatDims kV32Dims{576, 512, 64, 128, 4, true};
+constexpr FormatDims kV4Dims{512, 448, 64, 64, 7, false};
+
+struct DecodeArgs {
+  const uint16_t* q;  // [b, s_q, h_q, d_qk] bf16 bits; strides in elements, rows 16-byte aligned
+  int64_t q_stride_b, q_stride_s, q_stride_h;
+  const uint8_t* cache;  // [num_blocks, block_size, 1, bytes_per_token]; page base and stride 16-byte aligned
+  int64_t page_stride;   // bytes
+  int block_size;
+  // Where a token's bytes are inside its page (decode/geometry.py, RecordGeometry):
+  // data row = page + slot * data_slot_bytes, scales = page + scale_base + slot * scale_slot_bytes,
+  // RoPE = data row + rope_offset.
+  int data_slot_bytes, scale_base, scale_slot_bytes, rope_offset;
+  const int32_t* indices;  // [b, s_q, topk] physical ids, -1 invalid; unit stride along topk
+  int64_t idx_stride_b, idx_stride_s;
+  const int32_t* topk_length;  // [b] or null
+  const float* sink;           // [h_q] or null
+  uint16_t* out;               // [b, s_q, h_q, kDv] bf16 bits
+  int64_t out_stride_b, out_stride_s, out_stride_h;
+  float* lse;  // [b, s_q, h_q] natural log
+  int64_t lse_stride_b, lse_stride_s, lse_stride_h;
+  // splits > 1: partial (unit * splits + split) of unit (token * head_blocks + head block):
+  // part_out [.., kHeadsPerProgram, kDv] = output / l, part_lse [.., kHeadsPerProgram] = m + log2 l
+  // (-inf for a split without a valid id); scratch the combine kernel reads.
+  float* part_out;
+  float* part_lse;
+  int batch, s_q, h_q, topk, splits;
+  float scale_log2;  // sm_scale * log2(e)
+  int format;        // a Format
+};
+
+// Launches the decode on `stream` (with splits > 1 followed by its combine); returns the first
+// launch error (cudaSuccess when fine).
+cudaError_t launch_decode(const DecodeArgs& args, cudaStream_t stream);
+
+}  // namespace dsa_decode

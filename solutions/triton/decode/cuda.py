@@ -1,0 +1,139 @@
+"""The hand-written SM90 decode (``csrc/decode_sm90.cu``): its build and a checked launch.
+
+The kernel and a small C ABI (``csrc/decode_capi.cpp``: device pointers, strides, the record
+geometry in bytes, the stream and the device) are one shared library, built by
+``common/cuda_build.py`` and called through ctypes, like the sparse attention's
+(``attention/cuda.py``). ``unsupported_reason`` says when a call cannot take it (then the entry
+runs the Triton kernel, and the config it returns says so); ``run`` checks the rest in Python
+before the C call and passes torch's current stream, so the launch is captured like any other
+when that stream is capturing a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from dsa_bench.definitions.kv_records import V4, V32, KvRecordFormat
+
+from ..common.cuda_build import CudaBuildError, CudaLibrary, load_library
+from .geometry import D_V, RecordGeometry
+
+HERE = Path(__file__).resolve().parent
+#: compiled sources (relative to this folder): the C ABI and the kernel with its launcher
+SOURCES = ("csrc/decode_capi.cpp", "csrc/decode_sm90.cu")
+HEADERS = ("csrc/decode_sm90.h", "../common/csrc/capi.h", "../common/csrc/sm90_sync.cuh")
+#: the C ABI's exports are named dsa_decode_<name>
+PREFIX = "dsa_decode_"
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+SIGNATURES = {
+    "launch": (_INT, (
+        _INT, _P, _INT,  # device, stream, format
+        _P, _I64, _I64, _I64,  # q and its batch, token and head strides
+        _P, _I64, _I64, _I64, _I64, _I64, _I64,  # cache, page stride, block size, data slot, scale base, scale slot, rope offset
+        _P, _I64, _I64, _P, _P,  # indices and its strides, topk_length, attn_sink
+        _P, _I64, _I64, _I64, _P, _I64, _I64, _I64,  # out, lse with their strides
+        _P, _P,  # part_out, part_lse
+        _I64, _I64, _I64, _I64, _I64, ctypes.c_double,  # batch, s_q, h_q, topk, splits, sm_scale * log2(e)
+    )),
+}  # fmt: skip
+#: the formats the kernel reads (decode_sm90.h, Format)
+FORMATS = {V32.kv_format: 0, V4.kv_format: 1}
+#: constants of csrc/decode_sm90.h
+HEADS_PER_PROGRAM = 64  # the M of every wgmma
+TILE_TOKENS = 64  # records gathered and attended together
+STAGES = 2
+MAX_SPLITS = 32
+CAPABILITY = (9, 0)  # wgmma and setmaxnreg are sm_90a features
+EXPECTED_CONSTANTS = {
+    "HEADS_PER_PROGRAM": HEADS_PER_PROGRAM, "TILE_TOKENS": TILE_TOKENS, "D_V": D_V, "STAGES": STAGES, "MAX_SPLITS": MAX_SPLITS,
+    "V32_D_QK": V32.d_qk, "V32_QUANT_DIMS": V32.quant_dims, "V32_SCALE_TILE": V32.scale_tile,
+    "V4_D_QK": V4.d_qk, "V4_QUANT_DIMS": V4.quant_dims, "V4_SCALE_TILE": V4.scale_tile,
+}  # fmt: skip
+STEM, WHAT = "dsa_mla_decode_sm90", "the CUDA MLA decode"
+LOG2_E = 1.4426950408889634
+
+_module: CudaLibrary | None = None
+
+
+def load_decode_extension(verbose: bool | None = None) -> CudaLibrary:
+    """The compiled library (built on first use); raises cuda_build.CudaBuildError with the reason."""
+    global _module
+    if _module is None:
+        module = load_library(STEM, WHAT, HERE, SOURCES, HEADERS, PREFIX, SIGNATURES, verbose=verbose)
+        mismatched = module.mismatched(EXPECTED_CONSTANTS)
+        if mismatched:
+            raise CudaBuildError(f"decode/cuda.py and kv_records disagree with csrc/decode_sm90.h on {mismatched}")
+        _module = module
+    return _module
+
+
+def _rows_aligned(t: torch.Tensor) -> bool:
+    """16-byte vectors along the last dim: an aligned base and every outer stride a multiple of 16 bytes."""
+    return t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
+
+
+def unsupported_reason(fmt: KvRecordFormat, q: torch.Tensor, kv_cache: torch.Tensor) -> str | None:
+    """Why this call cannot run on the CUDA kernel (None: it can). Shapes and dtypes are the
+    entry's check_io; this adds the device, the format and the alignment the kernel's 16-byte loads need."""
+    if fmt.kv_format not in FORMATS:
+        return f"{fmt.kv_format} records (the CUDA kernel reads {', '.join(FORMATS)})"
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != CAPABILITY:
+        return f"not an SM{CAPABILITY[0]}{CAPABILITY[1]} GPU"
+    if q.shape[2] % HEADS_PER_PROGRAM:
+        return f"h_q = {q.shape[2]} is not a multiple of {HEADS_PER_PROGRAM}"
+    if not _rows_aligned(q):
+        return "q's rows are not 16-byte aligned"
+    if kv_cache.data_ptr() % 16 or kv_cache.stride(0) % 16:
+        return "the cache's base or page stride is not 16-byte aligned"
+    return None
+
+
+def run(fmt: KvRecordFormat, geometry: RecordGeometry, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
+        sm_scale: float, attn_sink: torch.Tensor | None, topk_length: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor,
+        splits: int, part_out: torch.Tensor | None = None, part_lse: torch.Tensor | None = None) -> None:  # fmt: skip
+    """Launch the decode (shapes: decode/entry.py, checked there by check_io): it writes ``out``
+    and ``lse``. With ``splits`` > 1 the partials go to the scratch ``part_out`` [>= units *
+    splits * 64 * D_V] and ``part_lse`` [>= units * splits * 64] fp32 (units = b * s_q * h_q / 64),
+    which the library's combine kernel, launched next, merges."""
+    reason = unsupported_reason(fmt, q, kv_cache)
+    if reason is not None:
+        raise ValueError(f"the CUDA MLA decode cannot take this call: {reason}")
+    b, s_q, h_q, _ = q.shape
+    topk = indices.shape[2]
+    if not 1 <= splits <= MAX_SPLITS:
+        raise ValueError(f"splits must be in [1, {MAX_SPLITS}], got {splits}")
+    if indices.numel() and indices.stride(2) != 1:
+        raise ValueError(f"indices: the topk dimension must be contiguous (stride {indices.stride(2)})")
+    if out.stride(3) != 1:
+        raise ValueError(f"out: the last dimension must be contiguous (stride {out.stride(3)})")
+    if splits > 1:
+        units = b * s_q * (h_q // HEADS_PER_PROGRAM)
+        need = {
+            "part_out": (part_out, units * splits * HEADS_PER_PROGRAM * D_V),
+            "part_lse": (part_lse, units * splits * HEADS_PER_PROGRAM),
+        }
+        for name, (tensor, size) in need.items():
+            if tensor is None or tensor.dtype != torch.float32 or not tensor.is_contiguous() or tensor.numel() < size:
+                raise ValueError(f"{name}: expected a contiguous fp32 tensor of at least {size} elements for {splits} splits")
+            if tensor.device != q.device:
+                raise ValueError(f"{name} is on {tensor.device}, q on {q.device}")
+    if any(t.device != q.device for t in (kv_cache, indices, out, lse)):
+        raise ValueError("every tensor must be on q's device")
+
+    def ptr(t: torch.Tensor | None) -> int | None:
+        return t.data_ptr() if t is not None else None
+
+    device = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    stream = torch.cuda.current_stream(device).cuda_stream
+    load_decode_extension().call(
+        "launch", device, stream, FORMATS[fmt.kv_format],
+        q.data_ptr(), q.stride(0), q.stride(1), q.stride(2),
+        kv_cache.data_ptr(), kv_cache.stride(0), geometry.block_size, geometry.data_slot_bytes, geometry.scale_base,
+        geometry.scale_slot_bytes, geometry.rope_offset,
+        indices.data_ptr(), indices.stride(0), indices.stride(1), ptr(topk_length), ptr(attn_sink),
+        out.data_ptr(), out.stride(0), out.stride(1), out.stride(2), lse.data_ptr(), lse.stride(0), lse.stride(1), lse.stride(2),
+        ptr(part_out), ptr(part_lse), b, s_q, h_q, topk, splits, float(sm_scale) * LOG2_E,
+    )  # fmt: skip
