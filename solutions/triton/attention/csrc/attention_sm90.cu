@@ -36,8 +36,19 @@
 
 #include <cstdint>
 
+#include "../../common/csrc/sm90_sync.cuh"
+
 namespace dsa_attention {
 namespace {
+
+using dsa_sm90::fence_mbarrier_init;
+using dsa_sm90::fence_proxy_async;
+using dsa_sm90::mbarrier_arrive;
+using dsa_sm90::mbarrier_arrive_expect_tx;
+using dsa_sm90::mbarrier_done;
+using dsa_sm90::mbarrier_init;
+using dsa_sm90::mbarrier_wait;
+using dsa_sm90::smem_addr;
 
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -130,8 +141,6 @@ __device__ __forceinline__ void stamp(const AttentionArgs& a, int t, int s, Phas
   a.phase_clocks[(static_cast<int64_t>(t) * a.splits + s) * kPhaseSlots + slot] = wall ? global_ns() : static_cast<int64_t>(clock64());
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
 // 16-byte global -> shared copy; `bytes` 0 zero-fills the destination without reading.
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
@@ -142,46 +151,10 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
-// mbarrier of a gather stage: every thread arrives once per tile, and the tile's bulk copies
-// complete their bytes on it (expect_tx), so a completed phase means every row has landed.
-__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(arrivals) : "memory");
-}
-__device__ __forceinline__ void fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
-__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-// Whether the phase of `parity` has completed, without waiting.
-__device__ __forceinline__ bool mbarrier_done(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(smem_addr(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
-// Orders this thread's earlier generic-proxy accesses to shared memory (as ordered by block
-// barriers) before its following bulk copies, which write through the async proxy.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// The gather stages' mbarriers (common/csrc/sm90_sync.cuh): every thread arrives once per tile,
+// and the tile's bulk copies complete their bytes on them (expect_tx), so a completed phase
+// means every row has landed.
+
 // Bulk (TMA) copy of `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to
 // this program's shared memory, completing its bytes on `bar`.
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {

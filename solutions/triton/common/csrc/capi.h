@@ -1,5 +1,5 @@
-// What the solution's C ABIs (attention/csrc/attention_capi.cpp, indexer/csrc/topk_capi.cpp)
-// share: the export macro and a device guard. Plain C++ over the CUDA runtime.
+// What the solution's C ABIs (attention/csrc/attention_capi.cpp, indexer/csrc/topk_capi.cpp,
+// decode/csrc/decode_capi.cpp) share: the export macro and a device guard. Plain C++ over the CUDA runtime.
 #pragma once
 
 #include <cuda_runtime_api.h>
