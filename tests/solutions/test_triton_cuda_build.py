@@ -143,3 +143,25 @@ def test_concurrent_builds_both_end_with_the_library(tmp_path):
     assert len(results) == 2 and results[0].path == results[1].path
     assert [p.name for p in results[0].path.parent.iterdir()] == ["tiny.so"]
     assert cuda_build.CudaLibrary(results[0], "the tiny library", "tiny_", TINY_SIGNATURES).constant("ANSWER") == 42
+
+
+@needs_nvcc
+def test_checked_load_compares_the_constants_once_per_stem(tmp_path, monkeypatch):
+    """load_checked_library opens a stem's library once per process, and a library whose exported
+    constants disagree with what its Python side assumes is refused with the names."""
+    folder = tiny_folder(tmp_path)
+    compiled = build_tiny(folder, tmp_path / "cache")
+    opened = []
+
+    def fake_load(stem, what, *args, **kwargs):
+        opened.append(stem)
+        return cuda_build.CudaLibrary(compiled, what, "tiny_", TINY_SIGNATURES)
+
+    monkeypatch.setattr(cuda_build, "load_library", fake_load)
+    monkeypatch.setattr(cuda_build, "_LOADED", {})
+    args = ("tiny", "the tiny library", folder, ("tiny.cu",), ("tiny.h",), "tiny_", TINY_SIGNATURES)
+    with pytest.raises(cuda_build.CudaBuildError, match=r"tiny.py disagrees with tiny.h on \['ANSWER'\]"):
+        cuda_build.load_checked_library(*args, {"ANSWER": 41}, "tiny.py disagrees with tiny.h")
+    first = cuda_build.load_checked_library(*args, {"ANSWER": 42}, "tiny.py disagrees with tiny.h")
+    assert cuda_build.load_checked_library(*args, {"ANSWER": 42}, "tiny.py disagrees with tiny.h") is first
+    assert opened == ["tiny", "tiny"]  # the refused load is not cached; the accepted one is

@@ -311,8 +311,9 @@ def test_cuda_kernel_config_and_policy():
     assert used.kernel == "triton"
     with pytest.raises(ValueError, match="does not run under the Triton interpreter"):
         run(fmt, case, replace(cuda, splits=1))
-    assert cuda_mod.unsupported_reason(kvr.V41, case["q"], case["kv_cache"]).startswith("V41 records")
-    assert cuda_mod.unsupported_reason(fmt, case["q"], case["kv_cache"]) == "not an SM90 GPU"
+    out = torch.empty(*case["q"].shape[:3], 512, dtype=torch.bfloat16)
+    assert cuda_mod.unsupported_reason(kvr.V41, case["q"], case["kv_cache"], out).startswith("V41 records")
+    assert cuda_mod.unsupported_reason(fmt, case["q"], case["kv_cache"], out) == "not an SM90 GPU"
 
 
 @pytest.mark.slow
@@ -335,9 +336,11 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     assert library.mismatched(cuda_mod.EXPECTED_CONSTANTS) == []
     assert library.mismatched(dict(cuda_mod.EXPECTED_CONSTANTS, V4_QUANT_DIMS=512)) == ["V4_QUANT_DIMS"]
 
+    g = geometry_mod.RecordGeometry.of(kvr.V32, 64)
+
     def launch_args(fmt=0, h_q=128, splits=1, q=16):
-        return [0, None, fmt, q, 0, 0, 0, 16, 0, 64, 656, 512, 656, 528, 16, 0, 0, None, None, 16, 0, 0, 0, 16, 0, 0, 0,
-                None, None, 2, 2, h_q, 2048, splits, 0.1]  # fmt: skip
+        return [0, None, fmt, q, 0, 0, 0, 16, g.packed_page_bytes, 64, g.data_slot_bytes, g.scale_base, g.scale_slot_bytes,
+                g.rope_offset, 16, 0, 0, None, None, 16, 0, 0, 0, 16, 0, 0, 0, None, None, 2, 2, h_q, 2048, splits, 0.1]  # fmt: skip
 
     with pytest.raises(RuntimeError, match="format must be 0"):
         library.call("launch", *launch_args(fmt=2))
@@ -518,7 +521,7 @@ def test_gpu_cuda_kernel_is_the_default_and_matches_on_every_split(name):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["V32", "V4"])
-@pytest.mark.parametrize("block_size,topk,page_pad", [(64, 64, 0), (16, 576, 48), (61, 130, 16), (2, 100, 0)])
+@pytest.mark.parametrize("block_size,topk,page_pad", [(64, 64, 0), (16, 600, 48), (61, 130, 16), (2, 100, 0)])
 def test_gpu_cuda_kernel_on_small_pages_short_rows_and_padded_page_strides(name, block_size, topk, page_pad):
     fmt = FORMATS[name]
     lengths = [topk - 7, 0, topk] if fmt is kvr.V4 else None

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import torch
 
-from ..common.cuda_build import CudaBuildError, CudaLibrary, load_library
+from ..common.cuda_build import CudaLibrary, load_checked_library
 from .shapes import D_CKV, D_KPE, NUM_HEADS, PAGE_SIZE, TOPK, check_io
 
 HERE = Path(__file__).resolve().parent
 #: compiled sources (relative to this folder): the C ABI and the kernels with their launcher
 SOURCES = ("csrc/attention_capi.cpp", "csrc/attention_sm90.cu")
-HEADERS = ("csrc/attention_sm90.h", "../common/csrc/capi.h", "../common/csrc/sm90_sync.cuh")
+HEADERS = ("csrc/attention_sm90.h", "../common/csrc/capi.h", "../common/csrc/sm90_sync.cuh", "../common/csrc/fast_math.cuh")
 #: the C ABI's exports are named dsa_attention_<name>
 PREFIX = "dsa_attention_"
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -76,19 +76,11 @@ EXPECTED_CONSTANTS = {
 #: the library's stem (its cache folder is <stem>_<digest>) and its name in errors
 STEM, WHAT = "dsa_sparse_attention_sm90", "the CUDA sparse attention"
 
-_module: CudaLibrary | None = None
-
 
 def load_attention_extension(verbose: bool | None = None) -> CudaLibrary:
     """The compiled library (built on first use); raises cuda_build.CudaBuildError with the reason."""
-    global _module
-    if _module is None:
-        module = load_library(STEM, WHAT, HERE, SOURCES, HEADERS, PREFIX, SIGNATURES, verbose=verbose)
-        mismatched = module.mismatched(EXPECTED_CONSTANTS)
-        if mismatched:
-            raise CudaBuildError(f"attention/cuda.py and shapes.py disagree with csrc/attention_sm90.h on {mismatched}")
-        _module = module
-    return _module
+    return load_checked_library(STEM, WHAT, HERE, SOURCES, HEADERS, PREFIX, SIGNATURES, EXPECTED_CONSTANTS,
+                                "attention/cuda.py and shapes.py disagree with csrc/attention_sm90.h", verbose)  # fmt: skip
 
 
 def resident_programs() -> int:

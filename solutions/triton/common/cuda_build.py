@@ -244,3 +244,22 @@ def load_library(
         arch = arch_for_capability(*torch.cuda.get_device_capability())
     compiled = compile_library(stem, what, folder, sources, headers, arch, verbose=verbose)
     return CudaLibrary(compiled, what, prefix, signatures)
+
+
+_LOADED: dict[str, CudaLibrary] = {}
+
+
+def load_checked_library(
+    stem: str, what: str, folder: Path, sources: tuple[str, ...], headers: tuple[str, ...], prefix: str,
+    signatures: dict[str, Signature], expected: dict[str, int], disagree: str, verbose: bool | None = None,
+) -> CudaLibrary:  # fmt: skip
+    """``load_library`` once per process and stem, then the library's exported constants compared
+    with ``expected`` (what its Python side assumes); a mismatch raises CudaBuildError
+    ``"<disagree> on [names]"``."""
+    if stem not in _LOADED:
+        library = load_library(stem, what, folder, sources, headers, prefix, signatures, verbose=verbose)
+        mismatched = library.mismatched(expected)
+        if mismatched:
+            raise CudaBuildError(f"{disagree} on {mismatched}")
+        _LOADED[stem] = library
+    return _LOADED[stem]

@@ -18,13 +18,13 @@ import torch
 
 from dsa_bench.definitions.kv_records import V4, V32, KvRecordFormat
 
-from ..common.cuda_build import CudaBuildError, CudaLibrary, load_library
+from ..common.cuda_build import CudaLibrary, load_checked_library
 from .geometry import D_V, RecordGeometry
 
 HERE = Path(__file__).resolve().parent
 #: compiled sources (relative to this folder): the C ABI and the kernel with its launcher
 SOURCES = ("csrc/decode_capi.cpp", "csrc/decode_sm90.cu")
-HEADERS = ("csrc/decode_sm90.h", "../common/csrc/capi.h", "../common/csrc/sm90_sync.cuh")
+HEADERS = ("csrc/decode_sm90.h", "../common/csrc/capi.h", "../common/csrc/sm90_sync.cuh", "../common/csrc/fast_math.cuh")
 #: the C ABI's exports are named dsa_decode_<name>
 PREFIX = "dsa_decode_"
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -55,19 +55,10 @@ EXPECTED_CONSTANTS = {
 STEM, WHAT = "dsa_mla_decode_sm90", "the CUDA MLA decode"
 LOG2_E = 1.4426950408889634
 
-_module: CudaLibrary | None = None
-
-
 def load_decode_extension(verbose: bool | None = None) -> CudaLibrary:
     """The compiled library (built on first use); raises cuda_build.CudaBuildError with the reason."""
-    global _module
-    if _module is None:
-        module = load_library(STEM, WHAT, HERE, SOURCES, HEADERS, PREFIX, SIGNATURES, verbose=verbose)
-        mismatched = module.mismatched(EXPECTED_CONSTANTS)
-        if mismatched:
-            raise CudaBuildError(f"decode/cuda.py and kv_records disagree with csrc/decode_sm90.h on {mismatched}")
-        _module = module
-    return _module
+    return load_checked_library(STEM, WHAT, HERE, SOURCES, HEADERS, PREFIX, SIGNATURES, EXPECTED_CONSTANTS,
+                                "decode/cuda.py and kv_records disagree with csrc/decode_sm90.h", verbose)  # fmt: skip
 
 
 def _rows_aligned(t: torch.Tensor) -> bool:
@@ -75,9 +66,10 @@ def _rows_aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and all(s * t.element_size() % 16 == 0 for s in t.stride()[:-1])
 
 
-def unsupported_reason(fmt: KvRecordFormat, q: torch.Tensor, kv_cache: torch.Tensor) -> str | None:
+def unsupported_reason(fmt: KvRecordFormat, q: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> str | None:
     """Why this call cannot run on the CUDA kernel (None: it can). Shapes and dtypes are the
-    entry's check_io; this adds the device, the format and the alignment the kernel's 16-byte loads need."""
+    entry's check_io; this adds the device, the format and the alignment the kernel's 16-byte
+    loads and the combine's 16-byte stores need."""
     if fmt.kv_format not in FORMATS:
         return f"{fmt.kv_format} records (the CUDA kernel reads {', '.join(FORMATS)})"
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != CAPABILITY:
@@ -88,6 +80,8 @@ def unsupported_reason(fmt: KvRecordFormat, q: torch.Tensor, kv_cache: torch.Ten
         return "q's rows are not 16-byte aligned"
     if kv_cache.data_ptr() % 16 or kv_cache.stride(0) % 16:
         return "the cache's base or page stride is not 16-byte aligned"
+    if not _rows_aligned(out):
+        return "out's rows are not 16-byte aligned"
     return None
 
 
@@ -98,7 +92,7 @@ def run(fmt: KvRecordFormat, geometry: RecordGeometry, q: torch.Tensor, kv_cache
     and ``lse``. With ``splits`` > 1 the partials go to the scratch ``part_out`` [>= units *
     splits * 64 * D_V] and ``part_lse`` [>= units * splits * 64] fp32 (units = b * s_q * h_q / 64),
     which the library's combine kernel, launched next, merges."""
-    reason = unsupported_reason(fmt, q, kv_cache)
+    reason = unsupported_reason(fmt, q, kv_cache, out)
     if reason is not None:
         raise ValueError(f"the CUDA MLA decode cannot take this call: {reason}")
     b, s_q, h_q, _ = q.shape

@@ -184,7 +184,7 @@ def mla_decode(fmt: KvRecordFormat, q, kv_cache, indices, sm_scale, attn_sink, t
     if tokens == 0 or h_q == 0 or topk == 0:
         return config or DecodeConfig()
     interp = interpreted(device)
-    cuda_reason = "interpreter" if interp else cuda.unsupported_reason(fmt, q, kv_cache)
+    cuda_reason = "interpreter" if interp else cuda.unsupported_reason(fmt, q, kv_cache, out)
     config = plan_config(fmt, b, s_q, h_q, topk, device, config, cuda_reason)
     geometry = record_geometry(fmt.kv_format, kv_cache.shape[1])
     head_blocks = h_q // config.block_h

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..common.cuda_build import CudaBuildError, CudaLibrary, load_library
+from ..common.cuda_build import CudaLibrary, load_checked_library
 from .shapes import PAGE_SIZE, TOPK
 
 HERE = Path(__file__).resolve().parent
@@ -42,19 +42,10 @@ EXPECTED_CONSTANTS = {"TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "MAX_CANDIDATES": MA
 #: the library's stem (its cache folder is <stem>_<digest>) and its name in errors
 STEM, WHAT = "dsa_topk_filtered", "the CUDA filtered top-k"
 
-_module: CudaLibrary | None = None
-
-
 def load_topk_extension(verbose: bool | None = None) -> CudaLibrary:
     """The compiled library (built on first use); raises cuda_build.CudaBuildError with the reason."""
-    global _module
-    if _module is None:
-        module = load_library(STEM, WHAT, HERE, SOURCES, HEADERS, PREFIX, SIGNATURES, verbose=verbose)
-        mismatched = module.mismatched(EXPECTED_CONSTANTS)
-        if mismatched:
-            raise CudaBuildError(f"indexer/topk.py and shapes.py disagree with csrc/topk_filtered.h on {mismatched}")
-        _module = module
-    return _module
+    return load_checked_library(STEM, WHAT, HERE, SOURCES, HEADERS, PREFIX, SIGNATURES, EXPECTED_CONSTANTS,
+                                "indexer/topk.py and shapes.py disagree with csrc/topk_filtered.h", verbose)  # fmt: skip
 
 
 _TENSOR_ARGS = (

@@ -36,11 +36,16 @@
 
 #include <cstdint>
 
+#include "../../common/csrc/fast_math.cuh"
 #include "../../common/csrc/sm90_sync.cuh"
 
 namespace dsa_attention {
 namespace {
 
+using dsa_fast_math::fast_exp2;
+using dsa_fast_math::fast_log2;
+using dsa_fast_math::fast_rcp;
+using dsa_fast_math::neg_inf;
 using dsa_sm90::fence_mbarrier_init;
 using dsa_sm90::fence_proxy_async;
 using dsa_sm90::mbarrier_arrive;
@@ -122,7 +127,6 @@ struct Shared {
   uint64_t inbox_full;
 };
 
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 
 // log2 of the units each program combines, kUnits / S (S is a power of two known only at run
 // time: the share arithmetic uses shifts and masks instead of integer divisions).
@@ -191,24 +195,6 @@ __device__ __forceinline__ float2 unpack_bf16x2(uint32_t bits) {
   return make_float2(__uint_as_float(bits << 16), __uint_as_float(bits & 0xffff0000u));
 }
 
-// Approximate exp2 / log2 / reciprocal (MUFU, denormals flushed): the accurate library forms
-// add range checks to every call, and the softmax and the combine are chains of such calls.
-// ex2(-inf) = +0 and lg2(0) = -inf, as the online softmax needs.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float fast_log2(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float fast_rcp(float x) {
-  float y;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 // Max over the 4 lanes of a quad (the lanes holding one accumulator row).
 __device__ __forceinline__ float quad_max(float v) {

@@ -30,11 +30,16 @@
 
 #include <cstdint>
 
+#include "../../common/csrc/fast_math.cuh"
 #include "../../common/csrc/sm90_sync.cuh"
 
 namespace dsa_decode {
 namespace {
 
+using dsa_fast_math::fast_exp2;
+using dsa_fast_math::fast_log2;
+using dsa_fast_math::neg_inf;
+using dsa_fast_math::pos_inf;
 using dsa_sm90::fence_mbarrier_init;
 using dsa_sm90::fence_proxy_async;
 using dsa_sm90::mbarrier_arrive;
@@ -123,18 +128,6 @@ constexpr int shared_bytes() {
 }
 static_assert(shared_bytes<kFormatV32>() <= 227 * 1024, "V3.2 tiles fit Hopper's 227 KB per block");
 
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
-__device__ __forceinline__ float pos_inf() { return __int_as_float(0x7f800000); }
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-__device__ __forceinline__ float fast_log2(float x) {
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
 template <int kRegisters>
 __device__ __forceinline__ void set_registers_down() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));

@@ -24,8 +24,10 @@ struct FormatDims {
   int d_qk, quant_dims, rope_dims, scale_tile, num_scales;
   bool fp32_scales;
 };
-constexpr FormatDims kV32Dims{576, 512, 64, 128, 4, true};
-constexpr FormatDims kV4Dims{512, 448, 64, 64, 7, false};
+constexpr FormatDims kV32Dims{512 + 64, 512, 64, 128, 4, true};
+constexpr FormatDims kV4Dims{448 + 64, 448, 64, 64, 7, false};
+static_assert(kV32Dims.d_qk == kV32Dims.quant_dims + kV32Dims.rope_dims && kV4Dims.d_qk == kV4Dims.quant_dims + kV4Dims.rope_dims,
+              "a K row is its FP8 dims, then its RoPE dims");
 
 struct DecodeArgs {
   const uint16_t* q;  // [b, s_q, h_q, d_qk] bf16 bits; strides in elements, rows 16-byte aligned
