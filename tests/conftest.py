@@ -36,6 +36,17 @@ def run_cli(*args: str, cwd: Path = ROOT, timeout: float = 900) -> subprocess.Co
     )
 
 
+def exported_symbols(library: Path) -> set[str] | None:
+    """The dynamic symbols a shared library defines (``nm -D --defined-only``), None without nm."""
+    import shutil
+
+    nm = shutil.which("nm")
+    if nm is None:
+        return None
+    proc = subprocess.run([nm, "-D", "--defined-only", str(library)], capture_output=True, text=True, check=True)
+    return {line.split()[-1] for line in proc.stdout.splitlines() if line.strip()}
+
+
 @pytest.fixture
 def cpu() -> torch.device:
     return torch.device("cpu")

@@ -17,12 +17,10 @@ import ctypes.util
 import importlib
 import random
 import re
-import shutil
-import subprocess
 
 import pytest
 import torch
-from conftest import HAS_CUDA, ROOT
+from conftest import HAS_CUDA, ROOT, exported_symbols
 
 from dsa_bench.definitions import sparse_attention as attn
 from dsa_bench.definitions.base import InputRng, Tolerance
@@ -268,10 +266,8 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     if ctypes.util.find_library("cuda") is None:  # no driver: the CUDA runtime's own error comes back as a RuntimeError
         with pytest.raises(RuntimeError, match=r"dsa_attention_resident_programs failed: .*CUDA.* \(code [1-9]\d*\)"):
             library.call("resident_programs", 0, ctypes.byref(ctypes.c_int()))
-    nm = shutil.which("nm")
-    if nm:
-        proc = subprocess.run([nm, "-D", "--defined-only", str(compiled.path)], capture_output=True, text=True, check=True)
-        exported = {line.split()[-1] for line in proc.stdout.splitlines() if line.strip()}
+    exported = exported_symbols(compiled.path)
+    if exported is not None:
         wanted = {cuda_ext.PREFIX + name for name in [*cuda_ext.SIGNATURES, "error_string", *cuda_ext.EXPECTED_CONSTANTS]}
         assert exported == wanted, "the C ABI alone is exported (the static CUDA runtime stays hidden)"
 

@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import HAS_CUDA, ROOT
+from conftest import HAS_CUDA, ROOT, exported_symbols
 
 from dsa_bench.definitions import kv_records as kvr
 from dsa_bench.definitions import mla_decode
@@ -324,7 +324,6 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     if cuda_build.nvcc_path() is None:
         pytest.skip("nvcc is not installed")
     import re
-    import shutil
 
     build = (cuda_mod.STEM, cuda_mod.WHAT, cuda_mod.HERE, cuda_mod.SOURCES, cuda_mod.HEADERS, "sm_90a")
     compiled = cuda_build.compile_library(*build, root=tmp_path, extra_flags=("-Xptxas", "-v"))
@@ -352,10 +351,8 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
         library.call("launch", *launch_args(splits=2))  # no partial scratch
     with pytest.raises(RuntimeError, match="16-byte aligned"):
         library.call("launch", *launch_args(q=8))
-    nm = shutil.which("nm")
-    if nm:
-        proc = subprocess.run([nm, "-D", "--defined-only", str(compiled.path)], capture_output=True, text=True, check=True)
-        exported = {line.split()[-1] for line in proc.stdout.splitlines() if line.strip()}
+    exported = exported_symbols(compiled.path)
+    if exported is not None:
         wanted = {cuda_mod.PREFIX + name for name in [*cuda_mod.SIGNATURES, "error_string", *cuda_mod.EXPECTED_CONSTANTS]}
         assert exported == wanted, "the C ABI alone is exported"
 
