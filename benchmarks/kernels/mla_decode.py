@@ -10,14 +10,16 @@ Shapes: FlashMLA's production decode shapes by default (V3.2 and V4 records, h_q
 s_q 2, topk 2048, s_k 32768 per sequence, b in {2, 64, 74, 128}, block size 64). Per shape it
 builds ``--sets`` input sets on the GPU the way the tests do (``kv_records``' writer, records only
 at the tokens some index points to, every other byte NaN-producing, a random block table per
-sequence), checks the triton output (and FlashMLA's) against the definition's fp32 reference on the
+sequence), checks the solution's output (and FlashMLA's) against the definition's fp32 reference on the
 dequantized records (out |diff| <= 1e-2 or <= 1e-2 |ref|, lse absolute <= 2.5e-4; a failing
 candidate is reported FAIL and not timed), then times each candidate with
 ``dsa_bench.timing.bench.bench``: outputs re-poisoned and the L2 flushed before every call, the
 sets alternating, CUPTI when ``cupti`` imports (first kernel start to last kernel end: FlashMLA's
-splitkv + combine, the triton kernel and its combine launch), else CUDA events, said in the
-table. Columns: latency (µs), TFLOPS by FlashMLA's formula 2 b s_q h_q topk (d_qk + 512), GB/s
-of q + the distinct records read + out, and triton / FlashMLA.
+splitkv + combine, the solution's kernel and its combine launch), else CUDA events, said in the
+table. The solution's default path is timed (`cuda` in the table: the hand-written SM90 kernel),
+and where that is the CUDA kernel its Triton kernel too (`triton`: the table's config for the
+shape). Columns: latency (µs), TFLOPS by FlashMLA's formula 2 b s_q h_q topk (d_qk + 512), GB/s
+of q + the distinct records read + out, and the solution's kernel / FlashMLA.
 
 FlashMLA (``sgl-flash-mla``, BRIEF §2.4) is called as ``get_mla_metadata()`` then
 ``flash_mla_with_kvcache(q, cache, None, None, 512, meta, softmax_scale=..., is_fp8_kvcache=True,
@@ -25,7 +27,7 @@ indices=..., use_legacy=True, kv_format=...)``; its first call (a warm-up, untim
 schedule metadata, reused while the shapes stay the same; its lse [b, h_q, s_q] is transposed
 for the check.
 
-``--configs`` times, per shape, the policy's config and then one knob at a time (block_n 32 / 64
+``--configs`` (the Triton kernel's knobs) times, per shape, the policy's config and then one knob at a time (block_n 32 / 64
 / 128, num_stages 1 / 2, l2_prefetch, splits S/2, S, 2S and 1 with each combine that applies,
 partial dtype; ``--more-knobs`` adds 16 warps and 3 stages), keeping the best so far (coordinate
 descent: ~12 configs per shape, compiled kernels shared across shapes of one format), and
