@@ -143,16 +143,16 @@ def ticket_words(device: torch.device, units: int) -> torch.Tensor:
 
 
 def plan_config(fmt: KvRecordFormat, b: int, s_q: int, h_q: int, topk: int, device: torch.device,
-                config: DecodeConfig | None = None, cuda_reason: str | None = "not asked") -> DecodeConfig:  # fmt: skip
+                config: DecodeConfig | None = None, use_cuda: bool = False) -> DecodeConfig:  # fmt: skip
     """The concrete config a call runs with: ``config`` (splits 0: auto), else the CUDA kernel's
-    when the call can take it (``cuda_reason`` None), else the table's / the interpreter's, with
-    the combine resolved for the grid; validated."""
+    when the call can take it (``use_cuda``), else the table's / the interpreter's, with the
+    combine resolved for the grid; validated."""
     interp = interpreted(device)
     sms = 1 if interp else _device_sms(device)
     if config is None:
         if interp:
             config = interpreter_config(h_q, topk)
-        elif cuda_reason is None:
+        elif use_cuda:
             config = cuda_config(b * s_q, h_q, topk, sms)
         else:
             return select_config(fmt.kv_format, h_q, b * s_q, topk, sms)
@@ -161,7 +161,8 @@ def plan_config(fmt: KvRecordFormat, b: int, s_q: int, h_q: int, topk: int, devi
             raise ValueError(f"{config}: the CUDA kernel does not run under the Triton interpreter")
         if config.splits == 0:
             config = replace(config, splits=cuda_config(b * s_q, h_q, topk, sms).splits)
-        config = replace(config, combine="none" if config.splits == 1 else "two_launch")
+        if config.combine == "auto":
+            config = replace(config, combine="none" if config.splits == 1 else "two_launch")
         config.validate(h_q, topk)
         return config
     units = b * s_q * (h_q // config.block_h) if h_q % config.block_h == 0 else 0
@@ -184,8 +185,8 @@ def mla_decode(fmt: KvRecordFormat, q, kv_cache, indices, sm_scale, attn_sink, t
     if tokens == 0 or h_q == 0 or topk == 0:
         return config or DecodeConfig()
     interp = interpreted(device)
-    cuda_reason = "interpreter" if interp else cuda.unsupported_reason(fmt, q, kv_cache, out)
-    config = plan_config(fmt, b, s_q, h_q, topk, device, config, cuda_reason)
+    use_cuda = not interp and cuda.unsupported_reason(fmt, q, kv_cache, out) is None
+    config = plan_config(fmt, b, s_q, h_q, topk, device, config, use_cuda)
     geometry = record_geometry(fmt.kv_format, kv_cache.shape[1])
     head_blocks = h_q // config.block_h
     units = tokens * head_blocks
