@@ -171,6 +171,7 @@ SCORE_TILES = {
     "one_page": kernels.GPU_SCORE_TILE,  # the GPU tile (an id without "gpu", the marker's keyword)
     "4pages": kernels.ScoreTile(pages=4, num_warps=4),
     "loop4": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=4, num_stages=2),  # pipelined pages per program
+    "loop3": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=3, num_stages=2),  # not a power of two (91 = 30 x 3 + 1)
 }
 
 

@@ -178,12 +178,13 @@ def _score_pages_loop(
         if seq_len <= TOPK:
             return
     first_page = pid_n * LOOP_PAGES
-    span = first_page * PAGE_SIZE + tl.arange(0, LOOP_PAGES * PAGE_SIZE)
+    slot = tl.arange(0, PAGE_SIZE)
     out_row = scores_ptr + row * row_width
-    tl.store(out_row + span, tl.full([LOOP_PAGES * PAGE_SIZE], SENTINEL, tl.float32), mask=(span >= seq_len) & (span < row_width))
+    for j in tl.static_range(LOOP_PAGES):  # page by page: LOOP_PAGES need not be a power of two
+        span = (first_page + j) * PAGE_SIZE + slot
+        tl.store(out_row + span, tl.full([PAGE_SIZE], SENTINEL, tl.float32), mask=(span >= seq_len) & (span < row_width))
     scored_pages = tl.minimum(tl.cdiv(seq_len, PAGE_SIZE) - first_page, LOOP_PAGES)
 
-    slot = tl.arange(0, PAGE_SIZE)
     dims = tl.arange(0, HEAD_DIM)
     heads = tl.arange(0, NUM_HEADS)
     token_offsets = slot[:, None] * HEAD_DIM + dims[None, :]
