@@ -318,10 +318,11 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
     tile = K.GPU_SCORE_TILE
     result = {}
     consts = {"NUM_HEADS": shapes.NUM_HEADS, "HEAD_DIM": shapes.HEAD_DIM, "PAGE_SIZE": shapes.PAGE_SIZE, "PAGE_BYTES": shapes.PAGE_BYTES,
-              "TOPK": shapes.TOPK, "PAGES": tile.pages, "BLOCK_N": tile.block_n, "LOOP_PAGES": tile.loop_pages, "SKIP_SHORT_ROWS": True,
+              "TOPK": shapes.TOPK, "PAGES": tile.pages, "BLOCK_N": tile.block_n, "LOOP_PAGES": tile.loop_pages, "LOOP_SLOTS": 1,
+              "SKIP_SHORT_ROWS": True,
               "DOT": tile.dot, "SENTINEL": K.SENTINEL_SCORE, "LAUNCH_DEPENDENTS": False}
     result["gpu"] = compile_kernel(K._score_kernel, score_sig, consts, tile.num_warps)
-    result["gpu_loop"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LOOP_PAGES=4), tile.num_warps)
+    result["gpu_loop"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LOOP_PAGES=4, LOOP_SLOTS=4), tile.num_warps)
     result["fp16"] = compile_kernel(K._score_kernel, score_sig, dict(consts, DOT="fp16"), tile.num_warps)
     if hasattr(triton.language.extra.cuda, "gdc_launch_dependents"):
         result["pdl"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LAUNCH_DEPENDENTS=True), tile.num_warps)
@@ -461,6 +462,33 @@ def test_emulated_fast_path_ranks_ties_in_its_threshold_bin(emulator):
     table = torch.stack([torch.randperm(NUM_PAGES, generator=g)[:40] for _ in range(6)]).int()
     out = emulate_topk(emulator, scores, seq_lens, table)
     assert_exact_topk(scores, seq_lens, table, out)
+
+
+@pytest.mark.parametrize("max_pages", [91, 128])
+def test_emulated_cuda_topk_mid_and_long_row_blocks(emulator, max_pages):
+    # max_len 4097-6144 takes the 512-thread block caching 12 keys per thread, 6145-8192 the one
+    # caching 16: rows that fill the cache, rows one key past the smaller one, and clamped extremes.
+    scores, seq_lens, table = synthetic_rows(seed=max_pages, max_pages=max_pages)
+    seq_lens = seq_lens.clone()
+    seq_lens[0], seq_lens[2], seq_lens[9] = max_pages * 64, min(6145, max_pages * 64), max_pages * 64 - 1
+    scores[9, :100] = torch.finfo(torch.float32).max  # the largest keys: the clamp leaves finite scores alone
+    scores[9, 100:200] = -torch.finfo(torch.float32).max
+    out = emulate_topk(emulator, scores, seq_lens, table)
+    assert_exact_topk(scores, seq_lens, table, out)
+
+
+def test_emulated_cuda_topk_survives_nan_scores(emulator):
+    # NaN scores are a score kernel's bug, but the top-k must still write 2048 distinct reachable
+    # ids: the NaNs with the extreme keys (all-ones payloads) send the fast path to the radix select.
+    scores, seq_lens, table = synthetic_rows(seed=3)
+    nan_bits = torch.tensor([0x7FFFFFFF, -1, 0x7FC00000], dtype=torch.int32).view(torch.float32)
+    scores[0, :30] = nan_bits.repeat(10)
+    scores[9, 5] = nan_bits[1]
+    out = emulate_topk(emulator, scores, seq_lens, table)
+    for b in (0, 9):
+        row = out[b]
+        assert row.ge(0).all() and row.unique().numel() == indexer.TOPK
+        assert set(row.tolist()) <= set(indexer.token_ids(table[b], int(seq_lens[b])).tolist())
 
 
 @pytest.mark.parametrize("threads", [256, 512, 1024])

@@ -291,6 +291,7 @@ int main(int argc, char** argv) {
     case 256: run<256>(args); break;
     case 512:  // as the launcher: rows past kSmallRowMaxLen cache more keys per thread
       if (max_len <= dsa_topk::kSmallRowMaxLen) run<512>(args);
+      else if (max_len <= dsa_topk::kMidRowMaxLen) run<512, dsa_topk::kMidRowCachedVectors>(args);
       else run<512, dsa_topk::kLongRowCachedVectors>(args);
       break;
     case 1024: run<1024>(args); break;

@@ -165,19 +165,25 @@ def _score_pages_loop(
     q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
     pid_n, row, seq_len,
     NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, TOPK: tl.constexpr,
-    LOOP_PAGES: tl.constexpr, SKIP_SHORT_ROWS: tl.constexpr, DOT: tl.constexpr, SENTINEL: tl.constexpr,
+    LOOP_PAGES: tl.constexpr, LOOP_SLOTS: tl.constexpr, SKIP_SHORT_ROWS: tl.constexpr, DOT: tl.constexpr,
+    SENTINEL: tl.constexpr,
 ):
     """Pages [pid_n * LOOP_PAGES, +LOOP_PAGES) of row ``row``, one page per loop step.
 
-    The query and head weights are loaded once; the loop over the row's scored pages is
-    software-pipelined (the launch's num_stages), so the next page's block-table entry and keys
-    are in flight while this page's dot runs. Positions of the program's range at or beyond
-    seq_len get the sentinel first, in one masked store.
+    The program's block-table entries are loaded first, while seq_len (loaded just before) is
+    still in flight: seq_len bounds the loop, so a table load inside it would wait for seq_len
+    and the first key load for both, one after the other. The query and head weights are loaded
+    once; the loop over the row's scored pages is software-pipelined (the launch's num_stages),
+    so the next page's keys are in flight while this page's dot runs. Positions of the program's
+    range at or beyond seq_len get the sentinel first, in one masked store.
     """
+    first_page = pid_n * LOOP_PAGES
+    table_slots = tl.arange(0, LOOP_SLOTS)  # LOOP_SLOTS: LOOP_PAGES rounded up to a power of two
+    table_pages = tl.load(block_table_ptr + row * stride_bt_row + first_page + table_slots,
+                          mask=(table_slots < LOOP_PAGES) & ((first_page + table_slots) * PAGE_SIZE < row_width), other=0)  # fmt: skip
     if SKIP_SHORT_ROWS:  # noqa: SIM102 -- a constexpr and a runtime condition stay separate in Triton
         if seq_len <= TOPK:
             return
-    first_page = pid_n * LOOP_PAGES
     slot = tl.arange(0, PAGE_SIZE)
     out_row = scores_ptr + row * row_width
     for j in tl.static_range(LOOP_PAGES):  # page by page: LOOP_PAGES need not be a power of two
@@ -193,7 +199,7 @@ def _score_pages_loop(
     for i in range(0, scored_pages):
         tokens = (first_page + i) * PAGE_SIZE + slot
         valid = tokens < seq_len
-        page = tl.load(block_table_ptr + row * stride_bt_row + first_page + i).to(tl.int64)
+        page = tl.sum(tl.where(table_slots == i, table_pages, 0)).to(tl.int64)  # entry i, from registers
         keys = tl.load(k_values_ptr + page * PAGE_BYTES + token_offsets, mask=valid[:, None])
         scale = tl.load(k_scales_ptr + page * (PAGE_BYTES // 4) + slot, mask=valid, other=0.0)
         logits = _page_logits(keys, q_t, DOT)
@@ -220,6 +226,7 @@ def _score_kernel(
     PAGES: tl.constexpr,  # pages per tile
     BLOCK_N: tl.constexpr,  # tokens per tile, PAGES * PAGE_SIZE
     LOOP_PAGES: tl.constexpr,  # one-page tiles per program (PAGES == 1), looped
+    LOOP_SLOTS: tl.constexpr,  # LOOP_PAGES rounded up to a power of two
     SKIP_SHORT_ROWS: tl.constexpr,
     DOT: tl.constexpr,
     SENTINEL: tl.constexpr,
@@ -243,8 +250,8 @@ def _score_kernel(
     seq_len = tl.load(seq_lens_ptr + row)
     if LOOP_PAGES > 1:
         _score_pages_loop(q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
-                          pid_n, row, seq_len, NUM_HEADS, HEAD_DIM, PAGE_SIZE, PAGE_BYTES, TOPK, LOOP_PAGES, SKIP_SHORT_ROWS,
-                          DOT, SENTINEL)
+                          pid_n, row, seq_len, NUM_HEADS, HEAD_DIM, PAGE_SIZE, PAGE_BYTES, TOPK, LOOP_PAGES, LOOP_SLOTS,
+                          SKIP_SHORT_ROWS, DOT, SENTINEL)
         return
     if PAGES == 1:
         # GPU tile: its single block-table entry (pid_n < max_num_pages, so it exists) is loaded
@@ -330,7 +337,8 @@ def launch_scores(
     _score_kernel[grid](
         q_index_fp8, values, scales, weights, seq_lens, block_table, scores, row_width, block_table.stride(0),
         NUM_HEADS=NUM_HEADS, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, PAGE_BYTES=PAGE_BYTES, TOPK=TOPK,
-        PAGES=tile.pages, BLOCK_N=tile.block_n, LOOP_PAGES=tile.loop_pages, SKIP_SHORT_ROWS=skip_short_rows,
+        PAGES=tile.pages, BLOCK_N=tile.block_n, LOOP_PAGES=tile.loop_pages, LOOP_SLOTS=triton.next_power_of_2(tile.loop_pages),
+        SKIP_SHORT_ROWS=skip_short_rows,
         DOT=tile.dot, SENTINEL=SENTINEL_SCORE, LAUNCH_DEPENDENTS=launch_dependents and CAN_LAUNCH_DEPENDENTS,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip

@@ -69,6 +69,7 @@ cudaError_t launch(TopkArgs args, cudaStream_t stream) {
 cudaError_t launch_filtered_topk(const TopkArgs& args, cudaStream_t stream) {
   if (args.batch <= 0) return cudaSuccess;
   if (args.max_len <= kSmallRowMaxLen) return launch<kSmallRowThreads, kCachedVectors>(args, stream);
+  if (args.max_len <= kMidRowMaxLen) return launch<kSmallRowThreads, kMidRowCachedVectors>(args, stream);
   if (args.max_len <= kLongRowMaxLen) return launch<kSmallRowThreads, kLongRowCachedVectors>(args, stream);
   return launch<kLargeRowThreads, kCachedVectors>(args, stream);
 }

@@ -58,8 +58,11 @@ constexpr int kScoresPerVector = 4;             // float4 loads of a score row
 constexpr int kSmallRowThreads = 512;
 constexpr int kLargeRowThreads = 1024;
 constexpr int kSmallRowMaxLen = 4096;
-// Rows up to this long also get a kSmallRowThreads block, caching kLongRowCachedVectors float4
-// per thread (16 keys): fewer warps per barrier than a kLargeRowThreads block.
+// Rows up to these lengths also get a kSmallRowThreads block, caching kMidRowCachedVectors (12
+// keys) or kLongRowCachedVectors (16) float4 per thread: fewer warps per barrier than a
+// kLargeRowThreads block. Every pass visits every cached slot, so the block caches no more
+// slots than its longest row needs (the contest's longest rows, 5248-5824 tokens, fill 12).
+constexpr int kMidRowMaxLen = 6144;
 constexpr int kLongRowMaxLen = 8192;
 
 // Fast path: bins over [min key, max key]; a threshold bin of up to kFastDirectRank keys is
@@ -79,6 +82,7 @@ constexpr int kMaxWarps = 1024 / kWarpSize;
 // kThreads * 4 * kCachedVectors scores (8192 at 1024 threads, 4096 at 512) is read from global
 // memory once; the four passes then cost no loads. Longer rows take the radix select.
 constexpr int kCachedVectors = 2;
+constexpr int kMidRowCachedVectors = 3;
 constexpr int kLongRowCachedVectors = 4;
 // Block-table entries a block copies to shared memory (rows up to 256 pages = 16384 tokens;
 // longer rows read the table from global memory).
@@ -86,6 +90,7 @@ constexpr int kSharedTablePages = 256;
 
 static_assert(kTopK % kPageSize == 0, "rows are whole pages");
 static_assert(kSmallRowThreads * kCachedVectors * kScoresPerVector >= kSmallRowMaxLen, "the small-row block caches its longest row");
+static_assert(kSmallRowThreads * kMidRowCachedVectors * kScoresPerVector >= kMidRowMaxLen, "the mid-row block caches its longest row");
 static_assert(kSmallRowThreads * kLongRowCachedVectors * kScoresPerVector >= kLongRowMaxLen, "the long-row block caches its longest row");
 static_assert(kFastCandidates * 2 <= kFastBins, "the level-2 ties (uint2) fit in the histogram's storage");
 static_assert(kFastCandidates <= kFastSubBins && kFastSubBinBits <= kFastBinBits, "level 2 needs no third level of bins");
@@ -210,6 +215,9 @@ __device__ __forceinline__ void select_threshold(const int* hist, int need, Sele
   __syncthreads();
 }
 
+// A float4 of scores, read through the read-only path.
+__device__ __forceinline__ float4 load_scores(const float4* p) { return __ldg(p); }
+
 // Calls visit(key, position, member) for each position of a score row in float4 steps;
 // `member` is false past `len`. Every thread makes the same number of calls, so `visit` may use
 // warp-collective operations.
@@ -231,41 +239,41 @@ __device__ __forceinline__ void for_each_score(const float* __restrict__ row, in
 
 // One row of scores as order-preserving keys in the registers of a block: thread t holds the
 // float4 vectors t, t + kThreads, ... of the row. Rows are 16-byte aligned and padded to whole
-// pages, so a vector starting below len is in bounds; keys past len are not members.
+// pages, so a vector starting below len is in bounds. A cached slot past len holds kNoKey, below
+// every member's key, so the passes need no position test: a member's key is at least
+// kNoKey + 1 (only a NaN score has key 0, and it merges with its neighbour).
+constexpr uint32_t kNoKey = 0u;
+
 template <int kThreads, int kVectors = kCachedVectors>
 struct CachedRow {
   static constexpr int kCachedKeys = kVectors * kScoresPerVector;
   static constexpr int kCapacity = kThreads * kCachedKeys;
 
   uint32_t keys[kCachedKeys];
-  int len;
+
+  // Row position of cached slot i of the calling thread.
+  static __device__ __forceinline__ int position(int i) {
+    return ((i / kScoresPerVector) * kThreads + static_cast<int>(threadIdx.x)) * kScoresPerVector + i % kScoresPerVector;
+  }
 
   // Issues every load first (they overlap); the caller needs len <= kCapacity.
-  __device__ __forceinline__ void load(const float* __restrict__ row, int row_len) {
-    len = row_len;
-    const int vectors = (row_len + kScoresPerVector - 1) / kScoresPerVector;
+  __device__ __forceinline__ void load(const float* __restrict__ row, int len) {
+    const int vectors = (len + kScoresPerVector - 1) / kScoresPerVector;
     float4 x[kVectors];
 #pragma unroll
     for (int c = 0; c < kVectors; ++c) {
       const int v = c * kThreads + static_cast<int>(threadIdx.x);
-      x[c] = v < vectors ? __ldg(reinterpret_cast<const float4*>(row) + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+      x[c] = v < vectors ? load_scores(reinterpret_cast<const float4*>(row) + v) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int c = 0; c < kVectors; ++c) {
-      keys[c * kScoresPerVector + 0] = order_key(x[c].x);
-      keys[c * kScoresPerVector + 1] = order_key(x[c].y);
-      keys[c * kScoresPerVector + 2] = order_key(x[c].z);
-      keys[c * kScoresPerVector + 3] = order_key(x[c].w);
-    }
-  }
-
-  // Calls visit(key, position, member) for each cached key, the same number of calls in every thread.
-  template <typename Visit>
-  __device__ __forceinline__ void for_each(Visit&& visit) const {
+      const float values[kScoresPerVector] = {x[c].x, x[c].y, x[c].z, x[c].w};
 #pragma unroll
-    for (int i = 0; i < kCachedKeys; ++i) {
-      const int pos = ((i / kScoresPerVector) * kThreads + static_cast<int>(threadIdx.x)) * kScoresPerVector + i % kScoresPerVector;
-      visit(keys[i], pos, pos < len);
+      for (int e = 0; e < kScoresPerVector; ++e) {
+        const int i = c * kScoresPerVector + e;
+        const uint32_t key = order_key(values[e]);
+        keys[i] = position(i) < len ? (key > kNoKey ? key : kNoKey + 1u) : kNoKey;
+      }
     }
   }
 };
@@ -375,27 +383,34 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
 
-  // Pass 1 over the row: its key range (the histogram is zeroed meanwhile).
+  constexpr int kSlots = CachedRow<kThreads, kVectors>::kCachedKeys;
+  static_assert(kSlots <= 32, "a thread's slot classes fit one 32-bit mask");
+
+  // Pass 1 over the row: its key range (the histogram is zeroed meanwhile). kNoKey - 1 wraps to
+  // the largest value, so slots past len drop out of the minimum without a test.
   zero_bins<kThreads, kFastBins>(f.hist);
   if (tid == 0) f.pass3_offsets = 0;
-  unsigned lo = 0xffffffffu, hi = 0u;
-  row.for_each([&](uint32_t key, int, bool member) {
-    if (member) {
-      lo = key < lo ? key : lo;
-      hi = key > hi ? key : hi;
-    }
-  });
-  lo = warp_reduce(lo, false);
+  unsigned lo_less_one = 0xffffffffu, hi = 0u;
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) {
+    const uint32_t less_one = row.keys[i] - 1u;
+    lo_less_one = less_one < lo_less_one ? less_one : lo_less_one;
+    hi = row.keys[i] > hi ? row.keys[i] : hi;
+  }
+  lo_less_one = warp_reduce(lo_less_one, false);
   hi = warp_reduce(hi, true);
   if (lane == 0) {
-    f.warp_lo[warp] = lo;
+    f.warp_lo[warp] = lo_less_one;
     f.warp_hi[warp] = hi;
   }
   __syncthreads();
   // Lane w reads warp w's extremes, then a warp reduction (no chain of kWarps shared loads).
-  lo = warp_reduce(lane < kWarps ? f.warp_lo[lane] : 0xffffffffu, false);
+  const unsigned lo = warp_reduce(lane < kWarps ? f.warp_lo[lane] : 0xffffffffu, false) + 1u;
   hi = warp_reduce(lane < kWarps ? f.warp_hi[lane] : 0u, true);
   // Level-1 bin = (key - lo) >> shift < kFastBins: the shift keeps the top kFastBinBits of the range.
+  // The largest key (only a NaN score has it) would leave the threshold bin's end below
+  // (fast_select's bin_end): such a row takes the radix select. Block-uniform; nothing written yet.
+  if (hi == 0xffffffffu) return false;
   const unsigned range = hi - lo;
   const int range_bits = range == 0 ? 0 : kKeyBits - __clz(range);
   const int shift = range_bits > kFastBinBits ? range_bits - kFastBinBits : 0;
@@ -403,9 +418,10 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
   // Pass 2: level-1 histogram, and its threshold bin for kTopK. Plain shared atomics: the
   // thread does not wait for them, and range bins seldom collide (a row of equal keys does,
   // and then falls back to the radix select anyway).
-  row.for_each([&](uint32_t key, int, bool member) {
-    if (member) atomicAdd(&f.hist[(key - lo) >> shift], 1);
-  });
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) {
+    if (row.keys[i] != kNoKey) atomicAdd(&f.hist[(row.keys[i] - lo) >> shift], 1);
+  }
   __syncthreads();
   fast_threshold<kThreads, kFastBins>(f, kTopK);
   const int threshold = f.threshold;
@@ -413,32 +429,46 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
   const int in_bin = f.in_bin;  // read from f, not f.hist: other threads zero the bins after pass 4
   if (in_bin > max_candidates) return false;  // block-uniform; nothing written yet
 
-  // Pass 3: each thread counts its keys above and in the threshold bin; a scan over the warp and
-  // one shared atomic per warp (its block of offsets, in whatever order the warps come) turn
-  // the counts into the thread's own output and candidate offsets, so pass 4 writes without
-  // per-key votes or atomics, and no barrier waits for the other warps. Both counts travel
-  // packed in one int (the totals, `above` < kTopK and `in_bin` <= kFastCandidates, fit 16 bits).
-  int n_above = 0;
-  int n_tie = 0;
-  row.for_each([&](uint32_t key, int, bool member) {
-    const int bin = member ? static_cast<int>((key - lo) >> shift) : -1;
-    n_above += bin > threshold;
-    n_tie += bin == threshold;
-  });
-  const int packed = n_above | (n_tie << 16);
+  // The threshold bin as keys: [bin_lo, bin_end), its end clamped to hi + 1 (a bin past the
+  // range holds no key; hi < 0xffffffff, so hi + 1 does not wrap). A member key is above the bin
+  // iff key >= bin_end and in it iff key - bin_lo < bin_end - bin_lo; kNoKey is neither.
+  const uint32_t bin_lo = lo + (static_cast<uint32_t>(threshold) << shift);
+  const uint64_t bin_span = static_cast<uint64_t>(range) + 1u - (static_cast<uint64_t>(threshold) << shift);
+  const uint64_t bin_width = static_cast<uint64_t>(1) << shift;
+  const uint32_t bin_end = bin_lo + static_cast<uint32_t>(bin_width < bin_span ? bin_width : bin_span);
+
+  // Pass 3: each thread classifies its slots into two bit masks (above the threshold bin, in it)
+  // and counts them; a scan over the warp and one shared atomic per warp (its block of offsets,
+  // in whatever order the warps come) turn the counts into the thread's own output and
+  // candidate offsets, so pass 4 writes without per-key votes or atomics, and no barrier waits
+  // for the other warps. Both counts travel packed in one int (the totals, `above` < kTopK and
+  // `in_bin` <= kFastCandidates, fit 16 bits).
+  uint32_t above_mask = 0u;
+  uint32_t tie_mask = 0u;
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) {
+    if (row.keys[i] >= bin_end) above_mask |= 1u << i;
+    if (row.keys[i] - bin_lo < bin_end - bin_lo) tie_mask |= 1u << i;
+  }
+  const int packed = __popc(above_mask) | (__popc(tie_mask) << 16);
   const int inclusive = warp_inclusive_sum(packed, lane);
   int warp_base = 0;
   if (lane == kWarpSize - 1) warp_base = atomicAdd(&f.pass3_offsets, inclusive);
   const int exclusive = __shfl_sync(kFullMask, warp_base, kWarpSize - 1) + inclusive - packed;
   int out_at = exclusive & 0xffff;
-  int tie_at = exclusive >> 16;
 
-  // Pass 4: emit the keys above the threshold bin, collect the ones in it.
-  row.for_each([&](uint32_t key, int pos, bool member) {
-    const int bin = member ? static_cast<int>((key - lo) >> shift) : -1;
-    if (bin > threshold) f.selected[out_at++] = pos;
-    if (bin == threshold) f.candidates[tie_at++] = make_uint2(key, static_cast<uint32_t>(pos));
-  });
+  // Pass 4: emit the slots above the threshold bin, collect the ones in it (few threads have any).
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) {
+    if (above_mask & (1u << i)) f.selected[out_at++] = CachedRow<kThreads, kVectors>::position(i);
+  }
+  if (tie_mask != 0u) {
+    int tie_at = exclusive >> 16;
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {
+      if (tie_mask & (1u << i)) f.candidates[tie_at++] = make_uint2(row.keys[i], static_cast<uint32_t>(CachedRow<kThreads, kVectors>::position(i)));
+    }
+  }
   const bool subdivide = in_bin > kFastDirectRank;  // block-uniform
   if (subdivide) zero_bins<kThreads, kFastSubBins>(f.hist);
   if (tid == 0) f.emitted = above;  // level 2 hands out the slots after the keys above
