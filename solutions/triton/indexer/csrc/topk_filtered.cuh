@@ -20,7 +20,7 @@
 // every key above it and collect the keys inside it in shared memory; bin those once more
 // (8192 sub-bins of the bin's range) when there are many, and rank the few keys of the last
 // threshold bin against each other (ties broken by position; a few threads per key). The row
-// is read from global memory once, into registers (up to 8 keys per thread); four passes over
+// is read from global memory once, into registers (8 to 16 keys per thread); four passes over
 // those registers (range, histogram, per-thread counts, writes at scanned offsets), none of
 // them with a per-key vote or atomic on the critical path, and about ten barriers; the
 // digit-by-digit select needs about twenty, re-reads the row, and votes for every key. When the
@@ -79,8 +79,9 @@ constexpr int kFastSubBinBits = 11;
 constexpr int kFastSubBins = 1 << kFastSubBinBits;
 constexpr int kMaxWarps = 1024 / kWarpSize;
 // The fast path keeps its row in registers: kCachedVectors float4 per thread, so a row of up to
-// kThreads * 4 * kCachedVectors scores (8192 at 1024 threads, 4096 at 512) is read from global
-// memory once; the four passes then cost no loads. Longer rows take the radix select.
+// kThreads * 4 * kCachedVectors scores (8192 at 1024 threads, 4096 at 512; the mid- and long-row
+// blocks cache 3 and 4 float4) is read from global memory once; the four passes then cost no
+// loads. Longer rows take the radix select.
 constexpr int kCachedVectors = 2;
 constexpr int kMidRowCachedVectors = 3;
 constexpr int kLongRowCachedVectors = 4;
