@@ -18,13 +18,13 @@ from pathlib import Path
 
 import torch
 
-from ..common.cuda_build import CudaLibrary, load_checked_library
+from ..common.cuda_build import SM90_KERNEL_HEADERS, CudaLibrary, load_checked_library
 from .shapes import D_CKV, D_KPE, NUM_HEADS, PAGE_SIZE, TOPK, check_io
 
 HERE = Path(__file__).resolve().parent
 #: compiled sources (relative to this folder): the C ABI and the kernels with their launcher
 SOURCES = ("csrc/attention_capi.cpp", "csrc/attention_sm90.cu")
-HEADERS = ("csrc/attention_sm90.h", "../common/csrc/capi.h", "../common/csrc/sm90_sync.cuh", "../common/csrc/fast_math.cuh")
+HEADERS = ("csrc/attention_sm90.h", *SM90_KERNEL_HEADERS)
 #: the C ABI's exports are named dsa_attention_<name>
 PREFIX = "dsa_attention_"
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int

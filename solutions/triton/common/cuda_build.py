@@ -38,6 +38,9 @@ COMMON_FLAGS = (
     "-O3", "-lineinfo", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
     "-Xlinker", "--exclude-libs,ALL",
 )  # fmt: skip
+#: the shared headers of the SM90 warp-specialised kernels (the C ABI's helpers, the mbarrier and
+#: named-barrier wrappers, the fast exp), relative to a sibling solution folder such as decode/
+SM90_KERNEL_HEADERS = ("../common/csrc/capi.h", "../common/csrc/sm90_sync.cuh", "../common/csrc/fast_math.cuh")
 #: lines of nvcc's output a build error quotes
 ERROR_TAIL_LINES = 40
 

@@ -18,13 +18,13 @@ import torch
 
 from dsa_bench.definitions.kv_records import V4, V32, KvRecordFormat
 
-from ..common.cuda_build import CudaLibrary, load_checked_library
+from ..common.cuda_build import SM90_KERNEL_HEADERS, CudaLibrary, load_checked_library
 from .geometry import D_V, RecordGeometry
 
 HERE = Path(__file__).resolve().parent
 #: compiled sources (relative to this folder): the C ABI and the kernel with its launcher
 SOURCES = ("csrc/decode_capi.cpp", "csrc/decode_sm90.cu")
-HEADERS = ("csrc/decode_sm90.h", "../common/csrc/capi.h", "../common/csrc/sm90_sync.cuh", "../common/csrc/fast_math.cuh")
+HEADERS = ("csrc/decode_sm90.h", *SM90_KERNEL_HEADERS)
 #: the C ABI's exports are named dsa_decode_<name>
 PREFIX = "dsa_decode_"
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int

@@ -216,9 +216,6 @@ __device__ __forceinline__ void select_threshold(const int* hist, int need, Sele
   __syncthreads();
 }
 
-// A float4 of scores, read through the read-only path.
-__device__ __forceinline__ float4 load_scores(const float4* p) { return __ldg(p); }
-
 // Calls visit(key, position, member) for each position of a score row in float4 steps;
 // `member` is false past `len`. Every thread makes the same number of calls, so `visit` may use
 // warp-collective operations.
@@ -264,7 +261,7 @@ struct CachedRow {
 #pragma unroll
     for (int c = 0; c < kVectors; ++c) {
       const int v = c * kThreads + static_cast<int>(threadIdx.x);
-      x[c] = v < vectors ? load_scores(reinterpret_cast<const float4*>(row) + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+      x[c] = v < vectors ? __ldg(reinterpret_cast<const float4*>(row) + v) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int c = 0; c < kVectors; ++c) {
@@ -384,7 +381,8 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
 
-  constexpr int kSlots = CachedRow<kThreads, kVectors>::kCachedKeys;
+  using Row = CachedRow<kThreads, kVectors>;
+  constexpr int kSlots = Row::kCachedKeys;
   static_assert(kSlots <= 32, "a thread's slot classes fit one 32-bit mask");
 
   // Pass 1 over the row: its key range (the histogram is zeroed meanwhile). kNoKey - 1 wraps to
@@ -461,13 +459,13 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
   // Pass 4: emit the slots above the threshold bin, collect the ones in it (few threads have any).
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) {
-    if (above_mask & (1u << i)) f.selected[out_at++] = CachedRow<kThreads, kVectors>::position(i);
+    if (above_mask & (1u << i)) f.selected[out_at++] = Row::position(i);
   }
   if (tie_mask != 0u) {
     int tie_at = exclusive >> 16;
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
-      if (tie_mask & (1u << i)) f.candidates[tie_at++] = make_uint2(row.keys[i], static_cast<uint32_t>(CachedRow<kThreads, kVectors>::position(i)));
+      if (tie_mask & (1u << i)) f.candidates[tie_at++] = make_uint2(row.keys[i], static_cast<uint32_t>(Row::position(i)));
     }
   }
   const bool subdivide = in_bin > kFastDirectRank;  // block-uniform
