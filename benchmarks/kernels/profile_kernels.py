@@ -96,7 +96,7 @@ def direct_call(definition, axes, inputs, device):
     ix = solution_module(indexer.NAME)
     topk = solution_module(indexer.NAME, "topk").filtered_topk if ix.USE_CUDA_TOPK else ix.portable_topk
     return lambda: (
-        ix.scored_path(topk, *args, outputs["topk_indices"])
+        ix.scored_path(topk, ix.USE_CUDA_TOPK, *args, outputs["topk_indices"])  # dependent, as the entry
         if args[4].shape[1] * 64 > indexer.TOPK
         else ix.kernel(*args, outputs["topk_indices"])
     )
