@@ -38,15 +38,16 @@ def main() -> int:
                 kernels, header, base = kernels + 1, None, None
             elif row and row[0] == "Address":
                 header = row
-            elif header and row:
                 col = {h: i for i, h in enumerate(header)}
+                stall_columns = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+            elif header and row:
                 address = int(row[0], 16)
                 base = address if base is None else base
                 entry = per_offset.setdefault(address - base, [row[1].strip(), 0, 0, collections.Counter()])
                 entry[1] += int(row[col[SAMPLES]] or 0)
                 entry[2] += int(row[col["Instructions Executed"]] or 0)
-                for name in header:
-                    if name.startswith("stall_") and "Not Issued" not in name and row[col[name]] not in ("", "0"):
+                for name in stall_columns:
+                    if row[col[name]] not in ("", "0"):
                         entry[3][name[6:]] += int(row[col[name]])
                         totals[name[6:]] += int(row[col[name]])
     print(f"kernels {kernels}, samples {sum(e[1] for e in per_offset.values())}, stalls {totals.most_common(12)}")
