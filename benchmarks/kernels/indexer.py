@@ -169,6 +169,13 @@ def score_variants(kernels) -> dict[str, Any]:
         "loop4_st3": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=4, num_stages=3),
         "loop8_st3": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=8, num_stages=3),
         "loop4_st3_w8": kernels.ScoreTile(pages=1, num_warps=8, dot="fp8", loop_pages=4, num_stages=3),
+        # rows first in launch order
+        "p1_w4_rf": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", rows_first=True),
+        "loop2_st2_rf": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=2, rows_first=True),
+        "loop2_st3_rf": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=3, rows_first=True),
+        "loop3_st3_rf": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=3, num_stages=3, rows_first=True),
+        "loop3_st2_rf": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=3, num_stages=2, rows_first=True),
+        "loop4_st3_rf": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=4, num_stages=3, rows_first=True),
         # the exact fp16 dot of the earlier policy, beside the FP8 one
         "p1_w4_fp16": kernels.ScoreTile(pages=1, num_warps=4, dot="fp16"),
         "loop4_st2_fp16": kernels.ScoreTile(pages=1, num_warps=4, dot="fp16", loop_pages=4, num_stages=2),

@@ -172,6 +172,8 @@ SCORE_TILES = {
     "4pages": kernels.ScoreTile(pages=4, num_warps=4),
     "loop4": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=4, num_stages=2),  # pipelined pages per program
     "loop3": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=3, num_stages=2),  # not a power of two (91 = 30 x 3 + 1)
+    "loop3_rows_first": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=3, num_stages=2, rows_first=True),
+    "one_page_rows_first": kernels.ScoreTile(pages=1, num_warps=4, rows_first=True),
 }
 
 
@@ -320,9 +322,9 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
     consts = {"NUM_HEADS": shapes.NUM_HEADS, "HEAD_DIM": shapes.HEAD_DIM, "PAGE_SIZE": shapes.PAGE_SIZE, "PAGE_BYTES": shapes.PAGE_BYTES,
               "TOPK": shapes.TOPK, "PAGES": tile.pages, "BLOCK_N": tile.block_n, "LOOP_PAGES": tile.loop_pages, "LOOP_SLOTS": 1,
               "SKIP_SHORT_ROWS": True,
-              "DOT": tile.dot, "SENTINEL": K.SENTINEL_SCORE, "LAUNCH_DEPENDENTS": False}
+              "DOT": tile.dot, "SENTINEL": K.SENTINEL_SCORE, "LAUNCH_DEPENDENTS": False, "ROWS_FIRST": tile.rows_first}
     result["gpu"] = compile_kernel(K._score_kernel, score_sig, consts, tile.num_warps)
-    result["gpu_loop"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LOOP_PAGES=4, LOOP_SLOTS=4), tile.num_warps)
+    result["gpu_loop"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LOOP_PAGES=4, LOOP_SLOTS=4, ROWS_FIRST=True), tile.num_warps)
     result["fp16"] = compile_kernel(K._score_kernel, score_sig, dict(consts, DOT="fp16"), tile.num_warps)
     if hasattr(triton.language.extra.cuda, "gdc_launch_dependents"):
         result["pdl"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LAUNCH_DEPENDENTS=True), tile.num_warps)

@@ -64,6 +64,10 @@ class ScoreTile:
     dot: str = "fp16"
     num_stages: int = 1
     loop_pages: int = 1
+    #: Grid order: False puts a row's tiles next to each other in launch order (axis 0 = tile),
+    #: True puts every row's first tile first (axis 0 = row), so a long row's pages are not
+    #: left to the last programs launched.
+    rows_first: bool = False
 
     def __post_init__(self) -> None:
         """Tiling relations, checked when a tile is made: raises ValueError naming the tile."""
@@ -114,8 +118,10 @@ assert TOPK % GPU_EMIT_BLOCK == 0
 #: keys with this page's dot. Measured on the H200 with the FP8 dot (score kernel alone, cold L2,
 #: benchmarks/h200/indexer_variants.json): 31 x 91 pages 7.84 µs one page per program, 7.02 with
 #: two, 8.03 with four; 23 x 83 pages 5.46 with one, 5.94 with two (with the fp16 dot four pages
-#: had won at 31 x 91 and two at 23 x 84: the FP8 MMA shortened each page's dot).
-GPU_LOOP_TILES = ((2400, ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=2)),)
+#: had won at 31 x 91 and two at 23 x 84: the FP8 MMA shortened each page's dot). The looping
+#: tile launches rows first (benchmarks/h200/indexer_score_rows_first.log: 31 x 91 pages 6.78
+#: against 7.10 µs, 30 x 89 6.26 against 6.72); the one-page tile was slower that way.
+GPU_LOOP_TILES = ((2400, ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=2, rows_first=True)),)
 
 
 def default_score_tile(max_num_pages: int, batch: int = 1) -> ScoreTile:
@@ -231,6 +237,7 @@ def _score_kernel(
     DOT: tl.constexpr,
     SENTINEL: tl.constexpr,
     LAUNCH_DEPENDENTS: tl.constexpr,  # let a dependent launch (the top-k) start now (CAN_LAUNCH_DEPENDENTS)
+    ROWS_FIRST: tl.constexpr,  # grid axis 0 is the row (ScoreTile.rows_first)
 ):
     """Scores of pages ``[pid_n * PAGES, (pid_n + 1) * PAGES)`` of row ``pid_b``.
 
@@ -245,8 +252,12 @@ def _score_kernel(
         # The top-k waits for this whole grid's completion before it reads a score
         # (griddepcontrol.wait), so the trigger may come first.
         tl.extra.cuda.gdc_launch_dependents()
-    pid_n = tl.program_id(0)
-    row = tl.program_id(1)
+    if ROWS_FIRST:
+        pid_n = tl.program_id(1)
+        row = tl.program_id(0)
+    else:
+        pid_n = tl.program_id(0)
+        row = tl.program_id(1)
     seq_len = tl.load(seq_lens_ptr + row)
     if LOOP_PAGES > 1:
         _score_pages_loop(q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
@@ -334,13 +345,15 @@ def launch_scores(
         strides = f"{values.stride()} and {scales.stride()}"
         raise ValueError(f"k_index_cache_fp8 views must have the {PAGE_BYTES}-byte page stride, got {strides}")
     grid = (triton.cdiv(max_pages, tile.pages_per_program), batch)
+    if tile.rows_first:
+        grid = grid[::-1]
     _score_kernel[grid](
         q_index_fp8, values, scales, weights, seq_lens, block_table, scores, row_width, block_table.stride(0),
         NUM_HEADS=NUM_HEADS, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, PAGE_BYTES=PAGE_BYTES, TOPK=TOPK,
         PAGES=tile.pages, BLOCK_N=tile.block_n, LOOP_PAGES=tile.loop_pages, LOOP_SLOTS=triton.next_power_of_2(tile.loop_pages),
         SKIP_SHORT_ROWS=skip_short_rows,
         DOT=tile.dot, SENTINEL=SENTINEL_SCORE, LAUNCH_DEPENDENTS=launch_dependents and CAN_LAUNCH_DEPENDENTS,
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
+        ROWS_FIRST=tile.rows_first, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
 
 
