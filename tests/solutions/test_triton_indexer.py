@@ -324,7 +324,8 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
               "SKIP_SHORT_ROWS": True,
               "DOT": tile.dot, "SENTINEL": K.SENTINEL_SCORE, "LAUNCH_DEPENDENTS": False, "ROWS_FIRST": tile.rows_first}
     result["gpu"] = compile_kernel(K._score_kernel, score_sig, consts, tile.num_warps)
-    result["gpu_loop"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LOOP_PAGES=4, LOOP_SLOTS=4, ROWS_FIRST=True), tile.num_warps)
+    loop_consts = dict(consts, LOOP_PAGES=4, LOOP_SLOTS=4, ROWS_FIRST=True)
+    result["gpu_loop"] = compile_kernel(K._score_kernel, score_sig, loop_consts, tile.num_warps)
     result["fp16"] = compile_kernel(K._score_kernel, score_sig, dict(consts, DOT="fp16"), tile.num_warps)
     if hasattr(triton.language.extra.cuda, "gdc_launch_dependents"):
         result["pdl"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LAUNCH_DEPENDENTS=True), tile.num_warps)
