@@ -6,8 +6,9 @@
 // one program per SM (the dequantized tiles fill shared memory). Program (hb, s, t) attends the
 // 64 heads hb*64.. of query token t over the positions s, s + S, s + 2S, ... of its index row,
 // in tiles of 64 records:
-//   producer   warpgroup 0: two threads per record gather its FP8 bytes, scales and RoPE into
-//              registers (the next tile's lines prefetched into L2 meanwhile), wait for a free
+//   producer   warpgroup 0: the index row into L2 first; then two threads per record gather its
+//              FP8 bytes, scales and RoPE into registers (meanwhile the next tile's lines are
+//              prefetched into L2, by ids read a tile earlier), wait for a free
 //              stage, dequantize (e4m3 x scale -> bf16, RNE) and store the tile [64, d_qk] into
 //              shared memory in the 128-byte-swizzled layout wgmma reads; then arrive on the
 //              stage's `full` mbarrier. Invalid ids (-1, or past topk_length) store zeros and a
@@ -255,7 +256,17 @@ __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Til
   using L = Layout<kFormat>;
   const int token = threadIdx.x / kRecordThreads;  // record of the tile this thread fills
   const int part = threadIdx.x % kRecordThreads;   // which half of its bytes
+  // The index row into L2 first, and the ids read a tile ahead of the L2 prefetch of their
+  // records: otherwise each tile's chain is a DRAM round trip for the next ids (the cache is
+  // cold after a flush), then another for the records they name, then the gathers.
+  {
+    const int64_t bytes = row.n_pos > 0 ? (static_cast<int64_t>(row.n_pos - 1) * a.splits + 1) * 4 : 0;
+    const char* first = reinterpret_cast<const char*>(row.ids + row.split);
+    for (int64_t at = threadIdx.x * static_cast<int64_t>(kL2Line); at < bytes + kL2Line - 1; at += kProducerThreads * kL2Line)
+      prefetch_l2(first + min(at, bytes - 1));
+  }
   int id = row.n_tiles > 0 ? record_id(a, row, 0, token) : -1;
+  int next = row.n_tiles > 1 ? record_id(a, row, 1, token) : -1;
   for (int i = 0; i < row.n_tiles; ++i) {
     const int stage = i % kStages;
     const bool valid = id >= 0;
@@ -281,20 +292,18 @@ __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Til
 #pragma unroll
       for (int v = 0; v < L::kRopeVecs; ++v) rope[v] = make_uint4(0, 0, 0, 0);
     }
-    // The next tile's record into L2 while this one's loads are in flight.
-    int next = -1;
-    if (i + 1 < row.n_tiles) {
-      next = record_id(a, row, i + 1, token);
-      if (next >= 0) {
-        const int block = next / a.block_size;
-        const int slot = next - block * a.block_size;
-        const uint8_t* page = a.cache + static_cast<int64_t>(block) * a.page_stride;
-        const uint8_t* data = page + static_cast<int64_t>(slot) * a.data_slot_bytes;
-        const uint32_t span = static_cast<uint32_t>(a.data_slot_bytes);
-        for (uint32_t at = part * kL2Line; at < span + kL2Line - 1; at += kRecordThreads * kL2Line)
-          prefetch_l2(data + min(at, span - 1));
-        if (!L::kScalesInRow && part == 1) prefetch_l2(page + a.scale_base + static_cast<int64_t>(slot) * a.scale_slot_bytes);
-      }
+    // The id two tiles on (used at the next turn), and the next tile's record into L2 while this
+    // one's loads are in flight.
+    const int after = i + 2 < row.n_tiles ? record_id(a, row, i + 2, token) : -1;
+    if (next >= 0) {
+      const int block = next / a.block_size;
+      const int slot = next - block * a.block_size;
+      const uint8_t* page = a.cache + static_cast<int64_t>(block) * a.page_stride;
+      const uint8_t* data = page + static_cast<int64_t>(slot) * a.data_slot_bytes;
+      const uint32_t span = static_cast<uint32_t>(a.data_slot_bytes);
+      for (uint32_t at = part * kL2Line; at < span + kL2Line - 1; at += kRecordThreads * kL2Line)
+        prefetch_l2(data + min(at, span - 1));
+      if (!L::kScalesInRow && part == 1) prefetch_l2(page + a.scale_base + static_cast<int64_t>(slot) * a.scale_slot_bytes);
     }
     if (i >= kStages) mbarrier_wait(&sm.empty[stage], ((i / kStages) - 1) & 1);
     uint8_t* tile = tiles.kv[stage];
@@ -318,6 +327,7 @@ __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Til
     fence_proxy_async();  // the stores above are read by wgmma (the async proxy)
     mbarrier_arrive(&sm.full[stage]);
     id = next;
+    next = after;
   }
 }
 
