@@ -251,3 +251,27 @@ def test_gather_floor_landing_summary_finds_a_systematically_slow_sm():
     assert abs(p["sm_means"][7] - 3.15) < 1e-6 and max(p["sm_means"], key=p["sm_means"].get) == 7
     assert abs(p["last"] - 3.15) < 1e-6
     assert p["between_sm"] > 0.5 > p["within_sm"] and p["halves_corr"] > 0.9
+
+
+def test_ncu_stalls_sums_kernels_and_lists_excess_wavefronts(tmp_path):
+    # Two profiled kernels of one SASS listing (the same offsets): samples and stalls add up per
+    # offset; the excessive shared wavefronts of the second instruction are listed once, summed.
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_long_sb",
+              "stall_barrier", "L1 Wavefronts Shared Excessive"]  # fmt: skip
+    rows = []
+    for kernel in range(2):
+        rows += [["Kernel Name", f"decode_kernel {kernel}"], header]
+        rows.append([f"{0x7f00 + 0x1000 * kernel:x}", "LDG.E.128 R4, desc[UR4][R2.64]", "10", "64", "9", "1", "0"])
+        rows.append([f"{0x7f10 + 0x1000 * kernel:x}", "STS.128 [R3], R8", "0", "64", "", "", "96"])
+    source = tmp_path / "sass.csv"
+    with source.open("w", newline="") as f:
+        import csv
+
+        csv.writer(f).writerows(rows)
+    proc = run_tool("ncu_stalls.py", str(source))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("kernels 2, samples 20") and "('long_sb', 18)" in lines[0]
+    assert re.match(r"0x00000 +20 +128 LDG\.E\.128", lines[1]) and "long_sb:18 barrier:2" in lines[1]
+    assert lines[2] == "excessive wavefronts / sectors per instruction:"
+    assert re.match(r"0x00010 STS\.128 \[R3\], R8 +L1 Wavefronts Shared Excessive: 192$", lines[3]), lines[3]

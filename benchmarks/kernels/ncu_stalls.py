@@ -10,7 +10,9 @@
 Prints the sample total and the stall reasons over all profiled kernels, then every instruction
 with samples (offset from its kernel's first instruction, samples, warp-level executions, the
 instruction, its top three stall reasons), plus every barrier, shared atomic and exit. A warp
-waiting at a barrier is sampled on the instruction after it.
+waiting at a barrier is sampled on the instruction after it. Then, where the page has the
+SourceCounters section's memory columns, every instruction with excessive L1 wavefronts or L2
+sectors (bank conflicts, uncoalesced accesses) and how many.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def main() -> int:
     args = parser.parse_args()
     per_offset: dict[int, list] = collections.OrderedDict()
     totals: collections.Counter[str] = collections.Counter()
+    excess: dict[int, collections.Counter[str]] = collections.OrderedDict()
     header: list[str] | None = None
     base = None
     kernels = 0
@@ -40,6 +43,7 @@ def main() -> int:
                 header = row
                 col = {h: i for i, h in enumerate(header)}
                 stall_columns = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+                excess_columns = [h for h in header if "Excessive" in h]
             elif header and row:
                 address = int(row[0], 16)
                 base = address if base is None else base
@@ -50,11 +54,19 @@ def main() -> int:
                     if row[col[name]] not in ("", "0"):
                         entry[3][name[6:]] += int(row[col[name]])
                         totals[name[6:]] += int(row[col[name]])
+                for name in excess_columns:
+                    if row[col[name]] not in ("", "0"):
+                        excess.setdefault(address - base, collections.Counter())[name] += int(float(row[col[name]]))
     print(f"kernels {kernels}, samples {sum(e[1] for e in per_offset.values())}, stalls {totals.most_common(12)}")
     for offset, (instruction, samples, executed, stalls) in per_offset.items():
         if samples or any(op in instruction for op in ("BAR.SYNC", "ATOMS", "EXIT")):
             reasons = " ".join(f"{k}:{v}" for k, v in stalls.most_common(3))
             print(f"{offset:#07x} {samples:6d} {executed:8d} {instruction[:70]:70s} {reasons}")
+    if excess:
+        print("excessive wavefronts / sectors per instruction:")
+        for offset, counts in excess.items():
+            what = " ".join(f"{name}: {n}" for name, n in counts.most_common())
+            print(f"{offset:#07x} {per_offset[offset][0][:70]:70s} {what}")
     return 0
 
 

@@ -3,6 +3,7 @@
 
     ncu --nvtx --nvtx-include "profile/" --clock-control none [--section ...] \\
         python benchmarks/kernels/profile_kernels.py ncu [--case attention_18_t8_full --case indexer_127_b31_p91 ...]
+        (any other workload's case as WORKLOAD:CASE, e.g. --case mla_decode_v32_h128:b128_sq2_k2048_h128)
     python benchmarks/kernels/profile_kernels.py locality [--iterations 30] [--trials 1]
     python benchmarks/kernels/profile_kernels.py cache [--case ...] [--iterations 30] [--trials 1]
     python benchmarks/kernels/profile_kernels.py topk [--iterations 30] [--trials 1]
@@ -79,7 +80,13 @@ def solution_module(definition_name: str, part: str = "entry"):
 
 
 def case_inputs(case_id: str, device: torch.device):
-    workload = load_workload(WORKLOADS["attention" if case_id.startswith("attention") else "indexer"])
+    """The definition, axes and generated inputs of a case: an attention or indexer case id, or
+    ``WORKLOAD:CASE`` for a case of ``workloads/WORKLOAD.yaml``."""
+    if ":" in case_id:
+        name, case_id = case_id.split(":", 1)
+        workload = load_workload(ROOT / "workloads" / f"{name}.yaml")
+    else:
+        workload = load_workload(WORKLOADS["attention" if case_id.startswith("attention") else "indexer"])
     case = next(c for c in workload.cases if c.id == case_id)
     inputs = build_inputs(workload.definition, case, derive_seed(workload.settings.seed, case.id, "profile"), device)
     axes = workload.definition.axes(case.axes)
@@ -93,6 +100,9 @@ def direct_call(definition, axes, inputs, device):
     if definition.name == attn.NAME:
         sa = solution_module(attn.NAME)
         return lambda: sa.sparse_attention(*args, outputs["output"], outputs["lse"])
+    if definition.name != indexer.NAME:  # any other family: its entry, destination passing
+        entry = import_entry(load_solution(ROOT / "solutions" / "triton"), definition.name)[0]
+        return lambda: entry(*args, *outputs.values())
     ix = solution_module(indexer.NAME)
     topk = solution_module(indexer.NAME, "topk").filtered_topk if ix.USE_CUDA_TOPK else ix.portable_topk
     return lambda: (
