@@ -5,6 +5,7 @@
                                             [--iterations 30] [--trials 3] [--timer auto] [--no-flashmla] [--out results/mla_decode.json]
     python benchmarks/kernels/mla_decode.py --configs [--format V32 --hq 128 --batch 2]   # sweep the config table's knobs
     python benchmarks/kernels/mla_decode.py --list                                         # the configs the policy picks, no GPU
+    python benchmarks/kernels/mla_decode.py --variant NAME=REV_OR_DIR [--variant ...]       # other builds of the CUDA kernel beside it
 
 Shapes: FlashMLA's production decode shapes by default (V3.2 and V4 records, h_q 128 and 64,
 s_q 2, topk 2048, s_k 32768 per sequence, b in {2, 64, 74, 128}, block size 64). Per shape it
@@ -20,6 +21,13 @@ table. The solution's default path is timed (`cuda` in the table: the hand-writt
 and where that is the CUDA kernel its Triton kernel too (`triton`: the table's config for the
 shape). Columns: latency (µs), TFLOPS by FlashMLA's formula 2 b s_q h_q topk (d_qk + 512), GB/s
 of q + the distinct records read + out, and the solution's kernel / FlashMLA.
+
+``--variant NAME=REV`` builds the CUDA kernel from the solution's ``decode/csrc`` and
+``common/csrc`` at git revision REV (an experiment's tag, say), or ``NAME=DIR`` from a copy of
+``solutions/triton`` in DIR (``git archive TAG solutions/triton | tar -x -C DIR --strip-components 2``:
+for a machine without the repository's history), and times it through the solution's entry
+beside the shipped build, checked the same way (`variant NAME` in the table): a side-by-side
+measurement of an experiment in one run.
 
 FlashMLA (``sgl-flash-mla``, BRIEF §2.4) is called as ``get_mla_metadata()`` then
 ``flash_mla_with_kvcache(q, cache, None, None, 512, meta, softmax_scale=..., is_fp8_kvcache=True,
@@ -43,7 +51,10 @@ import dataclasses
 import importlib
 import json
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 import types
 from collections.abc import Callable
@@ -78,6 +89,50 @@ def load_decode():
         module.__path__ = [str(ROOT / "solutions" / "triton")]
         sys.modules[package] = module
     return importlib.import_module(f"{package}.decode.entry"), importlib.import_module(f"{package}.decode.config")
+
+
+#: the folders of solutions/triton a variant build takes from its revision or copy
+VARIANT_FOLDERS = ("decode/csrc", "common/csrc")
+
+
+def variant_sources(spec: str, into: Path) -> tuple[str, Path]:
+    """``NAME=REV`` or ``NAME=DIR`` (see the module doc) as (name, a folder laid out as
+    solutions/triton with the variant's ``decode/csrc`` and ``common/csrc``). Raises ValueError
+    naming what is wrong."""
+    name, sep, source = spec.partition("=")
+    if not sep or not name.isidentifier() or not source:
+        raise ValueError(f"--variant {spec!r}: expected NAME=REV or NAME=DIR (NAME a Python identifier)")
+    folder = into / name
+    if Path(source).is_dir():
+        for sub in VARIANT_FOLDERS:
+            if not (Path(source) / sub).is_dir():
+                raise ValueError(f"--variant {spec!r}: {source} has no {sub} (expected a copy of solutions/triton)")
+            shutil.copytree(Path(source) / sub, folder / sub)
+        return name, folder
+    for sub in VARIANT_FOLDERS:
+        listed = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{source}:solutions/triton/{sub}"],
+                                capture_output=True, text=True, check=False)  # fmt: skip
+        if listed.returncode != 0:
+            raise ValueError(f"--variant {spec!r}: {source} is neither a folder nor a git revision with solutions/triton/{sub}: "
+                             f"{listed.stderr.strip()[-200:]}")  # fmt: skip
+        (folder / sub).mkdir(parents=True)
+        for file in listed.stdout.split():
+            shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{source}:solutions/triton/{sub}/{file}"],
+                                   capture_output=True, check=True)  # fmt: skip
+            (folder / sub / file).write_bytes(shown.stdout)
+    return name, folder
+
+
+def build_variant(name: str, folder: Path, cuda, cuda_build):
+    """The variant's decode library, built for sm_90a (into the build cache) and opened; its
+    constants must match the shipped build's (same record geometry)."""
+    compiled = cuda_build.compile_library(f"{cuda.STEM}_{name}", f"variant {name}", folder / "decode", cuda.SOURCES,
+                                          cuda.HEADERS, "sm_90a")  # fmt: skip
+    library = cuda_build.CudaLibrary(compiled, f"variant {name}", cuda.PREFIX, cuda.SIGNATURES)
+    mismatched = library.mismatched(cuda.EXPECTED_CONSTANTS)
+    if mismatched:
+        raise ValueError(f"variant {name}: its constants {mismatched} differ from the shipped build's")
+    return library
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,6 +362,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--more-knobs", action="store_true", help="with --configs: also 16 warps and 3 stages")
     p.add_argument("--list", action="store_true", help="print the config the policy picks per shape (H200: 132 SMs without a GPU)")
     p.add_argument("--out", type=Path, help="write the records as JSON")
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=REV_OR_DIR",
+                   help="also time the CUDA kernel built from git revision REV or from DIR, a copy of solutions/triton")  # fmt: skip
     p.add_argument(
         "--cpu-dry-run",
         action="store_true",
@@ -337,6 +394,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
+    package = entry.__name__.rsplit(".", 2)[0]
+    cuda, cuda_build = importlib.import_module(f"{package}.decode.cuda"), importlib.import_module(f"{package}.common.cuda_build")
+    variants = []
+    with tempfile.TemporaryDirectory(prefix="mla_decode_variants_") as scratch:
+        try:
+            for spec in args.variant:
+                name, folder = variant_sources(spec, Path(scratch))
+                variants.append((name, build_variant(name, folder, cuda, cuda_build)))
+                print(f"variant {name}: built from {spec.partition('=')[2]}", flush=True)
+        except (ValueError, cuda_build.CudaBuildError) as exc:
+            print(f"mla_decode.py: {exc}", file=sys.stderr)
+            return 2
     flash_mla, why_not = None, "--no-flashmla"
     if not args.no_flashmla:
         try:
@@ -362,6 +431,11 @@ def main(argv: list[str] | None = None) -> int:
             check, used = check_triton(entry, shape, sets[0], None, ref)
             us, timer = time_call(candidates.triton(None), candidates, args) if check[0] else (None, "FAIL")
             records.append(row(shape, f"triton {used}", us, timer, check, moved))
+            for name, library in variants if used.kernel == "cuda" else ():
+                with cuda_build.library_override(cuda.STEM, library):
+                    check, _ = check_triton(entry, shape, sets[0], None, ref)
+                    us, timer = time_call(candidates.triton(None), candidates, args) if check[0] else (None, "FAIL")
+                records.append(row(shape, f"variant {name}", us, timer, check, moved))
             if used.kernel == "cuda":  # the Triton kernel the solution runs elsewhere, side by side
                 config = config_mod.select_config(shape.kv_format, shape.h_q, shape.b * shape.s_q, shape.topk, sms)
                 check, used = check_triton(entry, shape, sets[0], config, ref)
@@ -422,10 +496,14 @@ def print_table(records: list[dict[str, Any]], shapes: list[Shape]) -> None:
             rows = [r for r in mine if r["candidate"].startswith("triton") and f"kernel='{kernel}'" in r["candidate"]]
             timed = [r for r in rows if r.get("us")]
             shown += [min(timed, key=lambda r: r["us"])] if timed else rows[:1]
+        shown += [r for r in mine if r["candidate"].startswith("variant ")]
         shown += [r for r in mine if r["candidate"] == "flashmla"]
         anchor = FLASHMLA_H200_US.get((shape.kv_format, shape.h_q, shape.b))
         for r in shown:
-            name = "flashmla" if r["candidate"] == "flashmla" else ("cuda" if "kernel='cuda'" in r["candidate"] else "triton")
+            if r["candidate"] == "flashmla" or r["candidate"].startswith("variant "):
+                name = r["candidate"].removeprefix("variant ")
+            else:
+                name = "cuda" if "kernel='cuda'" in r["candidate"] else "triton"
             us = r.get("us")
             ratio = f"{flash / us:.2f}x" if us and flash and name != "flashmla" else ""
             check = "error" if "error" in r else ("PASS" if r.get("passed") else "FAIL")

@@ -13,8 +13,10 @@ production shapes, every combine, and the ticket words' reuse.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -446,6 +448,58 @@ def test_benchmark_cpu_dry_run_checks_its_inputs_and_reference():
     assert proc.stdout.count(": PASS") == 3 and "combine='last'" in proc.stdout and "combine='two_launch'" in proc.stdout
 
 
+def _benchmark_module():
+    spec = importlib.util.spec_from_file_location("mla_decode_benchmark", ROOT / "benchmarks" / "kernels" / "mla_decode.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses resolve their module through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_variant_sources_from_a_revision_or_a_folder(tmp_path):
+    # NAME=REV takes decode/csrc and common/csrc as git has them at REV; NAME=DIR copies them from a
+    # copy of solutions/triton; anything else is refused naming the argument.
+    bench = _benchmark_module()
+    if shutil.which("git") is None or subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode:
+        pytest.skip("no git history here")
+    name, folder = bench.variant_sources("head=HEAD", tmp_path / "rev")
+    assert name == "head"
+    for sub in bench.VARIANT_FOLDERS:
+        listed = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"HEAD:solutions/triton/{sub}"],
+                                capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+        assert sorted(f.name for f in (folder / sub).iterdir()) == sorted(listed)
+        for file in listed:
+            shown = subprocess.run(["git", "-C", str(ROOT), "show", f"HEAD:solutions/triton/{sub}/{file}"], capture_output=True, check=True)
+            assert (folder / sub / file).read_bytes() == shown.stdout
+    name, copied = bench.variant_sources(f"copy={ROOT / 'solutions' / 'triton'}", tmp_path / "dir")
+    shipped = ROOT / "solutions" / "triton" / "decode" / "csrc" / "decode_sm90.cu"
+    assert (copied / "decode" / "csrc" / "decode_sm90.cu").read_bytes() == shipped.read_bytes()
+    refused = [("noequals", "expected NAME=REV or NAME=DIR"), ("1x=HEAD", "expected NAME=REV"),
+               ("x=no-such-revision-here", "neither a folder nor a git revision"), (f"x={tmp_path}", "has no decode/csrc")]  # fmt: skip
+    for bad, why in refused:
+        with pytest.raises(ValueError, match=why):
+            bench.variant_sources(bad, tmp_path / "bad")
+
+
+def test_library_override_is_scoped():
+    sentinel = object()
+    args = ("dsa_test_override", "a test library", ROOT, (), (), "x_", {}, {}, "disagree")
+    with cuda_build.library_override("dsa_test_override", sentinel):
+        assert cuda_build.load_checked_library(*args) is sentinel  # nothing built: the override is returned
+    with pytest.raises(cuda_build.CudaBuildError):  # gone after the block: a real (here impossible) build is tried
+        cuda_build.load_checked_library(*args)
+
+
+@pytest.mark.slow
+def test_benchmark_builds_a_variant_without_a_gpu(tmp_path):
+    if cuda_build.nvcc_path() is None:
+        pytest.skip("nvcc is not installed")
+    bench = _benchmark_module()
+    name, folder = bench.variant_sources(f"copy={ROOT / 'solutions' / 'triton'}", tmp_path)
+    library = bench.build_variant(name, folder, cuda_mod, cuda_build)  # built for sm_90a, opened, constants checked
+    assert library.mismatched(cuda_mod.EXPECTED_CONSTANTS) == []
+
+
 # --------------------------------------------------------------------------- GPU
 
 
@@ -538,3 +592,19 @@ def test_gpu_cuda_kernel_refuses_what_it_cannot_take():
     assert used.kernel == "triton"  # V4.1 records: no CUDA path on SM90
     with pytest.raises(ValueError, match="CUDA MLA decode cannot take this call"):
         run(fmt, case, replace(config_mod.CUDA_CONFIG, splits=1))
+
+
+@pytest.mark.gpu
+def test_benchmark_times_a_variant_beside_the_shipped_build(tmp_path):
+    # The shipped sources as a variant: built apart, swapped in through the entry, checked and timed.
+    out = tmp_path / "variant.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels" / "mla_decode.py"), "--format", "V32", "--hq", "64",
+                           "--batch", "2", "--warmup", "1", "--iterations", "3", "--trials", "1", "--no-flashmla", "--out", str(out),
+                           "--variant", f"same={ROOT / 'solutions' / 'triton'}"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = json.loads(out.read_text())["records"]
+    variant = [r for r in records if r["candidate"] == "variant same"]
+    assert len(variant) == 1 and variant[0]["passed"] and variant[0]["us"] > 0, records
+    assert "same" in proc.stdout
+
