@@ -262,8 +262,10 @@ __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Til
   {
     const int64_t bytes = row.n_pos > 0 ? (static_cast<int64_t>(row.n_pos - 1) * a.splits + 1) * 4 : 0;
     const char* first = reinterpret_cast<const char*>(row.ids + row.split);
-    for (int64_t at = threadIdx.x * static_cast<int64_t>(kL2Line); at < bytes + kL2Line - 1; at += kProducerThreads * kL2Line)
-      prefetch_l2(first + min(at, bytes - 1));
+    if (bytes > 0) {  // (an empty row has no line to prefetch, not even the byte before it)
+      for (int64_t at = threadIdx.x * static_cast<int64_t>(kL2Line); at < bytes + kL2Line - 1; at += kProducerThreads * kL2Line)
+        prefetch_l2(first + min(at, bytes - 1));
+    }
   }
   int id = row.n_tiles > 0 ? record_id(a, row, 0, token) : -1;
   int next = row.n_tiles > 1 ? record_id(a, row, 1, token) : -1;
