@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,17 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 HAS_CUDA = torch.cuda.is_available()
+
+
+def load_script(name: str) -> types.ModuleType:
+    """A script of benchmarks/kernels/ imported from its file (the folder is no package and stays
+    off sys.path), registered in sys.modules so its dataclasses resolve their module."""
+    spec = importlib.util.spec_from_file_location(f"kernel_script_{name}", ROOT / "benchmarks" / "kernels" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def pytest_collection_modifyitems(config, items):

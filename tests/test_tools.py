@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
-from conftest import HAS_CUDA, ROOT
+from conftest import HAS_CUDA, ROOT, load_script
 
 KERNEL_SCRIPTS = ROOT / "benchmarks" / "kernels"
 
@@ -23,15 +21,6 @@ def run_tool(script: str, *args: str, timeout: float = 600) -> subprocess.Comple
     return subprocess.run(
         [sys.executable, str(KERNEL_SCRIPTS / script), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )
-
-
-def load_script(name: str) -> types.ModuleType:
-    """A script of benchmarks/kernels/ imported from its file (the folder is no package and stays off sys.path)."""
-    spec = importlib.util.spec_from_file_location(f"kernel_script_{name}", KERNEL_SCRIPTS / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_bench_indexer_cpu_dry_run_checks_and_reports(tmp_path):

@@ -49,11 +49,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import types
@@ -109,17 +111,15 @@ def variant_sources(spec: str, into: Path) -> tuple[str, Path]:
                 raise ValueError(f"--variant {spec!r}: {source} has no {sub} (expected a copy of solutions/triton)")
             shutil.copytree(Path(source) / sub, folder / sub)
         return name, folder
-    for sub in VARIANT_FOLDERS:
-        listed = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"{source}:solutions/triton/{sub}"],
-                                capture_output=True, text=True, check=False)  # fmt: skip
-        if listed.returncode != 0:
-            raise ValueError(f"--variant {spec!r}: {source} is neither a folder nor a git revision with solutions/triton/{sub}: "
-                             f"{listed.stderr.strip()[-200:]}")  # fmt: skip
-        (folder / sub).mkdir(parents=True)
-        for file in listed.stdout.split():
-            shown = subprocess.run(["git", "-C", str(ROOT), "show", f"{source}:solutions/triton/{sub}/{file}"],
-                                   capture_output=True, check=True)  # fmt: skip
-            (folder / sub / file).write_bytes(shown.stdout)
+    paths = [f"solutions/triton/{sub}" for sub in VARIANT_FOLDERS]
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", source, *paths], capture_output=True, check=False)
+    if archive.returncode != 0:
+        raise ValueError(f"--variant {spec!r}: {source} is neither a folder nor a git revision with solutions/triton/"
+                         f"{{{','.join(VARIANT_FOLDERS)}}}: {archive.stderr.decode(errors='replace').strip()[-200:]}")  # fmt: skip
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        for member in tar.getmembers():  # solutions/triton/<sub>/<file> -> <folder>/<sub>/<file>
+            member.name = member.name.removeprefix("solutions/triton/")
+        tar.extractall(folder, filter="data")
     return name, folder
 
 
@@ -431,12 +431,12 @@ def main(argv: list[str] | None = None) -> int:
             check, used = check_triton(entry, shape, sets[0], None, ref)
             us, timer = time_call(candidates.triton(None), candidates, args) if check[0] else (None, "FAIL")
             records.append(row(shape, f"triton {used}", us, timer, check, moved))
-            for name, library in variants if used.kernel == "cuda" else ():
-                with cuda_build.library_override(cuda.STEM, library):
-                    check, _ = check_triton(entry, shape, sets[0], None, ref)
-                    us, timer = time_call(candidates.triton(None), candidates, args) if check[0] else (None, "FAIL")
-                records.append(row(shape, f"variant {name}", us, timer, check, moved))
-            if used.kernel == "cuda":  # the Triton kernel the solution runs elsewhere, side by side
+            if used.kernel == "cuda":  # the variant builds, then the Triton kernel the solution runs elsewhere, side by side
+                for name, library in variants:
+                    with cuda_build.library_override(cuda.STEM, library):
+                        check, _ = check_triton(entry, shape, sets[0], None, ref)
+                        us, timer = time_call(candidates.triton(None), candidates, args) if check[0] else (None, "FAIL")
+                    records.append(row(shape, f"variant {name}", us, timer, check, moved))
                 config = config_mod.select_config(shape.kv_format, shape.h_q, shape.b * shape.s_q, shape.topk, sms)
                 check, used = check_triton(entry, shape, sets[0], config, ref)
                 us, timer = time_call(candidates.triton(config), candidates, args) if check[0] else (None, "FAIL")

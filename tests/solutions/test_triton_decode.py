@@ -13,7 +13,6 @@ production shapes, every combine, and the ticket words' reuse.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import HAS_CUDA, ROOT, exported_symbols
+from conftest import HAS_CUDA, ROOT, exported_symbols, load_script
 
 from dsa_bench.definitions import kv_records as kvr
 from dsa_bench.definitions import mla_decode
@@ -448,18 +447,10 @@ def test_benchmark_cpu_dry_run_checks_its_inputs_and_reference():
     assert proc.stdout.count(": PASS") == 3 and "combine='last'" in proc.stdout and "combine='two_launch'" in proc.stdout
 
 
-def _benchmark_module():
-    spec = importlib.util.spec_from_file_location("mla_decode_benchmark", ROOT / "benchmarks" / "kernels" / "mla_decode.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses resolve their module through sys.modules
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_benchmark_variant_sources_from_a_revision_or_a_folder(tmp_path):
     # NAME=REV takes decode/csrc and common/csrc as git has them at REV; NAME=DIR copies them from a
     # copy of solutions/triton; anything else is refused naming the argument.
-    bench = _benchmark_module()
+    bench = load_script("mla_decode")
     if shutil.which("git") is None or subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode:
         pytest.skip("no git history here")
     name, folder = bench.variant_sources("head=HEAD", tmp_path / "rev")
@@ -494,7 +485,7 @@ def test_library_override_is_scoped():
 def test_benchmark_builds_a_variant_without_a_gpu(tmp_path):
     if cuda_build.nvcc_path() is None:
         pytest.skip("nvcc is not installed")
-    bench = _benchmark_module()
+    bench = load_script("mla_decode")
     name, folder = bench.variant_sources(f"copy={ROOT / 'solutions' / 'triton'}", tmp_path)
     library = bench.build_variant(name, folder, cuda_mod, cuda_build)  # built for sm_90a, opened, constants checked
     assert library.mismatched(cuda_mod.EXPECTED_CONSTANTS) == []

@@ -259,13 +259,11 @@ __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Til
   // The index row into L2 first, and the ids read a tile ahead of the L2 prefetch of their
   // records: otherwise each tile's chain is a DRAM round trip for the next ids (the cache is
   // cold after a flush), then another for the records they name, then the gathers.
-  {
-    const int64_t bytes = row.n_pos > 0 ? (static_cast<int64_t>(row.n_pos - 1) * a.splits + 1) * 4 : 0;
+  if (row.n_pos > 0) {  // (an empty row has no line to prefetch, not even the byte before it)
+    const int64_t bytes = (static_cast<int64_t>(row.n_pos - 1) * a.splits + 1) * 4;
     const char* first = reinterpret_cast<const char*>(row.ids + row.split);
-    if (bytes > 0) {  // (an empty row has no line to prefetch, not even the byte before it)
-      for (int64_t at = threadIdx.x * static_cast<int64_t>(kL2Line); at < bytes + kL2Line - 1; at += kProducerThreads * kL2Line)
-        prefetch_l2(first + min(at, bytes - 1));
-    }
+    for (int64_t at = threadIdx.x * static_cast<int64_t>(kL2Line); at < bytes + kL2Line - 1; at += kProducerThreads * kL2Line)
+      prefetch_l2(first + min(at, bytes - 1));
   }
   int id = row.n_tiles > 0 ? record_id(a, row, 0, token) : -1;
   int next = row.n_tiles > 1 ? record_id(a, row, 1, token) : -1;
