@@ -558,10 +558,12 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
 // out = sum_s w_s out_s / sum_s w_s, lse = (M + log2 sum_s w_s) ln 2, then the sink factor.
 constexpr int kCombineCols = 64;
 constexpr int kCombineThreads = 256;
+// Splits whose partials one thread loads before it adds them up.
+constexpr int kCombineSplitsInFlight = 4;
 constexpr int kCombineColsPerThread = kHeadsPerProgram * kCombineCols / kCombineThreads;
 static_assert(kDv % kCombineCols == 0 && kCombineColsPerThread % 8 == 0, "whole 16-byte bf16 vectors per thread");
 
-__global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_constant__ DecodeArgs a) {
+__global__ void __launch_bounds__(kCombineThreads, 1) combine_kernel(const __grid_constant__ DecodeArgs a) {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the decode grid's partials are complete and visible
   const int unit = blockIdx.x;
   const int head_blocks = a.h_q / kHeadsPerProgram;
@@ -578,17 +580,36 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(const __grid_c
 #pragma unroll
   for (int i = 0; i < kCombineColsPerThread; ++i) acc[i] = 0.0f;
   float total = 0.0f;
-  for (int s = 0; s < a.splits; ++s) {
-    const float w = fast_exp2(__ldcg(a.part_lse + (first + s) * kHeadsPerProgram + row) - ref);
-    total += w;
-    const float4* src = reinterpret_cast<const float4*>(a.part_out + ((first + s) * kHeadsPerProgram + row) * kDv + col);
+  constexpr int kVecs = kCombineColsPerThread / 4;
+  // kCombineSplitsInFlight splits' loads issued together, then their sums. (Loads interleaved
+  // with the multiply-adds split by split waited on L2 once per split. The launch bounds of one
+  // block per SM let ptxas keep a batch's 64 values in registers; with the default it
+  // interleaved them again to save registers.)
+  for (int s0 = 0; s0 < a.splits; s0 += kCombineSplitsInFlight) {
+    float4 v[kCombineSplitsInFlight][kVecs];
+    float w[kCombineSplitsInFlight];
 #pragma unroll
-    for (int i = 0; i < kCombineColsPerThread / 4; ++i) {
-      const float4 v = __ldcg(src + i);
-      acc[4 * i + 0] = fmaf(w, v.x, acc[4 * i + 0]);
-      acc[4 * i + 1] = fmaf(w, v.y, acc[4 * i + 1]);
-      acc[4 * i + 2] = fmaf(w, v.z, acc[4 * i + 2]);
-      acc[4 * i + 3] = fmaf(w, v.w, acc[4 * i + 3]);
+    for (int k = 0; k < kCombineSplitsInFlight; ++k) {
+      // Past the count, the last split is loaded again (no branch around the loads) at weight 0.
+      const bool present = s0 + k < a.splits;
+      const int64_t part = first + min(s0 + k, a.splits - 1);
+      const float lse2 = a.part_lse[part * kHeadsPerProgram + row];
+      w[k] = present ? lse2 : neg_inf();
+      const float4* src = reinterpret_cast<const float4*>(a.part_out + (part * kHeadsPerProgram + row) * kDv + col);
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) v[k][i] = src[i];
+    }
+#pragma unroll
+    for (int k = 0; k < kCombineSplitsInFlight; ++k) {
+      const float weight = fast_exp2(w[k] - ref);  // 0 for an absent or empty split (finite partials)
+      total += weight;
+#pragma unroll
+      for (int i = 0; i < kVecs; ++i) {
+        acc[4 * i + 0] = fmaf(weight, v[k][i].x, acc[4 * i + 0]);
+        acc[4 * i + 1] = fmaf(weight, v[k][i].y, acc[4 * i + 1]);
+        acc[4 * i + 2] = fmaf(weight, v[k][i].z, acc[4 * i + 2]);
+        acc[4 * i + 3] = fmaf(weight, v[k][i].w, acc[4 * i + 3]);
+      }
     }
   }
   const int head = hb * kHeadsPerProgram + row;
