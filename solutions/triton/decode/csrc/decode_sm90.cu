@@ -556,7 +556,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
 // partials of unit u (a query token's head block) for value columns [c * kCombineCols, ..):
 // with M = max_s lse2_s (0 when every split is empty) and w_s = 2^(lse2_s - M),
 // out = sum_s w_s out_s / sum_s w_s, lse = (M + log2 sum_s w_s) ln 2, then the sink factor.
-constexpr int kCombineCols = 64;
+constexpr int kCombineCols = 32;  // 128 programs at b = 2 (64 left SMs idle; 16 gained nothing)
 constexpr int kCombineThreads = 256;
 // Splits whose partials one thread loads before it adds them up.
 constexpr int kCombineSplitsInFlight = 4;
