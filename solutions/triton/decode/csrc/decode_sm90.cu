@@ -583,7 +583,7 @@ __global__ void __launch_bounds__(kCombineThreads, 1) combine_kernel(const __gri
   constexpr int kVecs = kCombineColsPerThread / 4;
   // kCombineSplitsInFlight splits' loads issued together, then their sums. (Loads interleaved
   // with the multiply-adds split by split waited on L2 once per split. The launch bounds of one
-  // block per SM let ptxas keep a batch's 64 values in registers; with the default it
+  // block per SM let ptxas keep a whole batch in registers; with the default it
   // interleaved them again to save registers.)
   for (int s0 = 0; s0 < a.splits; s0 += kCombineSplitsInFlight) {
     float4 v[kCombineSplitsInFlight][kVecs];
