@@ -72,6 +72,17 @@ constexpr int kAccRegs = kHeadsPerProgram * kPvCols / kWarpgroupThreads;
 constexpr int kLogitRegs = kHeadsPerProgram * kQkTokens / kWarpgroupThreads;
 constexpr uint32_t kL2Line = 128;
 constexpr float kLn2 = 0.6931471805599453f;
+// A split's partial O / l [64 heads, kDv] is stored in the consumers' fragment order, float4
+// number j * kMathThreads + mt holding thread mt's accumulators 4j .. 4j + 3: heads r0 and
+// r0 + 8, columns c and c + 1 (partial_fragment names them); the combine reads the same order.
+constexpr int kPartialFragments = kHeadsPerProgram * kDv / 4;
+struct Fragment {
+  int r0, col;  // the float4 is (r0, col), (r0, col + 1), (r0 + 8, col), (r0 + 8, col + 1)
+};
+__device__ __forceinline__ Fragment partial_fragment(int mt, int j) {
+  const int t = mt % kWarpgroupThreads, lane = t % kWarpSize;
+  return {16 * (t / kWarpSize) + lane / 4, (mt / kWarpgroupThreads) * (kDv / kMathWarpgroups) + 8 * j + 2 * (lane % 4)};
+}
 // Registers per thread after the warpgroups rebalance the 168 the launch gives each: the
 // producer gives up what the consumers' accumulators need (128 x (168 - 136) = 256 x (184 - 168)); other splits spilled under nvcc 13.0.
 constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
@@ -344,14 +355,25 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
   const int r1 = r0 + 8;
 
   // Q [64 heads, d_qk] into its swizzled tile, by both consumer warpgroups.
+  // Every load of a thread is issued before its first store: a loop of load-then-store waited
+  // for DRAM once per chunk (6.6 us before the first tile could start at b = 2).
   constexpr int kQChunks = L::kDqk / kChunkCols;
+  constexpr int kQChunksPerThread = kHeadsPerProgram * kQChunks / kMathThreads;
+  static_assert(kHeadsPerProgram * kQChunks % kMathThreads == 0, "Q's chunks split evenly over the consumers");
   const uint16_t* q_rows = a.q + row.bi * a.q_stride_b + row.si * a.q_stride_s +
                            static_cast<int64_t>(row.hb) * kHeadsPerProgram * a.q_stride_h;
-  for (int c = mt; c < kHeadsPerProgram * kQChunks; c += kMathThreads) {
-    const int head = c / kQChunks;
-    const int col = (c % kQChunks) * kChunkCols;
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(q_rows + head * a.q_stride_h + col));
-    *reinterpret_cast<uint4*>(tiles.q + swizzled(head, col)) = v;
+  {
+    uint4 q_chunks[kQChunksPerThread];
+#pragma unroll
+    for (int k = 0; k < kQChunksPerThread; ++k) {
+      const int c = mt + k * kMathThreads;
+      q_chunks[k] = __ldg(reinterpret_cast<const uint4*>(q_rows + (c / kQChunks) * a.q_stride_h + (c % kQChunks) * kChunkCols));
+    }
+#pragma unroll
+    for (int k = 0; k < kQChunksPerThread; ++k) {
+      const int c = mt + k * kMathThreads;
+      *reinterpret_cast<uint4*>(tiles.q + swizzled(c / kQChunks, (c % kQChunks) * kChunkCols)) = q_chunks[k];
+    }
   }
   fence_proxy_async();
   named_barrier(kMathBarrier, kMathThreads);
@@ -499,13 +521,11 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
     const int64_t unit = static_cast<int64_t>(row.bi * a.s_q + row.si) * (a.h_q / kHeadsPerProgram) + row.hb;
     const int64_t part = unit * a.splits + row.split;
     const float inv0 = empty0 ? 0.0f : 1.0f / l0, inv1 = empty1 ? 0.0f : 1.0f / l1;
-    float* out0 = a.part_out + (part * kHeadsPerProgram + r0) * kDv + col0;
-    float* out1 = out0 + 8 * kDv;
+    // In fragment order (partial_fragment): store j of the 256 consumer threads is 4 KB in a row.
+    float4* frags = reinterpret_cast<float4*>(a.part_out) + part * kPartialFragments + mt;
 #pragma unroll
-    for (int j = 0; j < kAccRegs / 4; ++j) {
-      *reinterpret_cast<float2*>(out0 + 8 * j) = make_float2(acc[4 * j + 0] * inv0, acc[4 * j + 1] * inv0);
-      *reinterpret_cast<float2*>(out1 + 8 * j) = make_float2(acc[4 * j + 2] * inv1, acc[4 * j + 3] * inv1);
-    }
+    for (int j = 0; j < kAccRegs / 4; ++j)
+      frags[j * kMathThreads] = make_float4(acc[4 * j + 0] * inv0, acc[4 * j + 1] * inv0, acc[4 * j + 2] * inv1, acc[4 * j + 3] * inv1);
     if (m == 0 && quad == 0) {
       a.part_lse[part * kHeadsPerProgram + r0] = empty0 ? neg_inf() : lse2_0;
       a.part_lse[part * kHeadsPerProgram + r1] = empty1 ? neg_inf() : lse2_1;
@@ -552,16 +572,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   }
 }
 
-// Grid (units, kDv / kCombineCols), kCombineThreads threads: program (u, c) merges the splits'
-// partials of unit u (a query token's head block) for value columns [c * kCombineCols, ..):
-// with M = max_s lse2_s (0 when every split is empty) and w_s = 2^(lse2_s - M),
+// Grid (units, kCombinePrograms), kMathThreads threads: program (u, c) merges the splits'
+// partials of unit u (a query token's head block) for fragments j = c * kCombineFragRows ..
+// (partial_fragment): thread mt takes fragment j * kMathThreads + mt of every split. With
+// M = max_s lse2_s (0 when every split is empty) and w_s = 2^(lse2_s - M),
 // out = sum_s w_s out_s / sum_s w_s, lse = (M + log2 sum_s w_s) ln 2, then the sink factor.
-constexpr int kCombineCols = 32;  // 128 programs at b = 2 (64 left SMs idle; 16 gained nothing)
-constexpr int kCombineThreads = 256;
+constexpr int kCombineThreads = kMathThreads;
+constexpr int kCombineFragRows = 2;  // 16 programs a unit: 128 at b = 2
+constexpr int kCombinePrograms = kPartialFragments / kMathThreads / kCombineFragRows;
 // Splits whose partials one thread loads before it adds them up.
 constexpr int kCombineSplitsInFlight = 4;
-constexpr int kCombineColsPerThread = kHeadsPerProgram * kCombineCols / kCombineThreads;
-static_assert(kDv % kCombineCols == 0 && kCombineColsPerThread % 8 == 0, "whole 16-byte bf16 vectors per thread");
+static_assert(kPartialFragments % (kMathThreads * kCombineFragRows) == 0, "whole fragment rows per program");
 
 __global__ void __launch_bounds__(kCombineThreads, 1) combine_kernel(const __grid_constant__ DecodeArgs a) {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the decode grid's partials are complete and visible
@@ -569,67 +590,71 @@ __global__ void __launch_bounds__(kCombineThreads, 1) combine_kernel(const __gri
   const int head_blocks = a.h_q / kHeadsPerProgram;
   const int t = unit / head_blocks, hb = unit - t * head_blocks;
   const int bi = t / a.s_q, si = t - bi * a.s_q;
-  constexpr int kThreadsPerHead = kCombineCols / kCombineColsPerThread;
-  const int row = threadIdx.x / kThreadsPerHead;
-  const int col = blockIdx.y * kCombineCols + (threadIdx.x % kThreadsPerHead) * kCombineColsPerThread;
+  const int mt = threadIdx.x;
+  const Fragment at = partial_fragment(mt, 0);
+  const int r1 = at.r0 + 8;
   const int64_t first = static_cast<int64_t>(unit) * a.splits;
-  float top = neg_inf();
-  for (int s = 0; s < a.splits; ++s) top = fmaxf(top, __ldcg(a.part_lse + (first + s) * kHeadsPerProgram + row));
-  const float ref = top == neg_inf() ? 0.0f : top;
-  float acc[kCombineColsPerThread];
+  float top0 = neg_inf(), top1 = neg_inf();
+  for (int s = 0; s < a.splits; ++s) {
+    top0 = fmaxf(top0, __ldcg(a.part_lse + (first + s) * kHeadsPerProgram + at.r0));
+    top1 = fmaxf(top1, __ldcg(a.part_lse + (first + s) * kHeadsPerProgram + r1));
+  }
+  const float ref0 = top0 == neg_inf() ? 0.0f : top0, ref1 = top1 == neg_inf() ? 0.0f : top1;
+  float4 acc[kCombineFragRows];
 #pragma unroll
-  for (int i = 0; i < kCombineColsPerThread; ++i) acc[i] = 0.0f;
-  float total = 0.0f;
-  constexpr int kVecs = kCombineColsPerThread / 4;
+  for (int f = 0; f < kCombineFragRows; ++f) acc[f] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float total0 = 0.0f, total1 = 0.0f;
+  const float4* frags = reinterpret_cast<const float4*>(a.part_out) + blockIdx.y * kCombineFragRows * kMathThreads + mt;
   // kCombineSplitsInFlight splits' loads issued together, then their sums. (Loads interleaved
   // with the multiply-adds split by split waited on L2 once per split. The launch bounds of one
-  // block per SM let ptxas keep a whole batch in registers; with the default it
-  // interleaved them again to save registers.)
+  // block per SM let ptxas keep a whole batch in registers.)
   for (int s0 = 0; s0 < a.splits; s0 += kCombineSplitsInFlight) {
-    float4 v[kCombineSplitsInFlight][kVecs];
-    float w[kCombineSplitsInFlight];
+    float4 v[kCombineSplitsInFlight][kCombineFragRows];
+    float w0[kCombineSplitsInFlight], w1[kCombineSplitsInFlight];
 #pragma unroll
     for (int k = 0; k < kCombineSplitsInFlight; ++k) {
       // Past the count, the last split is loaded again (no branch around the loads) at weight 0.
       const bool present = s0 + k < a.splits;
       const int64_t part = first + min(s0 + k, a.splits - 1);
-      const float lse2 = a.part_lse[part * kHeadsPerProgram + row];
-      w[k] = present ? lse2 : neg_inf();
-      const float4* src = reinterpret_cast<const float4*>(a.part_out + (part * kHeadsPerProgram + row) * kDv + col);
+      const float lse0 = __ldcg(a.part_lse + part * kHeadsPerProgram + at.r0), lse1 = __ldcg(a.part_lse + part * kHeadsPerProgram + r1);
+      w0[k] = present ? lse0 : neg_inf();
+      w1[k] = present ? lse1 : neg_inf();
 #pragma unroll
-      for (int i = 0; i < kVecs; ++i) v[k][i] = src[i];
+      for (int f = 0; f < kCombineFragRows; ++f) v[k][f] = __ldcg(frags + part * kPartialFragments + f * kMathThreads);
     }
 #pragma unroll
     for (int k = 0; k < kCombineSplitsInFlight; ++k) {
-      const float weight = fast_exp2(w[k] - ref);  // 0 for an absent or empty split (finite partials)
-      total += weight;
+      const float weight0 = fast_exp2(w0[k] - ref0), weight1 = fast_exp2(w1[k] - ref1);  // 0 for an absent or empty split
+      total0 += weight0;
+      total1 += weight1;
 #pragma unroll
-      for (int i = 0; i < kVecs; ++i) {
-        acc[4 * i + 0] = fmaf(weight, v[k][i].x, acc[4 * i + 0]);
-        acc[4 * i + 1] = fmaf(weight, v[k][i].y, acc[4 * i + 1]);
-        acc[4 * i + 2] = fmaf(weight, v[k][i].z, acc[4 * i + 2]);
-        acc[4 * i + 3] = fmaf(weight, v[k][i].w, acc[4 * i + 3]);
+      for (int f = 0; f < kCombineFragRows; ++f) {
+        acc[f].x = fmaf(weight0, v[k][f].x, acc[f].x);
+        acc[f].y = fmaf(weight0, v[k][f].y, acc[f].y);
+        acc[f].z = fmaf(weight1, v[k][f].z, acc[f].z);
+        acc[f].w = fmaf(weight1, v[k][f].w, acc[f].w);
       }
     }
   }
-  const int head = hb * kHeadsPerProgram + row;
-  const bool empty = total == 0.0f;
-  const float lse = (ref + fast_log2(empty ? 1.0f : total)) * kLn2;
-  const float factor = a.sink != nullptr ? 1.0f / (1.0f + expf(__ldg(a.sink + head) - lse)) : 1.0f;
-  const float scale = empty ? 0.0f : factor / total;
-  uint16_t* out = a.out + bi * a.out_stride_b + si * a.out_stride_s + head * a.out_stride_h + col;
+  const int head0 = hb * kHeadsPerProgram + at.r0, head1 = head0 + 8;
+  const bool empty0 = total0 == 0.0f, empty1 = total1 == 0.0f;
+  const float lse0 = (ref0 + fast_log2(empty0 ? 1.0f : total0)) * kLn2, lse1 = (ref1 + fast_log2(empty1 ? 1.0f : total1)) * kLn2;
+  const float factor0 = a.sink != nullptr ? 1.0f / (1.0f + expf(__ldg(a.sink + head0) - lse0)) : 1.0f;
+  const float factor1 = a.sink != nullptr ? 1.0f / (1.0f + expf(__ldg(a.sink + head1) - lse1)) : 1.0f;
+  const float scale0 = empty0 ? 0.0f : factor0 / total0, scale1 = empty1 ? 0.0f : factor1 / total1;
+  uint16_t* out0 = a.out + bi * a.out_stride_b + si * a.out_stride_s + head0 * a.out_stride_h;
+  uint16_t* out1 = out0 + 8 * a.out_stride_h;
 #pragma unroll
-  for (int i = 0; i < kCombineColsPerThread / 8; ++i) {
-    uint32_t words[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const __nv_bfloat162 b = __floats2bfloat162_rn(acc[8 * i + 2 * j] * scale, acc[8 * i + 2 * j + 1] * scale);
-      words[j] = *reinterpret_cast<const uint32_t*>(&b);
-    }
-    *reinterpret_cast<uint4*>(out + 8 * i) = make_uint4(words[0], words[1], words[2], words[3]);
+  for (int f = 0; f < kCombineFragRows; ++f) {
+    const int col = partial_fragment(mt, blockIdx.y * kCombineFragRows + f).col;
+    *reinterpret_cast<__nv_bfloat162*>(out0 + col) = __floats2bfloat162_rn(acc[f].x * scale0, acc[f].y * scale0);
+    *reinterpret_cast<__nv_bfloat162*>(out1 + col) = __floats2bfloat162_rn(acc[f].z * scale1, acc[f].w * scale1);
   }
-  if (blockIdx.y == 0 && threadIdx.x % kThreadsPerHead == 0)
-    a.lse[bi * a.lse_stride_b + si * a.lse_stride_s + head * a.lse_stride_h] = empty ? pos_inf() : lse;
+  if (blockIdx.y == 0 && mt < kWarpgroupThreads && mt % 4 == 0) {  // each head once: warpgroup 0, quad 0
+    float* lse = a.lse + bi * a.lse_stride_b + si * a.lse_stride_s;
+    lse[head0 * a.lse_stride_h] = empty0 ? pos_inf() : lse0;
+    lse[head1 * a.lse_stride_h] = empty1 ? pos_inf() : lse1;
+  }
 }
 
 template <int kFormat>
@@ -645,7 +670,7 @@ cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(a.batch * a.s_q * (a.h_q / kHeadsPerProgram)), kDv / kCombineCols);
+  config.gridDim = dim3(static_cast<unsigned>(a.batch * a.s_q * (a.h_q / kHeadsPerProgram)), kCombinePrograms);
   config.blockDim = dim3(kCombineThreads);
   config.stream = stream;
   config.attrs = &dependent;
