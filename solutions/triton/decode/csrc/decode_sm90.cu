@@ -7,7 +7,8 @@
 // 64 heads hb*64.. of query token t over the positions s, s + S, s + 2S, ... of its index row,
 // in tiles of 64 records:
 //   producer   warpgroup 0: the index row into L2 first; then two threads per record gather its
-//              FP8 bytes, scales and RoPE into registers (meanwhile the next tile's lines are
+//              FP8 bytes, scales and RoPE into registers, taking its 16-byte vectors alternately
+//              (so one load of a warp reads 32 contiguous bytes of each of 16 records; meanwhile the next tile's lines are
 //              prefetched into L2, by ids read a tile earlier), wait for a free
 //              stage, dequantize (e4m3 x scale -> bf16, RNE) and store the tile [64, d_qk] into
 //              shared memory in the 128-byte-swizzled layout wgmma reads; then arrive on the
@@ -113,11 +114,9 @@ struct Layout {
   static constexpr int kFp8Vecs = kFp8PerThread / 16;             // 16-byte vectors of FP8 values
   static constexpr int kRopePerThread = kRopeDims / kRecordThreads;
   static constexpr int kRopeVecs = kRopePerThread / kChunkCols;   // 16-byte vectors of bf16 RoPE
-  static constexpr int kScalesPerThread = kFp32Scales ? kFp8PerThread / kScaleTile : 8;  // fp32 pair or 8 UE8M0 bytes
   static_assert(kDqk % kAtomCols == 0 && kDqk >= kDv, "whole atoms; V is the first kDv dims");
   static_assert(kFp8PerThread % 16 == 0 && kRopePerThread % kChunkCols == 0, "whole vectors per producer thread");
-  static_assert(kFp8PerThread % kScaleTile == 0 || !kFp32Scales, "a producer thread's fp32 scales are whole tiles");
-  static_assert(kFp32Scales ? kScalesPerThread == 2 : kDims.num_scales <= 8, "scales in one 8-byte load");
+  static_assert(kFp32Scales ? kDims.num_scales == 4 : kDims.num_scales <= 8, "scales in one 16-byte (fp32) or 8-byte (UE8M0) load");
   static_assert(kScaleTile % 16 == 0, "a 16-value vector never straddles scale tiles");
 };
 
@@ -266,7 +265,7 @@ template <int kFormat>
 __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Tiles<kFormat>& tiles, Small& sm) {
   using L = Layout<kFormat>;
   const int token = threadIdx.x / kRecordThreads;  // record of the tile this thread fills
-  const int part = threadIdx.x % kRecordThreads;   // which half of its bytes
+  const int part = threadIdx.x % kRecordThreads;   // its vectors 2 v + part
   // The index row into L2 first, and the ids read a tile ahead of the L2 prefetch of their
   // records: otherwise each tile's chain is a DRAM round trip for the next ids (the cache is
   // cold after a flush), then another for the records they name, then the gathers.
@@ -283,20 +282,28 @@ __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Til
     const bool valid = id >= 0;
     uint4 raw[L::kFp8Vecs];
     uint4 rope[L::kRopeVecs];
-    uint2 scales = make_uint2(0, 0);
+    uint2 scales = make_uint2(0, 0), scales_hi = make_uint2(0, 0);
     if (valid) {
       const int block = id / a.block_size;
       const int slot = id - block * a.block_size;
       const uint8_t* page = a.cache + static_cast<int64_t>(block) * a.page_stride;
       const uint8_t* data = page + static_cast<int64_t>(slot) * a.data_slot_bytes;
-      const uint4* values = reinterpret_cast<const uint4*>(data + part * L::kFp8PerThread);
+      // The pair takes the record's vectors alternately (2 v + part): one load of a warp reads
+      // 32 contiguous bytes of each of 16 records.
+      const uint4* values = reinterpret_cast<const uint4*>(data) + part;
 #pragma unroll
-      for (int v = 0; v < L::kFp8Vecs; ++v) raw[v] = __ldg(values + v);
-      const uint4* rope_src = reinterpret_cast<const uint4*>(data + a.rope_offset + part * L::kRopePerThread * 2);
+      for (int v = 0; v < L::kFp8Vecs; ++v) raw[v] = __ldg(values + 2 * v);
+      const uint4* rope_src = reinterpret_cast<const uint4*>(data + a.rope_offset) + part;
 #pragma unroll
-      for (int v = 0; v < L::kRopeVecs; ++v) rope[v] = __ldg(rope_src + v);
+      for (int v = 0; v < L::kRopeVecs; ++v) rope[v] = __ldg(rope_src + 2 * v);
       const uint8_t* scale_src = page + a.scale_base + static_cast<int64_t>(slot) * a.scale_slot_bytes;
-      scales = __ldg(reinterpret_cast<const uint2*>(scale_src + (L::kFp32Scales ? part * 8 : 0)));
+      if constexpr (L::kFp32Scales) {
+        const uint4 all = __ldg(reinterpret_cast<const uint4*>(scale_src));
+        scales = make_uint2(all.x, all.y);
+        scales_hi = make_uint2(all.z, all.w);
+      } else {
+        scales = __ldg(reinterpret_cast<const uint2*>(scale_src));
+      }
     } else {
 #pragma unroll
       for (int v = 0; v < L::kFp8Vecs; ++v) raw[v] = make_uint4(0, 0, 0, 0);
@@ -320,12 +327,14 @@ __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Til
     uint8_t* tile = tiles.kv[stage];
 #pragma unroll
     for (int v = 0; v < L::kFp8Vecs; ++v) {
-      const int col = part * L::kFp8PerThread + 16 * v;
+      const int col = 16 * (2 * v + part);
       float scale;
       if constexpr (L::kFp32Scales) {
-        scale = __uint_as_float((col - part * L::kFp8PerThread) / L::kScaleTile == 0 ? scales.x : scales.y);
+        // vector 2 v + part lies in scale tile (2 v + part) * 16 / kScaleTile = 32 v / kScaleTile (part < 2)
+        const uint32_t bits[4] = {scales.x, scales.y, scales_hi.x, scales_hi.y};
+        scale = __uint_as_float(bits[(32 * v) / L::kScaleTile]);
       } else {
-        const int tile_index = col / L::kScaleTile;
+        const int tile_index = (32 * v) / L::kScaleTile;
         scale = ue8m0(((tile_index < 4 ? scales.x : scales.y) >> (8 * (tile_index % 4))) & 0xff);
       }
       *reinterpret_cast<uint4*>(tile + swizzled(token, col)) = dequant8(raw[v].x, raw[v].y, scale);
@@ -333,7 +342,7 @@ __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Til
     }
 #pragma unroll
     for (int v = 0; v < L::kRopeVecs; ++v)
-      *reinterpret_cast<uint4*>(tile + swizzled(token, L::kQuantDims + part * L::kRopePerThread + kChunkCols * v)) = rope[v];
+      *reinterpret_cast<uint4*>(tile + swizzled(token, L::kQuantDims + kChunkCols * (2 * v + part))) = rope[v];
     if (part == 0) sm.bias[stage][token] = valid ? 0.0f : neg_inf();
     fence_proxy_async();  // the stores above are read by wgmma (the async proxy)
     mbarrier_arrive(&sm.full[stage]);
