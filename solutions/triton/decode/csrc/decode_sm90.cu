@@ -8,8 +8,8 @@
 // in tiles of 64 records:
 //   producer   warpgroup 0: the index row into L2 first; then two threads per record gather its
 //              FP8 bytes, scales and RoPE into registers, taking its 16-byte vectors alternately
-//              (so one load of a warp reads 32 contiguous bytes of each of 16 records; meanwhile the next tile's lines are
-//              prefetched into L2, by ids read a tile earlier), wait for a free
+//              (one load of a warp reads 32 contiguous bytes of each of 16 records; meanwhile
+//              the next tile's lines are prefetched into L2, by ids read a tile earlier), wait for a free
 //              stage, dequantize (e4m3 x scale -> bf16, RNE) and store the tile [64, d_qk] into
 //              shared memory in the 128-byte-swizzled layout wgmma reads; then arrive on the
 //              stage's `full` mbarrier. Invalid ids (-1, or past topk_length) store zeros and a
