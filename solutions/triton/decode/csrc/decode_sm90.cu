@@ -6,12 +6,13 @@
 // one program per SM (the dequantized tiles fill shared memory). Program (hb, s, t) attends the
 // 64 heads hb*64.. of query token t over the positions s, s + S, s + 2S, ... of its index row,
 // in tiles of 64 records:
-//   producer   warpgroup 0: the index row into L2 first; then two threads per record gather its
-//              FP8 bytes, scales and RoPE into registers, taking its 16-byte vectors alternately
-//              (one load of a warp reads 32 contiguous bytes of each of 16 records; meanwhile
-//              the next tile's lines are prefetched into L2, by ids read a tile earlier), wait for a free
-//              stage, dequantize (e4m3 x scale -> bf16, RNE) and store the tile [64, d_qk] into
-//              shared memory in the 128-byte-swizzled layout wgmma reads; then arrive on the
+//   producer   warpgroup 0: the index row into L2 first; then R threads per record (V3.2 4,
+//              V4 2: Layout) gather its FP8 bytes, scales and RoPE into registers, taking its
+//              16-byte vectors in turn (one load of a warp reads 16 R contiguous bytes of each of
+//              32 / R records; meanwhile the next tile's lines are prefetched into L2, by ids
+//              read a tile earlier), wait for a free stage, dequantize (e4m3 x scale -> bf16,
+//              RNE) and store the tile [64, d_qk] into shared memory in the 128-byte-swizzled
+//              layout wgmma reads; then arrive on the
 //              stage's `full` mbarrier. Invalid ids (-1, or past topk_length) store zeros and a
 //              -inf logit bias, never touching the cache.
 //   consumers  warpgroups 1 and 2 (m = 0, 1): S = Q K^T for records 32m..32m+31 (wgmma
@@ -65,7 +66,6 @@ constexpr int kAtomBytes = kAtomRows * kAtomRowBytes;
 constexpr int kSwizzleGroupBytes = 8 * kAtomRowBytes;  // 8 rows: the swizzle period, wgmma's SBO
 constexpr int kChunkCols = 8;                          // bf16 per 16-byte chunk
 constexpr int kMmaK = 16;                              // k of one wgmma
-constexpr int kRecordThreads = 2;                      // producer threads per record
 constexpr int kProducerThreads = kWarpgroupThreads;
 constexpr int kQkTokens = kTileTokens / kMathWarpgroups;  // records each consumer scores
 constexpr int kPvCols = kDv / kMathWarpgroups;            // value columns each consumer owns
@@ -84,22 +84,17 @@ __device__ __forceinline__ Fragment partial_fragment(int mt, int j) {
   const int t = mt % kWarpgroupThreads, lane = t % kWarpSize;
   return {16 * (t / kWarpSize) + lane / 4, (mt / kWarpgroupThreads) * (kDv / kMathWarpgroups) + 8 * j + 2 * (lane % 4)};
 }
-// Registers per thread after the warpgroups rebalance the 168 the launch gives each: the
-// producer gives up what the consumers' accumulators need (128 x (168 - 136) = 256 x (184 - 168)); other splits spilled under nvcc 13.0.
+// Registers per thread before the warpgroups rebalance them (Layout sets the split per format).
 constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
-constexpr int kProducerRegisters = 136;
-constexpr int kConsumerRegisters = 184;
-static_assert(kWarpgroupThreads * (kLaunchRegisters - kProducerRegisters) >= kMathThreads * (kConsumerRegisters - kLaunchRegisters),
-              "the consumers take only what the producer released");
 
 static_assert(kHeadsPerProgram == 64 && kAtomRows == kHeadsPerProgram && kAtomRows == kTileTokens,
               "Q, the record tiles and P are 64-row atoms; 64 is wgmma's M for one warpgroup");
-static_assert(kProducerThreads == kRecordThreads * kTileTokens, "two producer threads per record of a tile");
 static_assert(kQkTokens == 32 && kAccRegs == 128 && kLogitRegs == 16, "wgmma m64n32 for S, m64n256 for O");
 static_assert(kPvCols % kAtomCols == 0 && kTileTokens % kMmaK == 0, "P.V in whole atoms and k-steps");
 static_assert(kStages == 2, "the producer's and consumers' phase parities assume two stages");
 
-// Format traits: the K row's dims (decode_sm90.h), the per-thread split of a record's bytes.
+// Format traits: the K row's dims (decode_sm90.h), how the producer splits a tile's records
+// over its threads, and the registers each warpgroup keeps.
 template <int kFormat>
 struct Layout {
   static constexpr FormatDims kDims = kFormat == kFormatV32 ? kV32Dims : kV4Dims;
@@ -110,14 +105,33 @@ struct Layout {
   static constexpr bool kFp32Scales = kDims.fp32_scales;
   static constexpr bool kScalesInRow = kFormat == kFormatV32;  // per-token records: scales inside the data row
   static constexpr int kAtoms = kDqk / kAtomCols;
+  // Threads per record: R threads take its 16-byte vectors R v + part, so one load of a warp
+  // reads 16 R contiguous bytes of each of 32 / R records; each thread fills kPasses records of
+  // a tile, all their loads issued before any is used. V3.2 is fastest at 4 (its 512 FP8 dims
+  // split in 8 vectors a thread), V4 at 2 (docs/kernels/mla_decode.md).
+  static constexpr int kRecordThreads = kFormat == kFormatV32 ? 4 : 2;
+  static constexpr int kPasses = kTileTokens * kRecordThreads / kWarpgroupThreads;  // records per producer thread
   static constexpr int kFp8PerThread = kQuantDims / kRecordThreads;
   static constexpr int kFp8Vecs = kFp8PerThread / 16;             // 16-byte vectors of FP8 values
   static constexpr int kRopePerThread = kRopeDims / kRecordThreads;
   static constexpr int kRopeVecs = kRopePerThread / kChunkCols;   // 16-byte vectors of bf16 RoPE
+  static constexpr int kScaleWords = kFp32Scales ? 4 : 2;         // one 16-byte or 8-byte load
+  // After setmaxnreg: the producer gives up what the consumers' accumulators take. The
+  // producer of V3.2 holds two records' vectors; other splits spilled under nvcc 13.0.
+  static constexpr int kProducerRegisters = kFormat == kFormatV32 ? 152 : 136;
+  static constexpr int kConsumerRegisters = kFormat == kFormatV32 ? 176 : 184;
+  // Where the producer reads the ids two tiles on: V3.2's two records of vectors leave no
+  // registers for them during the gathers, so after the stores; V4 before its L2 prefetch.
+  // Each placement measured faster for its format (benchmarks/h200/decode_ids_placement.log).
+  static constexpr bool kIdsAfterStores = kFormat == kFormatV32;
   static_assert(kDqk % kAtomCols == 0 && kDqk >= kDv, "whole atoms; V is the first kDv dims");
+  static_assert(kPasses >= 1 && kPasses * kWarpgroupThreads == kTileTokens * kRecordThreads, "whole records per producer thread");
   static_assert(kFp8PerThread % 16 == 0 && kRopePerThread % kChunkCols == 0, "whole vectors per producer thread");
-  static_assert(kFp32Scales ? kDims.num_scales == 4 : kDims.num_scales <= 8, "scales in one 16-byte (fp32) or 8-byte (UE8M0) load");
-  static_assert(kScaleTile % 16 == 0, "a 16-value vector never straddles scale tiles");
+  static_assert(kFp32Scales ? kDims.num_scales == kScaleWords : kDims.num_scales <= 4 * kScaleWords,
+                "scales in one 16-byte (fp32) or 8-byte (UE8M0) load");
+  static_assert(kScaleTile % (16 * kRecordThreads) == 0, "vectors R v .. R v + R - 1 share a scale tile");
+  static_assert(kWarpgroupThreads * (kLaunchRegisters - kProducerRegisters) >= kMathThreads * (kConsumerRegisters - kLaunchRegisters),
+                "the consumers take only what the producer released");
 };
 
 template <int kFormat>
@@ -260,12 +274,33 @@ __device__ __forceinline__ int record_id(const DecodeArgs& a, const Row& row, in
   return k < row.n_pos ? __ldg(row.ids + row.split + static_cast<int64_t>(k) * a.splits) : -1;
 }
 
+// The program's query token, head block, split and its share of the index row.
+__device__ __forceinline__ Row program_row(const DecodeArgs& a) {
+  Row row;
+  row.hb = blockIdx.x;
+  row.split = blockIdx.y;
+  const int t = blockIdx.z;
+  row.bi = t / a.s_q;
+  row.si = t - row.bi * a.s_q;
+  row.ids = a.indices + row.bi * a.idx_stride_b + row.si * a.idx_stride_s;
+  int length = a.topk;
+  if (a.topk_length != nullptr) length = min(length, max(__ldg(a.topk_length + row.bi), 0));
+  row.n_pos = length > row.split ? (length - row.split + a.splits - 1) / a.splits : 0;
+  row.n_tiles = (row.n_pos + kTileTokens - 1) / kTileTokens;
+  return row;
+}
+
 // Warpgroup 0: gathers and dequantizes every tile of the program into the stages.
 template <int kFormat>
 __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Tiles<kFormat>& tiles, Small& sm) {
   using L = Layout<kFormat>;
-  const int token = threadIdx.x / kRecordThreads;  // record of the tile this thread fills
-  const int part = threadIdx.x % kRecordThreads;   // its vectors 2 v + part
+  constexpr int R = L::kRecordThreads;
+  constexpr int kRecordsPerPass = kProducerThreads / R;
+  const int part = threadIdx.x % R;  // its vectors R v + part of each record
+  // The records it fills: token[p] of every tile.
+  int token[L::kPasses];
+#pragma unroll
+  for (int p = 0; p < L::kPasses; ++p) token[p] = threadIdx.x / R + p * kRecordsPerPass;
   // The index row into L2 first, and the ids read a tile ahead of the L2 prefetch of their
   // records: otherwise each tile's chain is a DRAM round trip for the next ids (the cache is
   // cold after a flush), then another for the records they name, then the gathers.
@@ -275,79 +310,93 @@ __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Til
     for (int64_t at = threadIdx.x * static_cast<int64_t>(kL2Line); at < bytes + kL2Line - 1; at += kProducerThreads * kL2Line)
       prefetch_l2(first + min(at, bytes - 1));
   }
-  int id = row.n_tiles > 0 ? record_id(a, row, 0, token) : -1;
-  int next = row.n_tiles > 1 ? record_id(a, row, 1, token) : -1;
+  int id[L::kPasses], next[L::kPasses];
+#pragma unroll
+  for (int p = 0; p < L::kPasses; ++p) {
+    id[p] = row.n_tiles > 0 ? record_id(a, row, 0, token[p]) : -1;
+    next[p] = row.n_tiles > 1 ? record_id(a, row, 1, token[p]) : -1;
+  }
   for (int i = 0; i < row.n_tiles; ++i) {
     const int stage = i % kStages;
-    const bool valid = id >= 0;
-    uint4 raw[L::kFp8Vecs];
-    uint4 rope[L::kRopeVecs];
-    uint2 scales = make_uint2(0, 0), scales_hi = make_uint2(0, 0);
-    if (valid) {
-      const int block = id / a.block_size;
-      const int slot = id - block * a.block_size;
-      const uint8_t* page = a.cache + static_cast<int64_t>(block) * a.page_stride;
-      const uint8_t* data = page + static_cast<int64_t>(slot) * a.data_slot_bytes;
-      // The pair takes the record's vectors alternately (2 v + part): one load of a warp reads
-      // 32 contiguous bytes of each of 16 records.
-      const uint4* values = reinterpret_cast<const uint4*>(data) + part;
+    uint4 raw[L::kPasses][L::kFp8Vecs];
+    uint4 rope[L::kPasses][L::kRopeVecs];
+    uint32_t scale_words[L::kPasses][L::kScaleWords];
 #pragma unroll
-      for (int v = 0; v < L::kFp8Vecs; ++v) raw[v] = __ldg(values + 2 * v);
-      const uint4* rope_src = reinterpret_cast<const uint4*>(data + a.rope_offset) + part;
+    for (int p = 0; p < L::kPasses; ++p) {
+      if (id[p] >= 0) {
+        const int block = id[p] / a.block_size;
+        const int slot = id[p] - block * a.block_size;
+        const uint8_t* page = a.cache + static_cast<int64_t>(block) * a.page_stride;
+        const uint8_t* data = page + static_cast<int64_t>(slot) * a.data_slot_bytes;
+        const uint4* values = reinterpret_cast<const uint4*>(data) + part;
 #pragma unroll
-      for (int v = 0; v < L::kRopeVecs; ++v) rope[v] = __ldg(rope_src + 2 * v);
-      const uint8_t* scale_src = page + a.scale_base + static_cast<int64_t>(slot) * a.scale_slot_bytes;
-      if constexpr (L::kFp32Scales) {
-        const uint4 all = __ldg(reinterpret_cast<const uint4*>(scale_src));
-        scales = make_uint2(all.x, all.y);
-        scales_hi = make_uint2(all.z, all.w);
-      } else {
-        scales = __ldg(reinterpret_cast<const uint2*>(scale_src));
+        for (int v = 0; v < L::kFp8Vecs; ++v) raw[p][v] = __ldg(values + R * v);
+        const uint4* rope_src = reinterpret_cast<const uint4*>(data + a.rope_offset) + part;
+#pragma unroll
+        for (int v = 0; v < L::kRopeVecs; ++v) rope[p][v] = __ldg(rope_src + R * v);
+        const uint8_t* scale_src = page + a.scale_base + static_cast<int64_t>(slot) * a.scale_slot_bytes;
+        if constexpr (L::kFp32Scales) {
+          const uint4 all = __ldg(reinterpret_cast<const uint4*>(scale_src));
+          scale_words[p][0] = all.x, scale_words[p][1] = all.y, scale_words[p][2] = all.z, scale_words[p][3] = all.w;
+        } else {
+          const uint2 all = __ldg(reinterpret_cast<const uint2*>(scale_src));
+          scale_words[p][0] = all.x, scale_words[p][1] = all.y;
+        }
+      } else {  // zeros (scale 0 too: an invalid record's values must not be NaN, P is 0 there)
+#pragma unroll
+        for (int v = 0; v < L::kFp8Vecs; ++v) raw[p][v] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int v = 0; v < L::kRopeVecs; ++v) rope[p][v] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int w = 0; w < L::kScaleWords; ++w) scale_words[p][w] = 0;
       }
-    } else {
-#pragma unroll
-      for (int v = 0; v < L::kFp8Vecs; ++v) raw[v] = make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int v = 0; v < L::kRopeVecs; ++v) rope[v] = make_uint4(0, 0, 0, 0);
     }
-    // The id two tiles on (used at the next turn), and the next tile's record into L2 while this
-    // one's loads are in flight.
-    const int after = i + 2 < row.n_tiles ? record_id(a, row, i + 2, token) : -1;
-    if (next >= 0) {
-      const int block = next / a.block_size;
-      const int slot = next - block * a.block_size;
-      const uint8_t* page = a.cache + static_cast<int64_t>(block) * a.page_stride;
-      const uint8_t* data = page + static_cast<int64_t>(slot) * a.data_slot_bytes;
-      const uint32_t span = static_cast<uint32_t>(a.data_slot_bytes);
-      for (uint32_t at = part * kL2Line; at < span + kL2Line - 1; at += kRecordThreads * kL2Line)
-        prefetch_l2(data + min(at, span - 1));
-      if (!L::kScalesInRow && part == 1) prefetch_l2(page + a.scale_base + static_cast<int64_t>(slot) * a.scale_slot_bytes);
+    // The ids two tiles on (here or after the stores: Layout), and the next tile's records into
+    // L2 while this one's loads are in flight.
+    int after[L::kPasses];
+#pragma unroll
+    for (int p = 0; p < L::kPasses; ++p) {
+      if constexpr (!L::kIdsAfterStores) after[p] = i + 2 < row.n_tiles ? record_id(a, row, i + 2, token[p]) : -1;
+      if (next[p] >= 0) {
+        const int block = next[p] / a.block_size;
+        const int slot = next[p] - block * a.block_size;
+        const uint8_t* page = a.cache + static_cast<int64_t>(block) * a.page_stride;
+        const uint8_t* data = page + static_cast<int64_t>(slot) * a.data_slot_bytes;
+        const uint32_t span = static_cast<uint32_t>(a.data_slot_bytes);
+        for (uint32_t at = part * kL2Line; at < span + kL2Line - 1; at += R * kL2Line) prefetch_l2(data + min(at, span - 1));
+        if (!L::kScalesInRow && part == R - 1) prefetch_l2(page + a.scale_base + static_cast<int64_t>(slot) * a.scale_slot_bytes);
+      }
     }
     if (i >= kStages) mbarrier_wait(&sm.empty[stage], ((i / kStages) - 1) & 1);
     uint8_t* tile = tiles.kv[stage];
 #pragma unroll
-    for (int v = 0; v < L::kFp8Vecs; ++v) {
-      const int col = 16 * (2 * v + part);
-      float scale;
-      if constexpr (L::kFp32Scales) {
-        // vector 2 v + part lies in scale tile (2 v + part) * 16 / kScaleTile = 32 v / kScaleTile (part < 2)
-        const uint32_t bits[4] = {scales.x, scales.y, scales_hi.x, scales_hi.y};
-        scale = __uint_as_float(bits[(32 * v) / L::kScaleTile]);
-      } else {
-        const int tile_index = (32 * v) / L::kScaleTile;
-        scale = ue8m0(((tile_index < 4 ? scales.x : scales.y) >> (8 * (tile_index % 4))) & 0xff);
-      }
-      *reinterpret_cast<uint4*>(tile + swizzled(token, col)) = dequant8(raw[v].x, raw[v].y, scale);
-      *reinterpret_cast<uint4*>(tile + swizzled(token, col + kChunkCols)) = dequant8(raw[v].z, raw[v].w, scale);
-    }
+    for (int p = 0; p < L::kPasses; ++p) {
 #pragma unroll
-    for (int v = 0; v < L::kRopeVecs; ++v)
-      *reinterpret_cast<uint4*>(tile + swizzled(token, L::kQuantDims + kChunkCols * (2 * v + part))) = rope[v];
-    if (part == 0) sm.bias[stage][token] = valid ? 0.0f : neg_inf();
+      for (int v = 0; v < L::kFp8Vecs; ++v) {
+        const int col = 16 * (R * v + part);
+        const int scale_tile = (16 * R * v) / L::kScaleTile;  // the same for every part (Layout)
+        float scale;
+        if constexpr (L::kFp32Scales) {
+          scale = __uint_as_float(scale_words[p][scale_tile]);
+        } else {
+          scale = ue8m0((scale_words[p][scale_tile / 4] >> (8 * (scale_tile % 4))) & 0xff);
+        }
+        *reinterpret_cast<uint4*>(tile + swizzled(token[p], col)) = dequant8(raw[p][v].x, raw[p][v].y, scale);
+        *reinterpret_cast<uint4*>(tile + swizzled(token[p], col + kChunkCols)) = dequant8(raw[p][v].z, raw[p][v].w, scale);
+      }
+#pragma unroll
+      for (int v = 0; v < L::kRopeVecs; ++v)
+        *reinterpret_cast<uint4*>(tile + swizzled(token[p], L::kQuantDims + kChunkCols * (R * v + part))) = rope[p][v];
+      if (part == 0) sm.bias[stage][token[p]] = id[p] >= 0 ? 0.0f : neg_inf();
+    }
     fence_proxy_async();  // the stores above are read by wgmma (the async proxy)
     mbarrier_arrive(&sm.full[stage]);
-    id = next;
-    next = after;
+#pragma unroll
+    for (int p = 0; p < L::kPasses; ++p) {
+      if constexpr (L::kIdsAfterStores) after[p] = i + 2 < row.n_tiles ? record_id(a, row, i + 2, token[p]) : -1;
+      id[p] = next[p];
+      next[p] = after[p];
+    }
   }
 }
 
@@ -359,9 +408,9 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
   const int m = mt / kWarpgroupThreads;            // records 32m.. of S, value columns 256m.. of O
   const int lane = mt % kWarpSize;
   const int quad = lane % 4;
-  // Accumulator fragment rows (heads of the program): r0 and r0 + 8.
-  const int r0 = 16 * ((mt % kWarpgroupThreads) / kWarpSize) + lane / 4;
-  const int r1 = r0 + 8;
+  // Accumulator fragment j: heads r0 and r0 + 8, value columns col0 + 8 j (+ 1).
+  const Fragment frag = partial_fragment(mt, 0);
+  const int r0 = frag.r0, r1 = r0 + 8;
 
   // Q [64 heads, d_qk] into its swizzled tile, by both consumer warpgroups.
   // Every load of a thread is issued before its first store: a loop of load-then-store waited
@@ -551,18 +600,6 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   Tiles<kFormat>& tiles = *reinterpret_cast<Tiles<kFormat>*>(base);
   Small& sm = *reinterpret_cast<Small*>(base + sizeof(Tiles<kFormat>));
 
-  Row row;
-  row.hb = blockIdx.x;
-  row.split = blockIdx.y;
-  const int t = blockIdx.z;
-  row.bi = t / a.s_q;
-  row.si = t - row.bi * a.s_q;
-  row.ids = a.indices + row.bi * a.idx_stride_b + row.si * a.idx_stride_s;
-  int length = a.topk;
-  if (a.topk_length != nullptr) length = min(length, max(__ldg(a.topk_length + row.bi), 0));
-  row.n_pos = length > row.split ? (length - row.split + a.splits - 1) / a.splits : 0;
-  row.n_tiles = (row.n_pos + kTileTokens - 1) / kTileTokens;
-
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
@@ -571,12 +608,13 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     }
     fence_mbarrier_init();
   }
+  const Row row = program_row(a);
   __syncthreads();
   if (threadIdx.x < kWarpgroupThreads) {
-    set_registers_down<kProducerRegisters>();
+    set_registers_down<Layout<kFormat>::kProducerRegisters>();
     produce<kFormat>(a, row, tiles, sm);
   } else {
-    set_registers_up<kConsumerRegisters>();
+    set_registers_up<Layout<kFormat>::kConsumerRegisters>();
     consume<kFormat>(a, row, tiles, sm);
   }
 }
