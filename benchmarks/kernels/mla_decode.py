@@ -22,12 +22,12 @@ and where that is the CUDA kernel its Triton kernel too (`triton`: the table's c
 shape). Columns: latency (µs), TFLOPS by FlashMLA's formula 2 b s_q h_q topk (d_qk + 512), GB/s
 of q + the distinct records read + out, and the solution's kernel / FlashMLA.
 
-``--variant NAME=REV`` builds the CUDA kernel from the solution's ``decode/csrc`` and
-``common/csrc`` at git revision REV (an experiment's tag, say), or ``NAME=DIR`` from a copy of
-``solutions/triton`` in DIR (``git archive TAG solutions/triton | tar -x -C DIR --strip-components 2``:
-for a machine without the repository's history), and times it through the solution's entry
-beside the shipped build, checked the same way (`variant NAME` in the table): a side-by-side
-measurement of an experiment in one run.
+``--variant NAME=REV`` imports the solution as git has it at revision REV (an experiment's tag,
+say), or ``NAME=DIR`` from a copy of ``solutions/triton`` in DIR (``git archive TAG solutions/triton
+| tar -x -C DIR --strip-components 2``: for a machine without the repository's history), as a
+package of its own, builds its CUDA kernel, and times its entry beside the shipped build, checked
+the same way (`variant NAME` in the table): a side-by-side measurement of an experiment in one
+run, whatever its scratch or C ABI.
 
 FlashMLA (``sgl-flash-mla``, BRIEF §2.4) is called as ``get_mla_metadata()`` then
 ``flash_mla_with_kvcache(q, cache, None, None, 512, meta, softmax_scale=..., is_fp8_kvcache=True,
@@ -93,46 +93,43 @@ def load_decode():
     return importlib.import_module(f"{package}.decode.entry"), importlib.import_module(f"{package}.decode.config")
 
 
-#: the folders of solutions/triton a variant build takes from its revision or copy
-VARIANT_FOLDERS = ("decode/csrc", "common/csrc")
+#: what a copy of solutions/triton must hold to be a variant: the decode's entry and the common helpers
+VARIANT_FILES = ("decode/entry.py", "decode/cuda.py", "common/cuda_build.py")
 
 
 def variant_sources(spec: str, into: Path) -> tuple[str, Path]:
-    """``NAME=REV`` or ``NAME=DIR`` (see the module doc) as (name, a folder laid out as
-    solutions/triton with the variant's ``decode/csrc`` and ``common/csrc``). Raises ValueError
-    naming what is wrong."""
+    """``NAME=REV`` or ``NAME=DIR`` (see the module doc) as (name, a copy of solutions/triton as
+    git has it at REV or as DIR holds it). Raises ValueError naming what is wrong."""
     name, sep, source = spec.partition("=")
     if not sep or not name.isidentifier() or not source:
         raise ValueError(f"--variant {spec!r}: expected NAME=REV or NAME=DIR (NAME a Python identifier)")
     folder = into / name
     if Path(source).is_dir():
-        for sub in VARIANT_FOLDERS:
-            if not (Path(source) / sub).is_dir():
-                raise ValueError(f"--variant {spec!r}: {source} has no {sub} (expected a copy of solutions/triton)")
-            shutil.copytree(Path(source) / sub, folder / sub)
+        missing = [f for f in VARIANT_FILES if not (Path(source) / f).is_file()]
+        if missing:
+            raise ValueError(f"--variant {spec!r}: {source} has no {', '.join(missing)} (expected a copy of solutions/triton)")
+        shutil.copytree(Path(source), folder, ignore=shutil.ignore_patterns("__pycache__"))
         return name, folder
-    paths = [f"solutions/triton/{sub}" for sub in VARIANT_FOLDERS]
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", source, *paths], capture_output=True, check=False)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", source, "solutions/triton"], capture_output=True,
+                             check=False)  # fmt: skip
     if archive.returncode != 0:
-        raise ValueError(f"--variant {spec!r}: {source} is neither a folder nor a git revision with solutions/triton/"
-                         f"{{{','.join(VARIANT_FOLDERS)}}}: {archive.stderr.decode(errors='replace').strip()[-200:]}")  # fmt: skip
+        raise ValueError(f"--variant {spec!r}: {source} is neither a folder nor a git revision with solutions/triton: "
+                         f"{archive.stderr.decode(errors='replace').strip()[-200:]}")  # fmt: skip
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        for member in tar.getmembers():  # solutions/triton/<sub>/<file> -> <folder>/<sub>/<file>
+        for member in tar.getmembers():  # solutions/triton/<path> -> <folder>/<path>
             member.name = member.name.removeprefix("solutions/triton/")
         tar.extractall(folder, filter="data")
     return name, folder
 
 
-def build_variant(name: str, folder: Path, cuda, cuda_build):
-    """The variant's decode library, built for sm_90a (into the build cache) and opened; its
-    constants must match the shipped build's (same record geometry)."""
-    compiled = cuda_build.compile_library(f"{cuda.STEM}_{name}", f"variant {name}", folder / "decode", cuda.SOURCES,
-                                          cuda.HEADERS, "sm_90a")  # fmt: skip
-    library = cuda_build.CudaLibrary(compiled, f"variant {name}", cuda.PREFIX, cuda.SIGNATURES)
-    mismatched = library.mismatched(cuda.EXPECTED_CONSTANTS)
-    if mismatched:
-        raise ValueError(f"variant {name}: its constants {mismatched} differ from the shipped build's")
-    return library
+def import_variant(name: str, folder: Path):
+    """The variant's decode modules (entry, cuda), imported from its own copy of solutions/triton as
+    a package of its own, so that its Python, its scratch and its C ABI go together."""
+    package = f"dsa_bench_kernels_variant_{name}"
+    module = types.ModuleType(package)
+    module.__path__ = [str(folder)]
+    sys.modules[package] = module
+    return importlib.import_module(f"{package}.decode.entry"), importlib.import_module(f"{package}.decode.cuda")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -395,17 +392,22 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda")
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     package = entry.__name__.rsplit(".", 2)[0]
-    cuda, cuda_build = importlib.import_module(f"{package}.decode.cuda"), importlib.import_module(f"{package}.common.cuda_build")
+    cuda_build = importlib.import_module(f"{package}.common.cuda_build")
     variants = []
-    with tempfile.TemporaryDirectory(prefix="mla_decode_variants_") as scratch:
-        try:
-            for spec in args.variant:
-                name, folder = variant_sources(spec, Path(scratch))
-                variants.append((name, build_variant(name, folder, cuda, cuda_build)))
-                print(f"variant {name}: built from {spec.partition('=')[2]}", flush=True)
-        except (ValueError, cuda_build.CudaBuildError) as exc:
-            print(f"mla_decode.py: {exc}", file=sys.stderr)
-            return 2
+    scratch = tempfile.TemporaryDirectory(prefix="mla_decode_variants_")  # the variants' modules import from it until the end
+    try:
+        for spec in args.variant:
+            name, folder = variant_sources(spec, Path(scratch.name))
+            variant_entry, variant_cuda = import_variant(name, folder)
+            variant_cuda.load_decode_extension()  # built for this GPU now: a build error stops the run before any timing
+            variants.append((name, variant_entry))
+            print(f"variant {name}: built from {spec.partition('=')[2]}", flush=True)
+    except (ValueError, cuda_build.CudaBuildError) as exc:
+        print(f"mla_decode.py: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # the variant's own Python or build failed in another way
+        print(f"mla_decode.py: the variant does not load: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     flash_mla, why_not = None, "--no-flashmla"
     if not args.no_flashmla:
         try:
@@ -432,10 +434,10 @@ def main(argv: list[str] | None = None) -> int:
             us, timer = time_call(candidates.triton(None), candidates, args) if check[0] else (None, "FAIL")
             records.append(row(shape, f"triton {used}", us, timer, check, moved))
             if used.kernel == "cuda":  # the variant builds, then the Triton kernel the solution runs elsewhere, side by side
-                for name, library in variants:
-                    with cuda_build.library_override(cuda.STEM, library):
-                        check, _ = check_triton(entry, shape, sets[0], None, ref)
-                        us, timer = time_call(candidates.triton(None), candidates, args) if check[0] else (None, "FAIL")
+                for name, variant_entry in variants:
+                    theirs = Candidates(variant_entry, shape, sets)
+                    check, _ = check_triton(variant_entry, shape, sets[0], None, ref)
+                    us, timer = time_call(theirs.triton(None), theirs, args) if check[0] else (None, "FAIL")
                     records.append(row(shape, f"variant {name}", us, timer, check, moved))
                 config = config_mod.select_config(shape.kv_format, shape.h_q, shape.b * shape.s_q, shape.topk, sms)
                 check, used = check_triton(entry, shape, sets[0], config, ref)

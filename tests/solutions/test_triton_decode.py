@@ -340,7 +340,7 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
 
     def launch_args(fmt=0, h_q=128, splits=1, q=16):
         return [0, None, fmt, q, 0, 0, 0, 16, g.packed_page_bytes, 64, g.data_slot_bytes, g.scale_base, g.scale_slot_bytes,
-                g.rope_offset, 16, 0, 0, None, None, 16, 0, 0, 0, 16, 0, 0, 0, None, None, 2, 2, h_q, 2048, splits, 0.1]  # fmt: skip
+                g.rope_offset, 16, 0, 0, None, None, 16, 0, 0, 0, 16, 0, 0, 0, None, None, None, 2, 2, h_q, 2048, splits, 0.1]  # fmt: skip
 
     with pytest.raises(RuntimeError, match="format must be 0"):
         library.call("launch", *launch_args(fmt=2))
@@ -448,37 +448,38 @@ def test_benchmark_cpu_dry_run_checks_its_inputs_and_reference():
 
 
 def test_benchmark_variant_sources_from_a_revision_or_a_folder(tmp_path):
-    # NAME=REV takes decode/csrc and common/csrc as git has them at REV; NAME=DIR copies them from a
-    # copy of solutions/triton; anything else is refused naming the argument.
+    # NAME=REV takes solutions/triton as git has it at REV; NAME=DIR copies a copy of it; anything
+    # else is refused naming the argument.
     bench = load_script("mla_decode")
     if shutil.which("git") is None or subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True).returncode:
         pytest.skip("no git history here")
     name, folder = bench.variant_sources("head=HEAD", tmp_path / "rev")
     assert name == "head"
-    for sub in bench.VARIANT_FOLDERS:
-        listed = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", f"HEAD:solutions/triton/{sub}"],
-                                capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
-        assert sorted(f.name for f in (folder / sub).iterdir()) == sorted(listed)
-        for file in listed:
-            shown = subprocess.run(["git", "-C", str(ROOT), "show", f"HEAD:solutions/triton/{sub}/{file}"], capture_output=True, check=True)
-            assert (folder / sub / file).read_bytes() == shown.stdout
-    name, copied = bench.variant_sources(f"copy={ROOT / 'solutions' / 'triton'}", tmp_path / "dir")
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "-r", "--name-only", "HEAD", "solutions/triton/"],
+                            capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    copied = sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file())
+    assert copied == sorted(f.removeprefix("solutions/triton/") for f in listed)
+    for file in listed:
+        shown = subprocess.run(["git", "-C", str(ROOT), "show", f"HEAD:{file}"], capture_output=True, check=True)
+        assert (folder / file.removeprefix("solutions/triton/")).read_bytes() == shown.stdout
+    name, copied_dir = bench.variant_sources(f"copy={ROOT / 'solutions' / 'triton'}", tmp_path / "dir")
     shipped = ROOT / "solutions" / "triton" / "decode" / "csrc" / "decode_sm90.cu"
-    assert (copied / "decode" / "csrc" / "decode_sm90.cu").read_bytes() == shipped.read_bytes()
+    assert (copied_dir / "decode" / "csrc" / "decode_sm90.cu").read_bytes() == shipped.read_bytes()
     refused = [("noequals", "expected NAME=REV or NAME=DIR"), ("1x=HEAD", "expected NAME=REV"),
-               ("x=no-such-revision-here", "neither a folder nor a git revision"), (f"x={tmp_path}", "has no decode/csrc")]  # fmt: skip
+               ("x=no-such-revision-here", "neither a folder nor a git revision"), (f"x={tmp_path}", "has no decode/entry.py")]  # fmt: skip
     for bad, why in refused:
         with pytest.raises(ValueError, match=why):
             bench.variant_sources(bad, tmp_path / "bad")
 
 
-def test_library_override_is_scoped():
-    sentinel = object()
-    args = ("dsa_test_override", "a test library", ROOT, (), (), "x_", {}, {}, "disagree")
-    with cuda_build.library_override("dsa_test_override", sentinel):
-        assert cuda_build.load_checked_library(*args) is sentinel  # nothing built: the override is returned
-    with pytest.raises(cuda_build.CudaBuildError):  # gone after the block: a real (here impossible) build is tried
-        cuda_build.load_checked_library(*args)
+def test_benchmark_imports_a_variant_as_its_own_package(tmp_path):
+    # A variant's Python is its own: a copy whose entry differs is what runs, the shipped modules untouched.
+    bench = load_script("mla_decode")
+    name, folder = bench.variant_sources(f"marked={ROOT / 'solutions' / 'triton'}", tmp_path)
+    (folder / "decode" / "entry.py").write_text((folder / "decode" / "entry.py").read_text() + "\nVARIANT_MARK = 'marked'\n")
+    variant_entry, cuda = bench.import_variant(name, folder)
+    assert variant_entry.VARIANT_MARK == "marked" and not hasattr(entry, "VARIANT_MARK")
+    assert cuda.HERE == (folder / "decode").resolve() != cuda_mod.HERE
 
 
 @pytest.mark.slow
@@ -487,8 +488,10 @@ def test_benchmark_builds_a_variant_without_a_gpu(tmp_path):
         pytest.skip("nvcc is not installed")
     bench = load_script("mla_decode")
     name, folder = bench.variant_sources(f"copy={ROOT / 'solutions' / 'triton'}", tmp_path)
-    library = bench.build_variant(name, folder, cuda_mod, cuda_build)  # built for sm_90a, opened, constants checked
-    assert library.mismatched(cuda_mod.EXPECTED_CONSTANTS) == []
+    _, cuda = bench.import_variant(name, folder)
+    compiled = cuda_build.compile_library(f"{cuda.STEM}_{name}", f"variant {name}", cuda.HERE, cuda.SOURCES, cuda.HEADERS, "sm_90a")
+    library = cuda_build.CudaLibrary(compiled, f"variant {name}", cuda.PREFIX, cuda.SIGNATURES)  # built for sm_90a, opened
+    assert library.mismatched(cuda.EXPECTED_CONSTANTS) == []
 
 
 # --------------------------------------------------------------------------- GPU

@@ -17,7 +17,6 @@ both end with a complete library.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import hashlib
@@ -27,7 +26,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -252,21 +250,6 @@ def load_library(
 
 
 _LOADED: dict[str, CudaLibrary] = {}
-
-
-@contextlib.contextmanager
-def library_override(stem: str, library: CudaLibrary) -> Iterator[None]:
-    """Within the block, ``load_checked_library(stem, ...)`` returns ``library``: a variant build
-    that a benchmark times beside the shipped one through the solution's own entry."""
-    saved = _LOADED.get(stem)
-    _LOADED[stem] = library
-    try:
-        yield
-    finally:
-        if saved is None:
-            _LOADED.pop(stem, None)
-        else:
-            _LOADED[stem] = saved
 
 
 def load_checked_library(

@@ -12,6 +12,7 @@ when that stream is capturing a CUDA graph.
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -35,7 +36,7 @@ SIGNATURES = {
         _P, _I64, _I64, _I64, _I64, _I64, _I64,  # cache, page stride, block size, data slot, scale base, scale slot, rope offset
         _P, _I64, _I64, _P, _P,  # indices and its strides, topk_length, attn_sink
         _P, _I64, _I64, _I64, _P, _I64, _I64, _I64,  # out, lse with their strides
-        _P, _P,  # part_out, part_lse
+        _P, _P, _P,  # part_out, part_scale, part_lse
         _I64, _I64, _I64, _I64, _I64, ctypes.c_double,  # batch, s_q, h_q, topk, splits, sm_scale * log2(e)
     )),
 }  # fmt: skip
@@ -46,14 +47,52 @@ HEADS_PER_PROGRAM = 64  # the M of every wgmma
 TILE_TOKENS = 64  # records gathered and attended together
 STAGES = 2
 MAX_SPLITS = 32
+MATH_WARPGROUPS = 2  # consumer warpgroups: each owns half of the value columns
 CAPABILITY = (9, 0)  # wgmma and setmaxnreg are sm_90a features
 EXPECTED_CONSTANTS = {
     "HEADS_PER_PROGRAM": HEADS_PER_PROGRAM, "TILE_TOKENS": TILE_TOKENS, "D_V": D_V, "STAGES": STAGES, "MAX_SPLITS": MAX_SPLITS,
+    "MATH_WARPGROUPS": MATH_WARPGROUPS,
     "V32_D_QK": V32.d_qk, "V32_QUANT_DIMS": V32.quant_dims, "V32_SCALE_TILE": V32.scale_tile,
     "V4_D_QK": V4.d_qk, "V4_QUANT_DIMS": V4.quant_dims, "V4_SCALE_TILE": V4.scale_tile,
 }  # fmt: skip
 STEM, WHAT = "dsa_mla_decode_sm90", "the CUDA MLA decode"
 LOG2_E = 1.4426950408889634
+
+@dataclass(frozen=True)
+class SplitPartials:
+    """The CUDA kernel's split scratch for ``parts`` = units x splits partials (units = b * s_q *
+    h_q / 64): ``out`` [parts, 64, D_V] fp16 (O / l over ``scale``), ``scale`` [parts, 2, 64] fp32
+    (per head and half of the value columns, one per consumer warpgroup), ``lse`` [parts, 64] fp32
+    (m + log2 l). decode_sm90.h (DecodeArgs) says why fp16 with a scale."""
+
+    out: torch.Tensor
+    scale: torch.Tensor
+    lse: torch.Tensor
+
+    @classmethod
+    def allocate(cls, parts: int, device: torch.device) -> SplitPartials:
+        return cls(
+            torch.empty(parts * HEADS_PER_PROGRAM * D_V, dtype=torch.float16, device=device),
+            torch.empty(parts * MATH_WARPGROUPS * HEADS_PER_PROGRAM, dtype=torch.float32, device=device),
+            torch.empty(parts * HEADS_PER_PROGRAM, dtype=torch.float32, device=device),
+        )
+
+    def check(self, parts: int, device: torch.device) -> None:
+        """ValueError naming the tensor when one is too small, not contiguous, of another dtype or device."""
+        need = {
+            "out": (self.out, torch.float16, parts * HEADS_PER_PROGRAM * D_V),
+            "scale": (self.scale, torch.float32, parts * MATH_WARPGROUPS * HEADS_PER_PROGRAM),
+            "lse": (self.lse, torch.float32, parts * HEADS_PER_PROGRAM),
+        }
+        for name, (tensor, dtype, size) in need.items():
+            if tensor.dtype != dtype or not tensor.is_contiguous() or tensor.numel() < size:
+                raise ValueError(f"partials.{name}: expected a contiguous {dtype} tensor of at least {size} elements")
+            if tensor.device != device:
+                raise ValueError(f"partials.{name} is on {tensor.device}, q on {device}")
+
+    def pointers(self) -> tuple[int, int, int]:
+        return self.out.data_ptr(), self.scale.data_ptr(), self.lse.data_ptr()
+
 
 def load_decode_extension(verbose: bool | None = None) -> CudaLibrary:
     """The compiled library (built on first use); raises cuda_build.CudaBuildError with the reason."""
@@ -87,11 +126,10 @@ def unsupported_reason(fmt: KvRecordFormat, q: torch.Tensor, kv_cache: torch.Ten
 
 def run(fmt: KvRecordFormat, geometry: RecordGeometry, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
         sm_scale: float, attn_sink: torch.Tensor | None, topk_length: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor,
-        splits: int, part_out: torch.Tensor | None = None, part_lse: torch.Tensor | None = None) -> None:  # fmt: skip
+        splits: int, partials: SplitPartials | None = None) -> None:  # fmt: skip
     """Launch the decode (shapes: decode/entry.py, checked there by check_io): it writes ``out``
-    and ``lse``. With ``splits`` > 1 the partials go to the scratch ``part_out`` [>= units *
-    splits * 64 * D_V] and ``part_lse`` [>= units * splits * 64] fp32 (units = b * s_q * h_q / 64),
-    which the library's combine kernel, launched next, merges."""
+    and ``lse``. With ``splits`` > 1 the partials go to the scratch ``partials``
+    (``SplitPartials.allocate``), which the library's combine kernel, launched next, merges."""
     reason = unsupported_reason(fmt, q, kv_cache, out)
     if reason is not None:
         raise ValueError(f"the CUDA MLA decode cannot take this call: {reason}")
@@ -104,16 +142,9 @@ def run(fmt: KvRecordFormat, geometry: RecordGeometry, q: torch.Tensor, kv_cache
     if out.stride(3) != 1:
         raise ValueError(f"out: the last dimension must be contiguous (stride {out.stride(3)})")
     if splits > 1:
-        units = b * s_q * (h_q // HEADS_PER_PROGRAM)
-        need = {
-            "part_out": (part_out, units * splits * HEADS_PER_PROGRAM * D_V),
-            "part_lse": (part_lse, units * splits * HEADS_PER_PROGRAM),
-        }
-        for name, (tensor, size) in need.items():
-            if tensor is None or tensor.dtype != torch.float32 or not tensor.is_contiguous() or tensor.numel() < size:
-                raise ValueError(f"{name}: expected a contiguous fp32 tensor of at least {size} elements for {splits} splits")
-            if tensor.device != q.device:
-                raise ValueError(f"{name} is on {tensor.device}, q on {q.device}")
+        if partials is None:
+            raise ValueError(f"{splits} splits need the partials' scratch (SplitPartials.allocate)")
+        partials.check(b * s_q * (h_q // HEADS_PER_PROGRAM) * splits, q.device)
     if any(t.device != q.device for t in (kv_cache, indices, out, lse)):
         raise ValueError("every tensor must be on q's device")
 
@@ -129,5 +160,6 @@ def run(fmt: KvRecordFormat, geometry: RecordGeometry, q: torch.Tensor, kv_cache
         geometry.scale_slot_bytes, geometry.rope_offset,
         indices.data_ptr(), indices.stride(0), indices.stride(1), ptr(topk_length), ptr(attn_sink),
         out.data_ptr(), out.stride(0), out.stride(1), out.stride(2), lse.data_ptr(), lse.stride(0), lse.stride(1), lse.stride(2),
-        ptr(part_out), ptr(part_lse), b, s_q, h_q, topk, splits, float(sm_scale) * LOG2_E,
+        *(partials.pointers() if partials is not None else (None, None, None)), b, s_q, h_q, topk, splits,
+        float(sm_scale) * LOG2_E,
     )  # fmt: skip

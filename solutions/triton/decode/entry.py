@@ -193,11 +193,8 @@ def mla_decode(fmt: KvRecordFormat, q, kv_cache, indices, sm_scale, attn_sink, t
     splits = config.splits
     cache = kv_cache if kv_cache.dtype == torch.uint8 else kv_cache.view(torch.uint8)
     if config.kernel == "cuda":
-        part_out = part_lse = None
-        if splits > 1:
-            part_out = torch.empty(units * splits * config.block_h * D_V, dtype=torch.float32, device=device)
-            part_lse = torch.empty(units * splits * config.block_h, dtype=torch.float32, device=device)
-        cuda.run(fmt, geometry, q, cache, indices, sm_scale, attn_sink, topk_length, out, lse, splits, part_out, part_lse)
+        partials = cuda.SplitPartials.allocate(units * splits, device) if splits > 1 else None
+        cuda.run(fmt, geometry, q, cache, indices, sm_scale, attn_sink, topk_length, out, lse, splits, partials)
         return config
     mode = {"none": kernels.MODE_DIRECT, "two_launch": kernels.MODE_PARTIAL, "barrier": kernels.MODE_BARRIER,
             "last": kernels.MODE_LAST}[config.combine]  # fmt: skip

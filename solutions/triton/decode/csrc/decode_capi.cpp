@@ -35,6 +35,7 @@ DSA_EXPORT const int64_t dsa_decode_TILE_TOKENS = dsa_decode::kTileTokens;
 DSA_EXPORT const int64_t dsa_decode_D_V = dsa_decode::kDv;
 DSA_EXPORT const int64_t dsa_decode_STAGES = dsa_decode::kStages;
 DSA_EXPORT const int64_t dsa_decode_MAX_SPLITS = dsa_decode::kMaxSplits;
+DSA_EXPORT const int64_t dsa_decode_MATH_WARPGROUPS = dsa_decode::kMathWarpgroups;
 DSA_EXPORT const int64_t dsa_decode_V32_D_QK = dsa_decode::kV32Dims.d_qk;
 DSA_EXPORT const int64_t dsa_decode_V32_QUANT_DIMS = dsa_decode::kV32Dims.quant_dims;
 DSA_EXPORT const int64_t dsa_decode_V32_SCALE_TILE = dsa_decode::kV32Dims.scale_tile;
@@ -55,7 +56,7 @@ DSA_EXPORT const char* dsa_decode_error_string(int code) {
 }
 
 // Shapes: decode_sm90.h (DecodeArgs). q and out are bf16 as their bits. topk_length and sink may
-// be null, and part_out and part_lse when splits == 1.
+// be null, and the partials' scratch (part_out fp16, part_scale, part_lse) when splits == 1.
 DSA_EXPORT int dsa_decode_launch(int device, void* stream, int format,
                                  const void* q, int64_t q_stride_b, int64_t q_stride_s, int64_t q_stride_h,
                                  const void* cache, int64_t page_stride, int64_t block_size,
@@ -64,7 +65,7 @@ DSA_EXPORT int dsa_decode_launch(int device, void* stream, int format,
                                  const int32_t* topk_length, const float* sink,
                                  void* out, int64_t out_stride_b, int64_t out_stride_s, int64_t out_stride_h,
                                  float* lse, int64_t lse_stride_b, int64_t lse_stride_s, int64_t lse_stride_h,
-                                 float* part_out, float* part_lse,
+                                 void* part_out, float* part_scale, float* part_lse,
                                  int64_t batch, int64_t s_q, int64_t h_q, int64_t topk, int64_t splits, double scale_log2) {
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
   constexpr int64_t kGridMax = 65535;
@@ -76,7 +77,7 @@ DSA_EXPORT int dsa_decode_launch(int device, void* stream, int format,
     return kTooLarge;
   if (batch * s_q == 0) return 0;
   if (q == nullptr || cache == nullptr || indices == nullptr) return kNullPointer;
-  if (out == nullptr || lse == nullptr || (splits > 1 && (part_out == nullptr || part_lse == nullptr))) return kNullPointer;
+  if (out == nullptr || lse == nullptr || (splits > 1 && (part_out == nullptr || part_scale == nullptr || part_lse == nullptr))) return kNullPointer;
   if (!aligned16(q) || !aligned16(cache) || page_stride % 16 != 0 || data_slot_bytes % 16 != 0 || rope_offset % 16 != 0 ||
       scale_base % 8 != 0 || scale_slot_bytes % 8 != 0)
     return kMisaligned;
@@ -108,7 +109,8 @@ DSA_EXPORT int dsa_decode_launch(int device, void* stream, int format,
   a.lse_stride_b = lse_stride_b;
   a.lse_stride_s = lse_stride_s;
   a.lse_stride_h = lse_stride_h;
-  a.part_out = part_out;
+  a.part_out = static_cast<uint16_t*>(part_out);
+  a.part_scale = part_scale;
   a.part_lse = part_lse;
   a.batch = static_cast<int>(batch);
   a.s_q = static_cast<int>(s_q);

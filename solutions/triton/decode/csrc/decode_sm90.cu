@@ -53,7 +53,6 @@ using dsa_sm90::smem_addr;
 
 constexpr int kWarpSize = 32;
 constexpr int kWarpgroupThreads = 128;
-constexpr int kMathWarpgroups = 2;
 constexpr int kThreads = (1 + kMathWarpgroups) * kWarpgroupThreads;  // producer + consumers
 constexpr int kMathThreads = kMathWarpgroups * kWarpgroupThreads;
 constexpr int kMathBarrier = 1;  // named barrier of the two consumer warpgroups
@@ -73,12 +72,24 @@ constexpr int kAccRegs = kHeadsPerProgram * kPvCols / kWarpgroupThreads;
 constexpr int kLogitRegs = kHeadsPerProgram * kQkTokens / kWarpgroupThreads;
 constexpr uint32_t kL2Line = 128;
 constexpr float kLn2 = 0.6931471805599453f;
-// A split's partial O / l [64 heads, kDv] is stored in the consumers' fragment order, float4
-// number j * kMathThreads + mt holding thread mt's accumulators 4j .. 4j + 3: heads r0 and
-// r0 + 8, columns c and c + 1 (partial_fragment names them); the combine reads the same order.
+// A split's partial O / l [64 heads, kDv] is stored in the consumers' fragment order, 8-byte
+// fragment number j * kMathThreads + mt holding thread mt's accumulators 4j .. 4j + 3 as fp16:
+// heads r0 and r0 + 8, columns c and c + 1 (partial_fragment names them); the combine reads the same order.
 constexpr int kPartialFragments = kHeadsPerProgram * kDv / 4;
+// A partial's elements are fp16 times part_scale: the row's largest |value| is stored as 2^14
+// (fp16 reaches 65504, so the RNE rounding of the largest cannot overflow).
+constexpr float kPartialTop = 16384.0f;
+__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ float2 half2_floats(uint32_t bits) {
+  __half2 h;
+  *reinterpret_cast<uint32_t*>(&h) = bits;
+  return __half22float2(h);
+}
 struct Fragment {
-  int r0, col;  // the float4 is (r0, col), (r0, col + 1), (r0 + 8, col), (r0 + 8, col + 1)
+  int r0, col;  // the fragment is (r0, col), (r0, col + 1), (r0 + 8, col), (r0 + 8, col + 1)
 };
 __device__ __forceinline__ Fragment partial_fragment(int mt, int j) {
   const int t = mt % kWarpgroupThreads, lane = t % kWarpSize;
@@ -582,12 +593,31 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
   } else {
     const int64_t unit = static_cast<int64_t>(row.bi * a.s_q + row.si) * (a.h_q / kHeadsPerProgram) + row.hb;
     const int64_t part = unit * a.splits + row.split;
-    const float inv0 = empty0 ? 0.0f : 1.0f / l0, inv1 = empty1 ? 0.0f : 1.0f / l1;
-    // In fragment order (partial_fragment): store j of the 256 consumer threads is 4 KB in a row.
-    float4* frags = reinterpret_cast<float4*>(a.part_out) + part * kPartialFragments + mt;
+    // fp16 with the row's largest |acc| at 2^14 (per head and warpgroup): every element keeps
+    // fp16's 11 bits (2^-11 of itself), none overflows, and the scale undoes both factors.
+    float top0 = 0.0f, top1 = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kAccRegs / 4; ++j) {
+      top0 = fmaxf(top0, fmaxf(fabsf(acc[4 * j + 0]), fabsf(acc[4 * j + 1])));
+      top1 = fmaxf(top1, fmaxf(fabsf(acc[4 * j + 2]), fabsf(acc[4 * j + 3])));
+    }
+#pragma unroll
+    for (int x = 1; x < 4; x *= 2) {
+      top0 = fmaxf(top0, __shfl_xor_sync(0xffffffffu, top0, x));
+      top1 = fmaxf(top1, __shfl_xor_sync(0xffffffffu, top1, x));
+    }
+    const float up0 = top0 > 0.0f ? kPartialTop / top0 : 0.0f, up1 = top1 > 0.0f ? kPartialTop / top1 : 0.0f;
+    // In fragment order (partial_fragment): store j of the 256 consumer threads is 2 KB in a row.
+    uint2* frags = reinterpret_cast<uint2*>(a.part_out) + part * kPartialFragments + mt;
 #pragma unroll
     for (int j = 0; j < kAccRegs / 4; ++j)
-      frags[j * kMathThreads] = make_float4(acc[4 * j + 0] * inv0, acc[4 * j + 1] * inv0, acc[4 * j + 2] * inv1, acc[4 * j + 3] * inv1);
+      frags[j * kMathThreads] = make_uint2(half2_bits(acc[4 * j + 0] * up0, acc[4 * j + 1] * up0),
+                                           half2_bits(acc[4 * j + 2] * up1, acc[4 * j + 3] * up1));
+    if (quad == 0) {
+      float* scale = a.part_scale + (part * kMathWarpgroups + m) * kHeadsPerProgram;
+      scale[r0] = empty0 ? 0.0f : top0 / (kPartialTop * l0);
+      scale[r1] = empty1 ? 0.0f : top1 / (kPartialTop * l1);
+    }
     if (m == 0 && quad == 0) {
       a.part_lse[part * kHeadsPerProgram + r0] = empty0 ? neg_inf() : lse2_0;
       a.part_lse[part * kHeadsPerProgram + r1] = empty1 ? neg_inf() : lse2_1;
@@ -659,13 +689,14 @@ __global__ void __launch_bounds__(kCombineThreads, 1) combine_kernel(const __gri
 #pragma unroll
   for (int f = 0; f < kCombineFragRows; ++f) acc[f] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float total0 = 0.0f, total1 = 0.0f;
-  const float4* frags = reinterpret_cast<const float4*>(a.part_out) + blockIdx.y * kCombineFragRows * kMathThreads + mt;
+  const uint2* frags = reinterpret_cast<const uint2*>(a.part_out) + blockIdx.y * kCombineFragRows * kMathThreads + mt;
+  const int scale_row = (mt / kWarpgroupThreads) * kHeadsPerProgram + at.r0;  // the fragments' warpgroup (partial_fragment)
   // kCombineSplitsInFlight splits' loads issued together, then their sums. (Loads interleaved
   // with the multiply-adds split by split waited on L2 once per split. The launch bounds of one
   // block per SM let ptxas keep a whole batch in registers.)
   for (int s0 = 0; s0 < a.splits; s0 += kCombineSplitsInFlight) {
-    float4 v[kCombineSplitsInFlight][kCombineFragRows];
-    float w0[kCombineSplitsInFlight], w1[kCombineSplitsInFlight];
+    uint2 v[kCombineSplitsInFlight][kCombineFragRows];
+    float w0[kCombineSplitsInFlight], w1[kCombineSplitsInFlight], d0[kCombineSplitsInFlight], d1[kCombineSplitsInFlight];
 #pragma unroll
     for (int k = 0; k < kCombineSplitsInFlight; ++k) {
       // Past the count, the last split is loaded again (no branch around the loads) at weight 0.
@@ -674,6 +705,8 @@ __global__ void __launch_bounds__(kCombineThreads, 1) combine_kernel(const __gri
       const float lse0 = __ldcg(a.part_lse + part * kHeadsPerProgram + at.r0), lse1 = __ldcg(a.part_lse + part * kHeadsPerProgram + r1);
       w0[k] = present ? lse0 : neg_inf();
       w1[k] = present ? lse1 : neg_inf();
+      d0[k] = __ldcg(a.part_scale + part * (kMathWarpgroups * kHeadsPerProgram) + scale_row);
+      d1[k] = __ldcg(a.part_scale + part * (kMathWarpgroups * kHeadsPerProgram) + scale_row + 8);
 #pragma unroll
       for (int f = 0; f < kCombineFragRows; ++f) v[k][f] = __ldcg(frags + part * kPartialFragments + f * kMathThreads);
     }
@@ -682,12 +715,14 @@ __global__ void __launch_bounds__(kCombineThreads, 1) combine_kernel(const __gri
       const float weight0 = fast_exp2(w0[k] - ref0), weight1 = fast_exp2(w1[k] - ref1);  // 0 for an absent or empty split
       total0 += weight0;
       total1 += weight1;
+      const float unit0 = weight0 * d0[k], unit1 = weight1 * d1[k];  // the split's weight times its fp16 scale
 #pragma unroll
       for (int f = 0; f < kCombineFragRows; ++f) {
-        acc[f].x = fmaf(weight0, v[k][f].x, acc[f].x);
-        acc[f].y = fmaf(weight0, v[k][f].y, acc[f].y);
-        acc[f].z = fmaf(weight1, v[k][f].z, acc[f].z);
-        acc[f].w = fmaf(weight1, v[k][f].w, acc[f].w);
+        const float2 top = half2_floats(v[k][f].x), bottom = half2_floats(v[k][f].y);
+        acc[f].x = fmaf(unit0, top.x, acc[f].x);
+        acc[f].y = fmaf(unit0, top.y, acc[f].y);
+        acc[f].z = fmaf(unit1, bottom.x, acc[f].z);
+        acc[f].w = fmaf(unit1, bottom.y, acc[f].w);
       }
     }
   }
