@@ -47,11 +47,11 @@ HEADS_PER_PROGRAM = 64  # the M of every wgmma
 TILE_TOKENS = 64  # records gathered and attended together
 STAGES = 2
 MAX_SPLITS = 32
-MATH_WARPGROUPS = 2  # consumer warpgroups: each owns half of the value columns
+PARTIAL_SCALES = 256  # fp16 scales per split partial: one per consumer thread
 CAPABILITY = (9, 0)  # wgmma and setmaxnreg are sm_90a features
 EXPECTED_CONSTANTS = {
     "HEADS_PER_PROGRAM": HEADS_PER_PROGRAM, "TILE_TOKENS": TILE_TOKENS, "D_V": D_V, "STAGES": STAGES, "MAX_SPLITS": MAX_SPLITS,
-    "MATH_WARPGROUPS": MATH_WARPGROUPS,
+    "PARTIAL_SCALES": PARTIAL_SCALES,
     "V32_D_QK": V32.d_qk, "V32_QUANT_DIMS": V32.quant_dims, "V32_SCALE_TILE": V32.scale_tile,
     "V4_D_QK": V4.d_qk, "V4_QUANT_DIMS": V4.quant_dims, "V4_SCALE_TILE": V4.scale_tile,
 }  # fmt: skip
@@ -61,8 +61,8 @@ LOG2_E = 1.4426950408889634
 @dataclass(frozen=True)
 class SplitPartials:
     """The CUDA kernel's split scratch for ``parts`` = units x splits partials (units = b * s_q *
-    h_q / 64): ``out`` [parts, 64, D_V] fp16 (O / l over ``scale``), ``scale`` [parts, 2, 64] fp32
-    (per head and half of the value columns, one per consumer warpgroup), ``lse`` [parts, 64] fp32
+    h_q / 64): ``out`` [parts, 64, D_V] fp16 (O / l over ``scale``, in the kernel's fragment order),
+    ``scale`` [parts, PARTIAL_SCALES] fp32 (one per consumer thread), ``lse`` [parts, 64] fp32
     (m + log2 l). decode_sm90.h (DecodeArgs) says why fp16 with a scale."""
 
     out: torch.Tensor
@@ -73,7 +73,7 @@ class SplitPartials:
     def allocate(cls, parts: int, device: torch.device) -> SplitPartials:
         return cls(
             torch.empty(parts * HEADS_PER_PROGRAM * D_V, dtype=torch.float16, device=device),
-            torch.empty(parts * MATH_WARPGROUPS * HEADS_PER_PROGRAM, dtype=torch.float32, device=device),
+            torch.empty(parts * PARTIAL_SCALES, dtype=torch.float32, device=device),
             torch.empty(parts * HEADS_PER_PROGRAM, dtype=torch.float32, device=device),
         )
 
@@ -81,7 +81,7 @@ class SplitPartials:
         """ValueError naming the tensor when one is too small, not contiguous, of another dtype or device."""
         need = {
             "out": (self.out, torch.float16, parts * HEADS_PER_PROGRAM * D_V),
-            "scale": (self.scale, torch.float32, parts * MATH_WARPGROUPS * HEADS_PER_PROGRAM),
+            "scale": (self.scale, torch.float32, parts * PARTIAL_SCALES),
             "lse": (self.lse, torch.float32, parts * HEADS_PER_PROGRAM),
         }
         for name, (tensor, dtype, size) in need.items():

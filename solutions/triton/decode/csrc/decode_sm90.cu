@@ -53,8 +53,10 @@ using dsa_sm90::smem_addr;
 
 constexpr int kWarpSize = 32;
 constexpr int kWarpgroupThreads = 128;
+constexpr int kMathWarpgroups = 2;
 constexpr int kThreads = (1 + kMathWarpgroups) * kWarpgroupThreads;  // producer + consumers
 constexpr int kMathThreads = kMathWarpgroups * kWarpgroupThreads;
+static_assert(kPartialScales == kMathThreads, "one fp16 scale per consumer thread");
 constexpr int kMathBarrier = 1;  // named barrier of the two consumer warpgroups
 // Shared tiles are 128-byte-swizzled atoms: 64 rows of 64 bf16 (128 B), 8 KB, the 16-byte chunk
 // c of row r stored at chunk c ^ (r % 8); a row of d_qk dims spans d_qk / 64 atoms.
@@ -76,8 +78,8 @@ constexpr float kLn2 = 0.6931471805599453f;
 // fragment number j * kMathThreads + mt holding thread mt's accumulators 4j .. 4j + 3 as fp16:
 // heads r0 and r0 + 8, columns c and c + 1 (partial_fragment names them); the combine reads the same order.
 constexpr int kPartialFragments = kHeadsPerProgram * kDv / 4;
-// A partial's elements are fp16 times part_scale: the row's largest |value| is stored as 2^14
-// (fp16 reaches 65504, so the RNE rounding of the largest cannot overflow).
+// A partial's elements are fp16 times part_scale: each consumer thread's largest |value| is
+// stored as 2^14 (fp16 reaches 65504, so the RNE rounding of the largest cannot overflow).
 constexpr float kPartialTop = 16384.0f;
 __device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
   const __half2 h = __floats2half2_rn(lo, hi);
@@ -593,31 +595,25 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
   } else {
     const int64_t unit = static_cast<int64_t>(row.bi * a.s_q + row.si) * (a.h_q / kHeadsPerProgram) + row.hb;
     const int64_t part = unit * a.splits + row.split;
-    // fp16 with the row's largest |acc| at 2^14 (per head and warpgroup): every element keeps
-    // fp16's 11 bits (2^-11 of itself), none overflows, and the scale undoes both factors.
+    // fp16 with the thread's largest |O / l| at 2^14: every element keeps fp16's 11 bits (2^-11
+    // of itself) and none overflows; part_scale undoes the factor.
+    const float inv0 = empty0 ? 0.0f : 1.0f / l0, inv1 = empty1 ? 0.0f : 1.0f / l1;
     float top0 = 0.0f, top1 = 0.0f;
 #pragma unroll
     for (int j = 0; j < kAccRegs / 4; ++j) {
       top0 = fmaxf(top0, fmaxf(fabsf(acc[4 * j + 0]), fabsf(acc[4 * j + 1])));
       top1 = fmaxf(top1, fmaxf(fabsf(acc[4 * j + 2]), fabsf(acc[4 * j + 3])));
     }
-#pragma unroll
-    for (int x = 1; x < 4; x *= 2) {
-      top0 = fmaxf(top0, __shfl_xor_sync(0xffffffffu, top0, x));
-      top1 = fmaxf(top1, __shfl_xor_sync(0xffffffffu, top1, x));
-    }
-    const float up0 = top0 > 0.0f ? kPartialTop / top0 : 0.0f, up1 = top1 > 0.0f ? kPartialTop / top1 : 0.0f;
+    const float top = fmaxf(top0 * inv0, top1 * inv1);
+    const float up = top > 0.0f ? kPartialTop / top : 0.0f;
+    const float up0 = inv0 * up, up1 = inv1 * up;
     // In fragment order (partial_fragment): store j of the 256 consumer threads is 2 KB in a row.
     uint2* frags = reinterpret_cast<uint2*>(a.part_out) + part * kPartialFragments + mt;
 #pragma unroll
     for (int j = 0; j < kAccRegs / 4; ++j)
       frags[j * kMathThreads] = make_uint2(half2_bits(acc[4 * j + 0] * up0, acc[4 * j + 1] * up0),
                                            half2_bits(acc[4 * j + 2] * up1, acc[4 * j + 3] * up1));
-    if (quad == 0) {
-      float* scale = a.part_scale + (part * kMathWarpgroups + m) * kHeadsPerProgram;
-      scale[r0] = empty0 ? 0.0f : top0 / (kPartialTop * l0);
-      scale[r1] = empty1 ? 0.0f : top1 / (kPartialTop * l1);
-    }
+    a.part_scale[part * kMathThreads + mt] = top * (1.0f / kPartialTop);
     if (m == 0 && quad == 0) {
       a.part_lse[part * kHeadsPerProgram + r0] = empty0 ? neg_inf() : lse2_0;
       a.part_lse[part * kHeadsPerProgram + r1] = empty1 ? neg_inf() : lse2_1;
@@ -690,13 +686,12 @@ __global__ void __launch_bounds__(kCombineThreads, 1) combine_kernel(const __gri
   for (int f = 0; f < kCombineFragRows; ++f) acc[f] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   float total0 = 0.0f, total1 = 0.0f;
   const uint2* frags = reinterpret_cast<const uint2*>(a.part_out) + blockIdx.y * kCombineFragRows * kMathThreads + mt;
-  const int scale_row = (mt / kWarpgroupThreads) * kHeadsPerProgram + at.r0;  // the fragments' warpgroup (partial_fragment)
   // kCombineSplitsInFlight splits' loads issued together, then their sums. (Loads interleaved
   // with the multiply-adds split by split waited on L2 once per split. The launch bounds of one
   // block per SM let ptxas keep a whole batch in registers.)
   for (int s0 = 0; s0 < a.splits; s0 += kCombineSplitsInFlight) {
     uint2 v[kCombineSplitsInFlight][kCombineFragRows];
-    float w0[kCombineSplitsInFlight], w1[kCombineSplitsInFlight], d0[kCombineSplitsInFlight], d1[kCombineSplitsInFlight];
+    float w0[kCombineSplitsInFlight], w1[kCombineSplitsInFlight], d[kCombineSplitsInFlight];
 #pragma unroll
     for (int k = 0; k < kCombineSplitsInFlight; ++k) {
       // Past the count, the last split is loaded again (no branch around the loads) at weight 0.
@@ -705,8 +700,7 @@ __global__ void __launch_bounds__(kCombineThreads, 1) combine_kernel(const __gri
       const float lse0 = __ldcg(a.part_lse + part * kHeadsPerProgram + at.r0), lse1 = __ldcg(a.part_lse + part * kHeadsPerProgram + r1);
       w0[k] = present ? lse0 : neg_inf();
       w1[k] = present ? lse1 : neg_inf();
-      d0[k] = __ldcg(a.part_scale + part * (kMathWarpgroups * kHeadsPerProgram) + scale_row);
-      d1[k] = __ldcg(a.part_scale + part * (kMathWarpgroups * kHeadsPerProgram) + scale_row + 8);
+      d[k] = __ldcg(a.part_scale + part * kMathThreads + mt);  // the consumer thread mt's fp16 scale
 #pragma unroll
       for (int f = 0; f < kCombineFragRows; ++f) v[k][f] = __ldcg(frags + part * kPartialFragments + f * kMathThreads);
     }
@@ -715,7 +709,7 @@ __global__ void __launch_bounds__(kCombineThreads, 1) combine_kernel(const __gri
       const float weight0 = fast_exp2(w0[k] - ref0), weight1 = fast_exp2(w1[k] - ref1);  // 0 for an absent or empty split
       total0 += weight0;
       total1 += weight1;
-      const float unit0 = weight0 * d0[k], unit1 = weight1 * d1[k];  // the split's weight times its fp16 scale
+      const float unit0 = weight0 * d[k], unit1 = weight1 * d[k];  // the split's weight times its fp16 scale
 #pragma unroll
       for (int f = 0; f < kCombineFragRows; ++f) {
         const float2 top = half2_floats(v[k][f].x), bottom = half2_floats(v[k][f].y);

@@ -14,7 +14,7 @@ constexpr int kTileTokens = 64;       // records gathered, dequantized and atten
 constexpr int kDv = 512;              // value and output width of every format
 constexpr int kStages = 2;            // dequantized record tiles in shared memory
 constexpr int kMaxSplits = 32;        // programs sharing one (query token, head block)
-constexpr int kMathWarpgroups = 2;    // consumer warpgroups, each owning kDv / 2 output columns
+constexpr int kPartialScales = 256;   // part_scale entries per split partial: one per consumer thread
 
 // Record formats this kernel reads (the dims; the byte geometry comes from DecodeArgs).
 enum Format : int { kFormatV32 = 0, kFormatV4 = 1 };
@@ -49,10 +49,11 @@ struct DecodeArgs {
   float* lse;  // [b, s_q, h_q] natural log
   int64_t lse_stride_b, lse_stride_s, lse_stride_h;
   // splits > 1: partial (unit * splits + split) of unit (token * head_blocks + head block):
-  // part_out [.., kHeadsPerProgram, kDv] fp16 bits = output / l / part_scale, part_scale
-  // [.., kMathWarpgroups, kHeadsPerProgram] fp32 (per head and half of the columns: its largest
-  // |output / l| over 2^14), part_lse [.., kHeadsPerProgram] = m + log2 l (-inf for a split without
-  // a valid id); scratch the combine kernel reads.
+  // part_out [.., kHeadsPerProgram, kDv] fp16 bits in the consumers' fragment order = output / l
+  // / part_scale, part_scale [.., kPartialScales] fp32 (per consumer thread: its largest |output / l| over
+  // 2^14), part_lse [.., kHeadsPerProgram] = m + log2 l (-inf for a split without a valid id);
+  // scratch the combine kernel reads. fp16 keeps 11 bits of every element (bf16 8: cancelling
+  // partials then missed 1e-2), the scale its range.
   uint16_t* part_out;
   float* part_scale;
   float* part_lse;
