@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
 import torch
@@ -28,6 +29,8 @@ from tabulate import tabulate
 
 from dsa_bench.definitions import mla_decode as md
 from dsa_bench.run.loader import import_entry
+from dsa_bench.run.requirements import unmet
+from dsa_bench.run.worker import call_solution
 from dsa_bench.solution import load_solution
 from dsa_bench.workloads import build_inputs, derive_seed, load_workload
 
@@ -78,7 +81,14 @@ def main() -> None:
         workload = load_workload(path)
         definition, tol = workload.definition, workload.settings.tolerance
         fmt = md.FORMAT_OF[definition.name]
-        kernel = import_entry(load_solution(ROOT / "solutions" / args.solution), definition.name)[0] if args.solution else None
+        kernel, dps = None, True
+        if args.solution:
+            solution = load_solution(ROOT / "solutions" / args.solution)
+            why_not = unmet(solution.requires, device)
+            if why_not is not None:
+                print(f"mla_decode_error.py: solution {args.solution} cannot run here: {why_not}", file=sys.stderr)
+                raise SystemExit(2)
+            kernel, dps = import_entry(solution, definition.name)[0], solution.entry_for(definition.name).destination_passing_style
         for case in workload.cases:
             if args.cases and case.id not in args.cases:
                 continue
@@ -87,8 +97,8 @@ def main() -> None:
                 candidates = {}
                 if kernel is not None:
                     outputs = definition.allocate_outputs(definition.axes(case.axes), device)
-                    kernel(*definition.input_args(inputs), *outputs.values())
-                    candidates[args.solution] = (outputs["out"], outputs["lse"])
+                    got = call_solution(kernel, dps, definition.input_args(inputs), outputs, list(outputs))
+                    candidates[args.solution] = (got["out"], got["lse"])
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 ref = definition.expect(inputs)
