@@ -642,14 +642,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   Row row;
   if constexpr (!L::kRowAfterRebalance) row = program_row(a);
   __syncthreads();
-  if (threadIdx.x < kWarpgroupThreads) {
-    set_registers_down<L::kProducerRegisters>();
-    if constexpr (L::kRowAfterRebalance) row = program_row(a);
-    produce<kFormat>(a, row, tiles, sm);
-  } else {
+  // The consumers' branch written first puts the producer first in the SASS, so its code no longer
+  // moves with the consumers' epilogue (measured: V3.2 b = 128 467.5 -> 456.7 us with nothing else changed).
+  if (threadIdx.x >= kWarpgroupThreads) {
     set_registers_up<L::kConsumerRegisters>();
     if constexpr (L::kRowAfterRebalance) row = program_row(a);
     consume<kFormat>(a, row, tiles, sm);
+  } else {
+    set_registers_down<L::kProducerRegisters>();
+    if constexpr (L::kRowAfterRebalance) row = program_row(a);
+    produce<kFormat>(a, row, tiles, sm);
   }
 }
 
