@@ -137,10 +137,6 @@ struct Layout {
   // registers for them during the gathers, so after the stores; V4 before its L2 prefetch.
   // Each placement measured faster for its format (benchmarks/h200/decode_ids_placement.log).
   static constexpr bool kIdsAfterStores = kFormat == kFormatV32;
-  // Where the program's row is computed: V3.2 by each warpgroup after setmaxnreg (computed once
-  // before the split, two of its values were spilled around the rebalance), V4 once before it
-  // (the same speed for V3.2, decode_ids_placement.log; V4 was slower the other way).
-  static constexpr bool kRowAfterRebalance = kFormat == kFormatV32;
   static_assert(kDqk % kAtomCols == 0 && kDqk >= kDv, "whole atoms; V is the first kDv dims");
   static_assert(kPasses >= 1 && kPasses * kWarpgroupThreads == kTileTokens * kRecordThreads, "whole records per producer thread");
   static_assert(kFp8PerThread % 16 == 0 && kRopePerThread % kChunkCols == 0, "whole vectors per producer thread");
@@ -639,18 +635,17 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     fence_mbarrier_init();
   }
   using L = Layout<kFormat>;
-  Row row;
-  if constexpr (!L::kRowAfterRebalance) row = program_row(a);
+  // The program's row once, before the warpgroups rebalance their registers (with the row computed
+  // by each warpgroup after setmaxnreg V3.2 b = 128 took 455.8 against 448.5 us, V4 the same).
+  const Row row = program_row(a);
   __syncthreads();
   // The consumers' branch written first puts the producer first in the SASS, so its code no longer
   // moves with the consumers' epilogue (measured: V3.2 b = 128 467.5 -> 456.7 us with nothing else changed).
   if (threadIdx.x >= kWarpgroupThreads) {
     set_registers_up<L::kConsumerRegisters>();
-    if constexpr (L::kRowAfterRebalance) row = program_row(a);
     consume<kFormat>(a, row, tiles, sm);
   } else {
     set_registers_down<L::kProducerRegisters>();
-    if constexpr (L::kRowAfterRebalance) row = program_row(a);
     produce<kFormat>(a, row, tiles, sm);
   }
 }
