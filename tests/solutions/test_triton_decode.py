@@ -317,6 +317,25 @@ def test_cuda_kernel_config_and_policy():
     assert cuda_mod.unsupported_reason(fmt, case["q"], case["kv_cache"], out) == "not an SM90 GPU"
 
 
+def test_cuda_split_partials_scratch_is_checked_by_name():
+    # fp16 partials with one fp32 scale per consumer thread and an fp32 lse per head, sized per partial.
+    parts, cpu = 3, torch.device("cpu")
+    partials = cuda_mod.SplitPartials.allocate(parts, cpu)
+    assert partials.out.dtype == torch.float16 and partials.out.numel() == parts * 64 * 512
+    assert partials.scale.numel() == parts * cuda_mod.PARTIAL_SCALES and partials.lse.numel() == parts * 64
+    partials.check(parts, cpu)
+    with pytest.raises(ValueError, match=r"partials.out: expected a contiguous torch.float16 tensor of at least 131072"):
+        partials.check(parts + 1, cpu)
+    with pytest.raises(ValueError, match=r"partials.scale: expected a contiguous torch.float32 tensor of at least 768"):
+        replace(partials, scale=partials.scale[:-1]).check(parts, cpu)
+    with pytest.raises(ValueError, match="partials.out: expected a contiguous torch.float16"):
+        replace(partials, out=partials.out.float()).check(parts, cpu)
+    with pytest.raises(ValueError, match="partials.lse: expected a contiguous"):
+        replace(partials, lse=torch.empty(parts * 128, dtype=torch.float32)[::2]).check(parts, cpu)
+    with pytest.raises(ValueError, match="partials.out is on cpu, q on meta"):
+        partials.check(parts, torch.device("meta"))
+
+
 @pytest.mark.slow
 def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     """The decode library as a GPU machine builds it (plus ``-Xptxas -v``): both formats' decode
