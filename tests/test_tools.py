@@ -264,3 +264,24 @@ def test_ncu_stalls_sums_kernels_and_lists_excess_wavefronts(tmp_path):
     assert re.match(r"0x00000 +20 +128 LDG\.E\.128", lines[1]) and "long_sb:18 barrier:2" in lines[1]
     assert lines[2] == "excessive wavefronts / sectors per instruction:"
     assert re.match(r"0x00010 STS\.128 \[R3\], R8 +L1 Wavefronts Shared Excessive: 192$", lines[3]), lines[3]
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the refusal is for a machine without an SM90/SM100 GPU")
+def test_mla_decode_error_refuses_a_solution_that_cannot_run_here():
+    # FlashMLA's requires (an SM90/SM100 GPU, flash_mla) fail on a CPU: one line naming why, exit 2, no traceback.
+    proc = run_tool("mla_decode_error.py", "mla_decode_v32_smoke", "--solution", "flashmla")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "solution flashmla cannot run here: needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_mla_decode_error_measures_the_reference_and_a_solution_on_cpu():
+    # The triton solution (destination passing; under the interpreter without a GPU) beside the reference on one smoke case.
+    env_case = "smoke_b2_sq1_k64_bs64_h64"
+    proc = subprocess.run(
+        [sys.executable, str(KERNEL_SCRIPTS / "mla_decode_error.py"), "mla_decode_v32_smoke", "--solution", "triton", "--cases", env_case],
+        cwd=ROOT, env={**os.environ, **({} if HAS_CUDA else {"TRITON_INTERPRET": "1"})}, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(f"mla_decode_v32_smoke/{env_case}")]
+    assert [r[2] for r in rows] == ["reference", "triton"]
+    assert all(float(r[4]) < 1e-4 and r[6] == "0" for r in rows), rows  # lse error, out elements failing vs ref
