@@ -94,9 +94,10 @@ class DecodeConfig:
 
 
 #: The hand-written SM90 kernel (cuda.py, csrc/decode_sm90.cu): 64 heads x 64 records per step,
-#: three warpgroups (12 warps: a producer and two consumers), two dequantized stages, fp32
-#: partials merged by the library's own combine kernel. Only the split count is chosen per call.
-CUDA_CONFIG = DecodeConfig(block_h=64, block_n=64, splits=0, num_warps=12, num_stages=2, combine="auto", partial_dtype="fp32",
+#: three warpgroups (12 warps: a producer and two consumers), two dequantized stages, fp16
+#: partials with a per-thread fp32 scale merged by the library's own combine kernel
+#: (csrc/decode_sm90.h). Only the split count is chosen per call.
+CUDA_CONFIG = DecodeConfig(block_h=64, block_n=64, splits=0, num_warps=12, num_stages=2, combine="auto", partial_dtype="fp16",
                            l2_prefetch=True, kernel="cuda")  # fmt: skip
 
 
