@@ -81,15 +81,20 @@ FLASHMLA_H200_US = {("V32", 128, 2): 19.5, ("V32", 128, 64): 180, ("V32", 128, 7
                     ("V4", 128, 74): 209, ("V4", 128, 128): 339, ("V4", 64, 2): 20.0, ("V4", 64, 128): 246}  # fmt: skip
 
 
-def load_decode():
-    """The decode modules (entry, config), imported as modules of a package rooted at the solution
-    folder, as the harness imports an entry (without importing the other families' entries: the
-    attention's builds its CUDA extension at import)."""
-    package = "dsa_bench_kernels_triton_solution"
+def solution_package(package: str, folder: Path) -> str:
+    """``package`` registered as a package rooted at ``folder`` (a copy of solutions/triton), as the
+    harness imports an entry, so that its modules import each other relatively; returns the name."""
     if package not in sys.modules:
         module = types.ModuleType(package)
-        module.__path__ = [str(ROOT / "solutions" / "triton")]
+        module.__path__ = [str(folder)]
         sys.modules[package] = module
+    return package
+
+
+def load_decode():
+    """The decode modules (entry, config) of the shipped solution, without importing the other
+    families' entries (the attention's builds its CUDA extension at import)."""
+    package = solution_package("dsa_bench_kernels_triton_solution", ROOT / "solutions" / "triton")
     return importlib.import_module(f"{package}.decode.entry"), importlib.import_module(f"{package}.decode.config")
 
 
@@ -125,10 +130,7 @@ def variant_sources(spec: str, into: Path) -> tuple[str, Path]:
 def import_variant(name: str, folder: Path):
     """The variant's decode modules (entry, cuda), imported from its own copy of solutions/triton as
     a package of its own, so that its Python, its scratch and its C ABI go together."""
-    package = f"dsa_bench_kernels_variant_{name}"
-    module = types.ModuleType(package)
-    module.__path__ = [str(folder)]
-    sys.modules[package] = module
+    package = solution_package(f"dsa_bench_kernels_variant_{name}", folder)
     return importlib.import_module(f"{package}.decode.entry"), importlib.import_module(f"{package}.decode.cuda")
 
 
@@ -402,11 +404,10 @@ def main(argv: list[str] | None = None) -> int:
             variant_cuda.load_decode_extension()  # built for this GPU now: a build error stops the run before any timing
             variants.append((name, variant_entry))
             print(f"variant {name}: built from {spec.partition('=')[2]}", flush=True)
-    except (ValueError, cuda_build.CudaBuildError) as exc:
-        print(f"mla_decode.py: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # the variant's own Python or build failed in another way
-        print(f"mla_decode.py: the variant does not load: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except Exception as exc:  # a bad --variant, a build error, or the variant's own Python failing to import
+        known = isinstance(exc, (ValueError, cuda_build.CudaBuildError))
+        print(f"mla_decode.py: {exc}" if known else f"mla_decode.py: the variant does not load: {type(exc).__name__}: {exc}",
+              file=sys.stderr)  # fmt: skip
         return 2
     flash_mla, why_not = None, "--no-flashmla"
     if not args.no_flashmla:
