@@ -137,6 +137,11 @@ struct Layout {
   // registers for them during the gathers, so after the stores; V4 before its L2 prefetch.
   // Each placement measured faster for its format (benchmarks/h200/decode_ids_placement.log).
   static constexpr bool kIdsAfterStores = kFormat == kFormatV32;
+  // Whether only a query token's first head block prefetches the next tile's records into L2: its
+  // other head blocks gather the same records side by side and find them there. V3.2 b = 128 took
+  // 442.7 against 449.2 us with it (benchmarks/h200/decode_pair_prefetch.log); V4's producer
+  // spilled the head block it needs for the test, so V4 keeps the prefetch in every head block.
+  static constexpr bool kFirstHeadBlockPrefetches = kFormat == kFormatV32;
   static_assert(kDqk % kAtomCols == 0 && kDqk >= kDv, "whole atoms; V is the first kDv dims");
   static_assert(kPasses >= 1 && kPasses * kWarpgroupThreads == kTileTokens * kRecordThreads, "whole records per producer thread");
   static_assert(kFp8PerThread % 16 == 0 && kRopePerThread % kChunkCols == 0, "whole vectors per producer thread");
@@ -370,7 +375,7 @@ __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Til
 #pragma unroll
     for (int p = 0; p < L::kPasses; ++p) {
       if constexpr (!L::kIdsAfterStores) after[p] = i + 2 < row.n_tiles ? record_id(a, row, i + 2, token[p]) : -1;
-      if (next[p] >= 0) {
+      if (next[p] >= 0 && (!L::kFirstHeadBlockPrefetches || row.hb == 0)) {
         const int block = next[p] / a.block_size;
         const int slot = next[p] - block * a.block_size;
         const uint8_t* page = a.cache + static_cast<int64_t>(block) * a.page_stride;
