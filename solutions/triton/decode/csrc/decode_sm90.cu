@@ -370,7 +370,7 @@ __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Til
       }
     }
     // The ids two tiles on (here or after the stores: Layout), and the next tile's records into
-    // L2 while this one's loads are in flight.
+    // L2 while this one's loads are in flight (for V3.2 by the token's first head block only: Layout).
     int after[L::kPasses];
 #pragma unroll
     for (int p = 0; p < L::kPasses; ++p) {
