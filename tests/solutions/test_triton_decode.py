@@ -336,6 +336,61 @@ def test_cuda_split_partials_scratch_is_checked_by_name():
         partials.check(parts, torch.device("meta"))
 
 
+PAGE_MAGIC_CHECK = r"""
+#include <cstdio>
+#include <random>
+#include "decode_sm90.h"
+// Every block size d <= 4096 and 3000 random ones up to 2^31 - 1, against ids near 0, near 2^31,
+// around multiples of d and at random: the page (n * magic) >> shift must be n / d.
+int main() {
+  std::mt19937_64 rng(7);
+  long bad = 0, checked = 0;
+  auto check = [&](int d) {
+    uint32_t magic;
+    int shift;
+    dsa_decode::block_magic_for(d, &magic, &shift);
+    auto one = [&](uint32_t n) {
+      ++checked;
+      if (static_cast<uint32_t>((static_cast<uint64_t>(n) * magic) >> shift) != n / static_cast<uint32_t>(d)) {
+        if (bad++ < 5) std::printf("d=%d n=%u\n", d, n);
+      }
+    };
+    for (uint32_t n = 0; n < 1024; ++n) one(n);
+    for (uint32_t n = 0x7fffffffu; n > 0x7fffffffu - 1024; --n) one(n);
+    for (int k = 0; k < 512; ++k) one(static_cast<uint32_t>(rng() & 0x7fffffffu));
+    for (int64_t q = 1; q <= 0x7fffffff / d; q = q * 3 + 1) {
+      one(static_cast<uint32_t>(q * d - 1));
+      one(static_cast<uint32_t>(q * d));
+      if (q * d < 0x7fffffff) one(static_cast<uint32_t>(q * d + 1));
+    }
+  };
+  for (int d = 1; d <= 4096; ++d) check(d);
+  for (int k = 0; k < 3000; ++k) check(1 + static_cast<int>(rng() % 0x7fffffffu));
+  check(0x7fffffff);
+  std::printf("checked %ld bad %ld\n", checked, bad);
+  return bad != 0;
+}
+"""
+
+
+@pytest.mark.slow
+def test_page_magic_multiply_is_exact(tmp_path):
+    """The CUDA producer finds a record's page as ``(id * block_magic) >> block_shift``
+    (``block_magic_for`` in decode_sm90.h) instead of dividing by the block size: exact for every
+    block size and every id below 2^31, checked here on the host code the launcher runs."""
+    nvcc = cuda_build.nvcc_path()
+    if nvcc is None:
+        pytest.skip("nvcc is not installed")
+    source = tmp_path / "page_magic.cpp"
+    source.write_text(PAGE_MAGIC_CHECK)
+    binary = tmp_path / "page_magic"
+    built = subprocess.run([nvcc, "-std=c++17", "-O2", "-I", str(cuda_mod.HERE / "csrc"), str(source), "-o", str(binary)],
+                           capture_output=True, text=True)  # fmt: skip
+    assert built.returncode == 0, built.stderr
+    done = subprocess.run([str(binary)], capture_output=True, text=True)
+    assert done.returncode == 0 and " bad 0" in done.stdout, done.stdout
+
+
 @pytest.mark.slow
 def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     """The decode library as a GPU machine builds it (plus ``-Xptxas -v``): both formats' decode
@@ -349,8 +404,9 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     compiled = cuda_build.compile_library(*build, root=tmp_path, extra_flags=("-Xptxas", "-v"))
     assert "spill stores" in compiled.log and not re.search(r"[1-9]\d* bytes spill stores", compiled.log), compiled.log
     assert "C7512" not in compiled.log, "wgmma serialized for lack of registers"
-    entries = re.findall(r"Compiling entry function '\w*?(decode_kernelILi[01]E|combine_kernel)\w*'", compiled.log)
-    assert sorted(entries) == ["combine_kernel", "decode_kernelILi0E", "decode_kernelILi1E"], compiled.log
+    # Both formats with the halves schedule, V3.2 also with the scorer schedule (decode_sm90.cu, Role).
+    entries = re.findall(r"Compiling entry function '\w*?(decode_kernelILi[01]ELb[01]E|combine_kernel)\w*'", compiled.log)
+    assert sorted(entries) == ["combine_kernel", "decode_kernelILi0ELb0E", "decode_kernelILi0ELb1E", "decode_kernelILi1ELb0E"], compiled.log
     library = cuda_build.CudaLibrary(compiled, cuda_mod.WHAT, cuda_mod.PREFIX, cuda_mod.SIGNATURES)  # opens without a GPU
     assert library.mismatched(cuda_mod.EXPECTED_CONSTANTS) == []
     assert library.mismatched(dict(cuda_mod.EXPECTED_CONSTANTS, V4_QUANT_DIMS=512)) == ["V4_QUANT_DIMS"]
@@ -578,6 +634,8 @@ def test_gpu_cuda_kernel_is_the_default_and_matches_on_every_split(name):
     case, _, _ = _gpu_case(fmt, 2, 2, 128, valid_frac=0.9, empty_rows=(3,), sink=True, topk_length=lengths)
     _, _, used = check(fmt, case)
     assert used.kernel == "cuda" and used.splits > 1 and used.combine == "two_launch"
+    # V3.2: 1, 2 and 4 splits (at least 8 tiles a program) run the consumers' scorer schedule, the
+    # default 16 and 32 the halves schedule (decode_sm90.cu, Role); V4 always the halves.
     for splits in (1, 2, 4, 32):
         _, _, used = check(fmt, case, replace(config_mod.CUDA_CONFIG, splits=splits))
         assert (used.kernel, used.splits) == ("cuda", splits)

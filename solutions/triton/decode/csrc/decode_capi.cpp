@@ -92,6 +92,7 @@ DSA_EXPORT int dsa_decode_launch(int device, void* stream, int format,
   a.cache = static_cast<const uint8_t*>(cache);
   a.page_stride = page_stride;
   a.block_size = static_cast<int>(block_size);
+  dsa_decode::block_magic_for(a.block_size, &a.block_magic, &a.block_shift);
   a.data_slot_bytes = static_cast<int>(data_slot_bytes);
   a.scale_base = static_cast<int>(scale_base);
   a.scale_slot_bytes = static_cast<int>(scale_slot_bytes);

@@ -15,12 +15,14 @@
 //              layout wgmma reads; then arrive on the
 //              stage's `full` mbarrier. Invalid ids (-1, or past topk_length) store zeros and a
 //              -inf logit bias, never touching the cache.
-//   consumers  warpgroups 1 and 2 (m = 0, 1): S = Q K^T for records 32m..32m+31 (wgmma
-//              m64n32k16, Q and K both from shared memory), the online softmax in the log2 domain
-//              with the row maxima exchanged through shared memory (both warpgroups keep the
-//              same running max), P (bf16) for their 32 records stored into one shared [64, 64]
-//              tile, then O[:, 256m..256m+255] += P V (wgmma m64n256k16, V the same tile read
-//              transposed), and release the stage on its `empty` mbarrier.
+//   consumers  warpgroups 1 and 2 (m = 0, 1) in one of two schedules (Role, below). Halves: S =
+//              Q K^T for records 32m..32m+31 (wgmma m64n32k16, Q and K both from shared memory),
+//              the online softmax in the log2 domain with the row maxima exchanged through shared
+//              memory (both warpgroups keep the same running max), P (bf16) for their 32 records
+//              stored into one shared [64, 64] tile, then O[:, 256m..256m+255] += P V (wgmma
+//              m64n256k16, V the same tile read transposed). Scorer: warpgroup 1 scores all 64
+//              records (m64n64k16) and hands P to warpgroup 2 through shared memory. Both release
+//              the stage on its `empty` mbarrier.
 // The output is O / l (times the sink factor) with lse = (m + log2 l) ln 2, or with S > 1 a
 // partial (O / l, m + log2 l) per split that combine_kernel, launched next as a programmatic
 // dependent (its launch overlaps the decode's tail), merges.
@@ -49,6 +51,7 @@ using dsa_sm90::mbarrier_arrive;
 using dsa_sm90::mbarrier_init;
 using dsa_sm90::mbarrier_wait;
 using dsa_sm90::named_barrier;
+using dsa_sm90::named_barrier_arrive;
 using dsa_sm90::smem_addr;
 
 constexpr int kWarpSize = 32;
@@ -57,7 +60,12 @@ constexpr int kMathWarpgroups = 2;
 constexpr int kThreads = (1 + kMathWarpgroups) * kWarpgroupThreads;  // producer + consumers
 constexpr int kMathThreads = kMathWarpgroups * kWarpgroupThreads;
 static_assert(kPartialScales == kMathThreads, "one fp16 scale per consumer thread");
-constexpr int kMathBarrier = 1;  // named barrier of the two consumer warpgroups
+// Named barriers of the two consumer warpgroups: both, at Q's load, inside a tile of the halves
+// schedule and at the end; the scorer schedule's handoff of a tile's P and row scales to the
+// second warpgroup, and that warpgroup's release of them.
+constexpr int kMathBarrier = 1;
+constexpr int kPReadyBarrier = 2;
+constexpr int kPFreeBarrier = 3;
 // Shared tiles are 128-byte-swizzled atoms: 64 rows of 64 bf16 (128 B), 8 KB, the 16-byte chunk
 // c of row r stored at chunk c ^ (r % 8); a row of d_qk dims spans d_qk / 64 atoms.
 constexpr int kAtomCols = 64;
@@ -72,6 +80,8 @@ constexpr int kQkTokens = kTileTokens / kMathWarpgroups;  // records each consum
 constexpr int kPvCols = kDv / kMathWarpgroups;            // value columns each consumer owns
 constexpr int kAccRegs = kHeadsPerProgram * kPvCols / kWarpgroupThreads;
 constexpr int kLogitRegs = kHeadsPerProgram * kQkTokens / kWarpgroupThreads;
+constexpr int kScorerLogitRegs = kHeadsPerProgram * kTileTokens / kWarpgroupThreads;  // the scorer's S [64, 64]
+constexpr int kPRegs = kScorerLogitRegs / 2;  // the scorer's P as bf16 pairs: wgmma's A fragments, 4 per k-step
 constexpr uint32_t kL2Line = 128;
 constexpr float kLn2 = 0.6931471805599453f;
 // A split's partial O / l [64 heads, kDv] is stored in the consumers' fragment order, 8-byte
@@ -103,6 +113,19 @@ constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
 static_assert(kHeadsPerProgram == 64 && kAtomRows == kHeadsPerProgram && kAtomRows == kTileTokens,
               "Q, the record tiles and P are 64-row atoms; 64 is wgmma's M for one warpgroup");
 static_assert(kQkTokens == 32 && kAccRegs == 128 && kLogitRegs == 16, "wgmma m64n32 for S, m64n256 for O");
+static_assert(kScorerLogitRegs == 32 && kPRegs == 4 * (kTileTokens / kMmaK), "the scorer: wgmma m64n64 for S");
+
+// How the two consumer warpgroups share a tile (docs/kernels/mla_decode.md, "Two consumer schedules"):
+//   halves  each scores 32 of the 64 records (S = Q K^T, both reading Q), the row maxima exchanged
+//           through shared memory, then each adds P V into its 256 value columns, P from shared memory;
+//   scorer  warpgroup 1 scores all 64 records, runs the softmax alone and hands P (stmatrix) and the
+//           rows' rescale factors to warpgroup 2 by a named barrier; both add P V into their columns,
+//           warpgroup 1 with P from its registers. Q is read once per tile and warpgroup 1's next S
+//           overlaps warpgroup 2's P V, but a tile's chain is longer: faster where a program has many
+//           tiles (V3.2 b >= 64), slower for the two-tile split programs of b = 2 and for V4.
+enum class Role { kHalf, kScorer, kSecond };
+// The launcher takes the scorer schedule for V3.2 programs with at least this many tiles.
+constexpr int kScorerMinTiles = 8;
 static_assert(kPvCols % kAtomCols == 0 && kTileTokens % kMmaK == 0, "P.V in whole atoms and k-steps");
 static_assert(kStages == 2, "the producer's and consumers' phase parities assume two stages");
 
@@ -133,6 +156,9 @@ struct Layout {
   // producer of V3.2 holds two records' vectors; other splits spilled under nvcc 13.0.
   static constexpr int kProducerRegisters = kFormat == kFormatV32 ? 152 : 136;
   static constexpr int kConsumerRegisters = kFormat == kFormatV32 ? 176 : 184;
+  // The scorer schedule (V3.2 only): the scorer holds S beside O, the second warpgroup O alone.
+  static constexpr int kScorerRegisters = 192;
+  static constexpr int kSecondRegisters = 160;
   // Where the producer reads the ids two tiles on: V3.2's two records of vectors leave no
   // registers for them during the gathers, so after the stores; V4 before its L2 prefetch.
   // Each placement measured faster for its format (benchmarks/h200/decode_ids_placement.log).
@@ -150,6 +176,8 @@ struct Layout {
   static_assert(kScaleTile % (16 * kRecordThreads) == 0, "vectors R v .. R v + R - 1 share a scale tile");
   static_assert(kWarpgroupThreads * (kLaunchRegisters - kProducerRegisters) >= kMathThreads * (kConsumerRegisters - kLaunchRegisters),
                 "the consumers take only what the producer released");
+  static_assert(kProducerRegisters + kScorerRegisters + kSecondRegisters <= 3 * kLaunchRegisters,
+                "the scorer takes only what the producer and the second warpgroup released");
 };
 
 template <int kFormat>
@@ -160,8 +188,9 @@ struct Tiles {
 };
 struct Small {
   float bias[kStages][kTileTokens];             // 0 or -inf per record of a stage
-  float row_max[kMathWarpgroups][kHeadsPerProgram];
-  float row_sum[kMathWarpgroups][kHeadsPerProgram];
+  float row_max[kMathWarpgroups][kHeadsPerProgram];  // halves: each warpgroup's; scorer: its final m in [0]
+  float row_sum[kMathWarpgroups][kHeadsPerProgram];  // halves: each warpgroup's; scorer: its final l in [0]
+  float row_scale[kHeadsPerProgram];                 // scorer: the factor for the old O, per tile
   uint64_t full[kStages];   // producer -> consumers: the stage's tile is stored
   uint64_t empty[kStages];  // consumers -> producer: the stage's tile has been read
 };
@@ -178,6 +207,12 @@ __device__ __forceinline__ void set_registers_down() {
 template <int kRegisters>
 __device__ __forceinline__ void set_registers_up() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+// Four 8x8 bf16 blocks from the mma fragment layout into shared memory, lane l giving the address
+// of row l % 8 of block l / 8.
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t b0, uint32_t b1, uint32_t b2, uint32_t b3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(b0), "r"(b1), "r"(b2), "r"(b3)
+               : "memory");
 }
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
@@ -226,39 +261,78 @@ __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t desc_a,
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// D[64, 64] (+)= A[64, 16] B[16, 64]: A and B K-major in shared memory (S = Q K^T).
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+      "}, %32, %33, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+
+// The 128 accumulator operands of an m64n256 wgmma, shared by its two forms below.
+#define DSA_WGMMA_ACC128                                                                                       \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),              \
+  "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),        \
+  "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),      \
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),      \
+  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),      \
+  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),      \
+  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),      \
+  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),      \
+  "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),      \
+  "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),      \
+  "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),      \
+  "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),      \
+  "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),  \
+  "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+  "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+  "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+#define DSA_WGMMA_D128                                                                        \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                     \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "           \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "           \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "           \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "           \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "           \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+
+// D[64, 256] += A[64, 16] B[16, 256]: A in registers (four bf16 pairs per thread: heads r0 and
+// r0 + 8, k 2 quad .. and 8 + 2 quad ..), B MN-major (transposed) in shared memory (O += P V, P the
+// scorer's own).
+__device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                    uint64_t desc_b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" DSA_WGMMA_D128
+      "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n"
+      "}\n"
+      : DSA_WGMMA_ACC128
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(desc_b));
+}
+
 // D[64, 256] (+)= A[64, 16] B[16, 256]: A K-major, B MN-major (transposed) in shared memory (O += P V).
 __device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t desc_a, uint64_t desc_b, int accumulate) {
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
       "setp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-      "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-      "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-      "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-      "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" DSA_WGMMA_D128
       "}, %128, %129, p, 1, 1, 0, 1;\n"
       "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : DSA_WGMMA_ACC128
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
@@ -281,6 +355,12 @@ __device__ __forceinline__ uint4 dequant8(uint32_t w0, uint32_t w1, float scale)
 
 // A UE8M0 scale byte as the float 2^(e - 127) (e = 0: 2^-127, a subnormal).
 __device__ __forceinline__ float ue8m0(uint32_t e) { return __int_as_float(e ? e << 23 : 0x00400000); }
+
+// The page of a valid id (n >= 0) by the launcher's magic multiplier (DecodeArgs): a division by
+// the run-time block size was about 16 instructions, four times a tile in the producer.
+__device__ __forceinline__ int page_of(const DecodeArgs& a, int n) {
+  return static_cast<int>((static_cast<uint64_t>(static_cast<uint32_t>(n)) * a.block_magic) >> a.block_shift);
+}
 
 struct Row {
   int bi, si, hb, split, n_pos, n_tiles;
@@ -342,7 +422,7 @@ __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Til
 #pragma unroll
     for (int p = 0; p < L::kPasses; ++p) {
       if (id[p] >= 0) {
-        const int block = id[p] / a.block_size;
+        const int block = page_of(a, id[p]);
         const int slot = id[p] - block * a.block_size;
         const uint8_t* page = a.cache + static_cast<int64_t>(block) * a.page_stride;
         const uint8_t* data = page + static_cast<int64_t>(slot) * a.data_slot_bytes;
@@ -376,7 +456,7 @@ __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Til
     for (int p = 0; p < L::kPasses; ++p) {
       if constexpr (!L::kIdsAfterStores) after[p] = i + 2 < row.n_tiles ? record_id(a, row, i + 2, token[p]) : -1;
       if (next[p] >= 0 && (!L::kFirstHeadBlockPrefetches || row.hb == 0)) {
-        const int block = next[p] / a.block_size;
+        const int block = page_of(a, next[p]);
         const int slot = next[p] - block * a.block_size;
         const uint8_t* page = a.cache + static_cast<int64_t>(block) * a.page_stride;
         const uint8_t* data = page + static_cast<int64_t>(slot) * a.data_slot_bytes;
@@ -418,12 +498,14 @@ __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Til
   }
 }
 
-// Warpgroups 1 and 2: attend the tiles, then write the output (or the split's partial).
-template <int kFormat>
+// Warpgroups 1 and 2: attend the tiles in their Role (above), then write the output (or the
+// split's partial).
+template <int kFormat, Role kRole>
 __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Tiles<kFormat>& tiles, Small& sm) {
   using L = Layout<kFormat>;
   const int mt = threadIdx.x - kWarpgroupThreads;  // 0 .. kMathThreads - 1
-  const int m = mt / kWarpgroupThreads;            // records 32m.. of S, value columns 256m.. of O
+  // Value columns 256m.. of O (halves: also records 32m.. of S).
+  const int m = kRole == Role::kHalf ? mt / kWarpgroupThreads : kRole == Role::kScorer ? 0 : 1;
   const int lane = mt % kWarpSize;
   const int quad = lane % 4;
   // Accumulator fragment j: heads r0 and r0 + 8, value columns col0 + 8 j (+ 1).
@@ -464,109 +546,227 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
     const int stage = i % kStages;
     mbarrier_wait(&sm.full[stage], (i / kStages) & 1);
     const uint32_t kv_base = smem_addr(tiles.kv[stage]);
-
-    // S [64 heads, 32 records] = Q K^T for records 32m .. 32m + 31.
-    float s[kLogitRegs];
+    const uint32_t v_base = kv_base + m * (kPvCols / kAtomCols) * kAtomBytes;  // V's columns 256m..
+    if constexpr (kRole == Role::kHalf) {
+      // S [64 heads, 32 records] = Q K^T for records 32m .. 32m + 31.
+      float s[kLogitRegs];
 #pragma unroll
-    for (int j = 0; j < kLogitRegs; ++j) s[j] = 0.0f;
-    fence_registers(s);
-    wgmma_fence();
+      for (int j = 0; j < kLogitRegs; ++j) s[j] = 0.0f;
+      fence_registers(s);
+      wgmma_fence();
 #pragma unroll
-    for (int atom = 0; atom < L::kAtoms; ++atom) {
+      for (int atom = 0; atom < L::kAtoms; ++atom) {
 #pragma unroll
-      for (int k = 0; k < kAtomCols / kMmaK; ++k) {
-        const uint32_t offset = atom * kAtomBytes + k * kMmaK * 2;
-        wgmma_m64n32k16(s, kmajor_desc(q_base + offset), kmajor_desc(kv_base + m * kQkTokens * kAtomRowBytes + offset),
-                        atom + k > 0);
+        for (int k = 0; k < kAtomCols / kMmaK; ++k) {
+          const uint32_t offset = atom * kAtomBytes + k * kMmaK * 2;
+          wgmma_m64n32k16(s, kmajor_desc(q_base + offset), kmajor_desc(kv_base + m * kQkTokens * kAtomRowBytes + offset),
+                          atom + k > 0);
+        }
       }
-    }
-    wgmma_commit();
-    wgmma_wait_all();
-    fence_registers(s);
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_registers(s);
 
-    // Online softmax, log2 domain. Fragment j of S: records 32m + 8j + 2 quad + {0, 1}, rows r0, r1.
-    float max0 = neg_inf(), max1 = neg_inf();
+      // Online softmax, log2 domain. Fragment j of S: records 32m + 8j + 2 quad + {0, 1}, rows r0, r1.
+      float max0 = neg_inf(), max1 = neg_inf();
 #pragma unroll
-    for (int j = 0; j < kLogitRegs / 4; ++j) {
-      const int token = m * kQkTokens + 8 * j + 2 * quad;
-      const float b0 = sm.bias[stage][token], b1 = sm.bias[stage][token + 1];
-      s[4 * j + 0] = fmaf(s[4 * j + 0], a.scale_log2, b0);
-      s[4 * j + 1] = fmaf(s[4 * j + 1], a.scale_log2, b1);
-      s[4 * j + 2] = fmaf(s[4 * j + 2], a.scale_log2, b0);
-      s[4 * j + 3] = fmaf(s[4 * j + 3], a.scale_log2, b1);
-      max0 = fmaxf(max0, fmaxf(s[4 * j + 0], s[4 * j + 1]));
-      max1 = fmaxf(max1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-    }
+      for (int j = 0; j < kLogitRegs / 4; ++j) {
+        const int token = m * kQkTokens + 8 * j + 2 * quad;
+        const float b0 = sm.bias[stage][token], b1 = sm.bias[stage][token + 1];
+        s[4 * j + 0] = fmaf(s[4 * j + 0], a.scale_log2, b0);
+        s[4 * j + 1] = fmaf(s[4 * j + 1], a.scale_log2, b1);
+        s[4 * j + 2] = fmaf(s[4 * j + 2], a.scale_log2, b0);
+        s[4 * j + 3] = fmaf(s[4 * j + 3], a.scale_log2, b1);
+        max0 = fmaxf(max0, fmaxf(s[4 * j + 0], s[4 * j + 1]));
+        max1 = fmaxf(max1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+      }
 #pragma unroll
-    for (int x = 1; x < 4; x *= 2) {
-      max0 = fmaxf(max0, __shfl_xor_sync(0xffffffffu, max0, x));
-      max1 = fmaxf(max1, __shfl_xor_sync(0xffffffffu, max1, x));
-    }
-    if (quad == 0) {
-      sm.row_max[m][r0] = max0;
-      sm.row_max[m][r1] = max1;
-    }
-    // Barrier A: both halves' maxima are in (and, by program order, both warpgroups' P.V of the
-    // previous tile has completed, so P may be overwritten below).
-    named_barrier(kMathBarrier, kMathThreads);
-    max0 = fmaxf(max0, sm.row_max[1 - m][r0]);
-    max1 = fmaxf(max1, sm.row_max[1 - m][r1]);
-    const float new0 = fmaxf(m_run0, max0), new1 = fmaxf(m_run1, max1);
-    // A row that has seen no valid record keeps -inf as its max and 0 as its reference.
-    const float ref0 = new0 == neg_inf() ? 0.0f : new0, ref1 = new1 == neg_inf() ? 0.0f : new1;
-    const float alpha0 = fast_exp2(m_run0 - ref0), alpha1 = fast_exp2(m_run1 - ref1);
-    m_run0 = new0;
-    m_run1 = new1;
-    float sum0 = 0.0f, sum1 = 0.0f;
+      for (int x = 1; x < 4; x *= 2) {
+        max0 = fmaxf(max0, __shfl_xor_sync(0xffffffffu, max0, x));
+        max1 = fmaxf(max1, __shfl_xor_sync(0xffffffffu, max1, x));
+      }
+      if (quad == 0) {
+        sm.row_max[m][r0] = max0;
+        sm.row_max[m][r1] = max1;
+      }
+      // Barrier A: both halves' maxima are in (and, by program order, both warpgroups' P.V of the
+      // previous tile has completed, so P may be overwritten below).
+      named_barrier(kMathBarrier, kMathThreads);
+      max0 = fmaxf(max0, sm.row_max[1 - m][r0]);
+      max1 = fmaxf(max1, sm.row_max[1 - m][r1]);
+      const float new0 = fmaxf(m_run0, max0), new1 = fmaxf(m_run1, max1);
+      // A row that has seen no valid record keeps -inf as its max and 0 as its reference.
+      const float ref0 = new0 == neg_inf() ? 0.0f : new0, ref1 = new1 == neg_inf() ? 0.0f : new1;
+      const float alpha0 = fast_exp2(m_run0 - ref0), alpha1 = fast_exp2(m_run1 - ref1);
+      m_run0 = new0;
+      m_run1 = new1;
+      float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kLogitRegs / 4; ++j) {
-      const float p0 = fast_exp2(s[4 * j + 0] - ref0), p1 = fast_exp2(s[4 * j + 1] - ref0);
-      const float p2 = fast_exp2(s[4 * j + 2] - ref1), p3 = fast_exp2(s[4 * j + 3] - ref1);
-      sum0 += p0 + p1;
-      sum1 += p2 + p3;
-      const int token = m * kQkTokens + 8 * j + 2 * quad;
-      const __nv_bfloat162 top = __floats2bfloat162_rn(p0, p1), bottom = __floats2bfloat162_rn(p2, p3);
-      const int within = (token % kChunkCols) * 2;
-      *reinterpret_cast<__nv_bfloat162*>(tiles.p + swizzled(r0, token) + within) = top;
-      *reinterpret_cast<__nv_bfloat162*>(tiles.p + swizzled(r1, token) + within) = bottom;
-    }
-    l_run0 = l_run0 * alpha0 + sum0;
-    l_run1 = l_run1 * alpha1 + sum1;
-    fence_proxy_async();
-    named_barrier(kMathBarrier, kMathThreads);  // barrier B: all of P is stored
+      for (int j = 0; j < kLogitRegs / 4; ++j) {
+        const float p0 = fast_exp2(s[4 * j + 0] - ref0), p1 = fast_exp2(s[4 * j + 1] - ref0);
+        const float p2 = fast_exp2(s[4 * j + 2] - ref1), p3 = fast_exp2(s[4 * j + 3] - ref1);
+        sum0 += p0 + p1;
+        sum1 += p2 + p3;
+        const int token = m * kQkTokens + 8 * j + 2 * quad;
+        const __nv_bfloat162 top = __floats2bfloat162_rn(p0, p1), bottom = __floats2bfloat162_rn(p2, p3);
+        const int within = (token % kChunkCols) * 2;
+        *reinterpret_cast<__nv_bfloat162*>(tiles.p + swizzled(r0, token) + within) = top;
+        *reinterpret_cast<__nv_bfloat162*>(tiles.p + swizzled(r1, token) + within) = bottom;
+      }
+      l_run0 = l_run0 * alpha0 + sum0;
+      l_run1 = l_run1 * alpha1 + sum1;
+      fence_proxy_async();
+      named_barrier(kMathBarrier, kMathThreads);  // barrier B: all of P is stored
 
-    // O[:, 256m ..] = alpha O + P V.
+      // O[:, 256m ..] = alpha O + P V.
 #pragma unroll
-    for (int j = 0; j < kAccRegs / 4; ++j) {
-      acc[4 * j + 0] *= alpha0;
-      acc[4 * j + 1] *= alpha0;
-      acc[4 * j + 2] *= alpha1;
-      acc[4 * j + 3] *= alpha1;
+      for (int j = 0; j < kAccRegs / 4; ++j) {
+        acc[4 * j + 0] *= alpha0;
+        acc[4 * j + 1] *= alpha0;
+        acc[4 * j + 2] *= alpha1;
+        acc[4 * j + 3] *= alpha1;
+      }
+      fence_registers(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kTileTokens / kMmaK; ++k)
+        wgmma_m64n256k16(acc, kmajor_desc(p_base + k * kMmaK * 2),
+                         mnmajor_desc(v_base + k * kMmaK * kAtomRowBytes), 1);
+    } else if constexpr (kRole == Role::kScorer) {
+      // S [64 heads, 64 records] = Q K^T.
+      float s[kScorerLogitRegs];
+#pragma unroll
+      for (int j = 0; j < kScorerLogitRegs; ++j) s[j] = 0.0f;
+      fence_registers(s);
+      wgmma_fence();
+#pragma unroll
+      for (int atom = 0; atom < L::kAtoms; ++atom) {
+#pragma unroll
+        for (int k = 0; k < kAtomCols / kMmaK; ++k) {
+          const uint32_t offset = atom * kAtomBytes + k * kMmaK * 2;
+          wgmma_m64n64k16(s, kmajor_desc(q_base + offset), kmajor_desc(kv_base + offset), atom + k > 0);
+        }
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_registers(s);
+
+      // Online softmax, log2 domain. Fragment j of S: records 8j + 2 quad + {0, 1}, rows r0, r1.
+      float max0 = neg_inf(), max1 = neg_inf();
+#pragma unroll
+      for (int j = 0; j < kScorerLogitRegs / 4; ++j) {
+        const int token = 8 * j + 2 * quad;
+        const float b0 = sm.bias[stage][token], b1 = sm.bias[stage][token + 1];
+        s[4 * j + 0] = fmaf(s[4 * j + 0], a.scale_log2, b0);
+        s[4 * j + 1] = fmaf(s[4 * j + 1], a.scale_log2, b1);
+        s[4 * j + 2] = fmaf(s[4 * j + 2], a.scale_log2, b0);
+        s[4 * j + 3] = fmaf(s[4 * j + 3], a.scale_log2, b1);
+        max0 = fmaxf(max0, fmaxf(s[4 * j + 0], s[4 * j + 1]));
+        max1 = fmaxf(max1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+      }
+#pragma unroll
+      for (int x = 1; x < 4; x *= 2) {
+        max0 = fmaxf(max0, __shfl_xor_sync(0xffffffffu, max0, x));
+        max1 = fmaxf(max1, __shfl_xor_sync(0xffffffffu, max1, x));
+      }
+      const float new0 = fmaxf(m_run0, max0), new1 = fmaxf(m_run1, max1);
+      // A row that has seen no valid record keeps -inf as its max and 0 as its reference.
+      const float ref0 = new0 == neg_inf() ? 0.0f : new0, ref1 = new1 == neg_inf() ? 0.0f : new1;
+      const float alpha0 = fast_exp2(m_run0 - ref0), alpha1 = fast_exp2(m_run1 - ref1);
+      m_run0 = new0;
+      m_run1 = new1;
+      // P as bf16 pairs in the A-fragment order of wgmma: pair 2j heads r0, pair 2j + 1 heads r1.
+      uint32_t pa[kPRegs];
+      float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kScorerLogitRegs / 4; ++j) {
+        const float p0 = fast_exp2(s[4 * j + 0] - ref0), p1 = fast_exp2(s[4 * j + 1] - ref0);
+        const float p2 = fast_exp2(s[4 * j + 2] - ref1), p3 = fast_exp2(s[4 * j + 3] - ref1);
+        sum0 += p0 + p1;
+        sum1 += p2 + p3;
+        const __nv_bfloat162 top = __floats2bfloat162_rn(p0, p1), bottom = __floats2bfloat162_rn(p2, p3);
+        pa[2 * j] = *reinterpret_cast<const uint32_t*>(&top);
+        pa[2 * j + 1] = *reinterpret_cast<const uint32_t*>(&bottom);
+      }
+      l_run0 = l_run0 * alpha0 + sum0;
+      l_run1 = l_run1 * alpha1 + sum1;
+      // P and the rescale factors to warpgroup 2, once it has read the previous tile's: one
+      // stmatrix per k-step stores its four 8x8 blocks (heads r0.. and r0 + 8.., records 16k.. and
+      // 16k + 8..), lane l giving the address of row l % 8 of block l / 8.
+      if (i > 0) named_barrier(kPFreeBarrier, kMathThreads);
+#pragma unroll
+      for (int k = 0; k < kTileTokens / kMmaK; ++k) {
+        const int block = lane / 8;
+        const int head = 16 * (mt / kWarpSize) + 8 * (block % 2) + lane % 8;
+        stmatrix_x4(p_base + swizzled(head, k * kMmaK + kChunkCols * (block / 2)), pa[4 * k], pa[4 * k + 1], pa[4 * k + 2],
+                    pa[4 * k + 3]);
+      }
+      if (quad == 0) {
+        sm.row_scale[r0] = alpha0;
+        sm.row_scale[r1] = alpha1;
+      }
+      fence_proxy_async();  // P is read by warpgroup 2's wgmma
+      named_barrier_arrive(kPReadyBarrier, kMathThreads);
+
+      // O[:, 0 .. 255] = alpha O + P V, P from registers.
+#pragma unroll
+      for (int j = 0; j < kAccRegs / 4; ++j) {
+        acc[4 * j + 0] *= alpha0;
+        acc[4 * j + 1] *= alpha0;
+        acc[4 * j + 2] *= alpha1;
+        acc[4 * j + 3] *= alpha1;
+      }
+      fence_registers(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kTileTokens / kMmaK; ++k)
+        wgmma_m64n256k16_rs(acc, pa[4 * k], pa[4 * k + 1], pa[4 * k + 2], pa[4 * k + 3],
+                            mnmajor_desc(v_base + k * kMmaK * kAtomRowBytes));
+    } else {  // Role::kSecond
+      // O[:, 256 .. 511] = alpha O + P V, P and alpha from the scorer.
+      named_barrier(kPReadyBarrier, kMathThreads);
+      const float alpha0 = sm.row_scale[r0], alpha1 = sm.row_scale[r1];
+#pragma unroll
+      for (int j = 0; j < kAccRegs / 4; ++j) {
+        acc[4 * j + 0] *= alpha0;
+        acc[4 * j + 1] *= alpha0;
+        acc[4 * j + 2] *= alpha1;
+        acc[4 * j + 3] *= alpha1;
+      }
+      fence_registers(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kTileTokens / kMmaK; ++k)
+        wgmma_m64n256k16(acc, kmajor_desc(p_base + k * kMmaK * 2), mnmajor_desc(v_base + k * kMmaK * kAtomRowBytes), 1);
     }
-    fence_registers(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kTileTokens / kMmaK; ++k)
-      wgmma_m64n256k16(acc, kmajor_desc(p_base + k * kMmaK * 2),
-                       mnmajor_desc(kv_base + m * (kPvCols / kAtomCols) * kAtomBytes + k * kMmaK * kAtomRowBytes), 1);
     wgmma_commit();
     wgmma_wait_all();
     fence_registers(acc);
     if (lane == 0) mbarrier_arrive(&sm.empty[stage]);
+    // Scorer schedule: P and the scales are read (the wgmma has completed), the scorer may store the next tile's.
+    if (kRole == Role::kSecond && i + 1 < row.n_tiles) named_barrier_arrive(kPFreeBarrier, kMathThreads);
   }
 
-  // Row sums over the quad, then over both warpgroups.
+  // Row sums over the quad; halves: then over both warpgroups; scorer: its m and l to the second.
+  if constexpr (kRole != Role::kSecond) {
 #pragma unroll
-  for (int x = 1; x < 4; x *= 2) {
-    l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, x);
-    l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, x);
-  }
-  if (quad == 0) {
-    sm.row_sum[m][r0] = l_run0;
-    sm.row_sum[m][r1] = l_run1;
+    for (int x = 1; x < 4; x *= 2) {
+      l_run0 += __shfl_xor_sync(0xffffffffu, l_run0, x);
+      l_run1 += __shfl_xor_sync(0xffffffffu, l_run1, x);
+    }
+    if (quad == 0) {
+      sm.row_sum[m][r0] = l_run0, sm.row_sum[m][r1] = l_run1;
+      if constexpr (kRole == Role::kScorer) sm.row_max[0][r0] = m_run0, sm.row_max[0][r1] = m_run1;
+    }
   }
   named_barrier(kMathBarrier, kMathThreads);
-  const float l0 = l_run0 + sm.row_sum[1 - m][r0], l1 = l_run1 + sm.row_sum[1 - m][r1];
+  float l0 = l_run0, l1 = l_run1;
+  if constexpr (kRole == Role::kHalf) {
+    l0 += sm.row_sum[1 - m][r0], l1 += sm.row_sum[1 - m][r1];
+  } else if constexpr (kRole == Role::kSecond) {
+    m_run0 = sm.row_max[0][r0], m_run1 = sm.row_max[0][r1];
+    l0 = sm.row_sum[0][r0], l1 = sm.row_sum[0][r1];
+  }
   const bool empty0 = l0 == 0.0f, empty1 = l1 == 0.0f;
   const float lse2_0 = m_run0 + fast_log2(empty0 ? 1.0f : l0), lse2_1 = m_run1 + fast_log2(empty1 ? 1.0f : l1);
   const int head0 = row.hb * kHeadsPerProgram + r0, head1 = head0 + 8;
@@ -622,7 +822,7 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
   }
 }
 
-template <int kFormat>
+template <int kFormat, bool kScorerSchedule>
 __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ DecodeArgs a) {
   extern __shared__ uint8_t shared_raw[];
   // Offset from shared_raw itself (not through an integer): the compiler then knows every tile
@@ -647,8 +847,16 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   // The consumers' branch written first puts the producer first in the SASS, so its code no longer
   // moves with the consumers' epilogue (measured: V3.2 b = 128 467.5 -> 456.7 us with nothing else changed).
   if (threadIdx.x >= kWarpgroupThreads) {
-    set_registers_up<L::kConsumerRegisters>();
-    consume<kFormat>(a, row, tiles, sm);
+    if constexpr (!kScorerSchedule) {
+      set_registers_up<L::kConsumerRegisters>();
+      consume<kFormat, Role::kHalf>(a, row, tiles, sm);
+    } else if (threadIdx.x < 2 * kWarpgroupThreads) {
+      set_registers_up<L::kScorerRegisters>();
+      consume<kFormat, Role::kScorer>(a, row, tiles, sm);
+    } else {
+      set_registers_down<L::kSecondRegisters>();
+      consume<kFormat, Role::kSecond>(a, row, tiles, sm);
+    }
   } else {
     set_registers_down<L::kProducerRegisters>();
     produce<kFormat>(a, row, tiles, sm);
@@ -743,13 +951,13 @@ __global__ void __launch_bounds__(kCombineThreads, 1) combine_kernel(const __gri
   }
 }
 
-template <int kFormat>
+template <int kFormat, bool kScorerSchedule>
 cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
   constexpr int bytes = shared_bytes<kFormat>();
-  cudaError_t err = cudaFuncSetAttribute(decode_kernel<kFormat>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  cudaError_t err = cudaFuncSetAttribute(decode_kernel<kFormat, kScorerSchedule>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
   const dim3 grid(a.h_q / kHeadsPerProgram, a.splits, a.batch * a.s_q);
-  decode_kernel<kFormat><<<grid, kThreads, bytes, stream>>>(a);
+  decode_kernel<kFormat, kScorerSchedule><<<grid, kThreads, bytes, stream>>>(a);
   err = cudaGetLastError();
   if (err != cudaSuccess || a.splits == 1) return err;
   cudaLaunchAttribute dependent{};
@@ -767,8 +975,14 @@ cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
+bool takes_scorer_schedule(const DecodeArgs& args) {
+  const int64_t positions = (static_cast<int64_t>(args.topk) + args.splits - 1) / args.splits;  // a program's share
+  return args.format == kFormatV32 && positions >= static_cast<int64_t>(kScorerMinTiles) * kTileTokens;
+}
+
 cudaError_t launch_decode(const DecodeArgs& args, cudaStream_t stream) {
-  return args.format == kFormatV32 ? launch<kFormatV32>(args, stream) : launch<kFormatV4>(args, stream);
+  if (args.format != kFormatV32) return launch<kFormatV4, false>(args, stream);
+  return takes_scorer_schedule(args) ? launch<kFormatV32, true>(args, stream) : launch<kFormatV32, false>(args, stream);
 }
 
 }  // namespace dsa_decode

@@ -36,6 +36,10 @@ struct DecodeArgs {
   const uint8_t* cache;  // [num_blocks, block_size, 1, bytes_per_token]; page base and stride 16-byte aligned
   int64_t page_stride;   // bytes
   int block_size;
+  // The page of a valid id n (0 <= n < 2^31) without a division: n / block_size ==
+  // (n * block_magic) >> block_shift (a 64-bit product), block_magic_for() below.
+  uint32_t block_magic;
+  int block_shift;
   // Where a token's bytes are inside its page (decode/geometry.py, RecordGeometry):
   // data row = page + slot * data_slot_bytes, scales = page + scale_base + slot * scale_slot_bytes,
   // RoPE = data row + rope_offset.
@@ -61,6 +65,21 @@ struct DecodeArgs {
   float scale_log2;  // sm_scale * log2(e)
   int format;        // a Format
 };
+
+// block_shift = 31 + ceil(log2 d) and block_magic = ceil(2^block_shift / d) (below 2^32) for a block
+// size d >= 1: with e = block_magic * d - 2^block_shift < d <= 2^(block_shift - 31), every n < 2^31
+// has n * e < 2^block_shift, so the product's floor is exactly floor(n / d).
+inline void block_magic_for(int d, uint32_t* magic, int* shift) {
+  int c = 0;
+  while ((int64_t{1} << c) < d) ++c;
+  *shift = 31 + c;
+  const unsigned __int128 power = static_cast<unsigned __int128>(1) << *shift;
+  *magic = static_cast<uint32_t>((power + static_cast<unsigned __int128>(d) - 1) / static_cast<unsigned __int128>(d));
+}
+
+// Whether launch_decode runs the consumers' scorer schedule (decode_sm90.cu, Role): V3.2 programs
+// of at least kScorerMinTiles tiles of the index row.
+bool takes_scorer_schedule(const DecodeArgs& args);
 
 // Launches the decode on `stream` (with splits > 1 followed by its combine); returns the first
 // launch error (cudaSuccess when fine).
