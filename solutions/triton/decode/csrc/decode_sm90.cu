@@ -498,6 +498,78 @@ __device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Til
   }
 }
 
+// S [64 heads, kRecords] = Q K^T over the tile's d_qk (kAtoms atoms), Q and K (records from
+// k_base) K-major in shared memory: chained wgmma m64n32k16 or m64n64k16, completed on return.
+template <int kAtoms, int kRecords>
+__device__ __forceinline__ void score_tile(float (&s)[kRecords / 2], uint32_t q_base, uint32_t k_base) {
+  static_assert(kRecords == 32 || kRecords == 64, "wgmma m64n32 or m64n64");
+#pragma unroll
+  for (int j = 0; j < kRecords / 2; ++j) s[j] = 0.0f;
+  fence_registers(s);
+  wgmma_fence();
+#pragma unroll
+  for (int atom = 0; atom < kAtoms; ++atom) {
+#pragma unroll
+    for (int k = 0; k < kAtomCols / kMmaK; ++k) {
+      const uint32_t offset = atom * kAtomBytes + k * kMmaK * 2;
+      if constexpr (kRecords == 32) {
+        wgmma_m64n32k16(s, kmajor_desc(q_base + offset), kmajor_desc(k_base + offset), atom + k > 0);
+      } else {
+        wgmma_m64n64k16(s, kmajor_desc(q_base + offset), kmajor_desc(k_base + offset), atom + k > 0);
+      }
+    }
+  }
+  wgmma_commit();
+  wgmma_wait_all();
+  fence_registers(s);
+}
+
+// S times the softmax scale (log2 domain) plus each record's bias (0, or -inf for an invalid id;
+// `bias` is the tile's first scored record's), and the rows' maxima over the quad. Fragment j of
+// S: records 8j + 2 quad + {0, 1} from the first, rows r0 and r0 + 8.
+template <int kRegs>
+__device__ __forceinline__ void scale_and_row_max(float (&s)[kRegs], const float* bias, int quad, float scale_log2,
+                                                  float& max0, float& max1) {
+  max0 = neg_inf(), max1 = neg_inf();
+#pragma unroll
+  for (int j = 0; j < kRegs / 4; ++j) {
+    const int token = 8 * j + 2 * quad;
+    const float b0 = bias[token], b1 = bias[token + 1];
+    s[4 * j + 0] = fmaf(s[4 * j + 0], scale_log2, b0);
+    s[4 * j + 1] = fmaf(s[4 * j + 1], scale_log2, b1);
+    s[4 * j + 2] = fmaf(s[4 * j + 2], scale_log2, b0);
+    s[4 * j + 3] = fmaf(s[4 * j + 3], scale_log2, b1);
+    max0 = fmaxf(max0, fmaxf(s[4 * j + 0], s[4 * j + 1]));
+    max1 = fmaxf(max1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
+  }
+#pragma unroll
+  for (int x = 1; x < 4; x *= 2) {
+    max0 = fmaxf(max0, __shfl_xor_sync(0xffffffffu, max0, x));
+    max1 = fmaxf(max1, __shfl_xor_sync(0xffffffffu, max1, x));
+  }
+}
+
+// One online-softmax step of a row: the new running max from the tile's, the reference its P is
+// taken against (a row that has seen no valid record keeps -inf as its max and 0 as its
+// reference) and the factor for the old O and l.
+__device__ __forceinline__ void softmax_step(float& m_run, float tile_max, float& ref, float& alpha) {
+  const float next = fmaxf(m_run, tile_max);
+  ref = next == neg_inf() ? 0.0f : next;
+  alpha = fast_exp2(m_run - ref);
+  m_run = next;
+}
+
+// O's rows r0 and r0 + 8 times their factors.
+__device__ __forceinline__ void rescale_rows(float (&acc)[kAccRegs], float alpha0, float alpha1) {
+#pragma unroll
+  for (int j = 0; j < kAccRegs / 4; ++j) {
+    acc[4 * j + 0] *= alpha0;
+    acc[4 * j + 1] *= alpha0;
+    acc[4 * j + 2] *= alpha1;
+    acc[4 * j + 3] *= alpha1;
+  }
+}
+
 // Warpgroups 1 and 2: attend the tiles in their Role (above), then write the output (or the
 // split's partial).
 template <int kFormat, Role kRole>
@@ -548,43 +620,11 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
     const uint32_t kv_base = smem_addr(tiles.kv[stage]);
     const uint32_t v_base = kv_base + m * (kPvCols / kAtomCols) * kAtomBytes;  // V's columns 256m..
     if constexpr (kRole == Role::kHalf) {
-      // S [64 heads, 32 records] = Q K^T for records 32m .. 32m + 31.
+      // S [64 heads, 32 records] = Q K^T for records 32m .. 32m + 31; the online softmax, log2 domain.
       float s[kLogitRegs];
-#pragma unroll
-      for (int j = 0; j < kLogitRegs; ++j) s[j] = 0.0f;
-      fence_registers(s);
-      wgmma_fence();
-#pragma unroll
-      for (int atom = 0; atom < L::kAtoms; ++atom) {
-#pragma unroll
-        for (int k = 0; k < kAtomCols / kMmaK; ++k) {
-          const uint32_t offset = atom * kAtomBytes + k * kMmaK * 2;
-          wgmma_m64n32k16(s, kmajor_desc(q_base + offset), kmajor_desc(kv_base + m * kQkTokens * kAtomRowBytes + offset),
-                          atom + k > 0);
-        }
-      }
-      wgmma_commit();
-      wgmma_wait_all();
-      fence_registers(s);
-
-      // Online softmax, log2 domain. Fragment j of S: records 32m + 8j + 2 quad + {0, 1}, rows r0, r1.
-      float max0 = neg_inf(), max1 = neg_inf();
-#pragma unroll
-      for (int j = 0; j < kLogitRegs / 4; ++j) {
-        const int token = m * kQkTokens + 8 * j + 2 * quad;
-        const float b0 = sm.bias[stage][token], b1 = sm.bias[stage][token + 1];
-        s[4 * j + 0] = fmaf(s[4 * j + 0], a.scale_log2, b0);
-        s[4 * j + 1] = fmaf(s[4 * j + 1], a.scale_log2, b1);
-        s[4 * j + 2] = fmaf(s[4 * j + 2], a.scale_log2, b0);
-        s[4 * j + 3] = fmaf(s[4 * j + 3], a.scale_log2, b1);
-        max0 = fmaxf(max0, fmaxf(s[4 * j + 0], s[4 * j + 1]));
-        max1 = fmaxf(max1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-      }
-#pragma unroll
-      for (int x = 1; x < 4; x *= 2) {
-        max0 = fmaxf(max0, __shfl_xor_sync(0xffffffffu, max0, x));
-        max1 = fmaxf(max1, __shfl_xor_sync(0xffffffffu, max1, x));
-      }
+      score_tile<L::kAtoms, kQkTokens>(s, q_base, kv_base + m * kQkTokens * kAtomRowBytes);
+      float max0, max1;
+      scale_and_row_max(s, &sm.bias[stage][m * kQkTokens], quad, a.scale_log2, max0, max1);
       if (quad == 0) {
         sm.row_max[m][r0] = max0;
         sm.row_max[m][r1] = max1;
@@ -592,14 +632,9 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
       // Barrier A: both halves' maxima are in (and, by program order, both warpgroups' P.V of the
       // previous tile has completed, so P may be overwritten below).
       named_barrier(kMathBarrier, kMathThreads);
-      max0 = fmaxf(max0, sm.row_max[1 - m][r0]);
-      max1 = fmaxf(max1, sm.row_max[1 - m][r1]);
-      const float new0 = fmaxf(m_run0, max0), new1 = fmaxf(m_run1, max1);
-      // A row that has seen no valid record keeps -inf as its max and 0 as its reference.
-      const float ref0 = new0 == neg_inf() ? 0.0f : new0, ref1 = new1 == neg_inf() ? 0.0f : new1;
-      const float alpha0 = fast_exp2(m_run0 - ref0), alpha1 = fast_exp2(m_run1 - ref1);
-      m_run0 = new0;
-      m_run1 = new1;
+      float ref0, ref1, alpha0, alpha1;
+      softmax_step(m_run0, fmaxf(max0, sm.row_max[1 - m][r0]), ref0, alpha0);
+      softmax_step(m_run1, fmaxf(max1, sm.row_max[1 - m][r1]), ref1, alpha1);
       float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
       for (int j = 0; j < kLogitRegs / 4; ++j) {
@@ -619,13 +654,7 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
       named_barrier(kMathBarrier, kMathThreads);  // barrier B: all of P is stored
 
       // O[:, 256m ..] = alpha O + P V.
-#pragma unroll
-      for (int j = 0; j < kAccRegs / 4; ++j) {
-        acc[4 * j + 0] *= alpha0;
-        acc[4 * j + 1] *= alpha0;
-        acc[4 * j + 2] *= alpha1;
-        acc[4 * j + 3] *= alpha1;
-      }
+      rescale_rows(acc, alpha0, alpha1);
       fence_registers(acc);
       wgmma_fence();
 #pragma unroll
@@ -633,48 +662,14 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
         wgmma_m64n256k16(acc, kmajor_desc(p_base + k * kMmaK * 2),
                          mnmajor_desc(v_base + k * kMmaK * kAtomRowBytes), 1);
     } else if constexpr (kRole == Role::kScorer) {
-      // S [64 heads, 64 records] = Q K^T.
+      // S [64 heads, 64 records] = Q K^T; the online softmax, log2 domain.
       float s[kScorerLogitRegs];
-#pragma unroll
-      for (int j = 0; j < kScorerLogitRegs; ++j) s[j] = 0.0f;
-      fence_registers(s);
-      wgmma_fence();
-#pragma unroll
-      for (int atom = 0; atom < L::kAtoms; ++atom) {
-#pragma unroll
-        for (int k = 0; k < kAtomCols / kMmaK; ++k) {
-          const uint32_t offset = atom * kAtomBytes + k * kMmaK * 2;
-          wgmma_m64n64k16(s, kmajor_desc(q_base + offset), kmajor_desc(kv_base + offset), atom + k > 0);
-        }
-      }
-      wgmma_commit();
-      wgmma_wait_all();
-      fence_registers(s);
-
-      // Online softmax, log2 domain. Fragment j of S: records 8j + 2 quad + {0, 1}, rows r0, r1.
-      float max0 = neg_inf(), max1 = neg_inf();
-#pragma unroll
-      for (int j = 0; j < kScorerLogitRegs / 4; ++j) {
-        const int token = 8 * j + 2 * quad;
-        const float b0 = sm.bias[stage][token], b1 = sm.bias[stage][token + 1];
-        s[4 * j + 0] = fmaf(s[4 * j + 0], a.scale_log2, b0);
-        s[4 * j + 1] = fmaf(s[4 * j + 1], a.scale_log2, b1);
-        s[4 * j + 2] = fmaf(s[4 * j + 2], a.scale_log2, b0);
-        s[4 * j + 3] = fmaf(s[4 * j + 3], a.scale_log2, b1);
-        max0 = fmaxf(max0, fmaxf(s[4 * j + 0], s[4 * j + 1]));
-        max1 = fmaxf(max1, fmaxf(s[4 * j + 2], s[4 * j + 3]));
-      }
-#pragma unroll
-      for (int x = 1; x < 4; x *= 2) {
-        max0 = fmaxf(max0, __shfl_xor_sync(0xffffffffu, max0, x));
-        max1 = fmaxf(max1, __shfl_xor_sync(0xffffffffu, max1, x));
-      }
-      const float new0 = fmaxf(m_run0, max0), new1 = fmaxf(m_run1, max1);
-      // A row that has seen no valid record keeps -inf as its max and 0 as its reference.
-      const float ref0 = new0 == neg_inf() ? 0.0f : new0, ref1 = new1 == neg_inf() ? 0.0f : new1;
-      const float alpha0 = fast_exp2(m_run0 - ref0), alpha1 = fast_exp2(m_run1 - ref1);
-      m_run0 = new0;
-      m_run1 = new1;
+      score_tile<L::kAtoms, kTileTokens>(s, q_base, kv_base);
+      float max0, max1;
+      scale_and_row_max(s, sm.bias[stage], quad, a.scale_log2, max0, max1);
+      float ref0, ref1, alpha0, alpha1;
+      softmax_step(m_run0, max0, ref0, alpha0);
+      softmax_step(m_run1, max1, ref1, alpha1);
       // P as bf16 pairs in the A-fragment order of wgmma: pair 2j heads r0, pair 2j + 1 heads r1.
       uint32_t pa[kPRegs];
       float sum0 = 0.0f, sum1 = 0.0f;
@@ -709,13 +704,7 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
       named_barrier_arrive(kPReadyBarrier, kMathThreads);
 
       // O[:, 0 .. 255] = alpha O + P V, P from registers.
-#pragma unroll
-      for (int j = 0; j < kAccRegs / 4; ++j) {
-        acc[4 * j + 0] *= alpha0;
-        acc[4 * j + 1] *= alpha0;
-        acc[4 * j + 2] *= alpha1;
-        acc[4 * j + 3] *= alpha1;
-      }
+      rescale_rows(acc, alpha0, alpha1);
       fence_registers(acc);
       wgmma_fence();
 #pragma unroll
@@ -725,14 +714,7 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
     } else {  // Role::kSecond
       // O[:, 256 .. 511] = alpha O + P V, P and alpha from the scorer.
       named_barrier(kPReadyBarrier, kMathThreads);
-      const float alpha0 = sm.row_scale[r0], alpha1 = sm.row_scale[r1];
-#pragma unroll
-      for (int j = 0; j < kAccRegs / 4; ++j) {
-        acc[4 * j + 0] *= alpha0;
-        acc[4 * j + 1] *= alpha0;
-        acc[4 * j + 2] *= alpha1;
-        acc[4 * j + 3] *= alpha1;
-      }
+      rescale_rows(acc, sm.row_scale[r0], sm.row_scale[r1]);
       fence_registers(acc);
       wgmma_fence();
 #pragma unroll
