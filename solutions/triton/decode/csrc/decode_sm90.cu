@@ -315,7 +315,7 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], uint32_t a0
   asm volatile(
       "{\n"
       ".reg .pred p;\n"
-      "setp.ne.b32 p, 1, 0;\n"
+      "setp.ne.b32 p, 1, 0;\n"  // scale-d is a predicate operand: always accumulate
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" DSA_WGMMA_D128
       "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n"
       "}\n"
@@ -559,6 +559,19 @@ __device__ __forceinline__ void softmax_step(float& m_run, float tile_max, float
   m_run = next;
 }
 
+// Records 8j + 2 quad + {0, 1} of S's fragment j: P = 2^(S - ref) of rows r0 (.x) and r0 + 8 (.y)
+// as bf16 pairs, the rows' sums of P grown by them.
+template <int kRegs>
+__device__ __forceinline__ uint2 softmax_p_pairs(const float (&s)[kRegs], int j, float ref0, float ref1, float& sum0,
+                                                 float& sum1) {
+  const float p0 = fast_exp2(s[4 * j + 0] - ref0), p1 = fast_exp2(s[4 * j + 1] - ref0);
+  const float p2 = fast_exp2(s[4 * j + 2] - ref1), p3 = fast_exp2(s[4 * j + 3] - ref1);
+  sum0 += p0 + p1;
+  sum1 += p2 + p3;
+  const __nv_bfloat162 top = __floats2bfloat162_rn(p0, p1), bottom = __floats2bfloat162_rn(p2, p3);
+  return make_uint2(*reinterpret_cast<const uint32_t*>(&top), *reinterpret_cast<const uint32_t*>(&bottom));
+}
+
 // O's rows r0 and r0 + 8 times their factors.
 __device__ __forceinline__ void rescale_rows(float (&acc)[kAccRegs], float alpha0, float alpha1) {
 #pragma unroll
@@ -638,15 +651,11 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
       float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
       for (int j = 0; j < kLogitRegs / 4; ++j) {
-        const float p0 = fast_exp2(s[4 * j + 0] - ref0), p1 = fast_exp2(s[4 * j + 1] - ref0);
-        const float p2 = fast_exp2(s[4 * j + 2] - ref1), p3 = fast_exp2(s[4 * j + 3] - ref1);
-        sum0 += p0 + p1;
-        sum1 += p2 + p3;
+        const uint2 pair = softmax_p_pairs(s, j, ref0, ref1, sum0, sum1);
         const int token = m * kQkTokens + 8 * j + 2 * quad;
-        const __nv_bfloat162 top = __floats2bfloat162_rn(p0, p1), bottom = __floats2bfloat162_rn(p2, p3);
         const int within = (token % kChunkCols) * 2;
-        *reinterpret_cast<__nv_bfloat162*>(tiles.p + swizzled(r0, token) + within) = top;
-        *reinterpret_cast<__nv_bfloat162*>(tiles.p + swizzled(r1, token) + within) = bottom;
+        *reinterpret_cast<uint32_t*>(tiles.p + swizzled(r0, token) + within) = pair.x;
+        *reinterpret_cast<uint32_t*>(tiles.p + swizzled(r1, token) + within) = pair.y;
       }
       l_run0 = l_run0 * alpha0 + sum0;
       l_run1 = l_run1 * alpha1 + sum1;
@@ -675,13 +684,9 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
       float sum0 = 0.0f, sum1 = 0.0f;
 #pragma unroll
       for (int j = 0; j < kScorerLogitRegs / 4; ++j) {
-        const float p0 = fast_exp2(s[4 * j + 0] - ref0), p1 = fast_exp2(s[4 * j + 1] - ref0);
-        const float p2 = fast_exp2(s[4 * j + 2] - ref1), p3 = fast_exp2(s[4 * j + 3] - ref1);
-        sum0 += p0 + p1;
-        sum1 += p2 + p3;
-        const __nv_bfloat162 top = __floats2bfloat162_rn(p0, p1), bottom = __floats2bfloat162_rn(p2, p3);
-        pa[2 * j] = *reinterpret_cast<const uint32_t*>(&top);
-        pa[2 * j + 1] = *reinterpret_cast<const uint32_t*>(&bottom);
+        const uint2 pair = softmax_p_pairs(s, j, ref0, ref1, sum0, sum1);
+        pa[2 * j] = pair.x;
+        pa[2 * j + 1] = pair.y;
       }
       l_run0 = l_run0 * alpha0 + sum0;
       l_run1 = l_run1 * alpha1 + sum1;
@@ -955,12 +960,14 @@ cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-}  // namespace
-
+// Whether the consumers take the scorer schedule (Role): V3.2 programs of at least
+// kScorerMinTiles tiles of the index row.
 bool takes_scorer_schedule(const DecodeArgs& args) {
   const int64_t positions = (static_cast<int64_t>(args.topk) + args.splits - 1) / args.splits;  // a program's share
   return args.format == kFormatV32 && positions >= static_cast<int64_t>(kScorerMinTiles) * kTileTokens;
 }
+
+}  // namespace
 
 cudaError_t launch_decode(const DecodeArgs& args, cudaStream_t stream) {
   if (args.format != kFormatV32) return launch<kFormatV4, false>(args, stream);

@@ -77,10 +77,6 @@ inline void block_magic_for(int d, uint32_t* magic, int* shift) {
   *magic = static_cast<uint32_t>((power + static_cast<unsigned __int128>(d) - 1) / static_cast<unsigned __int128>(d));
 }
 
-// Whether launch_decode runs the consumers' scorer schedule (decode_sm90.cu, Role): V3.2 programs
-// of at least kScorerMinTiles tiles of the index row.
-bool takes_scorer_schedule(const DecodeArgs& args);
-
 // Launches the decode on `stream` (with splits > 1 followed by its combine); returns the first
 // launch error (cudaSuccess when fine).
 cudaError_t launch_decode(const DecodeArgs& args, cudaStream_t stream);
