@@ -9,6 +9,8 @@ import torch
 from conftest import FIXTURES, cli, run_cli
 
 from dsa_bench.errors import DsaBenchError
+from dsa_bench.run import runner
+from dsa_bench.definitions.status import Status
 from dsa_bench.run.requirements import unmet
 from dsa_bench.solution import Requirements, load_solution
 
@@ -68,3 +70,27 @@ def test_bad_requires_are_named(tmp_path, requires, fragment):
     assert fragment in str(err.value)
     proc = cli("pack", str(folder), "-o", str(tmp_path / "out"))
     assert proc.returncode == 2 and fragment in proc.stderr
+
+
+def test_a_remembered_skip_is_raised_fresh_for_every_case():
+    """A solution skipped (or failed to build) once is failed on every later case with a new
+    exception: re-raising the remembered object grew its traceback by each case's frames, which
+    kept every case's inputs and expected outputs alive (the harness reached 23 GB on CPU)."""
+    handle = object.__new__(runner.WorkerHandle)  # no worker needed: the failure is already known
+    handle.compile_failure = runner.WorkerFailure(Status.SKIPPED, "skipped: needs a CUDA GPU (sm_90)")
+    caught = []
+    for _ in range(3):
+        try:
+            handle.ensure_started()
+        except runner.WorkerFailure as exc:
+            caught.append(exc)
+    assert len({id(exc) for exc in caught}) == 3
+    assert all(exc.status is Status.SKIPPED and exc.message == "skipped: needs a CUDA GPU (sm_90)" for exc in caught)
+
+    def depth(exc):
+        tb, n = exc.__traceback__, 0
+        while tb is not None:
+            tb, n = tb.tb_next, n + 1
+        return n
+
+    assert depth(caught[2]) == depth(caught[0])

@@ -142,7 +142,10 @@ class WorkerHandle:
     def ensure_started(self) -> None:
         """Start the worker and wait for its import/build; a failure is remembered for every case."""
         if self.compile_failure is not None:
-            raise self.compile_failure
+            # A fresh exception each case: raising the remembered one again would chain every case's
+            # frames, and the inputs and expected outputs they hold, onto its traceback (a skipped
+            # peer grew the harness by the case data of every case, 23 GB over indexer_h64 on CPU).
+            raise WorkerFailure(self.compile_failure.status, self.compile_failure.message)
         if self.process is not None and self.process.poll() is None:
             return
         isolation.give_to(self.identity, self.writable)
