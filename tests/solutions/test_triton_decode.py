@@ -188,6 +188,26 @@ def test_all_rows_empty_and_large_logits():
     check(fmt, dict(case, sm_scale=0.5))  # logits of several hundred: exp2 overflows without the running max
 
 
+#: Sinks at the ends of what the contract allows (a finite float32, or -inf): above FLT_MAX / log2(e)
+#: (about 2.4e38) the log2-domain sink overflows to +inf, and exp(88.8) overflows float32.
+EXTREME_SINKS = (3e38, torch.finfo(torch.float32).max, 1e30, 1e4, 88.8, -1e4, -3e38, float("-inf"))
+
+
+@pytest.mark.parametrize("sink", EXTREME_SINKS)
+def test_empty_rows_stay_zero_and_plus_inf_under_extreme_sinks(sink):
+    # The old _finish computed exp2(sink * log2(e) - lse2) for empty rows too: +inf - +inf = NaN in out.
+    fmt = kvr.V32
+    case, _, _ = make_case(fmt, b=2, s_q=2, h_q=16, topk=64, empty_rows=(1, 2), seed=8)
+    case["attn_sink"] = torch.full((16,), sink)
+    case["attn_sink"][::4] = float("-inf")  # some heads without a sink beside the extreme ones
+    for config in (None, DecodeConfig(block_h=16, block_n=16, splits=4, combine="two_launch", num_warps=4, num_stages=1),
+                   DecodeConfig(block_h=16, block_n=32, splits=2, combine="last", num_warps=4, num_stages=1)):  # fmt: skip
+        out, lse, used = check(fmt, case, config)
+        assert out[0, 1].eq(0).all() and out[1, 0].eq(0).all() and torch.isposinf(lse[0, 1]).all(), used
+        if sink > 100:  # a sink far above every lse leaves out 0 on the rows that count entries too
+            assert out[0, 0, 1:4].eq(0).all()
+
+
 def test_wrong_rope_offset_fails_the_reference():
     """A kernel that reads the RoPE part 16 bytes off (a geometry mutant) must fail the check,
     for the K-only RoPE of V3.2 and the V RoPE of V4: the test can tell."""
