@@ -270,17 +270,19 @@ def test_an_lse_off_by_one_equal_slot_fails(fmt):
 # --------------------------------------------------------------------------- validation, workloads, traffic
 
 
-def _trace(tmp_path, fmt: str, **axes):
+def _trace(tmp_path, fmt: str, inputs: dict | None = None, **axes):
     definition = get_definition(f"dsa_mla_decode_{fmt}_fp8")
     record = md.FORMAT_OF[definition.name]
     base = {"b": 2, "s_q": 1, "h_q": 64, "topk": 64, "s_k": 256, "num_blocks": 8, "block_size": 64, "page_bytes": record.page_stride(64)}
     path = tmp_path / "t.jsonl"
-    path.write_text(json.dumps({"id": "c", "axes": {**base, **axes}}) + "\n")
+    path.write_text(json.dumps({"id": "c", "axes": {**base, **axes}, "inputs": inputs or {}}) + "\n")
     return path, definition
 
 
 @pytest.mark.parametrize(("fmt", "axes", "message"), [
-    ("v32", {"h_q": 32}, "axes.h_q = 32 must be 64 or 128"),
+    ("v32", {"h_q": 48}, "axes.h_q = 48 must be one of 16, 32, 64, 128"),
+    ("v4", {"h_q": 8}, "axes.h_q = 8 must be one of 16, 32, 64, 128"),
+    ("v32", {"s_q": 5, "num_blocks": 24}, "axes.s_q = 5 must be in [1, 4]"),
     ("v4", {"topk": 100}, "axes.topk = 100 must be a multiple of 64"),
     ("v4", {"page_bytes": V4.page_stride(64) + 16}, f"must be a multiple of the V4 TMA stride {V4.tma_stride} B"),
     ("v41", {"num_blocks": 1}, "raise axes.num_blocks"),
@@ -291,6 +293,56 @@ def test_bad_cases_are_refused_naming_the_case_and_field(tmp_path, fmt, axes, me
         load_trace(path, definition)
     assert "case 'c'" in str(err.value) and message in str(err.value)
     assert err.value.where == f"{path}:1"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize(("h_q", "s_q"), [(16, 1), (32, 4), (16, 4), (128, 3)])
+def test_tp_head_counts_and_mtp_query_tokens_are_accepted(tmp_path, fmt, h_q, s_q):
+    path, definition = _trace(tmp_path, fmt, h_q=h_q, s_q=s_q, num_blocks=24)
+    (case,) = load_trace(path, definition)
+    inputs = build_inputs(definition, case, 5, CPU)
+    assert tuple(inputs["q"].shape) == (2, s_q, h_q, md.FORMAT_OF[definition.name].d_qk)
+    ref = definition.expect(inputs)
+    assert tuple(ref["out"].shape) == (2, s_q, h_q, md.D_V) and bool(torch.isfinite(ref["lse"]).all())
+
+
+@pytest.mark.parametrize("value", [1e4, -1e4, 88.8, 1e30, 3e38, -3e38, 0])
+def test_a_fixed_sink_value_gives_every_head_that_sink(tmp_path, value):
+    path, definition = _trace(tmp_path, "v32", inputs={"attn_sink": {"type": "random", "params": {"value": value}}}, h_q=16)
+    (case,) = load_trace(path, definition)
+    sink = build_inputs(definition, case, 5, CPU)["attn_sink"]
+    assert sink.dtype == torch.float32 and torch.equal(sink, torch.full((16,), float(value)))
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"value": 1e39}, "attn_sink.params.value = 1e+39 must be a number finite in float32"),
+    ({"value": "big"}, "attn_sink.params.value = 'big' must be a number finite in float32"),
+    ({"value": True}, "attn_sink.params.value = True must be a number finite in float32"),
+    ({"value": float("-inf")}, "for no sink use off: true"),
+    ({"value": 1.0, "off": True}, "value and off: true contradict each other"),
+    ({"scale": 1.0}, "scale"),
+])  # fmt: skip
+def test_bad_sink_params_are_refused(tmp_path, params, message):
+    path, definition = _trace(tmp_path, "v4", inputs={"attn_sink": {"type": "random", "params": params}})
+    with pytest.raises(DsaBenchError) as err:
+        load_trace(path, definition)
+    assert "case 'c'" in str(err.value) and message in str(err.value)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("sink", [3e38, 1e30, 88.8, -1e4, -3e38])
+def test_extreme_sinks_keep_empty_rows_exact_in_the_reference(fmt, sink):
+    definition, _, inputs, tol = _inputs(fmt)
+    inputs = dict(inputs, attn_sink=torch.full_like(inputs["attn_sink"], sink))
+    ref = definition.expect(inputs)
+    empty = torch.isposinf(ref["lse"])
+    assert bool(empty.any()) and not bool(ref["out"].isnan().any())
+    assert ref["out"][empty].eq(0).all()
+    _, exact_lse = md.attend(md.FORMAT_OF[definition.name], *definition.input_args(inputs), dtype=torch.float64)
+    assert torch.equal(torch.isposinf(exact_lse), empty)
+    if sink > 100:  # far above every lse: the sink takes all the weight
+        assert ref["out"].eq(0).all()
+    assert definition.check(inputs, ref, ref, tol).status is Status.PASSED
 
 
 def test_shipped_workloads_cover_the_grid():
