@@ -307,6 +307,32 @@ def test_gpu_policy_on_the_production_shapes():
         del os.environ["DSA_DECODE_TWO_LAUNCH"]
 
 
+@pytest.mark.parametrize("h_q", [16, 32])
+def test_gpu_policy_for_16_and_32_heads(h_q):
+    """16 and 32 heads run the Triton kernel with one head block of h_q (the CUDA kernel needs 64s), split
+    so that the few programs of a small batch still fill the SMs."""
+    sms = 132
+    for b, s_q in ((1, 1), (8, 2), (128, 2)):
+        for fmt in ("V32", "V4"):
+            config = config_mod.select_config(fmt, h_q, b * s_q, 2048, sms)
+            assert (config.kernel, config.block_h) == ("triton", h_q), config
+            assert config.splits > 1 if b * s_q <= 16 else config.splits == 1, (b, s_q, config)
+            config.validate(h_q, 2048)
+    assert config_mod.select_config("V4", h_q, 2, 512, sms).block_h == h_q  # V4's top-512
+
+
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("h_q,s_q", [(16, 1), (16, 4), (32, 2), (32, 3)])
+def test_16_and_32_heads_and_mtp_query_tokens(name, h_q, s_q):
+    fmt = FORMATS[name]
+    lengths = [64, 23] if fmt is not kvr.V32 else None
+    case, _, _ = make_case(fmt, b=2, s_q=s_q, h_q=h_q, topk=64, empty_rows=(1,), sink=True, topk_length=lengths, seed=h_q + s_q)
+    _, _, used = check(fmt, case)
+    assert used.block_h == h_q
+    check(fmt, case, DecodeConfig(block_h=16, block_n=16, splits=2, combine="two_launch", num_warps=4, num_stages=1))
+    assert "h_q 16 and 32" in entry.solution_notes() and "not written yet" in entry.solution_notes()
+
+
 def test_cuda_kernel_config_and_policy():
     """The CUDA kernel's tiling is fixed; its split count follows auto_splits on one program per SM."""
     sms = 132
