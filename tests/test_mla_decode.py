@@ -355,7 +355,7 @@ def test_shipped_workloads_cover_the_grid():
             assert wl.settings.warmup >= wl.settings.input_sets  # FlashMLA's schedule is filled before timing
     for fmt in FORMATS:
         mix = _workload(fmt, "mix")
-        axes = [c.axes for c in mix.cases]
+        axes = [c.axes for c in mix.cases if not c.id.startswith("tiny_")]  # FlashMLA's grid; the tiny cases below
         assert {a["b"] for a in axes} == {4, 74, 321} and {a["s_q"] for a in axes} == {1, 3}
         assert {a["topk"] for a in axes} == {64, 9 * 64, 2048} and {a["h_q"] for a in axes} == {64, 128}
         assert {2, 53, 61, 64, 69, 9 * 64} <= {a["block_size"] for a in axes}
@@ -366,6 +366,64 @@ def test_shipped_workloads_cover_the_grid():
         assert any(p.get("padding") == "scattered" for p in params) and any("short_rows" in p for p in params)
         assert any("short" in p for p in params) == (fmt != "v32")
         assert mix.settings.tolerance == Tolerance(lse_atol=1e-4)
+
+
+def test_shipped_tp_and_topk_workloads_and_the_mixes_tiny_cases():
+    contexts = {1: 131072, 8: 131072, 32: 65536, 64: 65536, 128: 32768}
+    for fmt in ("v32", "v4"):
+        for tp, h_q in (("tp8", 16), ("tp4", 32)):
+            wl = _workload(fmt, tp)
+            got = sorted((c.axes["s_q"], c.axes["b"], c.axes["s_k"]) for c in wl.cases)
+            assert got == sorted((s_q, b, s_k) for s_q in (1, 2) for b, s_k in contexts.items()), tp
+            assert {(c.axes["h_q"], c.axes["topk"], c.axes["block_size"]) for c in wl.cases} == {(h_q, 2048, 64)}
+            assert all(not c.inputs["attn_sink"].params for c in wl.cases)  # sink on: drawn per head
+            assert wl.settings.warmup >= wl.settings.input_sets
+    for topk in (512, 1024):
+        wl = _workload("v4", f"topk{topk}")
+        assert {c.axes["topk"] for c in wl.cases} == {topk} and {c.axes["h_q"] for c in wl.cases} == {16, 128}
+        assert [c.axes["b"] for c in wl.cases if c.axes["h_q"] == 128] == [2, 64, 74, 128]
+        assert wl.settings.warmup >= wl.settings.input_sets
+    for fmt in FORMATS:
+        tiny = [c for c in _workload(fmt, "mix").cases if c.id.startswith("tiny_")]
+        assert {c.axes["h_q"] for c in tiny} >= {16, 32} and max(c.axes["s_q"] for c in tiny) == 4
+        assert {c.axes["topk"] for c in tiny} >= {512, 1024}
+        assert all(c.inputs["indices"].params.get("empty_rows", 0) > 0 for c in tiny)  # every one has empty rows
+        sinks = {c.inputs["attn_sink"].params.get("value") for c in tiny}
+        assert {1e4, -1e4, 88.8, 1e30, 3e38, -3e38} <= sinks
+        assert max(c.axes["b"] * c.axes["s_q"] * c.axes["h_q"] * c.axes["topk"] for c in tiny) <= 2**16  # CPU-sized
+
+
+def test_decode_traces_are_what_make_traces_writes(tmp_path):
+    spec = importlib.util.spec_from_file_location("make_traces_decode", ROOT / "tools" / "make_traces.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    tool.main(out=tmp_path)  # every shipped trace, the other definitions' too: none may change by accident
+    written = sorted(p.name for p in tmp_path.glob("*.jsonl"))
+    assert {f"mla_decode_{f}_{w}.jsonl" for f in ("v32", "v4") for w in ("tp8", "tp4")} <= set(written)
+    assert {"mla_decode_v4_topk512.jsonl", "mla_decode_v4_topk1024.jsonl"} <= set(written)
+    for name in written:
+        assert (tmp_path / name).read_bytes() == (ROOT / "traces" / name).read_bytes(), f"rerun tools/make_traces.py ({name})"
+
+
+def _tiny_mix_run(fmt: str, cases: str) -> str:
+    proc = run_cli("run", "-w", f"mla_decode_{fmt}_mix", "-c", cases, "-s", "reference", "-s", "triton", "--device", "cpu", "--no-save")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.mark.slow  # a harness run (~20 s on two cores); test_triton_decode's extreme-sink test is the fast guard
+def test_extreme_sink_cases_pass_the_reference_and_triton_on_cpu():
+    # the old Triton decode wrote NaN into the empty rows of the 3e38 case (the harness run catches it)
+    out = _tiny_mix_run("v32", "tiny_*_sink_*3e38")  # 3e38 and -3e38: past FLT_MAX / log2(e) both ways
+    assert out.count("2/2") == 2, out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_tiny_mix_case_passes_the_reference_and_triton_on_cpu(fmt):
+    out = _tiny_mix_run(fmt, "tiny_*")
+    assert out.count("11/11") == 2, out
 
 
 def test_min_traffic_counts_each_record_once():
