@@ -28,6 +28,8 @@ from conftest import HAS_CUDA, ROOT, exported_symbols, load_script
 
 from dsa_bench.definitions import kv_records as kvr
 from dsa_bench.definitions import mla_decode
+from dsa_bench.definitions.status import Status
+from dsa_bench.workloads import build_inputs, load_workload
 
 SOLUTION_DIR = ROOT / "solutions" / "triton"
 # The decode entries are not in solution.yaml yet (their definitions land separately): the modules
@@ -725,3 +727,55 @@ def test_benchmark_times_a_variant_beside_the_shipped_build(tmp_path):
     assert len(variant) == 1 and variant[0]["passed"] and variant[0]["us"] > 0, records
     assert "same" in proc.stdout
 
+
+
+def _check_workload_case(workload, case, device):
+    """The solution's entry on one case of a shipped workload, judged by the definition's own check
+    with the workload's tolerances (what the harness does). Returns the config that ran."""
+    definition = workload.definition
+    fmt = mla_decode.FORMAT_OF[definition.name]
+    inputs = build_inputs(definition, case, 11, device)
+    args = definition.input_args(inputs)
+    topk_length = args[5] if len(args) > 5 else None
+    b, s_q, h_q, _ = inputs["q"].shape
+    out = torch.full((b, s_q, h_q, geometry_mod.D_V), float("nan"), dtype=torch.bfloat16, device=device)
+    lse = torch.full((b, s_q, h_q), float("nan"), device=device)
+    used = entry.mla_decode(fmt, *args[:5], topk_length, out, lse)
+    result = definition.check(inputs, {"out": out, "lse": lse}, definition.expect(inputs), workload.settings.tolerance)
+    assert result.status is Status.PASSED, f"{workload.name} {case.id} ({used}): {result.message}"
+    return used
+
+
+TP_GPU_CASES = {
+    "mla_decode_v32_tp8": ["b1_sq1_k2048_sk128k_h16", "b8_sq2_k2048_sk128k_h16", "b128_sq2_k2048_sk32k_h16"],
+    "mla_decode_v4_tp8": ["b8_sq1_k2048_sk128k_h16", "b64_sq2_k2048_sk64k_h16"],
+    "mla_decode_v32_tp4": ["b32_sq1_k2048_sk64k_h32", "b128_sq2_k2048_sk32k_h32"],
+    "mla_decode_v4_tp4": ["b1_sq2_k2048_sk128k_h32", "b8_sq2_k2048_sk128k_h32"],
+    "mla_decode_v4_topk512": ["b2_sq2_k512_h128", "b8_sq2_k512_sk128k_h16", "b128_sq2_k512_sk32k_h16"],
+    "mla_decode_v4_topk1024": ["b74_sq2_k1024_h128", "b1_sq2_k1024_sk128k_h16"],
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(TP_GPU_CASES))
+def test_gpu_16_and_32_heads_and_v4_topks_pass_the_definitions_check(name):
+    workload = load_workload(ROOT / "workloads" / f"{name}.yaml")
+    by_id = {c.id: c for c in workload.cases}
+    for case_id in TP_GPU_CASES[name]:
+        used = _check_workload_case(workload, by_id[case_id], GPU)
+        h_q = by_id[case_id].axes["h_q"]
+        assert used.kernel == ("cuda" if h_q % 64 == 0 else "triton") and (h_q >= 64 or used.block_h == h_q), (case_id, used)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["v32", "v4", "v41"])
+def test_gpu_tiny_mix_cases_with_extreme_sinks(name):
+    """The mixes' tiny cases on the GPU: 16/32 heads on the Triton kernel, s_q 4, top-512/1024, and every
+    extreme sink (3e38 at h_q 64 on the CUDA kernel for V3.2 and V4) with empty rows exact."""
+    workload = load_workload(ROOT / "workloads" / f"mla_decode_{name}_mix.yaml")
+    tiny = [c for c in workload.cases if c.id.startswith("tiny_")]
+    assert len(tiny) == 11
+    for case in tiny:
+        used = _check_workload_case(workload, case, GPU)
+        if case.axes["h_q"] == 64:
+            assert used.kernel == ("cuda" if name != "v41" else "triton"), (case.id, used)
