@@ -2,9 +2,13 @@
 
 Each entry calls ``flash_mla.flash_mla_with_kvcache(q, kv_cache, None, None, 512, meta, softmax_scale=sm_scale,
 is_fp8_kvcache=True, indices=indices, attn_sink=attn_sink, [topk_length=...,] use_legacy=True, kv_format=...)``
-(BRIEF §2.4) on the definition's own inputs, which already meet FlashMLA's asserts (h_q 64 or 128, topk a
-multiple of 64, page strides multiples of the TMA stride, a 16-byte aligned base, no index outside the
-cache). V3.2 gets no ``topk_length`` (the definition has none: short rows are -1 padding).
+(BRIEF §2.4) on the definition's own inputs, which meet FlashMLA's asserts (topk a multiple of 64, page
+strides multiples of the TMA stride, a 16-byte aligned base, no index outside the cache) except the head
+count: ``h_q`` 64 and 128 run as they are; 16 and 32 (a TP8 or TP4 GPU's share of 128 heads) are padded
+to 64 the way serving engines do (:mod:`heads`: zero queries and -inf sinks for the padded heads, the
+first ``h_q`` heads of out and lse returned as views), so the padding copy and the 4x (2x) work are
+inside the timed call, as they are in serving. V3.2 gets no ``topk_length`` (the definition has none:
+short rows are -1 padding).
 
 Schedule metadata: ``flash_mla.get_mla_metadata()`` returns an empty schedule that FlashMLA fills during
 the first call that uses it; it may be reused only while the shapes and the ``topk_length`` values stay
@@ -29,6 +33,8 @@ from typing import Any
 
 import flash_mla
 import torch
+
+from .heads import flashmla_heads, pad_heads, slice_heads
 
 D_V = 512
 
@@ -63,15 +69,20 @@ SCHEDULES = Schedules()
 
 def _decode(kv_format: str, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, sm_scale: float,
             attn_sink: torch.Tensor, topk_length: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    b, s_q, h_q = q.shape[:3]
+    heads = flashmla_heads(h_q)
+    if heads != h_q:  # 16 or 32 heads: padded to 64, as serving engines call FlashMLA
+        q, attn_sink = pad_heads(q, attn_sink, heads)
     meta = SCHEDULES.get(kv_format, q, kv_cache, indices, topk_length)
     lengths = {} if topk_length is None else {"topk_length": topk_length}
     out, lse = flash_mla.flash_mla_with_kvcache(
         q, kv_cache, None, None, D_V, meta, softmax_scale=float(sm_scale), is_fp8_kvcache=True, indices=indices,
         attn_sink=attn_sink, use_legacy=True, kv_format=kv_format, **lengths,
     )
-    b, s_q, h_q = q.shape[:3]
-    # this wheel returns lse as [b, h_q, s_q]: the definition's [b, s_q, h_q] is a transposed view (no copy)
-    return out, (lse.transpose(1, 2) if tuple(lse.shape) == (b, h_q, s_q) and s_q != h_q else lse)
+    # this wheel returns lse as [b, heads, s_q]: the definition's [b, s_q, heads] is a transposed view (no copy)
+    if tuple(lse.shape) == (b, heads, s_q) and s_q != heads:
+        lse = lse.transpose(1, 2)
+    return slice_heads(out, lse, h_q) if heads != h_q else (out, lse)
 
 
 def decode_v32(q, kv_cache, indices, sm_scale, attn_sink) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,4 +100,6 @@ def solution_notes() -> str:
         version = "unknown (no distribution metadata)"
     return (f"flash_mla {version} from {flash_mla.__file__}; legacy SM90 path (use_legacy=True); schedule metadata "
             "from the first call per input set (outside the timed span when warmup >= input_sets); out and lse returned "
-            "as FlashMLA makes them (no copy in the timed call)")
+            "as FlashMLA makes them (no copy in the timed call); h_q 16 and 32 padded to 64 heads as serving engines do "
+            "(zero queries, -inf sinks for the padded heads; the copy and 4x / 2x the work are in the timed call), the "
+            "first h_q heads of out and lse returned as views")
