@@ -171,6 +171,10 @@ def run(
         if any(r.peer is not None for r in records):
             over = f"--speedup-over {plan.options.speedup_over}" if plan.options.speedup_over else "the fastest peer that passed each case"
             say(f"vs peer: that solution's latency over each solution's, measured against {over}")
+        from dsa_bench.results.roofline import roofline_table
+
+        if roofline := roofline_table(records):  # how close to the hardware, the timer and host time (docs/roofline.md)
+            say(roofline)
     if not (json_lines and quiet):
         say(breakdown_table(wall) if breakdown else f"{wall_time(wall)} (--breakdown shows where it went)")
     if not quiet:
@@ -187,12 +191,15 @@ def run(
     if plan.save_path is not None and not (json_lines and quiet):
         say(f"results: {plan.save_path}")
     if json_lines:
+        from dsa_bench.results.roofline import summarize_roofline
+
         summary = {
             "workload": plan.workload.name,
             "complete": outcome.stopped_by is None,
             "interrupted_by": None if outcome.stopped_by is None else signal.Signals(outcome.stopped_by).name,
             "results": None if plan.save_path is None else str(plan.save_path),
             "solutions": [dataclasses.asdict(summarize(records, name)) for name in dict.fromkeys(r.solution for r in records)],
+            "roofline": [dataclasses.asdict(summarize_roofline(records, name)) for name in dict.fromkeys(r.solution for r in records)],
             "wall_breakdown": wall,
         }
         typer.echo(json.dumps({"summary": summary}))
@@ -370,8 +377,14 @@ def compare(
 
     if output_format not in ("table", "markdown"):
         raise DsaBenchError(f"--format {output_format!r}: choose table or markdown")
-    comparison = compare_results([load_results(p) for p in results], load_baseline(baseline), threshold)
+    loaded = [load_results(p) for p in results]
+    comparison = compare_results(loaded, load_baseline(baseline), threshold)
     typer.echo(render_comparison(comparison, output_format, all_cases))
+    if output_format == "markdown":
+        from dsa_bench.results.roofline import roofline_markdown
+
+        if section := roofline_markdown(loaded):  # how close the new results are to the hardware (docs/roofline.md)
+            typer.echo("\n" + section)
     if not comparison.ok:
         raise typer.Exit(EXIT_FAILED_CASES)
 
