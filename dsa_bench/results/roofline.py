@@ -47,21 +47,21 @@ class DevicePeak:
         return {"bf16": self.bf16_tflops, "fp8": self.fp8_tflops}.get(precision)
 
 
-_SPARSE_HALVED = "the datasheet's figure is with 2:4 sparsity; dense is half"
+_SPARSE_HALVED = "figures with 2:4 sparsity, dense is half"
 
 #: (pattern matched against torch's device name, case-insensitive; its peaks), most specific first.
 #: Vendor figures, dense: NVIDIA quotes Hopper and Blackwell tensor-core TFLOPS with sparsity.
 PEAKS: tuple[tuple[str, DevicePeak], ...] = (
-    (r"\bgh200\b", DevicePeak("GH200", 989.4, 1978.9, f"NVIDIA GH200 Grace Hopper Superchip datasheet: BF16 1,979, FP8 3,958; {_SPARSE_HALVED}")),
+    (r"\bgh200\b", DevicePeak("GH200", 989.4, 1978.9, f"NVIDIA GH200 Grace Hopper datasheet: BF16 1,979, FP8 3,958; {_SPARSE_HALVED}")),
     (r"\bh200 nvl\b", DevicePeak("H200 NVL", 835.5, 1670.5, f"NVIDIA H200 datasheet, NVL column: BF16 1,671, FP8 3,341; {_SPARSE_HALVED}")),
     (r"\bh200\b", DevicePeak("H200 SXM", 989.4, 1978.9, f"NVIDIA H200 datasheet, SXM column: BF16 1,979, FP8 3,958; {_SPARSE_HALVED}")),
     (r"\bh100 nvl\b", DevicePeak("H100 NVL", 835.5, 1670.5, f"NVIDIA H100 datasheet, NVL column: BF16 1,671, FP8 3,341; {_SPARSE_HALVED}")),
-    (r"\bh100 pcie\b", DevicePeak("H100 PCIe", 756.5, 1513.0, f"NVIDIA H100 datasheet, PCIe column: BF16 1,513, FP8 3,026; {_SPARSE_HALVED}")),
+    (r"\bh100 pcie\b", DevicePeak("H100 PCIe", 756.5, 1513.0, f"NVIDIA H100 datasheet, PCIe: BF16 1,513, FP8 3,026; {_SPARSE_HALVED}")),
     (r"\bh100\b", DevicePeak("H100 SXM", 989.4, 1978.9, f"NVIDIA H100 datasheet, SXM column: BF16 1,979, FP8 3,958; {_SPARSE_HALVED}")),
     (r"\bh800 pcie\b", DevicePeak("H800 PCIe", 756.5, 1513.0, f"NVIDIA H800 PCIe datasheet: BF16 1,513, FP8 3,026; {_SPARSE_HALVED}")),
     (r"\bh800\b", DevicePeak("H800 SXM", 989.4, 1978.9, f"NVIDIA H800 SXM datasheet: BF16 1,979, FP8 3,958; {_SPARSE_HALVED}")),
     (r"\bh20\b", DevicePeak("H20", 148.0, 296.0, "NVIDIA H20 product brief: BF16 148, FP8 296 (dense)")),
-    (r"\bb200\b", DevicePeak("B200", 2250.0, 4500.0, f"NVIDIA HGX B200 datasheet, per GPU: BF16 4.5 PFLOPS, FP8 9 PFLOPS; {_SPARSE_HALVED}")),
+    (r"\bb200\b", DevicePeak("B200", 2250.0, 4500.0, f"NVIDIA HGX B200 datasheet, a GPU: BF16 4.5 PFLOPS, FP8 9 PFLOPS; {_SPARSE_HALVED}")),
     (r"\ba100\b", DevicePeak("A100", 312.0, None, "NVIDIA A100 datasheet: BF16 312 dense (624 with sparsity); no FP8 tensor cores")),
 )
 
@@ -238,8 +238,9 @@ def roofline_rows(records: list[CaseRecord]) -> tuple[list[str], list[list[str]]
         if s.timer is None:
             continue  # nothing timed (skipped, failed, or a CPU run)
         timer = s.timer + (" (FALLBACK)" if s.timer_fallback else "")
-        rows.append([name, timer, str(s.placed), _pct(s.mean_fraction), f"{s.memory_bound}/{s.compute_bound}", _num(s.mean_achieved_gbps, 0),
-                     _num(s.mean_achieved_tflops), f"{s.host_bound}/{s.host_timed}", _num(s.mean_host_us)])  # fmt: skip
+        rows.append([name, timer, str(s.placed), _pct(s.mean_fraction), f"{s.memory_bound}/{s.compute_bound}",
+                     _num(s.mean_achieved_gbps, 0), _num(s.mean_achieved_tflops), f"{s.host_bound}/{s.host_timed}",
+                     _num(s.mean_host_us)])  # fmt: skip
     return headers, rows
 
 
