@@ -413,6 +413,35 @@ def export(
 
 
 @app.command()
+def profile(
+    workload: str = typer.Option(..., "--workload", "-w", help="Workload name or path."),
+    solution: str = typer.Option(..., "--solution", "-s", help="Solution name or folder."),
+    case: str = typer.Option(..., "--case", "-c", help="The one case id (or a pattern matching exactly one)."),
+    nsys: bool = typer.Option(False, "--nsys", help="Nsight Systems instead of Nsight Compute: the case's kernel launches and times."),
+    input_set: int = typer.Option(0, "--input-set", help="Which of the run's input sets of the case (0 = the first correctness set)."),
+    warmup: int = typer.Option(3, "--warmup", help="Calls before the profiled one (compilation, autotuning, graph capture)."),
+    seed: int | None = typer.Option(None, help="Base seed (default: the workload's), as `run --seed`."),
+    device: str = typer.Option("auto", help="cuda or cuda:N (auto: the first CUDA device)."),
+) -> None:
+    """Profile one case of one solution under Nsight Compute (or --nsys: Nsight Systems): one call, with
+    the run's inputs, in an isolated process; the report goes to results/profile/ (docs/roofline.md)."""
+    from dsa_bench.project import find_root
+    from dsa_bench.run.profile import ProfileFailed, ProfileRequest, run_profile
+
+    if warmup < 0 or input_set < 0:
+        raise DsaBenchError("--warmup and --input-set must be >= 0")
+    request = ProfileRequest(workload=workload, solution=solution, case=case, nsys=nsys, input_set=input_set, warmup=warmup, seed=seed,
+                             device=device)  # fmt: skip
+    try:
+        outcome = run_profile(request, find_root())
+    except ProfileFailed as exc:
+        _err(f"profile failed: {exc}")
+        raise typer.Exit(EXIT_FAILED_CASES) from None
+    typer.echo(outcome.table)
+    typer.echo(f"report: {outcome.report} (parsed: {outcome.csv_path})")
+
+
+@app.command()
 def layout(
     formats: list[str] = typer.Argument(None, help="kv_format names (default: the five FlashMLA formats)."),
     block_size: int = typer.Option(64, "--block-size", help="Tokens per page."),

@@ -297,7 +297,8 @@ def test_the_worker_records_the_host_time_of_each_timed_call_without_the_flush()
     header, blob = _CaseRunner(indexer.DEFINITION, CPU, slow_host, dps=True).time(
         job, FixedSpan().time_iterations, lambda: time.sleep(0.1), lambda: None, "cupti"
     )
-    result = decode_timing(parse_reply({**header, "notes": ""}, ("timing",)), blob, CaseContext(workload, case, CPU, settings.tolerance), job)
+    ctx = CaseContext(workload, case, CPU, settings.tolerance)
+    result = decode_timing(parse_reply({**header, "notes": ""}, ("timing",)), blob, ctx, job)
     assert [len(s) for s in result.host_samples_ms] == [3, 3]
     assert all(4.0 <= x < 80.0 for s in result.host_samples_ms for x in s), result.host_samples_ms  # the call, not the 100 ms flush
 
