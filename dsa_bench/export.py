@@ -214,10 +214,10 @@ def _timing_extras(record: CaseRecord) -> dict[str, Any]:
     if timing is None or not (timing.timer_fallback or timing.host_samples_ms or record.roofline):
         return {}  # results from before these fields: their traces stay as they were
     extras: dict[str, Any] = {"dsa_bench_timer": timing.timer}
-    if record.timing.timer_fallback:
-        extras["dsa_bench_timer_fallback"] = record.timing.timer_fallback
-    if record.timing.host_samples_ms:
-        extras["dsa_bench_host_latency_ms"] = record.timing.host_mean_ms
+    if timing.timer_fallback:
+        extras["dsa_bench_timer_fallback"] = timing.timer_fallback
+    if timing.host_samples_ms:
+        extras["dsa_bench_host_latency_ms"] = timing.host_mean_ms
     if record.roofline is not None:
         extras["dsa_bench_roofline"] = record.roofline.to_json()
     return extras

@@ -133,7 +133,7 @@ def records_table(records: list[CaseRecord], key_axes: tuple[str, ...]) -> str:
             row += [_x(r.peer_speedup), r.peer or "-"]
         rows.append(row)
     extra_headers, extra_cells = record_columns(records)  # fraction of the roofline, host time where launch-bound
-    rows = [row + cells for row, cells in zip(rows, extra_cells, strict=True)]
+    rows = [[*row, *cells] for row, cells in zip(rows, extra_cells, strict=True)]
     return tabulate(rows, headers=headers + extra_headers, disable_numparse=True)
 
 

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.paths import safe_file_name
 from dsa_bench.run.profile_target import ProfileJob
@@ -273,6 +275,16 @@ def _target_env(solution, definition: str, device, root: Path) -> tuple[dict[str
     return handle._environment(), handle.writable
 
 
+def profile_device(name: str) -> torch.device:
+    """The CUDA device to profile on; a CPU is refused (there is nothing for a GPU profiler to see)."""
+    from dsa_bench.run.plan import pick_device
+
+    device = pick_device(name)
+    if device.type != "cuda":
+        raise DsaBenchError("profile needs a CUDA device (this machine has none, or --device cpu was given)")
+    return device
+
+
 def run_profile(request: ProfileRequest, root: Path, which: Callable[[str], str | None] = shutil.which) -> ProfileOutcome:
     """Profile one case of one solution (see the module's docstring). Refusals raise DsaBenchError."""
     refusal = profiler_refusal(request.nsys, which)
@@ -280,7 +292,7 @@ def run_profile(request: ProfileRequest, root: Path, which: Callable[[str], str 
         raise DsaBenchError(refusal)
     from dsa_bench.project import resolve_solution, resolve_workload
     from dsa_bench.run.judge import correctness_seeds
-    from dsa_bench.run.plan import pick_device, select_cases
+    from dsa_bench.run.plan import select_cases
 
     workload = resolve_workload(request.workload, root)
     cases = select_cases(workload, [request.case])
@@ -292,9 +304,7 @@ def run_profile(request: ProfileRequest, root: Path, which: Callable[[str], str 
     settings = workload.settings.replace(seed=request.seed)
     if not 0 <= request.input_set < settings.input_sets:
         raise DsaBenchError(f"--input-set {request.input_set}: the run builds input sets 0 to {settings.input_sets - 1} for each case")
-    device = pick_device(request.device)
-    if device.type != "cuda":
-        raise DsaBenchError("profile needs a CUDA device (this machine has none, or --device cpu was given)")
+    device = profile_device(request.device)
     base = report_base(root, workload.name, case.id, solution.name)
     base.parent.mkdir(parents=True, exist_ok=True)
     job_path, status_path = _beside(base, ".job.pkl"), _beside(base, ".status.json")
