@@ -178,3 +178,18 @@ def test_a_failing_solution_fails_the_profile_with_its_error(tmp_path, monkeypat
     result = CliRunner().invoke(app, ["profile", "-w", "indexer_smoke", "-s", "broken", "-c", "smoke_scored", "--warmup", "0"])
     assert result.exit_code == 1, result.output
     assert "profile failed" in result.stderr and "kernel exploded" in result.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("shutil").which("ncu"), reason="needs Nsight Compute (ncu) on PATH")
+def test_profile_under_nsight_compute_on_a_gpu():
+    """The real thing: the attention's smoke case under ncu, each kernel with a duration."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "dsa_bench", "profile", "-w", "sparse_attention_smoke", "-s", "triton", "-c",
+                           "smoke_t3_empty_small"], cwd=ROOT, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "kernel launch(es)" in proc.stdout and "report: " in proc.stdout
+    kernels = parse_ncu_raw(Path(proc.stdout.split("(parsed: ")[1].split(")")[0]).read_text())
+    assert kernels and all(k.duration_us and k.duration_us > 0 for k in kernels)
+    assert all(k.sm_pct is not None and k.occupancy_pct is not None for k in kernels)

@@ -345,3 +345,25 @@ def test_a_run_that_falls_back_from_cupti_records_why(monkeypatch, tmp_path):
     assert reason in planned.warnings
     monkeypatch.setattr(plan, "choose_timer", lambda requested, device: ("cupti", None))
     assert plan.plan_run(request, ROOT).options.timer_fallback is None
+
+
+@pytest.mark.gpu
+def test_a_gpu_run_places_every_timed_record_and_times_the_host(tmp_path):
+    """On a GPU: every passed timed record has a roofline within the physical bounds and host times
+    of every timed call, at least the CUPTI kernel span (the host window holds the span)."""
+    import subprocess
+    import sys
+
+    save = tmp_path / "run.json"
+    proc = subprocess.run([sys.executable, "-m", "dsa_bench", "run", "-w", "sparse_attention_smoke", "-s", "triton", "--save", str(save)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "of roofline" in proc.stdout and "mean of roofline" in proc.stdout
+    results = load_results(save)
+    timed = [r for r in results.records if r.timing is not None]
+    assert timed and all(r.roofline is not None for r in timed)
+    for r in timed:
+        assert 0 < r.roofline.fraction_of_roofline < 2.0 and r.roofline.math_precision == "bf16"
+        assert [len(s) for s in r.timing.host_samples_ms] == [len(s) for s in r.timing.samples_ms]
+        if r.timing.timer == "cupti":
+            assert r.timing.host_mean_ms >= 0.95 * r.timing.mean_ms, (r.case, r.solution, r.timing.host_mean_ms, r.timing.mean_ms)
