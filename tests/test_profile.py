@@ -62,9 +62,9 @@ def test_nsys_command_captures_the_profiler_api_window():
     command = nsys_command("nsys", Path("results/profile/wl-c-s"), TARGET)
     assert command[:2] == ["nsys", "profile"] and command[-len(TARGET):] == TARGET
     joined = " ".join(command)
-    assert "--capture-range cudaProfilerApi" in joined and "--capture-range-end stop" in joined and "--trace cuda,nvtx" in joined
+    assert "--capture-range=cudaProfilerApi" in joined and "--capture-range-end=stop" in joined and "--trace=cuda,nvtx" in joined
     stats = nsys_stats_command("nsys", Path("r.nsys-rep"))
-    assert stats[:2] == ["nsys", "stats"] and "cuda_gpu_kern_sum" in stats and stats[stats.index("--format") + 1] == "csv"
+    assert stats == ["nsys", "stats", "--report=cuda_gpu_kern_sum", "--format=csv", "--force-export=true", "r.nsys-rep"]
 
 
 def test_ncu_raw_page_is_read_per_kernel():

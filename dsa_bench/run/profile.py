@@ -99,12 +99,12 @@ def ncu_import_command(ncu: str, report: Path) -> list[str]:
 
 def nsys_command(nsys: str, report: Path, target: list[str]) -> list[str]:
     """Nsight Systems over ``target``: the CUDA and NVTX trace of the cudaProfilerStart/Stop window."""
-    return [nsys, "profile", "--trace", "cuda,nvtx", "--capture-range", "cudaProfilerApi", "--capture-range-end", "stop",
-            "--force-overwrite", "true", "-o", str(report), *target]  # fmt: skip
+    return [nsys, "profile", "--trace=cuda,nvtx", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
+            "--force-overwrite=true", "-o", str(report), *target]  # fmt: skip
 
 
 def nsys_stats_command(nsys: str, report: Path) -> list[str]:
-    return [nsys, "stats", "--report", "cuda_gpu_kern_sum", "--format", "csv", "--force-export", "true", str(report)]
+    return [nsys, "stats", "--report=cuda_gpu_kern_sum", "--format=csv", "--force-export=true", str(report)]
 
 
 # --------------------------------------------------------------------------- reading the reports
