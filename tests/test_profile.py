@@ -47,7 +47,7 @@ def test_profile_refuses_in_one_line_without_the_profiler(tmp_path, flags, tool)
 
 def test_ncu_command_profiles_only_the_window_and_leaves_the_clocks_alone():
     command = ncu_command("ncu", Path("results/profile/wl-c-s"), TARGET)
-    assert command[0] == "ncu" and command[-len(TARGET):] == TARGET
+    assert command[0] == "ncu" and command[-len(TARGET) :] == TARGET
     joined = " ".join(command)
     for flag in ("--target-processes all", "--clock-control none", "--profile-from-start off", "-o results/profile/wl-c-s"):
         assert flag in joined
@@ -60,7 +60,7 @@ def test_ncu_command_profiles_only_the_window_and_leaves_the_clocks_alone():
 
 def test_nsys_command_captures_the_profiler_api_window():
     command = nsys_command("nsys", Path("results/profile/wl-c-s"), TARGET)
-    assert command[:2] == ["nsys", "profile"] and command[-len(TARGET):] == TARGET
+    assert command[:2] == ["nsys", "profile"] and command[-len(TARGET) :] == TARGET
     joined = " ".join(command)
     assert "--capture-range=cudaProfilerApi" in joined and "--capture-range-end=stop" in joined and "--trace=cuda,nvtx" in joined
     stats = nsys_stats_command("nsys", Path("r.nsys-rep"))

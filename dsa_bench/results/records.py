@@ -97,14 +97,22 @@ class Timing:
             "samples_ms": self.samples_ms,
             "clocks": self.clocks,
             **({"timer_fallback": self.timer_fallback} if self.timer_fallback else {}),
-            **({"host_mean_ms": self.host_mean_ms, "host_median_ms": self.host_median_ms, "host_samples_ms": self.host_samples_ms}
-               if self.host_samples_ms else {}),
+            **(
+                {"host_mean_ms": self.host_mean_ms, "host_median_ms": self.host_median_ms, "host_samples_ms": self.host_samples_ms}
+                if self.host_samples_ms
+                else {}
+            ),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Timing:
-        return cls(timer=data["timer"], samples_ms=data["samples_ms"], clocks=data.get("clocks", []),
-                   host_samples_ms=data.get("host_samples_ms", []), timer_fallback=data.get("timer_fallback"))
+        return cls(
+            timer=data["timer"],
+            samples_ms=data["samples_ms"],
+            clocks=data.get("clocks", []),
+            host_samples_ms=data.get("host_samples_ms", []),
+            timer_fallback=data.get("timer_fallback"),
+        )
 
     def min_sm_clock_mhz(self) -> int | None:
         readings = [c[k]["sm_mhz"] for c in self.clocks for k in ("after_warmup", "after_timing") if c.get(k)]
