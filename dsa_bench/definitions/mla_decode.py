@@ -445,6 +445,18 @@ class _Decode:
         reads = 4 * entries + (4 * b if topk_length is not None else 0) + 2 * h_q * fmt.d_qk * rows_used + record * distinct + 4 * h_q
         return reads + (2 * D_V + 4) * h_q * b * s_q
 
+    def useful_flops(self, axes: Mapping[str, int], inputs: Mapping[str, Value]) -> int:
+        """Tensor-core FLOPs: ``2 · h_q · (d_qk + 512)`` per counted entry (Q·Kᵀ over d_qk dims,
+        then P·V over the 512 value dims, for each head).
+
+        Counted entries are those >= 0 and, in V4/V4.1, left of ``topk_length`` (:func:`counted`),
+        not ``b · s_q · topk``: a -1 entry or one past a row's length needs no math. FlashMLA quotes
+        its TFLOPS over all ``topk`` entries; on inputs without padding the two agree. The softmax
+        and the sink are not tensor-core math and are not counted.
+        """
+        valid = int(counted(inputs["indices"], inputs.get("topk_length")).sum())
+        return 2 * axes["h_q"] * (self.fmt.d_qk + D_V) * valid
+
 
 def _explicit_indices_problems(indices: torch.Tensor, capacity: int) -> list[str]:
     idx = indices.long()
@@ -535,6 +547,10 @@ def _definition(fmt: KvRecordFormat, name: str) -> Definition:
             "Generated caches hold records only where a counted index points; every other byte is NaN-producing.",
         ),
         min_traffic_bytes=family.min_traffic_bytes,
+        useful_flops=family.useful_flops,
+        # the FP8 records are dequantized to bf16 in shared memory and both products run as bf16
+        # MMA (solutions/triton/decode/csrc/decode_sm90.cu, FlashMLA's sparse decode likewise)
+        math_precision="bf16",
     )
 
 
