@@ -1,0 +1,85 @@
+// Host emulation of topk_long.cuh (the long-row top-k: histogram, select and final kernels), on the
+// SIMT layer of topk_emulator.cpp (every CUDA thread a fiber; blocks run one after another, and the
+// three kernels one grid after another, as their grid dependencies order them on a GPU).
+//
+// Build:  g++ -O2 -std=c++17 -DDSA_TOPK_HOST_EMULATION -Isolutions/triton/indexer/csrc topk_long_emulator.cpp -o topk_long_emulator
+// Run:    topk_long_emulator INPUT OUTPUT
+// INPUT (little-endian): int32 batch, score_stride, bt_stride, max_len, topk, candidate_capacity,
+//   shared_candidates (-1: the default); float32 scores[batch * score_stride]; int32 seq_lens[batch];
+//   int32 block_table[batch * bt_stride].
+// OUTPUT: int32 out[batch * topk], then the int32 scratch [batch * kLongScratchInts] after the call
+//   (the kernels must leave it zero).
+#define DSA_TOPK_EMULATOR_NO_DRIVER 1
+#include "topk_emulator.cpp"
+
+#include "topk_long.cuh"
+
+namespace {
+
+template <typename T>
+void read_all(std::FILE* f, T* data, size_t count) {
+  if (std::fread(data, sizeof(T), count, f) != count) {
+    std::fprintf(stderr, "emulator: input file too short\n");
+    std::exit(2);
+  }
+}
+
+// Runs `kernel` over every block of `grid` with `threads` threads.
+template <typename Kernel>
+void run_grid(Kernel kernel, unsigned grid_x, unsigned grid_y, int threads, const dsa_topk::LongTopkArgs& args) {
+  for (unsigned y = 0; y < grid_y; ++y) {
+    for (unsigned x = 0; x < grid_x; ++x) simt::run_block(simt::Dim3{x, y, 0}, threads, [&] { kernel(args); });
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace dsa_topk;
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s INPUT OUTPUT\n", argv[0]);
+    return 2;
+  }
+  std::FILE* in = std::fopen(argv[1], "rb");
+  if (!in) return 2;
+  int32_t header[7];
+  read_all(in, header, 7);
+  const int batch = header[0], score_stride = header[1], bt_stride = header[2], max_len = header[3], topk = header[4];
+  const int capacity = header[5], shared = header[6] < 0 ? kLongSharedCandidates : header[6];
+  std::vector<float> scores(static_cast<size_t>(batch) * score_stride);
+  std::vector<int32_t> seq_lens(batch), table(static_cast<size_t>(batch) * bt_stride);
+  read_all(in, scores.data(), scores.size());
+  read_all(in, seq_lens.data(), seq_lens.size());
+  read_all(in, table.data(), table.size());
+  std::fclose(in);
+
+  std::vector<int32_t> out(static_cast<size_t>(batch) * topk, INT32_MIN);
+  std::vector<int4> scratch(static_cast<size_t>(batch) * kLongScratchInts / 4, int4{0, 0, 0, 0});
+  std::vector<uint2> candidates(static_cast<size_t>(batch) * (capacity > 0 ? capacity : 1), uint2{0xdeadbeefu, 0xdeadbeefu});
+  LongTopkArgs args{};
+  args.scores = scores.data();
+  args.score_stride = score_stride;
+  args.seq_lens = seq_lens.data();
+  args.block_table = table.data();
+  args.bt_stride = bt_stride;
+  args.out = out.data();
+  args.out_stride = topk;
+  args.scratch = reinterpret_cast<int32_t*>(scratch.data());
+  args.candidates = reinterpret_cast<uint32_t*>(candidates.data());
+  args.batch = batch;
+  args.max_len = max_len;
+  args.topk = topk;
+  args.candidate_capacity = capacity;
+  args.shared_candidates = shared;
+  const unsigned chunks = static_cast<unsigned>((max_len + kLongChunk - 1) / kLongChunk);
+  run_grid(long_histogram_kernel<kLongChunkThreads>, chunks, batch, kLongChunkThreads, args);
+  run_grid(long_select_kernel<kLongChunkThreads>, chunks, batch, kLongChunkThreads, args);
+  run_grid(long_final_kernel<kLongFinalThreads>, batch, 1, kLongFinalThreads, args);
+
+  std::FILE* o = std::fopen(argv[2], "wb");
+  if (!o) return 2;
+  std::fwrite(out.data(), sizeof(int32_t), out.size(), o);
+  std::fwrite(scratch.data(), sizeof(int4), scratch.size(), o);
+  std::fclose(o);
+  return 0;
+}
