@@ -53,7 +53,8 @@ def import_solution():
         package.__path__ = [str(ROOT / "solutions" / "triton")]
         sys.modules[name] = package
     entry = importlib.import_module(f"{name}.indexer.entry")
-    return entry, *(importlib.import_module(f"{name}.indexer.{module}") for module in ("score", "topk", "topk_long"))
+    modules = ("indexer.score", "indexer.topk", "indexer.topk_long", "common.launch_graphs")
+    return entry, *(importlib.import_module(f"{name}.{module}") for module in modules)
 
 
 def ragged_lengths(batch: int, lo: int, hi: int) -> list[int]:
@@ -70,6 +71,9 @@ SHAPES = {
     "b64_l128k": [131072] * 64,
     "b32_ragged": ragged_lengths(32, 4096, 131072),
     "b128_l16k": [16384] * 128,
+    "b32_l16k": [16384] * 32,
+    "b8_l16k": [16384] * 8,
+    "b128_l32k": [32768] * 128,
     "b4_l10k": [10000, 8193, 2049, 100],
 }
 DISTRIBUTIONS = ("plain", "neg", "x1e3", "x1e-4", "mixed", "const", "ties3")
@@ -127,10 +131,28 @@ def us(result) -> float:
 
 
 #: score tiles timed on --variants' cases: (pages per program, pipeline stages, rows first)
-TILES = ((1, 1, False), (2, 2, True), (4, 2, True), (4, 3, True), (8, 3, True), (16, 3, True), (4, 3, False))
+TILES = ((1, 1, False), (2, 2, True), (4, 2, True), (4, 3, True), (8, 3, True), (16, 3, True), (16, 4, True), (32, 3, True))
 
 
-def run_case(case: str, entry, score, topk_long, old, args: argparse.Namespace, timed: dict) -> dict:
+def kernel_times_us(fn, iterations: int = 5) -> dict[str, float]:
+    """Mean GPU time per call of each kernel ``fn()`` launches (eagerly), from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iterations):
+            fn()
+        torch.cuda.synchronize()
+    times: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            name = event.name.split("(")[0].split("<")[0][-40:]
+            times[name] = times.get(name, 0.0) + event.device_time / iterations
+    return {k: round(v, 1) for k, v in times.items()}
+
+
+def run_case(case: str, entry, score, topk_long, graphs, old, args: argparse.Namespace, timed: dict) -> dict:
     """Checks and times one case (see the module doc); returns its row."""
     device = timed["device"]
     shape, distribution = case.split("/")
@@ -160,14 +182,20 @@ def run_case(case: str, entry, score, topk_long, old, args: argparse.Namespace, 
     row["new_us"] = us(bench(lambda i: entry.kernel(*a, out), prepare=lambda i: poison_(out), **timed))
     if not args.no_old:
         row["old_us"] = us(bench(lambda i: entry.run_pipeline(old, *a, out), prepare=lambda i: poison_(out), **timed))
-    row["score_us"] = us(bench(lambda i: score.launch_scores(*a[:5], scores, skip_short_rows=True), **timed))
-    row["long_topk_us"] = us(bench(lambda i: topk_long.long_topk(scores, lens, table, alone), **timed))
+    # the parts alone, each replayed as a CUDA graph (no host launch time in the numbers)
+    score_alone = graphs.LaunchGraphs(lambda *x: score.launch_scores(*x, skip_short_rows=True))
+    row["score_us"] = us(bench(lambda i: score_alone(*a[:5], scores), **timed))
+    topk_alone = graphs.LaunchGraphs(topk_long.long_topk)
+    row["long_topk_us"] = us(bench(lambda i: topk_alone(scores, lens, table, alone), **timed))
+    if case in args.profile.split(","):
+        row["kernels_us"] = kernel_times_us(lambda: entry.scored_path(entry.cuda_topk, True, *a, out))
     row["key_floor_us"] = row["tokens"] * 132 / 4.24e12 * 1e6
     if case in args.variants.split(","):
         variants = {}
         for pages, stages, rows_first in TILES:
             tile = score.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=pages, num_stages=stages, rows_first=rows_first)
-            t = us(bench(lambda i, tile=tile: score.launch_scores(*a[:5], scores, skip_short_rows=True, tile=tile), **timed))
+            tiled = graphs.LaunchGraphs(lambda *x, tile=tile: score.launch_scores(*x, skip_short_rows=True, tile=tile))
+            t = us(bench(lambda i, tiled=tiled: tiled(*a[:5], scores), **timed))
             variants[f"loop{pages}_s{stages}{'_rf' if rows_first else ''}"] = round(t, 1)
         row["score_tiles_us"] = variants
     return row
@@ -179,11 +207,14 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--iterations", type=int, default=20)
     p.add_argument("--variants", default="b1_l128k/plain,b8_l64k/plain,b64_l128k/plain,b32_ragged/plain", help="cases timing score tiles")
+    p.add_argument(
+        "--profile", default="b1_l128k/plain,b8_l64k/plain,b64_l128k/plain,b1_l128k/const", help="cases with a per-kernel profile"
+    )
     p.add_argument("--no-old", action="store_true", help="skip the previous pipeline")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     device = torch.device("cuda")
-    entry, score, topk, topk_long = import_solution()
+    entry, score, topk, topk_long, graphs = import_solution()
     print("notes:", entry.solution_notes(), flush=True)
     all_cases = [f"{s}/{d}" for s in SHAPES for d in DISTRIBUTIONS]
     cases = [c for c in all_cases if any(fnmatch.fnmatch(c, g) for g in args.case)] if args.case else DEFAULT_CASES
@@ -191,7 +222,7 @@ def main() -> int:
     rows = []
     for case in cases:
         timed = dict(warmup=args.warmup, iterations=args.iterations, trials=1, device=device)
-        rows.append(run_case(case, entry, score, topk_long, old, args, timed))
+        rows.append(run_case(case, entry, score, topk_long, graphs, old, args, timed))
         print(json.dumps(rows[-1]), flush=True)
         torch.cuda.empty_cache()
     print(f"\n{'case':<22} {'new':>8} {'old':>8} {'old/new':>7} {'score':>8} {'ltopk':>7} {'floor':>7}  checks")
@@ -202,8 +233,9 @@ def main() -> int:
         times += f" {r['key_floor_us']:7.1f}"
         print(f"{r['case']:<22} {times}  {checks}")
     for r in rows:
-        if "score_tiles_us" in r:
-            print(r["case"], "score tiles:", r["score_tiles_us"])
+        for key in ("score_tiles_us", "kernels_us"):
+            if key in r:
+                print(r["case"], key, r[key])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))

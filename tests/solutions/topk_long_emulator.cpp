@@ -1,16 +1,17 @@
-// Host emulation of topk_long.cuh (the long-row top-k: histogram, select and final kernels), on the
-// SIMT layer of topk_emulator.cpp (every CUDA thread a fiber; blocks run one after another, and the
-// three kernels one grid after another, as their grid dependencies order them on a GPU).
+// Host emulation of topk_long.cuh (the long-row top-k: a histogram pass and three level passes), on
+// the SIMT layer of topk_emulator.cpp (every CUDA thread a fiber; blocks run one after another, and
+// the four kernels one grid after another, as their grid dependencies order them on a GPU).
 //
 // Build:  g++ -O2 -std=c++17 -DDSA_TOPK_HOST_EMULATION -Isolutions/triton/indexer/csrc topk_long_emulator.cpp -o topk_long_emulator
 // Run:    topk_long_emulator INPUT OUTPUT
-// INPUT (little-endian): int32 batch, score_stride, bt_stride, max_len, topk, candidate_capacity,
-//   shared_candidates (-1: the default); float32 scores[batch * score_stride]; int32 seq_lens[batch];
+// INPUT (little-endian): int32 batch, score_stride, bt_stride, max_len, topk; float32 scores[batch * score_stride]; int32 seq_lens[batch];
 //   int32 block_table[batch * bt_stride].
 // OUTPUT: int32 out[batch * topk], then the int32 scratch [batch * kLongScratchInts] after the call
 //   (the kernels must leave it zero).
 #define DSA_TOPK_EMULATOR_NO_DRIVER 1
 #include "topk_emulator.cpp"
+
+inline void __threadfence() {}  // fibers share one address space and never interleave inside an access
 
 #include "topk_long.cuh"
 
@@ -42,10 +43,9 @@ int main(int argc, char** argv) {
   }
   std::FILE* in = std::fopen(argv[1], "rb");
   if (!in) return 2;
-  int32_t header[7];
-  read_all(in, header, 7);
+  int32_t header[5];
+  read_all(in, header, 5);
   const int batch = header[0], score_stride = header[1], bt_stride = header[2], max_len = header[3], topk = header[4];
-  const int capacity = header[5], shared = header[6] < 0 ? kLongSharedCandidates : header[6];
   std::vector<float> scores(static_cast<size_t>(batch) * score_stride);
   std::vector<int32_t> seq_lens(batch), table(static_cast<size_t>(batch) * bt_stride);
   read_all(in, scores.data(), scores.size());
@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
 
   std::vector<int32_t> out(static_cast<size_t>(batch) * topk, INT32_MIN);
   std::vector<int4> scratch(static_cast<size_t>(batch) * kLongScratchInts / 4, int4{0, 0, 0, 0});
-  std::vector<uint2> candidates(static_cast<size_t>(batch) * (capacity > 0 ? capacity : 1), uint2{0xdeadbeefu, 0xdeadbeefu});
+  std::vector<uint2> candidates(static_cast<size_t>(batch) * 2 * max_len, uint2{0xdeadbeefu, 0xdeadbeefu});
   LongTopkArgs args{};
   args.scores = scores.data();
   args.score_stride = score_stride;
@@ -69,12 +69,11 @@ int main(int argc, char** argv) {
   args.batch = batch;
   args.max_len = max_len;
   args.topk = topk;
-  args.candidate_capacity = capacity;
-  args.shared_candidates = shared;
   const unsigned chunks = static_cast<unsigned>((max_len + kLongChunk - 1) / kLongChunk);
-  run_grid(long_histogram_kernel<kLongChunkThreads>, chunks, batch, kLongChunkThreads, args);
-  run_grid(long_select_kernel<kLongChunkThreads>, chunks, batch, kLongChunkThreads, args);
-  run_grid(long_final_kernel<kLongFinalThreads>, batch, 1, kLongFinalThreads, args);
+  run_grid(long_histogram_kernel<kLongThreads>, chunks, batch, kLongThreads, args);
+  run_grid(long_level_kernel<0, kLongThreads>, chunks, batch, kLongThreads, args);
+  run_grid(long_level_kernel<1, kLongThreads>, chunks, batch, kLongThreads, args);
+  run_grid(long_level_kernel<2, kLongThreads>, chunks, batch, kLongThreads, args);
 
   std::FILE* o = std::fopen(argv[2], "wb");
   if (!o) return 2;

@@ -3,8 +3,8 @@
 Rows of up to 8192 tokens are the filtered top-k's (``topk.py``: one block per row, the row
 cached in registers). Past that, that block falls to a radix select that re-reads the row from
 global memory digit by digit; this one splits each row over many blocks (a level-1 histogram
-pass, a select pass, then one block per row on the few candidates left). The entry picks it by
-shape: ``uses_long_path(max_num_pages)``.
+pass, then three selection passes, each over fewer candidates). The entry picks it by shape:
+``uses_long_path(max_num_pages)``.
 """
 
 from __future__ import annotations
@@ -28,16 +28,13 @@ SIGNATURES = {
         ctypes.c_int, _P,  # device, stream
         _P, _I64, _P, _P, _I64, _P, _I64,  # scores, its row stride, seq_lens, block_table, its row stride, topk_indices, its row stride
         _P, _P,  # scratch, candidates
-        _I64, _I64, _I64, _I64, _I64,  # batch, max_len, topk, candidate_capacity, shared_candidates
+        _I64, _I64, _I64,  # batch, max_len, topk
         ctypes.c_int,  # dependent_launch
     )),
 }  # fmt: skip
 #: constants of csrc/topk_long.h
-SCRATCH_INTS = 2 * 4096 + 4  # per row: two 4096-bin histograms, two counters, padding
-CANDIDATES = 16384  # default candidate buffer per row (entries)
-SHARED_CANDIDATES = 2048  # level-2 threshold-bin keys the final block keeps in shared memory
-EXPECTED_CONSTANTS = {"TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "SCRATCH_INTS": SCRATCH_INTS, "CANDIDATES": CANDIDATES,
-                      "SHARED_CANDIDATES": SHARED_CANDIDATES}  # fmt: skip
+SCRATCH_INTS = 2 * 4096 + 256 + 12  # per row: the three levels' histograms, then the row's counters and thresholds
+EXPECTED_CONSTANTS = {"TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "SCRATCH_INTS": SCRATCH_INTS}
 STEM, WHAT = "dsa_topk_long", "the CUDA long-row top-k"
 
 #: Calls whose block tables hold more than this many tokens take the long-row top-k: up to 8192
@@ -55,20 +52,21 @@ def load_long_topk_extension(verbose: bool | None = None) -> CudaLibrary:
                                 "indexer/topk_long.py and shapes.py disagree with csrc/topk_long.h", verbose)  # fmt: skip
 
 
-#: Scratch per (device, batch, candidate capacity): the histograms and counters (zeroed once here;
-#: every call leaves them zero again) and the candidate buffer. Allocated on a call's first, eager
-#: run (LaunchGraphs runs a new argument signature eagerly before it captures), so captured
-#: graphs keep reusing the same memory.
+#: Scratch per (device, batch, max_len): the histograms, counters and thresholds (zeroed once here;
+#: every call leaves them zero again) and two candidate buffers of a whole row each, so that no
+#: threshold bin is ever too large for them (B x max_len x 16 bytes: 128 MiB at 64 x 128K).
+#: Allocated on a call's first, eager run (LaunchGraphs runs a new argument signature eagerly
+#: before it captures), so captured graphs keep reusing the same memory.
 _SCRATCH: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def scratch_for(device: torch.device, batch: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
-    key = (device, batch, capacity)
+def scratch_for(device: torch.device, batch: int, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (device, batch, max_len)
     if key not in _SCRATCH:
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError("the long-row top-k's scratch must be allocated before a graph capture (call it eagerly once)")
         scratch = torch.zeros((batch, SCRATCH_INTS), dtype=torch.int32, device=device)
-        candidates = torch.empty((batch, 2 * max(capacity, 2)), dtype=torch.int32, device=device)
+        candidates = torch.empty((batch, 4 * max_len), dtype=torch.int32, device=device)
         _SCRATCH[key] = (scratch, candidates)
     return _SCRATCH[key]
 
@@ -79,34 +77,26 @@ def long_topk(
     block_table: torch.Tensor,
     topk_indices: torch.Tensor,
     dependent_launch: bool = False,
-    candidate_capacity: int = CANDIDATES,
-    shared_candidates: int = -1,
 ) -> None:
     """Write the top-k physical ids (k = ``topk_indices.shape[1]``, at most 2048) of every row.
 
     Tensors as for ``topk.filtered_topk``. ``dependent_launch``: the first kernel is a
     programmatic dependent of the stream's previous kernel, which must be the one that writes
-    ``scores``. ``candidate_capacity`` (candidates per row kept for the final block; a larger
-    level-1 threshold bin is refined from the score row) and ``shared_candidates`` (-1 default)
-    are test hooks.
+    ``scores``.
     """
     batch, max_len = check_topk_tensors(scores, seq_lens, block_table, topk_indices)
     k = topk_indices.shape[1]
     if not 1 <= k <= TOPK:
         raise ValueError(f"topk_indices must have 1..{TOPK} columns, got {k}")
-    if not 0 <= candidate_capacity <= 2**30:
-        raise ValueError(f"candidate_capacity must be in 0..2**30, got {candidate_capacity}")
-    if not -1 <= shared_candidates <= SHARED_CANDIDATES:
-        raise ValueError(f"shared_candidates must be -1 or 0..{SHARED_CANDIDATES}, got {shared_candidates}")
-    if batch > 65535:
-        raise ValueError(f"batch {batch} exceeds the launch grid's 65535 rows")
+    if batch > 65535 or max_len > (2**31 - 1) // 4:
+        raise ValueError(f"batch {batch} x max_len {max_len} exceeds the launch grid (65535 rows) or 32-bit buffer indexing")
     if batch == 0:
         return
     device = scores.device
-    scratch, candidates = scratch_for(device, batch, candidate_capacity)
+    scratch, candidates = scratch_for(device, batch, max_len)
     load_long_topk_extension().call(
         "select", device.index, torch.cuda.current_stream(device).cuda_stream,
         scores.data_ptr(), scores.stride(0), seq_lens.data_ptr(), block_table.data_ptr(), block_table.stride(0),
         topk_indices.data_ptr(), topk_indices.stride(0), scratch.data_ptr(), candidates.data_ptr(),
-        batch, max_len, k, candidate_capacity, shared_candidates, int(dependent_launch),
+        batch, max_len, k, int(dependent_launch),
     )  # fmt: skip

@@ -30,12 +30,12 @@ cudaError_t launch(Kernel kernel, dim3 grid, int threads, bool dependent, const 
 cudaError_t launch_long_topk(const LongTopkArgs& args, cudaStream_t stream) {
   if (args.batch <= 0) return cudaSuccess;
   const unsigned chunks = static_cast<unsigned>((args.max_len + kLongChunk - 1) / kLongChunk);
-  const dim3 chunk_grid(chunks > 0 ? chunks : 1u, static_cast<unsigned>(args.batch));
-  cudaError_t err = launch(long_histogram_kernel<kLongChunkThreads>, chunk_grid, kLongChunkThreads, args.dependent_launch != 0, args, stream);
-  if (err != cudaSuccess) return err;
-  err = launch(long_select_kernel<kLongChunkThreads>, chunk_grid, kLongChunkThreads, true, args, stream);
-  if (err != cudaSuccess) return err;
-  return launch(long_final_kernel<kLongFinalThreads>, dim3(static_cast<unsigned>(args.batch)), kLongFinalThreads, true, args, stream);
+  const dim3 grid(chunks > 0 ? chunks : 1u, static_cast<unsigned>(args.batch));
+  cudaError_t err = launch(long_histogram_kernel<kLongThreads>, grid, kLongThreads, args.dependent_launch != 0, args, stream);
+  if (err == cudaSuccess) err = launch(long_level_kernel<0, kLongThreads>, grid, kLongThreads, true, args, stream);
+  if (err == cudaSuccess) err = launch(long_level_kernel<1, kLongThreads>, grid, kLongThreads, true, args, stream);
+  if (err == cudaSuccess) err = launch(long_level_kernel<2, kLongThreads>, grid, kLongThreads, true, args, stream);
+  return err;
 }
 
 }  // namespace dsa_topk

@@ -12,27 +12,31 @@
 
 namespace dsa_topk {
 
-// Level-1 bins: the top 12 bits of a score's order key (sign, exponent, 3 mantissa bits), so a
-// bin is a fixed relative range of scores whatever their scale or sign.
-constexpr int kLongBinBits = 12;
-constexpr int kLongBins = 1 << kLongBinBits;
-// Scores per block of the multi-block passes (histogram, select): 512 threads x 2 float4.
+// A row's selection runs in three levels over its 32-bit order keys: bits 31..20 (sign, exponent,
+// 3 mantissa bits: a fixed relative range of scores whatever their scale or sign), bits 19..8,
+// bits 7..0. Each level is a multi-block pass (topk_long.cuh).
+constexpr int kLongLevels = 3;
+constexpr int kLongBins = 4096;       // bins of levels 1 and 2
+constexpr int kLongLastBins = 256;    // bins of level 3
+// Entries per block of every pass: 512 threads x 8.
 constexpr int kLongChunk = 4096;
-constexpr int kLongChunkThreads = 512;
-// Threads of the final per-row block.
-constexpr int kLongFinalThreads = 1024;
-// Default candidates per row (entries of 8 bytes) the select kernel keeps in global memory for
-// the final block; a threshold bin with more keys is refined from the score row instead.
-constexpr int kLongCandidates = 16384;
-// Keys of the level-2 threshold bin the final block collects in shared memory.
-constexpr int kLongSharedCandidates = 2048;
-// Per-row scratch (int32): the level-1 histogram, the level-2 histogram (bits 19..8 of the keys
-// in the level-1 threshold bin), the output counter, the candidate counter, padding to 16 bytes.
+constexpr int kLongThreads = 512;
+// Per-row scratch (int32): the three levels' histograms, then the row's state: the output
+// counter, the fill counters of the two candidate buffers, the tie tickets, the last level's
+// finished blocks, and levels 1 and 2's threshold bin, keys above it and keys in it; padded to 16 bytes.
 constexpr int kLongHist1 = 0;
 constexpr int kLongHist2 = kLongBins;
-constexpr int kLongOutCount = 2 * kLongBins;
-constexpr int kLongCandidateCount = kLongOutCount + 1;
-constexpr int kLongScratchInts = 2 * kLongBins + 4;
+constexpr int kLongHist3 = 2 * kLongBins;
+constexpr int kLongState = 2 * kLongBins + kLongLastBins;
+constexpr int kLongOutCount = kLongState + 0;
+constexpr int kLongFill1 = kLongState + 1;  // entries of level 2's buffer (level 1's threshold bin)
+constexpr int kLongFill2 = kLongState + 2;  // entries of level 3's buffer
+constexpr int kLongTickets = kLongState + 3;
+constexpr int kLongDone = kLongState + 4;
+constexpr int kLongThreshold1 = kLongState + 5;  // level 1's threshold: bin, keys above it, keys in it
+constexpr int kLongThreshold2 = kLongState + 8;  // level 2's
+constexpr int kLongScratchInts = kLongState + 12;
+static_assert(kLongScratchInts % 4 == 0, "scratch rows stay 16-byte aligned");
 
 struct LongTopkArgs {
   const float* scores;         // [batch, score_stride] fp32 scores, position-major per row
@@ -43,18 +47,16 @@ struct LongTopkArgs {
   int32_t* out;                // [batch, out_stride] physical ids, written: topk per row
   int64_t out_stride;
   int32_t* scratch;            // [batch, kLongScratchInts]: all zero before a call, left all zero after it
-  uint32_t* candidates;        // [batch, 2 * candidate_capacity] (key, position) pairs
+  uint32_t* candidates;        // [batch, 2, max_len] (key, position) pairs: levels 2 and 3's entries
   int batch;
   int max_len;                 // max_num_pages * kPageSize: the longest row possible
   int topk;                    // ids per row (1..kTopK)
-  int candidate_capacity;      // candidates per row in `candidates` (>= 0)
-  int shared_candidates;       // level-2 keys the final block may collect in shared memory (0..kLongSharedCandidates)
   int dependent_launch;        // 1: the first kernel is a programmatic dependent of the stream's previous
                                // kernel (the score kernel); the later ones always are of the one before
 };
 
 #ifndef DSA_TOPK_HOST_EMULATION
-// Launches the three kernels on `stream`. Returns the CUDA error of a launch (cudaSuccess when fine).
+// Launches the four kernels on `stream`. Returns the CUDA error of a launch (cudaSuccess when fine).
 cudaError_t launch_long_topk(const LongTopkArgs& args, cudaStream_t stream);
 #endif
 

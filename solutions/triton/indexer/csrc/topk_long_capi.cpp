@@ -19,8 +19,7 @@ enum ArgumentError : int {
   kTooLarge = -1,
   kMisaligned = -2,
   kBadTopk = -3,
-  kBadCapacity = -4,
-  kNullPointer = -5,
+  kNullPointer = -4,
 };
 
 }  // namespace
@@ -29,15 +28,12 @@ enum ArgumentError : int {
 DSA_EXPORT const int64_t dsa_topk_long_TOPK = dsa_topk::kTopK;
 DSA_EXPORT const int64_t dsa_topk_long_PAGE_SIZE = dsa_topk::kPageSize;
 DSA_EXPORT const int64_t dsa_topk_long_SCRATCH_INTS = dsa_topk::kLongScratchInts;
-DSA_EXPORT const int64_t dsa_topk_long_CANDIDATES = dsa_topk::kLongCandidates;
-DSA_EXPORT const int64_t dsa_topk_long_SHARED_CANDIDATES = dsa_topk::kLongSharedCandidates;
 
 DSA_EXPORT const char* dsa_topk_long_error_string(int code) {
   switch (code) {
     case kTooLarge: return "problem too large for 32-bit indexing or the launch grid";
     case kMisaligned: return "score rows, scratch and candidates must be 16-byte aligned";
     case kBadTopk: return "topk must be in 1..TOPK";
-    case kBadCapacity: return "candidate_capacity must be >= 0 and shared_candidates in 0..SHARED_CANDIDATES";
     case kNullPointer: return "null tensor pointer";
     default: return code >= 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown argument error";
   }
@@ -45,21 +41,18 @@ DSA_EXPORT const char* dsa_topk_long_error_string(int code) {
 
 // scores [batch, score_stride] fp32 (rows 16-byte aligned), seq_lens [batch] int32, block_table
 // [batch, bt_stride] int32 page ids, topk_indices [batch, out_stride] int32 (topk per row written),
-// scratch [batch, SCRATCH_INTS] int32 (zero before, left zero after), candidates [batch,
-// 2 * candidate_capacity] uint32; max_len = max_num_pages * PAGE_SIZE. shared_candidates < 0
-// picks SHARED_CANDIDATES (smaller values are a test hook for the final block's row re-reads).
+// scratch [batch, SCRATCH_INTS] int32 (zero before, left zero after), candidates [batch, 4 * max_len]
+// uint32 (two buffers of max_len (key, position) pairs per row); max_len = max_num_pages * PAGE_SIZE.
 DSA_EXPORT int dsa_topk_long_select(int device, void* stream, const float* scores, int64_t score_stride, const int32_t* seq_lens,
                              const int32_t* block_table, int64_t bt_stride, int32_t* topk_indices, int64_t out_stride,
                              int32_t* scratch, uint32_t* candidates, int64_t batch, int64_t max_len, int64_t topk,
-                             int64_t candidate_capacity, int64_t shared_candidates, int dependent_launch) {
+                                    int dependent_launch) {
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-  if (batch < 0 || batch > 65535 || max_len < 0 || max_len > kIntMax) return kTooLarge;
+  if (batch < 0 || batch > 65535 || max_len < 0 || max_len > kIntMax / 4) return kTooLarge;
   if (score_stride % 4 != 0 || reinterpret_cast<uintptr_t>(scores) % 16 != 0 || reinterpret_cast<uintptr_t>(scratch) % 16 != 0 ||
       reinterpret_cast<uintptr_t>(candidates) % 16 != 0)
     return kMisaligned;
   if (topk < 1 || topk > dsa_topk::kTopK) return kBadTopk;
-  if (candidate_capacity < 0 || candidate_capacity > kIntMax / 2 || shared_candidates < -1 || shared_candidates > dsa_topk::kLongSharedCandidates)
-    return kBadCapacity;
   if (batch == 0) return 0;
   if (scores == nullptr || seq_lens == nullptr || block_table == nullptr || topk_indices == nullptr || scratch == nullptr ||
       candidates == nullptr)
@@ -80,8 +73,6 @@ DSA_EXPORT int dsa_topk_long_select(int device, void* stream, const float* score
   args.batch = static_cast<int>(batch);
   args.max_len = static_cast<int>(max_len);
   args.topk = static_cast<int>(topk);
-  args.candidate_capacity = static_cast<int>(candidate_capacity);
-  args.shared_candidates = static_cast<int>(shared_candidates < 0 ? dsa_topk::kLongSharedCandidates : shared_candidates);
   args.dependent_launch = dependent_launch != 0;
   return static_cast<int>(dsa_topk::launch_long_topk(args, static_cast<cudaStream_t>(stream)));
 }
