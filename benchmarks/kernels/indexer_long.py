@@ -74,6 +74,8 @@ SHAPES = {
     "b32_l16k": [16384] * 32,
     "b8_l16k": [16384] * 8,
     "b128_l32k": [32768] * 128,
+    "b64_l32k": [32768] * 64,
+    "b128_l64k": [65536] * 128,
     "b4_l10k": [10000, 8193, 2049, 100],
 }
 DISTRIBUTIONS = ("plain", "neg", "x1e3", "x1e-4", "mixed", "const", "ties3")
@@ -162,9 +164,11 @@ def run_case(case: str, entry, score, topk_long, graphs, old, args: argparse.Nam
     out = torch.empty((batch, K), dtype=torch.int32, device=device)
     expected = indexer.expect(inputs)
     verdict = {}
-    for name, fn in (("new", entry.kernel), ("old", lambda *x: entry.run_pipeline(old, *x))):
-        if name == "old" and args.no_old:
-            continue
+    forced = entry.scored_pipeline(topk_long.long_topk, dependent=True)
+    pipelines = {"new": entry.kernel, "old": lambda *x: entry.run_pipeline(old, *x), "long": lambda *x: entry.run_pipeline(forced, *x)}
+    if args.no_old:
+        del pipelines["old"]
+    for name, fn in pipelines.items():
         poison_(out)
         fn(*a, out)
         result = judge(indexer.DEFINITION, axes, inputs, {"topk_indices": out}, expected, Tolerance(), device)
@@ -179,9 +183,8 @@ def run_case(case: str, entry, score, topk_long, graphs, old, args: argparse.Nam
     torch.cuda.synchronize()
     verdict["long_topk_exact"] = exact_topk_failure(scores, lens, table, alone) or "PASS"
     row = {"case": case, "batch": batch, "max_len": max_pages * 64, "tokens": int(lens.sum()), **verdict}
-    row["new_us"] = us(bench(lambda i: entry.kernel(*a, out), prepare=lambda i: poison_(out), **timed))
-    if not args.no_old:
-        row["old_us"] = us(bench(lambda i: entry.run_pipeline(old, *a, out), prepare=lambda i: poison_(out), **timed))
+    for name, fn in pipelines.items():
+        row[f"{name}_us"] = us(bench(lambda i, fn=fn: fn(*a, out), prepare=lambda i: poison_(out), **timed))
     # the parts alone, each replayed as a CUDA graph (no host launch time in the numbers)
     score_alone = graphs.LaunchGraphs(lambda *x: score.launch_scores(*x, skip_short_rows=True))
     row["score_us"] = us(bench(lambda i: score_alone(*a[:5], scores), **timed))
@@ -225,11 +228,12 @@ def main() -> int:
         rows.append(run_case(case, entry, score, topk_long, graphs, old, args, timed))
         print(json.dumps(rows[-1]), flush=True)
         torch.cuda.empty_cache()
-    print(f"\n{'case':<22} {'new':>8} {'old':>8} {'old/new':>7} {'score':>8} {'ltopk':>7} {'floor':>7}  checks")
+    print(f"\n{'case':<22} {'new':>8} {'old':>8} {'old/new':>7} {'long':>8} {'score':>8} {'ltopk':>7} {'floor':>7}  checks")
     for r in rows:
         old_us = r.get("old_us", float("nan"))
-        checks = " ".join(f"{k}={r[k][:4]}" for k in ("new", "old", "long_topk_exact") if k in r)
-        times = f"{r['new_us']:8.1f} {old_us:8.1f} {old_us / r['new_us']:7.2f} {r['score_us']:8.1f} {r['long_topk_us']:7.1f}"
+        checks = " ".join(f"{k}={r[k][:4]}" for k in ("new", "old", "long", "long_topk_exact") if k in r)
+        times = f"{r['new_us']:8.1f} {old_us:8.1f} {old_us / r['new_us']:7.2f} {r['long_us']:8.1f} {r['score_us']:8.1f}"
+        times += f" {r['long_topk_us']:7.1f}"
         times += f" {r['key_floor_us']:7.1f}"
         print(f"{r['case']:<22} {times}  {checks}")
     for r in rows:

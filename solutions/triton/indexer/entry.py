@@ -21,7 +21,7 @@ Paths, picked from shapes only (no host-device synchronisation):
 2. Scored, on a GPU: the fused Triton score kernel (``score.py``) writes fp32 scores of
    the rows longer than 2048 into a ``[B, max_num_pages * 64]`` buffer, then the CUDA filtered
    radix top-k (``topk.py``, ``csrc/topk_filtered.cuh``) selects 2048 per row and writes physical ids straight
-   from the block table; block tables of more than 8192 tokens take the long-row top-k instead
+   from the block table; long block tables take the long-row top-k instead
    (``topk_long.py``, ``csrc/topk_long.cuh``: each row split over many blocks). Rows with
    L <= 2048 are passed through by the top-k kernel itself.
    The two launches are replayed as one CUDA graph per argument set (``LaunchGraphs``).
@@ -50,9 +50,9 @@ _cuda_long_topk = topk_long.load_long_topk_extension() if USE_CUDA_TOPK else Non
 
 
 def cuda_topk(scores, seq_lens, block_table, topk_indices, dependent_launch: bool = False) -> None:
-    """The CUDA top-k for this call's shape: one block per row up to ``topk_long.LONG_PATH_MIN_TOKENS``
-    tokens per block table (the row cached in registers), the multi-block long-row top-k past it."""
-    select = topk_long.long_topk if topk_long.uses_long_path(block_table.shape[1]) else topk.filtered_topk
+    """The CUDA top-k for this call's shape: the multi-block long-row top-k for long block tables
+    (``topk_long.uses_long_path``), else the one-block-per-row filtered top-k."""
+    select = topk_long.long_topk if topk_long.uses_long_path(*block_table.shape) else topk.filtered_topk
     select(scores, seq_lens, block_table, topk_indices, dependent_launch=dependent_launch)
 
 
@@ -66,8 +66,9 @@ def solution_notes() -> str:
         )
         return (
             "top-k: CUDA filtered select on 32-bit score keys (range-binned fast path, radix select fallback) with page-table emit "
-            f"(library {_cuda_topk.name}); block tables of more than {topk_long.LONG_PATH_MIN_TOKENS} tokens: "
-            f"rows split over many blocks (level-1 histogram, select, final pass; library {_cuda_long_topk.name}); "
+            f"(library {_cuda_topk.name}); long block tables (more than {topk_long.LONG_PATH_MIN_TOKENS} tokens, "
+            f"batch <= {topk_long.LONG_PATH_MAX_BATCH} below {topk_long.LONG_PATH_ANY_BATCH_TOKENS}): rows split over many "
+            f"blocks (a histogram pass and three level passes; library {_cuda_long_topk.name}); "
             "launched as the score kernel's programmatic dependent "
             f"({'triggered when its programs start' if score.CAN_LAUNCH_DEPENDENTS else 'triggered when its programs end'}); "
             f"scores: Triton, {score.DOTS[score.GPU_SCORE_TILE.dot]}; {graphs}"

@@ -33,17 +33,24 @@ SIGNATURES = {
     )),
 }  # fmt: skip
 #: constants of csrc/topk_long.h
-SCRATCH_INTS = 2 * 4096 + 256 + 12  # per row: the three levels' histograms, then the row's counters and thresholds
+SCRATCH_INTS = 2 * 4096 + 256 + 20  # per row: the three levels' histograms, then the row's counters and thresholds
 EXPECTED_CONSTANTS = {"TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "SCRATCH_INTS": SCRATCH_INTS}
 STEM, WHAT = "dsa_topk_long", "the CUDA long-row top-k"
 
-#: Calls whose block tables hold more than this many tokens take the long-row top-k: up to 8192
-#: the filtered top-k caches the whole row in its block's registers (its fast path).
-LONG_PATH_MIN_TOKENS = 8192
+#: Block tables of more than this many tokens may take the long-row top-k (up to 8192 the
+#: filtered top-k caches the whole row in its block's registers, its fast path).
+LONG_PATH_MIN_TOKENS = 16384
+#: ... unless the batch is large and the rows short enough that one block per row (a single wave
+#: of blocks up to 132 rows) beats the passes over every row: from this many tokens per row the
+#: long path is taken at any batch.
+LONG_PATH_ANY_BATCH_TOKENS = 65536
+LONG_PATH_MAX_BATCH = 64
 
 
-def uses_long_path(max_num_pages: int) -> bool:
-    return max_num_pages * PAGE_SIZE > LONG_PATH_MIN_TOKENS
+def uses_long_path(batch: int, max_num_pages: int) -> bool:
+    """Whether a call of ``batch`` rows of block tables of ``max_num_pages`` pages takes the long-row top-k."""
+    tokens = max_num_pages * PAGE_SIZE
+    return tokens > LONG_PATH_MIN_TOKENS and (tokens >= LONG_PATH_ANY_BATCH_TOKENS or batch <= LONG_PATH_MAX_BATCH)
 
 
 def load_long_topk_extension(verbose: bool | None = None) -> CudaLibrary:

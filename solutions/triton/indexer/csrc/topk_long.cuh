@@ -82,11 +82,11 @@ struct Threshold {
   int in_bin;  // count(t)
 };
 
-// Finds the threshold bin of the kBins counts of a global histogram for `need` (1 <= need <= the
-// total). Thread i owns bins [kBins - (i + 1) * per, kBins - i * per), so an inclusive prefix sum
+// Finds the threshold bin of the kBins counts of a histogram (in global memory when kGlobal, else
+// shared) for `need` (1 <= need <= the total). Thread i owns bins [kBins - (i + 1) * per, kBins - i * per), so an inclusive prefix sum
 // over threads counts from the top bin down; the one thread whose run holds t walks it.
 // Block-wide; barriers at its end, so `warp_totals` and `result` (block-shared) may be reused after.
-template <int kThreads, int kBins>
+template <int kThreads, int kBins, bool kGlobal>
 __device__ __forceinline__ Threshold find_threshold(const int* hist, int need, int* warp_totals, Threshold* result) {
   constexpr int kPer = kBins >= kThreads ? kBins / kThreads : 1;
   constexpr int kOwners = kBins / kPer;
@@ -100,7 +100,7 @@ __device__ __forceinline__ Threshold find_threshold(const int* hist, int need, i
   int mine = 0;
 #pragma unroll
   for (int b = 0; b < kPer; ++b) {
-    counts[b] = owner ? load_l2(hist + first + b) : 0;  // independent loads
+    counts[b] = owner ? (kGlobal ? load_l2(hist + first + b) : hist[first + b]) : 0;  // independent loads
     mine += counts[b];
   }
   const int inclusive = block_inclusive_sum<kThreads>(mine, lane, warp, warp_totals);
@@ -184,81 +184,194 @@ __device__ __forceinline__ uint2* buffer_of(const LongTopkArgs& a, int row, int 
   return reinterpret_cast<uint2*>(a.candidates) + (static_cast<int64_t>(row) * 2 + which) * a.max_len;
 }
 
-struct LongHistogramShared {
-  alignas(16) int hist[kLongBins];
+__device__ __forceinline__ Threshold read_threshold(const int* record) {
+  return Threshold{load_l2(record), load_l2(record + 1), load_l2(record + 2)};
+}
+
+__device__ __forceinline__ void write_threshold(int* record, const Threshold& t) {
+  record[0] = t.bin;
+  record[1] = t.above;
+  record[2] = t.in_bin;
+}
+
+// Block-wide: whether this block is the last of the row's `blocks` blocks to get here (`done`
+// counts them). Everything the others wrote before is visible to the last one (a fence on each
+// side of the counter); its loads of that data go through L2 (load_l2).
+__device__ __forceinline__ bool last_block_of_row(int* done, int blocks, int* flag) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    *flag = atomicAdd(done, 1) == blocks - 1;
+  }
+  __syncthreads();
+  const bool last = *flag != 0;
+  if (last) __threadfence();
+  return last;
+}
+
+// Leaves a row's scratch zeroed for the next call (block-wide; every other block of every pass
+// has read what it needed by then). Later passes then find no entries (a zero count) and return.
+template <int kThreads>
+__device__ __forceinline__ void zero_scratch(int* scratch) {
+  int4* zero = reinterpret_cast<int4*>(scratch);
+  for (int i = threadIdx.x; i < kLongScratchInts / 4; i += kThreads) zero[i] = make_int4(0, 0, 0, 0);
+}
+
+struct LongShared {
+  alignas(16) int hist[kLongBins];  // a block's histogram (of its chunk, or of the next level's keys)
+  int warp_totals[kMaxWarps];
+  Threshold threshold;
+  int out_base;
+  int tie_base;
+  int flag;
 };
 
-// Level 1's histogram of every row longer than topk; rows of L <= topk are written here.
+// Writes the positions of `mask`'s slots as ids at slots taken from the row's output counter
+// (one atomic per block; offsets from a block scan). Block-wide.
+template <int kThreads>
+__device__ __forceinline__ void emit_block(uint32_t mask, const ChunkEntries& e, int* out_count, const int32_t* table_row,
+                                           int32_t* out_row, LongShared& s) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int mine = __popc(mask);
+  const int inclusive = block_inclusive_sum<kThreads>(mine, lane, warp, s.warp_totals);
+  if (threadIdx.x == kThreads - 1) s.out_base = inclusive != 0 ? atomicAdd(out_count, inclusive) : 0;
+  __syncthreads();
+  int at = s.out_base + inclusive - mine;
+#pragma unroll
+  for (int i = 0; i < kLongSlots; ++i) {
+    if (mask & (1u << i)) out_row[at++] = physical_id(table_row, e.positions[i]);
+  }
+  __syncthreads();  // s.out_base and the scan's scratch may be reused after
+}
+
+// Keys equal to the full threshold key (identical scores) when one block holds all of them: the
+// first `tie_slots` in block order fill the row's last slots. Block-wide.
+template <int kThreads>
+__device__ __forceinline__ void ticket_block(uint32_t mask, const ChunkEntries& e, int tie_slots, int topk, const int32_t* table_row,
+                                             int32_t* out_row, LongShared& s) {
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  const int mine = __popc(mask);
+  int ticket = block_inclusive_sum<kThreads>(mine, lane, warp, s.warp_totals) - mine;
+#pragma unroll
+  for (int i = 0; i < kLongSlots; ++i) {
+    if (mask & (1u << i)) {
+      if (ticket < tie_slots) out_row[topk - tie_slots + ticket] = physical_id(table_row, e.positions[i]);
+      ++ticket;
+    }
+  }
+  __syncthreads();
+}
+
+// Finishes a row whose remaining candidates (levels kLevel.. of the selection, `need` slots
+// left) all fit one block: level kLevel's threshold from the row's complete global histogram,
+// then any further level on a shared histogram of the block's own keys. Block-wide.
+template <int kLevel, int kThreads>
+__device__ void finish_in_block(const ChunkEntries& e, int need, int* scratch, int topk, const int32_t* table_row, int32_t* out_row,
+                                LongShared& s) {
+  constexpr int kBins = kLevel == kLongLevels - 1 ? kLongLastBins : kLongBins;
+  const Threshold t = find_threshold<kThreads, kBins, true>(scratch + level_hist<kLevel>(), need, s.warp_totals, &s.threshold);
+  uint32_t above = 0u, tie = 0u;
+#pragma unroll
+  for (int i = 0; i < kLongSlots; ++i) {
+    const bool member = (e.members >> i) & 1u;
+    const int bin = level_bin<kLevel>(e.keys[i]);
+    if (member && bin > t.bin) above |= 1u << i;
+    if (member && bin == t.bin) tie |= 1u << i;
+  }
+  emit_block<kThreads>(above, e, scratch + kLongOutCount, table_row, out_row, s);
+  if (kLevel == kLongLevels - 1) {
+    ticket_block<kThreads>(tie, e, need - t.above, topk, table_row, out_row, s);
+    return;
+  }
+  // The last level on this block's keys in the threshold bin.
+  for (int b = threadIdx.x; b < kLongLastBins; b += kThreads) s.hist[b] = 0;
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < kLongSlots; ++i) histogram_add(s.hist, level_bin<kLongLevels - 1>(e.keys[i]), (tie >> i) & 1u);
+  __syncthreads();
+  const int need3 = need - t.above;
+  const Threshold t3 = find_threshold<kThreads, kLongLastBins, false>(s.hist, need3, s.warp_totals, &s.threshold);
+  uint32_t above3 = 0u, tie3 = 0u;
+#pragma unroll
+  for (int i = 0; i < kLongSlots; ++i) {
+    const int bin = level_bin<kLongLevels - 1>(e.keys[i]);
+    if (((tie >> i) & 1u) && bin > t3.bin) above3 |= 1u << i;
+    if (((tie >> i) & 1u) && bin == t3.bin) tie3 |= 1u << i;
+  }
+  emit_block<kThreads>(above3, e, scratch + kLongOutCount, table_row, out_row, s);
+  ticket_block<kThreads>(tie3, e, need3 - t3.above, topk, table_row, out_row, s);
+}
+
+// Level 1's histogram of every row longer than topk; rows of L <= topk are written here. The
+// row's last block to finish finds level 1's threshold once, for every block of the next pass.
 template <int kThreads>
 __global__ void __launch_bounds__(kThreads) long_histogram_kernel(LongTopkArgs a) {
   static_assert(kThreads == kLongThreads, "ChunkEntries assumes kLongThreads");
   launch_dependents();
   const int row = blockIdx.y;
   const int start = blockIdx.x * kLongChunk;
-  const int raw_len = a.seq_lens[row];
-  if (raw_len <= a.topk) {  // passthrough: every token is selected, no scores needed
+  const int len = a.seq_lens[row];
+  if (len <= a.topk) {  // passthrough: every token is selected, no scores needed
     if (blockIdx.x != 0) return;
     const int32_t* table_row = a.block_table + row * a.bt_stride;
     int32_t* out_row = a.out + row * a.out_stride;
-    for (int i = threadIdx.x; i < a.topk; i += kThreads) out_row[i] = i < raw_len ? __ldg(table_row + i / kPageSize) * kPageSize + i % kPageSize : -1;
+    for (int i = threadIdx.x; i < a.topk; i += kThreads) out_row[i] = i < len ? __ldg(table_row + i / kPageSize) * kPageSize + i % kPageSize : -1;
     return;
   }
-  if (raw_len > a.max_len) __trap();  // seq_len beyond max_num_pages * 64 breaks the contract: fail loudly
-  const int len = raw_len;
+  if (len > a.max_len) __trap();  // seq_len beyond max_num_pages * 64 breaks the contract: fail loudly
   if (start >= len) return;
-  __shared__ LongHistogramShared h;
-  zero_bins<kThreads, kLongBins>(h.hist);
+  __shared__ LongShared s;
+  zero_bins<kThreads, kLongBins>(s.hist);
   wait_for_preceding_grid();  // the scores are the previous kernel's
   ChunkEntries chunk;
   chunk.load_scores(a.scores + row * a.score_stride, start, len);
   __syncthreads();
 #pragma unroll
-  for (int i = 0; i < kLongSlots; ++i) histogram_add(h.hist, level_bin<0>(chunk.keys[i]), (chunk.members >> i) & 1u);
+  for (int i = 0; i < kLongSlots; ++i) histogram_add(s.hist, level_bin<0>(chunk.keys[i]), (chunk.members >> i) & 1u);
   __syncthreads();
-  int* global_hist = scratch_of(a, row) + kLongHist1;
+  int* scratch = scratch_of(a, row);
   for (int b = threadIdx.x; b < kLongBins; b += kThreads) {
-    const int c = h.hist[b];
-    if (c != 0) atomicAdd(global_hist + b, c);
+    const int c = s.hist[b];
+    if (c != 0) atomicAdd(scratch + kLongHist1 + b, c);
   }
+  if (!last_block_of_row(scratch + kLongDone, (len + kLongChunk - 1) / kLongChunk, &s.flag)) return;
+  const Threshold t1 = find_threshold<kThreads, kLongBins, true>(scratch + kLongHist1, a.topk, s.warp_totals, &s.threshold);
+  if (threadIdx.x == 0) write_threshold(scratch + kLongThreshold1, t1);
 }
 
-struct LongLevelShared {
-  alignas(16) int hist[kLongBins];  // the next level's histogram of this block's threshold-bin keys
-  int warp_totals[kMaxWarps];
-  Threshold threshold;
-  int out_base;
-  int tie_base;
-  int last_block;
-};
-
-// Level kLevel (0, 1, 2: the file's levels 1, 2, 3) of every row longer than topk.
+// Level kLevel (0, 1, 2: the file's levels 1, 2, 3) of every row longer than topk whose
+// selection is not finished yet (a finished row's zeroed state counts no entries).
 template <int kLevel, int kThreads>
 __global__ void __launch_bounds__(kThreads) long_level_kernel(LongTopkArgs a) {
   static_assert(kThreads == kLongThreads, "ChunkEntries assumes kLongThreads");
   constexpr bool kLast = kLevel == kLongLevels - 1;
-  constexpr int kBins = kLast ? kLongLastBins : kLongBins;
   launch_dependents();
   const int row = blockIdx.y;
   const int start = blockIdx.x * kLongChunk;
   const int len = selected_len(a, row);
   if (len < 0 || (kLevel == 0 && start >= len)) return;
-  __shared__ LongLevelShared s;
+  __shared__ LongShared s;
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
   if (!kLast) zero_bins<kThreads, kLongBins>(s.hist);
-  wait_for_preceding_grid();  // this level's histogram, buffer and the row's state are complete
+  wait_for_preceding_grid();  // this level's threshold, buffer and the row's state are complete
   int* scratch = scratch_of(a, row);
-  // This level's entries and the slots left for them.
+  // This level's threshold, entries and the slots left for them.
+  const Threshold t1 = read_threshold(scratch + kLongThreshold1);
+  Threshold t = t1;
   int count = len;
   int need = a.topk;
   if (kLevel >= 1) {
-    count = load_l2(scratch + kLongThreshold1 + 2);    // keys in level 1's threshold bin
-    need -= load_l2(scratch + kLongThreshold1 + 1);    // minus the keys above it
+    t = read_threshold(scratch + kLongThreshold2);
+    count = t1.in_bin;
+    need -= t1.above;
   }
   if (kLevel >= 2) {
-    count = load_l2(scratch + kLongThreshold2 + 2);
-    need -= load_l2(scratch + kLongThreshold2 + 1);
+    const Threshold t2 = t;
+    t = read_threshold(scratch + kLongThreshold3);
+    count = t2.in_bin;
+    need -= t2.above;
   }
   if (start >= count) return;  // block-uniform
   ChunkEntries chunk;
@@ -267,7 +380,6 @@ __global__ void __launch_bounds__(kThreads) long_level_kernel(LongTopkArgs a) {
   } else {
     chunk.load_candidates(buffer_of(a, row, kLevel - 1), start, count);
   }
-  const Threshold t = find_threshold<kThreads, kBins>(scratch + level_hist<kLevel>(), need, s.warp_totals, &s.threshold);
 
   uint32_t above_mask = 0u, tie_mask = 0u;
 #pragma unroll
@@ -286,12 +398,6 @@ __global__ void __launch_bounds__(kThreads) long_level_kernel(LongTopkArgs a) {
     s.out_base = above != 0 ? atomicAdd(scratch + kLongOutCount, above) : 0;
     s.tie_base = ties != 0 ? atomicAdd(scratch + (kLast ? kLongTickets : kLevel == 0 ? kLongFill1 : kLongFill2), ties) : 0;
   }
-  if (!kLast && blockIdx.x == 0 && tid == 0) {  // every block found the same threshold; one records it
-    int* record = scratch + (kLevel == 0 ? kLongThreshold1 : kLongThreshold2);
-    record[0] = t.bin;
-    record[1] = t.above;
-    record[2] = t.in_bin;
-  }
   __syncthreads();
   const int exclusive = inclusive - packed;
   const int32_t* table_row = a.block_table + row * a.bt_stride;
@@ -302,6 +408,7 @@ __global__ void __launch_bounds__(kThreads) long_level_kernel(LongTopkArgs a) {
     if (above_mask & (1u << i)) out_row[out_at++] = physical_id(table_row, chunk.positions[i]);
   }
   int tie_at = s.tie_base + (exclusive >> 16);
+  const int blocks = (count + kLongChunk - 1) / kLongChunk;
   if (kLast) {
     // Keys equal to the threshold key: identical scores, any of them will do. Tickets past the
     // slots left are dropped; the others fill the row's last slots (after every key above).
@@ -313,20 +420,7 @@ __global__ void __launch_bounds__(kThreads) long_level_kernel(LongTopkArgs a) {
         ++tie_at;
       }
     }
-    // The row's last block to finish leaves its scratch zeroed for the next call: every other
-    // block of every pass has read what it needed by then.
-    const int blocks = (count + kLongChunk - 1) / kLongChunk;
-    __syncthreads();
-    if (tid == 0) {
-      __threadfence();
-      s.last_block = atomicAdd(scratch + kLongDone, 1) == blocks - 1;
-    }
-    __syncthreads();
-    if (s.last_block) {
-      __threadfence();
-      int4* zero = reinterpret_cast<int4*>(scratch);
-      for (int i = tid; i < kLongScratchInts / 4; i += kThreads) zero[i] = make_int4(0, 0, 0, 0);
-    }
+    if (last_block_of_row(scratch + kLongDone + 3, blocks, &s.flag)) zero_scratch<kThreads>(scratch);
     return;
   }
   uint2* next = buffer_of(a, row, kLevel);
@@ -344,6 +438,21 @@ __global__ void __launch_bounds__(kThreads) long_level_kernel(LongTopkArgs a) {
     const int c = s.hist[b];
     if (c != 0) atomicAdd(next_hist + b, c);
   }
+  // The row's last block: finishes the row here when its next level's entries fit one block (the
+  // common case: a few hundred to a few thousand keys), else finds the next level's threshold
+  // once for that pass's blocks.
+  if (!last_block_of_row(scratch + kLongDone + 1 + kLevel, blocks, &s.flag)) return;
+  const int next_count = t.in_bin;
+  const int next_need = need - t.above;
+  if (next_count <= kLongChunk) {
+    ChunkEntries rest;
+    rest.load_candidates(next, 0, next_count);
+    finish_in_block<kLevel + 1, kThreads>(rest, next_need, scratch, a.topk, table_row, out_row, s);
+    zero_scratch<kThreads>(scratch);
+    return;
+  }
+  const Threshold t_next = find_threshold<kThreads, kNextBins, true>(next_hist, next_need, s.warp_totals, &s.threshold);
+  if (tid == 0) write_threshold(scratch + (kLevel == 0 ? kLongThreshold2 : kLongThreshold3), t_next);
 }
 
 }  // namespace dsa_topk

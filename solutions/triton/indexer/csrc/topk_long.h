@@ -22,8 +22,8 @@ constexpr int kLongLastBins = 256;    // bins of level 3
 constexpr int kLongChunk = 4096;
 constexpr int kLongThreads = 512;
 // Per-row scratch (int32): the three levels' histograms, then the row's state: the output
-// counter, the fill counters of the two candidate buffers, the tie tickets, the last level's
-// finished blocks, and levels 1 and 2's threshold bin, keys above it and keys in it; padded to 16 bytes.
+// counter, the fill counters of the two candidate buffers, the tie tickets, each pass's finished
+// blocks, and each level's threshold (bin, keys above it, keys in it); padded to 16 bytes.
 constexpr int kLongHist1 = 0;
 constexpr int kLongHist2 = kLongBins;
 constexpr int kLongHist3 = 2 * kLongBins;
@@ -32,10 +32,11 @@ constexpr int kLongOutCount = kLongState + 0;
 constexpr int kLongFill1 = kLongState + 1;  // entries of level 2's buffer (level 1's threshold bin)
 constexpr int kLongFill2 = kLongState + 2;  // entries of level 3's buffer
 constexpr int kLongTickets = kLongState + 3;
-constexpr int kLongDone = kLongState + 4;
-constexpr int kLongThreshold1 = kLongState + 5;  // level 1's threshold: bin, keys above it, keys in it
-constexpr int kLongThreshold2 = kLongState + 8;  // level 2's
-constexpr int kLongScratchInts = kLongState + 12;
+constexpr int kLongDone = kLongState + 4;        // finished blocks of the histogram pass and the three levels (4 counters)
+constexpr int kLongThreshold1 = kLongState + 8;  // level 1's threshold: bin, keys above it, keys in it
+constexpr int kLongThreshold2 = kLongState + 11;
+constexpr int kLongThreshold3 = kLongState + 14;
+constexpr int kLongScratchInts = kLongState + 20;
 static_assert(kLongScratchInts % 4 == 0, "scratch rows stay 16-byte aligned");
 
 struct LongTopkArgs {
