@@ -107,11 +107,13 @@ def emulator(tmp_path_factory) -> Path:
     return exe
 
 
-def emulate_long_topk(exe: Path, scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, k: int):
-    """Runs topk_long.cuh's kernels on the emulator; returns ([B, k] int32 ids, [B, SCRATCH_INTS] scratch after)."""
+def emulate_long_topk(exe: Path, scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, k: int, blocks_per_row: int = 0):
+    """Runs topk_long.cuh's kernels on the emulator (``blocks_per_row`` 0: a block per chunk of 4096
+    entries, else that many blocks looping over a row's chunks); returns ([B, k] int32 ids,
+    [B, SCRATCH_INTS] int32 scratch after the call)."""
     scores = scores.detach().float().cpu().contiguous()
     batch, width = scores.shape
-    header = np.array([batch, width, block_table.shape[1], block_table.shape[1] * 64, k], dtype=np.int32)
+    header = np.array([batch, width, block_table.shape[1], block_table.shape[1] * 64, k, blocks_per_row], dtype=np.int32)
     parts = (header, scores.numpy(), seq_lens.cpu().numpy().astype(np.int32), block_table.cpu().numpy().astype(np.int32))
     folder = exe.parent
     (folder / "in.bin").write_bytes(b"".join(np.ascontiguousarray(part).tobytes() for part in parts))
@@ -121,10 +123,11 @@ def emulate_long_topk(exe: Path, scores: torch.Tensor, seq_lens: torch.Tensor, b
     return torch.from_numpy(out.copy()), torch.from_numpy(scratch.copy())
 
 
-@pytest.mark.parametrize("k", [2048, 512])
-def test_emulated_long_topk_is_exact_and_leaves_scratch_zero(emulator, k):
-    scores, seq_lens, table = hard_rows(seed=k)
-    out, scratch = emulate_long_topk(emulator, scores, seq_lens, table, k)
+@pytest.mark.parametrize(("k", "blocks_per_row"), [(2048, 0), (512, 0), (2048, 2), (2048, 1)])
+def test_emulated_long_topk_is_exact_and_leaves_scratch_zero(emulator, k, blocks_per_row):
+    # blocks_per_row 0: a block per chunk (small calls); 2 and 1: blocks loop over a row's chunks (large calls)
+    scores, seq_lens, table = hard_rows(seed=k + blocks_per_row)
+    out, scratch = emulate_long_topk(emulator, scores, seq_lens, table, k, blocks_per_row)
     assert_exact_topk(scores, seq_lens, table, out, k)
     assert not scratch.any(), "the kernels must leave the scratch zeroed for the next call"
 

@@ -4,7 +4,8 @@
 //
 // Build:  g++ -O2 -std=c++17 -DDSA_TOPK_HOST_EMULATION -Isolutions/triton/indexer/csrc topk_long_emulator.cpp -o topk_long_emulator
 // Run:    topk_long_emulator INPUT OUTPUT
-// INPUT (little-endian): int32 batch, score_stride, bt_stride, max_len, topk; float32 scores[batch * score_stride]; int32 seq_lens[batch];
+// INPUT (little-endian): int32 batch, score_stride, bt_stride, max_len, topk, blocks_per_row (the
+//   grid's width; 0: one block per chunk, as small calls get on a GPU); float32 scores[batch * score_stride]; int32 seq_lens[batch];
 //   int32 block_table[batch * bt_stride].
 // OUTPUT: int32 out[batch * topk], then the int32 scratch [batch * kLongScratchInts] after the call
 //   (the kernels must leave it zero).
@@ -12,6 +13,14 @@
 #include "topk_emulator.cpp"
 
 inline void __threadfence() {}  // fibers share one address space and never interleave inside an access
+
+namespace simt {
+inline Dim3& grid_dim() {
+  static Dim3 dims;
+  return dims;
+}
+}  // namespace simt
+#define gridDim (simt::grid_dim())
 
 #include "topk_long.cuh"
 
@@ -28,6 +37,7 @@ void read_all(std::FILE* f, T* data, size_t count) {
 // Runs `kernel` over every block of `grid` with `threads` threads.
 template <typename Kernel>
 void run_grid(Kernel kernel, unsigned grid_x, unsigned grid_y, int threads, const dsa_topk::LongTopkArgs& args) {
+  simt::grid_dim() = simt::Dim3{grid_x, grid_y, 1};
   for (unsigned y = 0; y < grid_y; ++y) {
     for (unsigned x = 0; x < grid_x; ++x) simt::run_block(simt::Dim3{x, y, 0}, threads, [&] { kernel(args); });
   }
@@ -43,8 +53,8 @@ int main(int argc, char** argv) {
   }
   std::FILE* in = std::fopen(argv[1], "rb");
   if (!in) return 2;
-  int32_t header[5];
-  read_all(in, header, 5);
+  int32_t header[6];
+  read_all(in, header, 6);
   const int batch = header[0], score_stride = header[1], bt_stride = header[2], max_len = header[3], topk = header[4];
   std::vector<float> scores(static_cast<size_t>(batch) * score_stride);
   std::vector<int32_t> seq_lens(batch), table(static_cast<size_t>(batch) * bt_stride);
@@ -70,10 +80,11 @@ int main(int argc, char** argv) {
   args.max_len = max_len;
   args.topk = topk;
   const unsigned chunks = static_cast<unsigned>((max_len + kLongChunk - 1) / kLongChunk);
-  run_grid(long_histogram_kernel<kLongThreads>, chunks, batch, kLongThreads, args);
-  run_grid(long_level_kernel<0, kLongThreads>, chunks, batch, kLongThreads, args);
-  run_grid(long_level_kernel<1, kLongThreads>, chunks, batch, kLongThreads, args);
-  run_grid(long_level_kernel<2, kLongThreads>, chunks, batch, kLongThreads, args);
+  const unsigned width = header[5] > 0 && static_cast<unsigned>(header[5]) < chunks ? static_cast<unsigned>(header[5]) : chunks;
+  run_grid(long_histogram_kernel<kLongThreads>, width, batch, kLongThreads, args);
+  run_grid(long_level_kernel<0, kLongThreads>, width, batch, kLongThreads, args);
+  run_grid(long_level_kernel<1, kLongThreads>, width, batch, kLongThreads, args);
+  run_grid(long_level_kernel<2, kLongThreads>, width, batch, kLongThreads, args);
 
   std::FILE* o = std::fopen(argv[2], "wb");
   if (!o) return 2;

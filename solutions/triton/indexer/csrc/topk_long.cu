@@ -25,13 +25,38 @@ cudaError_t launch(Kernel kernel, dim3 grid, int threads, bool dependent, const 
   return cudaGetLastError();
 }
 
+constexpr int kMaxDevices = 64;
+
+// Streaming multiprocessors of the current device (cached per device).
+cudaError_t multiprocessors(int* count) {
+  static int cached[kMaxDevices] = {0};
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device >= 0 && device < kMaxDevices && cached[device] > 0) {
+    *count = cached[device];
+    return cudaSuccess;
+  }
+  err = cudaDeviceGetAttribute(count, cudaDevAttrMultiProcessorCount, device);
+  if (err == cudaSuccess && device >= 0 && device < kMaxDevices) cached[device] = *count;
+  return err;
+}
+
 }  // namespace
 
 cudaError_t launch_long_topk(const LongTopkArgs& args, cudaStream_t stream) {
   if (args.batch <= 0) return cudaSuccess;
-  const unsigned chunks = static_cast<unsigned>((args.max_len + kLongChunk - 1) / kLongChunk);
-  const dim3 grid(chunks > 0 ? chunks : 1u, static_cast<unsigned>(args.batch));
-  cudaError_t err = launch(long_histogram_kernel<kLongThreads>, grid, kLongThreads, args.dependent_launch != 0, args, stream);
+  int sms = 0;
+  cudaError_t err = multiprocessors(&sms);
+  if (err != cudaSuccess) return err;
+  // A block per chunk of a row, unless the call has more chunks than about kLongWaves waves of
+  // blocks: then each block loops over several chunks of its row (a block's fixed costs, its
+  // dependent loads and scans, are then paid once per block, not per chunk).
+  const int chunks = (args.max_len + kLongChunk - 1) / kLongChunk;
+  const int per_row = (kLongWaves * kLongBlocksPerSm * sms + args.batch - 1) / args.batch;
+  const int width = chunks < per_row ? chunks : per_row;
+  const dim3 grid(static_cast<unsigned>(width > 0 ? width : 1), static_cast<unsigned>(args.batch));
+  err = launch(long_histogram_kernel<kLongThreads>, grid, kLongThreads, args.dependent_launch != 0, args, stream);
   if (err == cudaSuccess) err = launch(long_level_kernel<0, kLongThreads>, grid, kLongThreads, true, args, stream);
   if (err == cudaSuccess) err = launch(long_level_kernel<1, kLongThreads>, grid, kLongThreads, true, args, stream);
   if (err == cudaSuccess) err = launch(long_level_kernel<2, kLongThreads>, grid, kLongThreads, true, args, stream);

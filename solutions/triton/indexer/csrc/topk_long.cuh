@@ -178,6 +178,12 @@ __device__ __forceinline__ int selected_len(const LongTopkArgs& a, int row) {
   return len < a.max_len ? len : a.max_len;  // a longer seq_len breaks the contract: the histogram pass traps
 }
 
+// Blocks of a pass that work on a row of `count` entries: one per chunk, at most the grid's width.
+__device__ __forceinline__ int blocks_of_row(int count) {
+  const int chunks = (count + kLongChunk - 1) / kLongChunk;
+  return chunks < static_cast<int>(gridDim.x) ? chunks : static_cast<int>(gridDim.x);
+}
+
 __device__ __forceinline__ int* scratch_of(const LongTopkArgs& a, int row) { return a.scratch + row * static_cast<int64_t>(kLongScratchInts); }
 
 __device__ __forceinline__ uint2* buffer_of(const LongTopkArgs& a, int row, int which) {
@@ -323,18 +329,21 @@ __global__ void __launch_bounds__(kThreads) long_histogram_kernel(LongTopkArgs a
   __shared__ LongShared s;
   zero_bins<kThreads, kLongBins>(s.hist);
   wait_for_preceding_grid();  // the scores are the previous kernel's
-  ChunkEntries chunk;
-  chunk.load_scores(a.scores + row * a.score_stride, start, len);
   __syncthreads();
+  // Chunks blockIdx.x, + gridDim.x, ... of the row (the launcher gives large calls fewer blocks per row).
+  for (int at = start; at < len; at += gridDim.x * kLongChunk) {
+    ChunkEntries chunk;
+    chunk.load_scores(a.scores + row * a.score_stride, at, len);
 #pragma unroll
-  for (int i = 0; i < kLongSlots; ++i) histogram_add(s.hist, level_bin<0>(chunk.keys[i]), (chunk.members >> i) & 1u);
+    for (int i = 0; i < kLongSlots; ++i) histogram_add(s.hist, level_bin<0>(chunk.keys[i]), (chunk.members >> i) & 1u);
+  }
   __syncthreads();
   int* scratch = scratch_of(a, row);
   for (int b = threadIdx.x; b < kLongBins; b += kThreads) {
     const int c = s.hist[b];
     if (c != 0) atomicAdd(scratch + kLongHist1 + b, c);
   }
-  if (!last_block_of_row(scratch + kLongDone, (len + kLongChunk - 1) / kLongChunk, &s.flag)) return;
+  if (!last_block_of_row(scratch + kLongDone, blocks_of_row(len), &s.flag)) return;
   const Threshold t1 = find_threshold<kThreads, kLongBins, true>(scratch + kLongHist1, a.topk, s.warp_totals, &s.threshold);
   if (threadIdx.x == 0) write_threshold(scratch + kLongThreshold1, t1);
 }
@@ -374,63 +383,69 @@ __global__ void __launch_bounds__(kThreads) long_level_kernel(LongTopkArgs a) {
     need -= t2.above;
   }
   if (start >= count) return;  // block-uniform
-  ChunkEntries chunk;
-  if (kLevel == 0) {
-    chunk.load_scores(a.scores + row * a.score_stride, start, len);
-  } else {
-    chunk.load_candidates(buffer_of(a, row, kLevel - 1), start, count);
-  }
-
-  uint32_t above_mask = 0u, tie_mask = 0u;
-#pragma unroll
-  for (int i = 0; i < kLongSlots; ++i) {
-    const bool member = (chunk.members >> i) & 1u;
-    const int bin = level_bin<kLevel>(chunk.keys[i]);
-    if (member && bin > t.bin) above_mask |= 1u << i;
-    if (member && bin == t.bin) tie_mask |= 1u << i;
-  }
-  // Both counts packed in one int: one block scan gives every thread its offsets, and the last
-  // thread takes the block's runs from the row's counters.
-  const int packed = __popc(above_mask) | (__popc(tie_mask) << 16);
-  const int inclusive = block_inclusive_sum<kThreads>(packed, lane, warp, s.warp_totals);
-  if (tid == kThreads - 1) {
-    const int above = inclusive & 0xffff, ties = inclusive >> 16;
-    s.out_base = above != 0 ? atomicAdd(scratch + kLongOutCount, above) : 0;
-    s.tie_base = ties != 0 ? atomicAdd(scratch + (kLast ? kLongTickets : kLevel == 0 ? kLongFill1 : kLongFill2), ties) : 0;
-  }
-  __syncthreads();
-  const int exclusive = inclusive - packed;
   const int32_t* table_row = a.block_table + row * a.bt_stride;
   int32_t* out_row = a.out + row * a.out_stride;
-  int out_at = s.out_base + (exclusive & 0xffff);
-#pragma unroll
-  for (int i = 0; i < kLongSlots; ++i) {
-    if (above_mask & (1u << i)) out_row[out_at++] = physical_id(table_row, chunk.positions[i]);
-  }
-  int tie_at = s.tie_base + (exclusive >> 16);
-  const int blocks = (count + kLongChunk - 1) / kLongChunk;
-  if (kLast) {
-    // Keys equal to the threshold key: identical scores, any of them will do. Tickets past the
-    // slots left are dropped; the others fill the row's last slots (after every key above).
-    const int tie_slots = need - t.above;
+  // Chunks blockIdx.x, + gridDim.x, ... of this level's entries (the launcher gives large calls
+  // fewer blocks per row); the next level's histogram accumulates in shared memory across them.
+  for (int at = start; at < count; at += gridDim.x * kLongChunk) {
+    ChunkEntries chunk;
+    if (kLevel == 0) {
+      chunk.load_scores(a.scores + row * a.score_stride, at, len);
+    } else {
+      chunk.load_candidates(buffer_of(a, row, kLevel - 1), at, count);
+    }
+    uint32_t above_mask = 0u, tie_mask = 0u;
 #pragma unroll
     for (int i = 0; i < kLongSlots; ++i) {
-      if (tie_mask & (1u << i)) {
-        if (tie_at < tie_slots) out_row[a.topk - tie_slots + tie_at] = physical_id(table_row, chunk.positions[i]);
-        ++tie_at;
-      }
+      const bool member = (chunk.members >> i) & 1u;
+      const int bin = level_bin<kLevel>(chunk.keys[i]);
+      if (member && bin > t.bin) above_mask |= 1u << i;
+      if (member && bin == t.bin) tie_mask |= 1u << i;
     }
+    // Both counts packed in one int: one block scan gives every thread its offsets, and the last
+    // thread takes the block's runs from the row's counters.
+    const int packed = __popc(above_mask) | (__popc(tie_mask) << 16);
+    const int inclusive = block_inclusive_sum<kThreads>(packed, lane, warp, s.warp_totals);
+    if (tid == kThreads - 1) {
+      const int above = inclusive & 0xffff, ties = inclusive >> 16;
+      s.out_base = above != 0 ? atomicAdd(scratch + kLongOutCount, above) : 0;
+      s.tie_base = ties != 0 ? atomicAdd(scratch + (kLast ? kLongTickets : kLevel == 0 ? kLongFill1 : kLongFill2), ties) : 0;
+    }
+    __syncthreads();
+    const int exclusive = inclusive - packed;
+    int out_at = s.out_base + (exclusive & 0xffff);
+#pragma unroll
+    for (int i = 0; i < kLongSlots; ++i) {
+      if (above_mask & (1u << i)) out_row[out_at++] = physical_id(table_row, chunk.positions[i]);
+    }
+    int tie_at = s.tie_base + (exclusive >> 16);
+    if (kLast) {
+      // Keys equal to the threshold key: identical scores, any of them will do. Tickets past the
+      // slots left are dropped; the others fill the row's last slots (after every key above).
+      const int tie_slots = need - t.above;
+#pragma unroll
+      for (int i = 0; i < kLongSlots; ++i) {
+        if (tie_mask & (1u << i)) {
+          if (tie_at < tie_slots) out_row[a.topk - tie_slots + tie_at] = physical_id(table_row, chunk.positions[i]);
+          ++tie_at;
+        }
+      }
+    } else {
+      uint2* next = buffer_of(a, row, kLevel);
+#pragma unroll
+      for (int i = 0; i < kLongSlots; ++i) {
+        if (tie_mask & (1u << i)) next[tie_at++] = make_uint2(chunk.keys[i], static_cast<uint32_t>(chunk.positions[i]));
+      }
+      // The next level's histogram of the threshold-bin keys.
+#pragma unroll
+      for (int i = 0; i < kLongSlots; ++i) histogram_add(s.hist, level_bin<kLevel + 1>(chunk.keys[i]), (tie_mask >> i) & 1u);
+    }
+  }
+  const int blocks = blocks_of_row(count);
+  if (kLast) {
     if (last_block_of_row(scratch + kLongDone + 3, blocks, &s.flag)) zero_scratch<kThreads>(scratch);
     return;
   }
-  uint2* next = buffer_of(a, row, kLevel);
-#pragma unroll
-  for (int i = 0; i < kLongSlots; ++i) {
-    if (tie_mask & (1u << i)) next[tie_at++] = make_uint2(chunk.keys[i], static_cast<uint32_t>(chunk.positions[i]));
-  }
-  // The next level's histogram of this block's threshold-bin keys, added to the row's.
-#pragma unroll
-  for (int i = 0; i < kLongSlots; ++i) histogram_add(s.hist, level_bin<kLevel + 1>(chunk.keys[i]), (tie_mask >> i) & 1u);
   __syncthreads();
   int* next_hist = scratch + level_hist<kLevel + 1>();
   constexpr int kNextBins = kLevel + 1 == kLongLevels - 1 ? kLongLastBins : kLongBins;
@@ -446,7 +461,7 @@ __global__ void __launch_bounds__(kThreads) long_level_kernel(LongTopkArgs a) {
   const int next_need = need - t.above;
   if (next_count <= kLongChunk) {
     ChunkEntries rest;
-    rest.load_candidates(next, 0, next_count);
+    rest.load_candidates(buffer_of(a, row, kLevel), 0, next_count);
     finish_in_block<kLevel + 1, kThreads>(rest, next_need, scratch, a.topk, table_row, out_row, s);
     zero_scratch<kThreads>(scratch);
     return;

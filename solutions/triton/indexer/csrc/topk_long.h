@@ -21,6 +21,10 @@ constexpr int kLongLastBins = 256;    // bins of level 3
 // Entries per block of every pass: 512 threads x 8.
 constexpr int kLongChunk = 4096;
 constexpr int kLongThreads = 512;
+// Grid width per row: at most about kLongWaves waves of kLongBlocksPerSm blocks per SM in all
+// (the passes' blocks use about 60 registers per thread: two blocks of 512 threads per SM).
+constexpr int kLongWaves = 2;
+constexpr int kLongBlocksPerSm = 2;
 // Per-row scratch (int32): the three levels' histograms, then the row's state: the output
 // counter, the fill counters of the two candidate buffers, the tie tickets, each pass's finished
 // blocks, and each level's threshold (bin, keys above it, keys in it); padded to 16 bytes.
