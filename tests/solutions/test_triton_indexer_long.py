@@ -81,13 +81,14 @@ def hard_rows(seed: int, max_pages: int = 400):
 
 def test_dispatch_keeps_short_tables_on_the_filtered_topk():
     # The contest's shapes (at most 91 pages) and every table up to 16384 tokens stay on the
-    # one-block-per-row top-k; long tables take the long path, large batches of 32K rows do not.
+    # one-block-per-row top-k; long tables take the long path at small batches, and at B = 64
+    # only from 64K tokens; B = 128 keeps one block per row.
     for batch in (1, 31, 128):
         for pages in (33, 91, 128, 256):
             assert not topk_long.uses_long_path(batch, pages)
-    assert topk_long.uses_long_path(1, 257) and topk_long.uses_long_path(64, 512)
-    assert not topk_long.uses_long_path(128, 512)
-    assert topk_long.uses_long_path(128, 1024) and topk_long.uses_long_path(64, 2048)
+    assert topk_long.uses_long_path(1, 257) and topk_long.uses_long_path(32, 512) and topk_long.uses_long_path(32, 2048)
+    assert not topk_long.uses_long_path(64, 512) and topk_long.uses_long_path(64, 1024) and topk_long.uses_long_path(64, 2048)
+    assert not topk_long.uses_long_path(128, 512) and not topk_long.uses_long_path(128, 2048)
 
 
 # --------------------------------------------------------------------------- emulated on CPU

@@ -66,8 +66,9 @@ def solution_notes() -> str:
         )
         return (
             "top-k: CUDA filtered select on 32-bit score keys (range-binned fast path, radix select fallback) with page-table emit "
-            f"(library {_cuda_topk.name}); long block tables (more than {topk_long.LONG_PATH_MIN_TOKENS} tokens, "
-            f"batch <= {topk_long.LONG_PATH_MAX_BATCH} below {topk_long.LONG_PATH_ANY_BATCH_TOKENS}): rows split over many "
+            f"(library {_cuda_topk.name}); long block tables (topk_long.uses_long_path: more than {topk_long.LONG_PATH_MIN_TOKENS} "
+            f"tokens, batch <= {topk_long.LONG_PATH_MAX_BATCH}, or <= {topk_long.LONG_PATH_WIDE_BATCH} from "
+            f"{topk_long.LONG_PATH_WIDE_TOKENS} tokens): rows split over many "
             f"blocks (a histogram pass and three level passes; library {_cuda_long_topk.name}); "
             "launched as the score kernel's programmatic dependent "
             f"({'triggered when its programs start' if score.CAN_LAUNCH_DEPENDENTS else 'triggered when its programs end'}); "

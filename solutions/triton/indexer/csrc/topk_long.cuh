@@ -6,20 +6,24 @@
 // of its 32-bit order keys (bits 31..20, 19..8, 7..0), four launches chained as programmatic
 // dependent launches, every one a grid of (chunks of kLongChunk entries) x rows:
 //
-//   histogram  level 1's histogram: a shared histogram per chunk of the score row, added to the
-//              row's global one (one atomic per non-empty bin and block). Its block 0 of a row
-//              of L <= topk writes that row (positions 0..L-1 as ids, then -1) and nothing else
-//              happens to it.
-//   level 1    every block finds the row's threshold bin t1 from the global histogram (the same
-//              answer in every block) and classifies its chunk of scores: keys above t1 are written
-//              as physical ids at slots taken from the row's output counter (one atomic per block,
-//              offsets from a block scan); keys in t1 are appended to the row's level-2 buffer
-//              (one atomic per block) and counted in level 2's histogram.
-//   level 2    the same on the level-2 buffer (its chunks; blocks past its fill return), with level
-//              2's bins: keys above t2 are written, keys in t2 go to the level-3 buffer and histogram.
+//   histogram  level 1's histogram: a shared histogram per block of the score row, added to the
+//              row's global one (one atomic per non-empty bin and block); the row's last block to
+//              finish (a counter between fences) finds the threshold bin t1 once and records it.
+//              Block 0 of a row of L <= topk writes that row (positions 0..L-1 as ids, then -1).
+//   level 1    every block classifies its chunks of scores against t1: keys above it are written
+//              as physical ids at slots taken from the row's output counter (one atomic per
+//              chunk, offsets from a block scan); keys in t1 are appended to the row's level-2
+//              buffer (one atomic per chunk) and counted in level 2's histogram. The row's last
+//              block then finishes the row itself when t1 held at most kLongChunk keys (the
+//              usual case): levels 2 and 3 on those keys in registers, ties by block order.
+//              Otherwise it records t2 for the next pass.
+//   level 2    the same on the level-2 buffer (blocks past its fill return), with level 2's bins.
 //   level 3    the same on the level-3 buffer with the last 8 bits: keys above t3 are written; keys
-//              equal to t3 are equal fp32 scores, and the first `need` tickets of a row-wide counter
-//              fill the remaining slots. The last block of a row to finish zeroes its scratch.
+//              equal to t3 are equal fp32 scores, and the first tickets of a row-wide counter fill
+//              the remaining slots.
+// The block that finishes a row zeroes its scratch, so a later pass reads a zero count and
+// returns, and the next call starts from zero. Large calls give each row fewer blocks, each
+// looping over several chunks (topk_long.cu).
 //
 // Exact: every choice is made on the full 32-bit key (ties only among equal fp32 scores), and no
 // candidate set is ever truncated: each buffer can hold a whole row, so a near-constant row (all
