@@ -67,7 +67,8 @@ def load_long_topk_extension(verbose: bool | None = None) -> CudaLibrary:
 #: every call leaves them zero again) and two candidate buffers of a whole row each, so that no
 #: threshold bin is ever too large for them (B x max_len x 16 bytes: 128 MiB at 64 x 128K).
 #: Allocated on a call's first, eager run (LaunchGraphs runs a new argument signature eagerly
-#: before it captures), so captured graphs keep reusing the same memory.
+#: before it captures), so captured graphs keep reusing the same memory. Shared by every call of
+#: one shape on a device: two such calls must not run at once on different streams.
 _SCRATCH: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
