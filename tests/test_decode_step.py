@@ -304,6 +304,7 @@ def test_production_writes_equal_the_descriptor_writer_without_a_host_sync(fmt):
         assert torch.equal(got, want), slots
 
 
+@pytest.mark.slow  # a harness run (~10 s on two cores)
 def test_production_peer_is_skipped_naming_what_is_missing():
     proc = run_cli("run", "-w", "decode_step_v32_smoke", "-c", "smoke_b1*", "-s", "production", "--device", "cpu", "--no-save")
     assert proc.returncode == 0, proc.stdout + proc.stderr
