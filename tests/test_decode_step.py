@@ -204,6 +204,16 @@ def test_observed_outputs_are_spec_checked():
     assert result.status == Status.INCORRECT_SHAPE and "'index_pages'" in result.message
 
 
+def test_min_traffic_counts_every_scored_key_and_the_selected_records():
+    definition, axes, inputs = _inputs(V32, [3000, 100], s_q=1, h_q=16)
+    bound = definition.min_traffic_bytes(axes, inputs)
+    record = V32.value_bytes + 4 * V32.num_scales + V32.rope_bytes
+    keys = 132 * (3000 - 1)  # the long row is scored; the short one is not
+    records = record * (2048 - 1 + 100 - 1)
+    outputs = ((2 * 512 + 4) * 16 + 4 * 2048) * 2
+    assert bound == keys + records + 2 * 16 * 576 * 2 + (record + 132) * 2 + outputs
+
+
 # --------------------------------------------------------------------------- validation and workloads
 
 
@@ -318,3 +328,15 @@ def test_reference_and_triton_pass_the_smoke_workload_on_cpu(fmt):
                    "--no-save")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "reference   2/2" in proc.stdout and "triton      2/2" in proc.stdout, proc.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["v32", "v4"])
+def test_triton_and_production_pass_the_cpu_sized_workloads_on_a_gpu(fmt):
+    """On the GPU: the Triton step (CUDA top-k, CUDA decode for 64/128 heads) and the production peer (where its
+    modules are installed; otherwise SKIPPED) against the reference, smoke and mix cases, timed."""
+    for kind, count in (("smoke", 3), ("mix", 3)):
+        proc = run_cli("run", "-w", f"decode_step_{fmt}_{kind}", "-s", "reference", "-s", "triton", "-s", "production", "--no-save")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert f"triton      {count}/{count}" in proc.stdout, proc.stdout
+        assert f"production  {count}/{count}" in proc.stdout or "production: " in proc.stdout and "skipped" in proc.stdout, proc.stdout

@@ -348,6 +348,36 @@ class _Step:
                                 f"L - s_q + s = {int(lens[i]) - s_q + s} through block_table[{i}] ({int(want[i, s])})")
         return problems
 
+    # ------------------------------------------------------------------ traffic
+    def min_traffic_bytes(self, axes: Mapping[str, int], inputs: Mapping[str, Value]) -> int:
+        """A lower bound on the bytes one step moves between DRAM and the chip::
+
+            reads   Σ_b 132 · (tokens of b's longest row - tokens written this call)     keys of every row scored (length > k)
+                  + Σ_b record · (min(k, longest row of b) - tokens written this call)   MLA records the decode must read
+                  + 2 · h_q · d_qk · b · s_q                                           the decode queries
+            writes  (record + 132) · (tokens written)                                    the new records and keys
+                  + (2 · 512 + 4) · h_q · b · s_q + 4 · k · b · s_q                     out, lse and the ids
+
+        ``record`` counts the format's value, used scale and RoPE bytes. A new token's key and record may stay
+        on chip between its write and its use, so neither is counted as read; rows of one sequence share their
+        tokens, so only its longest row counts. Smaller inputs (seq_lens, tables, weights) are left out.
+        """
+        fmt, topk = self.fmt, self.topk
+        slots = inputs["slot_mapping"]
+        b, s_q = slots.shape
+        h_q = axes["h_q"]
+        written = (slots >= 0).sum(dim=1).tolist()
+        longest = inputs["seq_lens"].tolist()
+        record = fmt.value_bytes + fmt.num_scales * fmt.scale_element_bytes + fmt.rope_bytes
+        key = INDEXER_KEY_PAGE.bytes_per_token
+        reads = 2 * h_q * fmt.d_qk * b * s_q
+        for length, new in zip(longest, written, strict=True):
+            if length > topk:
+                reads += key * max(0, length - new)
+            reads += record * max(0, min(topk, length) - new)
+        writes = (record + key) * sum(written) + ((2 * mla_decode.D_V + 4) * h_q + 4 * topk) * b * s_q
+        return reads + writes
+
     # ------------------------------------------------------------------ expectations and checking
     def expect(self, inputs: Mapping[str, Value]) -> StepExpected:
         """The reference step on copies of the caches (the harness's inputs stay as built)."""
@@ -496,6 +526,7 @@ def _definition(fmt: KvRecordFormat, topk: int) -> Definition:
             TensorSpec("index_pages", ("b", "s_q", "index_page_bytes"), torch.uint8, "the key page of each new token's slot"),
         ),
         observe=observe_pages,
+        min_traffic_bytes=family.min_traffic_bytes,
     )
 
 
