@@ -226,26 +226,41 @@ def _trace(tmp_path, fmt_name: str, inputs: dict | None = None, **axes):
     return path, definition
 
 
+LENS = {"seq_lens": {"type": "explicit", "values": [100, 10]}}
+TABLE = {"block_table": {"type": "explicit", "values": [[0, 1, 2, 3], [4, 5, 6, 7]]}}
+SHARED_PAGE = {"block_table": {"type": "explicit", "values": [[0, 1, 2, 3], [1, 5, 6, 7]]}}
+WRONG_SLOT = {"slot_mapping": {"type": "explicit", "values": [[98], [265]]}}
+
+
 @pytest.mark.parametrize(("fmt", "axes", "inputs", "message"), [
     ("v32", {"h_q": 48}, None, "axes.h_q = 48 must be one of 16, 32, 64, 128"),
     ("v4", {"s_q": 5}, None, "axes.s_q = 5 must be in [1, 4]"),
     ("v4", {"page_bytes": V4.page_stride(64) + 16}, None, f"must be a multiple of the V4 TMA stride {V4.tma_stride} B"),
     ("v4", {"max_position": 100}, None, "axes.max_position = 100 must cover every position"),
     ("v32", {"num_blocks": 3}, None, "random seq_lens up to 256 may need 8 pages but num_blocks = 3"),
-    ("v32", {}, {"seq_lens": {"type": "explicit", "values": [300, 10]}}, "inputs.seq_lens[0] = 300 is outside [0, max_num_pages x 64 = 256]"),
-    ("v32", {}, {"seq_lens": {"type": "explicit", "values": [100, 10]}, "block_table": {"type": "explicit", "values": [[0, 1, 2, 3], [1, 5, 6, 7]]}},
-     "inputs.block_table[1] lists a page another row (or itself) already holds"),
-    ("v32", {}, {"seq_lens": {"type": "explicit", "values": [100, 10]}, "block_table": {"type": "explicit", "values": [[0, 1, 2, 3], [4, 5, 6, 7]]},
-                 "slot_mapping": {"type": "explicit", "values": [[98], [265]]}}, "inputs.slot_mapping[0][0] = 98 must be -1 or the slot of position L - s_q + s = 99 through block_table[0] (99)"),
+    ("v32", {}, {"seq_lens": {"type": "explicit", "values": [300, 10]}},
+     "inputs.seq_lens[0] = 300 is outside [0, max_num_pages x 64 = 256]"),
+    ("v32", {}, {**LENS, **SHARED_PAGE}, "inputs.block_table[1] lists a page another row (or itself) already holds"),
+    ("v32", {}, {**LENS, **TABLE, **WRONG_SLOT},
+     "inputs.slot_mapping[0][0] = 98 must be -1 or the slot of position L - s_q + s = 99 through block_table[0] (99)"),
+    ("v32", {}, {**WRONG_SLOT}, "inputs.slot_mapping is given explicitly, so inputs.seq_lens and inputs.block_table must be too"),
     ("v32", {}, {"slot_mapping": {"type": "random", "params": {"skip": 5}}}, "slot_mapping.params.skip = 5 must be in [0, b x s_q = 2]"),
     ("v32", {}, {"attn_sink": {"type": "random", "params": {"value": 1.0, "off": True}}}, "contradict each other"),
     ("v32", {}, {"seq_lens": {"type": "random", "params": {"mode": 3}}}, "seq_lens.params.mode is not a generator parameter"),
+    ("v4", {}, {"positions": {"type": "explicit", "values": [[3], [256]]}},
+     "inputs.positions[1][0] = 256 is outside [0, max_position = 256)"),
 ])  # fmt: skip
 def test_bad_cases_are_refused_naming_the_case_and_field(tmp_path, fmt, axes, inputs, message):
     path, definition = _trace(tmp_path, fmt, inputs, **axes)
     with pytest.raises(DsaBenchError) as err:
         load_trace(path, definition)
     assert "case 'c'" in str(err.value) and message in str(err.value), str(err.value)
+
+
+def test_explicit_caches_are_refused():
+    definition, axes = _axes(V32, b=1, s_q=1, max_pages=1)
+    problems = definition.validate(axes, {"index_cache": INDEXER_KEY_PAGE.empty_cache(axes["num_blocks"], CPU)}, {})
+    assert any(p.startswith("inputs.index_cache cannot be given explicitly") for p in problems), problems
 
 
 def test_shipped_workloads_load_and_cover_the_production_grid():

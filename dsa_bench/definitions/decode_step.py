@@ -49,7 +49,7 @@ from dsa_bench.definitions.base import (
     integer_param,
     unknown_params,
 )
-from dsa_bench.definitions.kv_records import INDEXER_KEY_PAGE, INT32_MAX, V4, V32, KvRecordFormat
+from dsa_bench.definitions.kv_records import INDEXER_KEY_PAGE, INT32_MAX, V4, V32, KvRecordFormat, ScaleConvention
 from dsa_bench.definitions.status import CheckResult, Status
 
 #: Tokens per page of both caches: the indexer's page, so its physical ids are the decode's.
@@ -66,7 +66,7 @@ REGISTERED_TOPKS: dict[str, tuple[int, ...]] = {"V32": (indexer.TOPK,), "V4": (i
 #: one writer (power-of-two scales; FlashMLA's SM90 kernel reads V3.2's fp32 scales as bf16, exact for them).
 MLA_CONVENTION = kv_insert.CONVENTION
 #: The indexer keys' scale convention (the indexer generator's: amax / 448, not rounded).
-KEY_CONVENTION = "raw"
+KEY_CONVENTION: ScaleConvention = "raw"
 #: Context records quantized and written per step while building a cache.
 WRITE_CHUNK_TOKENS = 65536
 GENERATOR_PARAMS = {"seq_lens": ("min", "max"), "slot_mapping": ("skip",), "attn_sink": ("off", "value")}
@@ -134,7 +134,7 @@ def insert(fmt: KvRecordFormat, inputs: Mapping[str, Value], kv_cache: torch.Ten
     INDEXER_KEY_PAGE.write(index_cache, BLOCK_SIZE, slots, INDEXER_KEY_PAGE.quantize(keys, KEY_CONVENTION))
 
 
-def _topk_arguments(topk: int) -> dict[str, int]:
+def _topk_arguments(topk: int) -> dict[str, Any]:
     """Keyword arguments that select ``topk`` in the indexer's functions (none for its default 2048; other
     sizes need the k-parametrized indexer, which TOPKS admits only once it is there)."""
     return {} if topk == indexer.TOPK else {"topk": topk}
@@ -257,7 +257,8 @@ class _Step:
         if self.rotates:
             max_pos = axes["max_position"]
             out["positions"] = given["positions"].to(device) if "positions" in given else positions.clamp_min(0)
-            out["cos_sin_cache"] = given["cos_sin_cache"].to(device) if "cos_sin_cache" in given else kv_insert.cos_sin_table(max_pos, device)
+            cos_sin = given.get("cos_sin_cache")
+            out["cos_sin_cache"] = cos_sin.to(device) if cos_sin is not None else kv_insert.cos_sin_table(max_pos, device)
         return out
 
     # ------------------------------------------------------------------ validation
@@ -284,6 +285,12 @@ class _Step:
         if self.rotates and axes["max_position"] < capacity:
             problems.append(f"axes.max_position = {axes['max_position']} must cover every position: at least max_num_pages x "
                             f"{BLOCK_SIZE} = {capacity}")
+        if self.rotates and "positions" in given:
+            pos = given["positions"].long()
+            bad = (pos < 0) | (pos >= axes["max_position"])
+            if bool(bad.any()):
+                i, j = (int(x) for x in torch.nonzero(bad)[0])
+                problems.append(f"inputs.positions[{i}][{j}] = {int(pos[i, j])} is outside [0, max_position = {axes['max_position']})")
         for name in ("kv_cache", "index_cache"):
             if name in given:
                 problems.append(f"inputs.{name} cannot be given explicitly: the generator writes every cached token's record "

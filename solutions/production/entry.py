@@ -11,8 +11,9 @@
    same place), or rewrites slot 0's current bytes when no token is kept.
 2. Indexer scores and top-k: the ``deepgemm_flashinfer`` peer's entry (DeepGEMM ``fp8_paged_mqa_logits``, then
    FlashInfer ``top_k_page_table_transform``, page size 64, graph-replayed), on ``b * s_q`` rows (row ``(b, s)``
-   sees ``L_b - (s_q - 1 - s)`` tokens). The rows' lengths and repeated block table are batch metadata, made
-   once per (seq_lens, block_table) pair like DeepGEMM's schedule, as an engine does once per step for all layers.
+   sees ``L_b - (s_q - 1 - s)`` tokens). The rows' lengths, repeated block table and the ids buffer are batch
+   state, made once per (seq_lens, block_table) pair like DeepGEMM's schedule (an engine makes them once per step
+   for all layers); the ids are written afresh every call.
 3. Sparse decode: the ``flashmla`` peer's entry (FlashMLA's legacy SM90 path, heads padded to 64 where h_q < 64),
    fed the top-k's ids directly (block size 64 for both caches: the ids are the decode's).
 
@@ -44,13 +45,19 @@ def solution_notes() -> str:
             f"[{indexer_peer.solution_notes()}]; decode [{decode_peer.solution_notes()}]")
 
 
-def _rows_of(s_q: int, seq_lens: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _batch_of(s_q: int, seq_lens: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A batch's indexer rows (lengths and block table, one row per query row) and its ids buffer: made once per
+    (seq_lens, block_table) pair, so the indexer peer's CUDA graphs see the same addresses call after call."""
+    b = block_table.shape[0]
+    ids = torch.empty(b, s_q, TOPK, dtype=torch.int32, device=block_table.device)
+    if s_q == 1:
+        return seq_lens, block_table, ids
     shift = torch.arange(s_q, device=seq_lens.device) - (s_q - 1)
     lens = (seq_lens[:, None] + shift[None, :]).clamp_min(0).to(torch.int32).reshape(-1)
-    return lens, block_table.repeat_interleave(s_q, dim=0).contiguous()
+    return lens, block_table.repeat_interleave(s_q, dim=0).contiguous(), ids
 
 
-_row_metadata: dict[int, BatchCache] = {}
+_batches: dict[int, BatchCache] = {}
 
 
 def _step(fmt: KvRecordFormat, decode, rows: dict, index_k, slot_mapping, kv_cache, index_cache, q, q_index_fp8, weights, seq_lens,
@@ -59,12 +66,8 @@ def _step(fmt: KvRecordFormat, decode, rows: dict, index_k, slot_mapping, kv_cac
     slots = slot_mapping.reshape(b * s_q)
     write_records(fmt, kv_cache, slots, expected_records(fmt, {**rows, "slot_mapping": slots, "block_size": BLOCK_SIZE}).parts)
     write_records(INDEXER_KEY_PAGE, index_cache, slots, INDEXER_KEY_PAGE.quantize(index_k.reshape(b * s_q, -1).float(), "raw"))
-    if s_q == 1:
-        lens, table = seq_lens, block_table
-    else:
-        cache = _row_metadata.setdefault(s_q, BatchCache(functools.partial(_rows_of, s_q)))
-        lens, table = cache.get(seq_lens, block_table).data
-    ids = torch.empty(b, s_q, TOPK, dtype=torch.int32, device=q.device)
+    cache = _batches.setdefault(s_q, BatchCache(functools.partial(_batch_of, s_q)))
+    lens, table, ids = cache.get(seq_lens, block_table).data
     indexer_peer.kernel(q_index_fp8.reshape(b * s_q, INDEX_HEADS, -1), index_cache, weights.reshape(b * s_q, INDEX_HEADS), lens, table,
                         ids.view(b * s_q, TOPK))
     out, lse = decode(q, kv_cache, ids, sm_scale, attn_sink)
