@@ -211,7 +211,7 @@ def test_min_traffic_counts_every_scored_key_and_the_selected_records():
     keys = 132 * (3000 - 1)  # the long row is scored; the short one is not
     records = record * (2048 - 1 + 100 - 1)
     outputs = ((2 * 512 + 4) * 16 + 4 * 2048) * 2
-    assert bound == keys + records + 2 * 16 * 576 * 2 + (record + 132) * 2 + outputs
+    assert bound == keys + records + 2 * 16 * V32.d_qk * 2 + (record + 132) * 2 + outputs
 
 
 # --------------------------------------------------------------------------- validation and workloads
