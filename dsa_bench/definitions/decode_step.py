@@ -136,7 +136,7 @@ def insert(fmt: KvRecordFormat, inputs: Mapping[str, Value], kv_cache: torch.Ten
 
 def _topk_arguments(topk: int) -> dict[str, Any]:
     """Keyword arguments that select ``topk`` in the indexer's functions (none for its default 2048; other
-    sizes need the k-parametrized indexer, which TOPKS admits only once it is there)."""
+    sizes need the k-parametrized indexer, which REGISTERED_TOPKS admits only once it is there)."""
     return {} if topk == indexer.TOPK else {"topk": topk}
 
 
