@@ -18,6 +18,9 @@ The contest's real traces are not public. These follow their published distribut
 - mla_decode_{v32,v4}_{tp8,tp4}: a TP8 / TP4 GPU's decode (h_q 16 / 32, s_q 1 and 2, b 1..128, topk 2048,
   s_k 32K-128K); mla_decode_v4_topk{512,1024}: V4's selection sizes at h_q 128 and 16; the mixes end with
   tiny cases of those and of extreme sinks (issue 46).
+- decode_step_{v32,v4}_{h128,tp8}: one DSA decode step (insert, indexer, top-k, sparse decode) at production
+  shapes (h_q 128 / 16, s_q 1 and 2, b 1..128, contexts 8K-128K); decode_step_{v32,v4}_{smoke,mix}: CPU-sized
+  cases with rows longer and shorter than the top-k, empty rows and -1 slots (issue 51).
 
 Usage: python tools/make_traces.py [--out traces]
 """
@@ -375,6 +378,59 @@ def mla_decode_mix_heads(fmt: KvRecordFormat) -> list[dict]:
     return cases
 
 
+#: Decode step (issue 51): (b, context) pairs of the production workloads. Every sequence holds the whole
+#: context, so the indexer scores b x context keys and the MLA cache holds as many records (at most 4M tokens:
+#: 2.75 GB of V3.2 records per input set).
+STEP_SHAPES = ((1, 8192), (1, 131072), (8, 131072), (32, 65536), (64, 32768), (128, 8192), (128, 32768))
+STEP_FORMATS = {"v32": V32, "v4": V4}
+STEP_HEADS = {"h128": 128, "tp8": 16}
+#: Pages no sequence owns (their bytes stay NaN): block-table padding points there.
+STEP_SPARE_PAGES = 4
+
+
+def _step_case(cid: str, fmt: KvRecordFormat, s_q: int, h_q: int, seq_lens: list[int], max_len: int | None = None,
+               padded: bool = False, skip: int = 0, sink_off: bool = False) -> dict:  # fmt: skip
+    """One decode-step case with explicit seq_lens; pages for every sequence's whole table plus spare ones."""
+    b = len(seq_lens)
+    max_pages = -(-(max_len or max(max(seq_lens), 1)) // PAGE)
+    axes = {"b": b, "s_q": s_q, "h_q": h_q, "max_num_pages": max_pages, "num_blocks": b * max_pages + STEP_SPARE_PAGES,
+            "page_bytes": fmt.page_stride(PAGE) + (fmt.tma_stride if padded else 0)}
+    if fmt is not V32:
+        axes["max_position"] = max_pages * PAGE
+    inputs: dict = {"seq_lens": {"type": "explicit", "values": seq_lens}}
+    if skip:
+        inputs["slot_mapping"] = {"type": "random", "params": {"skip": skip}}
+    if sink_off:
+        inputs["attn_sink"] = {"type": "random", "params": {"off": True}}
+    return {"id": cid, "axes": axes, "inputs": inputs}
+
+
+def decode_step_production(fmt: KvRecordFormat, h_q: int) -> list[dict]:
+    """Production decode steps: s_q 1 and 2, (b, context) from STEP_SHAPES, every sequence at the full context."""
+    return [_step_case(f"b{b}_sq{s_q}_ctx{ctx // 1024}k_h{h_q}", fmt, s_q, h_q, [ctx] * b)
+            for s_q in (1, 2) for b, ctx in STEP_SHAPES]  # fmt: skip
+
+
+def decode_step_smoke(fmt: KvRecordFormat) -> list[dict]:
+    """CPU-sized steps: rows longer and shorter than the top-k, an empty sequence, a -1 slot, a sequence of one
+    token at s_q 2 (its first query row sees nothing)."""
+    return [
+        _step_case("smoke_b2_sq1_h16_scored_and_short", fmt, 1, 16, [3000, 1500]),
+        _step_case("smoke_b3_sq2_h32_empty_skip", fmt, 2, 32, [2100, 0, 2049], skip=1),
+        _step_case("smoke_b1_sq2_h16_one_token_sink_off", fmt, 2, 16, [1], max_len=128, sink_off=True),
+    ]
+
+
+def decode_step_mix(fmt: KvRecordFormat) -> list[dict]:
+    """Small mixes for CPU or GPU: ragged lengths around the top-k and page boundaries, padded page strides,
+    h_q 64 and 128, -1 slots."""
+    return [
+        _step_case("mix_b4_sq2_h64_ragged_padded", fmt, 2, 64, [4096, 2048, 2049, 63], padded=True, skip=2),
+        _step_case("mix_b5_sq1_h128_boundaries", fmt, 1, 128, [2112, 2111, 64, 0, 4000]),
+        _step_case("mix_b2_sq2_h16_long", fmt, 2, 16, [8192, 5824]),
+    ]
+
+
 def write(path: Path, cases: list[dict]) -> None:
     path.write_text("".join(json.dumps(c, separators=(",", ":")) + "\n" for c in cases))
     print(f"wrote {len(cases)} cases to {path}")
@@ -406,6 +462,11 @@ def main(out: Path = typer.Option(TRACES, help="Folder to write the traces into.
         write(out / f"mla_decode_{name}_smoke.jsonl", mla_decode_smoke(fmt))
     for topk in MLA_V4_TOPKS:
         write(out / f"mla_decode_v4_topk{topk}.jsonl", mla_decode_v4_topk(topk))
+    for name, fmt in STEP_FORMATS.items():
+        for heads, h_q in STEP_HEADS.items():
+            write(out / f"decode_step_{name}_{heads}.jsonl", decode_step_production(fmt, h_q))
+        write(out / f"decode_step_{name}_smoke.jsonl", decode_step_smoke(fmt))
+        write(out / f"decode_step_{name}_mix.jsonl", decode_step_mix(fmt))
 
 
 if __name__ == "__main__":

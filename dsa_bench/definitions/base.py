@@ -177,6 +177,20 @@ class Definition:
     min_traffic_bytes: MinTrafficFn | None = None
     useful_flops: UsefulFlopsFn | None = None
     math_precision: str | None = None
+    #: outputs nobody passes to the solution: what a call left in inputs it updates in place (a KV cache a
+    #: decode step writes), read back by ``observe(inputs)`` after the call, outside any timed span, and
+    #: judged like outputs (shape, dtype, then ``check``)
+    observed: tuple[TensorSpec, ...] = ()
+    observe: Callable[[Mapping[str, Value]], dict[str, torch.Tensor]] | None = None
+
+    @property
+    def checked_outputs(self) -> tuple[TensorSpec, ...]:
+        """The outputs the harness judges: the solution's, then the observed ones."""
+        return (*self.outputs, *self.observed)
+
+    def observed_values(self, inputs: Mapping[str, Value]) -> dict[str, torch.Tensor]:
+        """``observe(inputs)`` after a call (nothing for a definition without observed outputs)."""
+        return self.observe(inputs) if self.observe is not None else {}
 
     def axes(self, var_values: Mapping[str, int]) -> dict[str, int]:
         return {**self.const_axes, **var_values}

@@ -45,7 +45,7 @@ class CaseContext:
     def __post_init__(self) -> None:
         definition = self.workload.definition
         axes = definition.axes(self.case.axes)
-        self.output_specs = {s.name: (s.dtype, s.concrete_shape(axes)) for s in definition.outputs}
+        self.output_specs = {s.name: (s.dtype, s.concrete_shape(axes)) for s in definition.checked_outputs}
         redrawn = definition.redraw(axes, InputRng(0, torch.device("cpu")))  # which inputs a timed call redraws
         self.redraw_specs = {s.name: (s.dtype, s.concrete_shape(axes)) for s in definition.inputs if s.name in redrawn}
 

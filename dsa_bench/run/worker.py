@@ -217,7 +217,7 @@ class _CaseRunner:
 
     def _output_specs(self, case: Any) -> dict[str, tuple[Any, tuple[int, ...]]]:
         axes = self.definition.axes(case.axes)
-        return {s.name: (s.dtype, s.concrete_shape(axes)) for s in self.definition.outputs}
+        return {s.name: (s.dtype, s.concrete_shape(axes)) for s in self.definition.checked_outputs}
 
     def _input_specs(self, case: Any) -> dict[str, tuple[Any, tuple[int, ...]]]:
         axes = self.definition.axes(case.axes)
@@ -236,6 +236,7 @@ class _CaseRunner:
             called = _now()
             got = call_solution(self.fn, self.dps, self.definition.input_args(inputs), outs, self.names)
             self._sync()
+            got.update(self.definition.observed_values(inputs))
             encoded = _now()
             sets.append(reply.values(got, f"{i}/"))
             phases["build_inputs"] += called - started
@@ -308,6 +309,7 @@ class _CaseRunner:
                 host_ms.append((_now_ns() - call_started[0]) / 1e6)
             if i == sampled:
                 captured.update({k: (v.detach().clone() if hasattr(v, "detach") else v) for k, v in latest[i % n].items()})
+                captured.update(self.definition.observed_values(sets[i % n]))  # what the call left in its inputs
 
         self._sync()
         warmup_start = _now()

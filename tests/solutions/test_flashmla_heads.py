@@ -81,10 +81,10 @@ def test_head_counts_it_cannot_run_are_refused(h_q):
 
 
 def test_padding_puts_zero_queries_and_no_sink_after_the_real_heads():
-    q = torch.randn(2, 3, 16, 576).to(torch.bfloat16)
+    q = torch.randn(2, 3, 16, md.V32.d_qk).to(torch.bfloat16)
     sink = torch.randn(16)
     padded_q, padded_sink = heads.pad_heads(q, sink, 64)
-    assert padded_q.shape == (2, 3, 64, 576) and padded_q.dtype == q.dtype and padded_q.is_contiguous()
+    assert padded_q.shape == (2, 3, 64, md.V32.d_qk) and padded_q.dtype == q.dtype and padded_q.is_contiguous()
     assert torch.equal(padded_q[:, :, :16], q) and padded_q[:, :, 16:].eq(0).all()
     assert torch.equal(padded_sink[:16], sink) and torch.isneginf(padded_sink[16:]).all()
     out, lse = torch.randn(2, 3, 64, 512), torch.randn(2, 3, 64)
