@@ -17,6 +17,7 @@ from dsa_bench.cli import app
 from dsa_bench.definitions import all_definitions, indexer, mla_decode
 from dsa_bench.definitions import sparse_attention as attn
 from dsa_bench.definitions.base import MATH_PRECISIONS
+from dsa_bench.definitions.kv_records import V4, V32, V41
 from dsa_bench.definitions.status import Status
 from dsa_bench.results.records import CaseRecord, ResultsFile, Timing, load_results
 from dsa_bench.results.roofline import (
@@ -45,7 +46,7 @@ def test_indexer_flops_count_scored_rows_only():
 
 
 def test_attention_flops_count_valid_indices():
-    """2·16·(576 + 512) per valid index; -1 padding needs no math."""
+    """2·16·((512 + 64) + 512) per valid index; -1 padding needs no math."""
     indices = torch.tensor([[0, 5, -1, 7], [-1, -1, -1, -1]], dtype=torch.int32)
     assert attn.useful_flops({}, {"sparse_indices": indices}) == 2 * 16 * 1088 * 3
 
@@ -57,7 +58,7 @@ def test_decode_flops_count_counted_entries():
     inputs = {"indices": indices, "topk_length": torch.tensor([3], dtype=torch.int32)}
     assert v4.useful_flops({"h_q": 2}, inputs) == 2 * 2 * (512 + 512) * (2 + 3)
     v32 = all_definitions()["dsa_mla_decode_v32_fp8"]
-    assert v32.useful_flops({"h_q": 2}, {"indices": indices}) == 2 * 2 * (576 + 512) * 7
+    assert v32.useful_flops({"h_q": 2}, {"indices": indices}) == 2 * 2 * (V32.d_qk + 512) * 7
 
 
 def test_every_definition_declares_its_work():
@@ -326,8 +327,9 @@ def test_host_times_that_do_not_match_the_calls_are_refused():
 
 
 def test_mla_decode_format_table_is_consistent():
-    """The FLOP count uses each format's own d_qk (V3.2 576, V4/V4.1 512)."""
-    assert {mla_decode.FORMAT_OF[d.name].d_qk for d in mla_decode.DEFINITIONS} == {576, 512}
+    """The FLOP count uses each format's own d_qk (V3.2 512 + 64 RoPE dims, V4/V4.1 512)."""
+    assert {mla_decode.FORMAT_OF[d.name].d_qk for d in mla_decode.DEFINITIONS} == {V32.d_qk, V4.d_qk}
+    assert V32.d_qk == 512 + 64 and V4.d_qk == V41.d_qk == 512
 
 
 def test_a_run_that_falls_back_from_cupti_records_why(monkeypatch, tmp_path):

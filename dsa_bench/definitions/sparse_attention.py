@@ -311,8 +311,8 @@ def min_traffic_bytes(axes: Mapping[str, int], inputs: Mapping[str, Value]) -> i
 
 
 def useful_flops(axes: Mapping[str, int], inputs: Mapping[str, Value]) -> int:
-    """Tensor-core FLOPs: ``2 · 16 · (576 + 512)`` per valid index of every token (Q·Kᵀ over the
-    576 ckv and kpe dims, then P·V over the 512 ckv dims, for each of the 16 heads).
+    """Tensor-core FLOPs: ``2 · 16 · ((512 + 64) + 512)`` per valid index of every token (Q·Kᵀ over
+    the ckv and kpe dims, then P·V over the 512 ckv dims, for each of the 16 heads).
 
     Only valid (>= 0) indices count: a -1 slot needs no math, whatever a kernel does with it.
     The softmax is not tensor-core math and is not counted.
