@@ -355,3 +355,14 @@ def test_triton_and_production_pass_the_cpu_sized_workloads_on_a_gpu(fmt):
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert f"triton      {count}/{count}" in proc.stdout, proc.stdout
         assert f"production  {count}/{count}" in proc.stdout or "production: " in proc.stdout and "skipped" in proc.stdout, proc.stdout
+
+
+def test_step_flops_count_decode_entries_and_half_the_scored_keys():
+    """bf16 equivalents: 2·h_q·(d_qk + 512)·min(k, L') per query row, plus half of 2·64·128·L' where L' > k."""
+    definition = get_definition("dsa_decode_step_v32")
+    lens = torch.tensor([3000, 10], dtype=torch.int32)
+    flops = definition.useful_flops({"h_q": 16, "s_q": 2}, {"seq_lens": lens})
+    decode = 2 * 16 * (V32.d_qk + 512)
+    visible = [2999, 3000, 9, 10]
+    want = sum(decode * min(2048, v) for v in visible) + sum(2 * 64 * 128 * v // 2 for v in visible if v > 2048)
+    assert flops == want

@@ -64,7 +64,8 @@ def test_decode_flops_count_counted_entries():
 def test_every_definition_declares_its_work():
     """Every shipped definition has a byte floor and a FLOP count; math runs in a known precision
     (bf16 for attention and decode, whose MMAs take bf16; fp8 for the indexer), none for kv_insert."""
-    expected = {"dsa_topk_indexer": "fp8", "dsa_sparse_attention": "bf16", "dsa_mla_decode": "bf16", "dsa_kv_insert": None}
+    expected = {"dsa_topk_indexer": "fp8", "dsa_sparse_attention": "bf16", "dsa_mla_decode": "bf16", "dsa_kv_insert": None,
+                "dsa_decode_step": "bf16"}  # the step counts its FP8 scores as bf16 equivalents
     for name, definition in all_definitions().items():
         assert definition.min_traffic_bytes is not None and definition.useful_flops is not None, name
         assert definition.math_precision in (*MATH_PRECISIONS, None)

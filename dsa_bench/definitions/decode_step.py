@@ -385,6 +385,24 @@ class _Step:
         writes = (record + key) * sum(written) + ((2 * mla_decode.D_V + 4) * h_q + 4 * topk) * b * s_q
         return reads + writes
 
+    def useful_flops(self, axes: Mapping[str, int], inputs: Mapping[str, Value]) -> int:
+        """Tensor-core FLOPs of one step in bf16 equivalents: per query row of visible length L' (row ``s`` of
+        sequence ``b`` sees ``L_b - (s_q - 1 - s)`` tokens), the decode's bf16 products ``2 · h_q · (d_qk + 512) ·
+        min(k, L')`` plus half the indexer's FP8 products ``2 · 64 · 128 · L'`` where ``L' > k`` (a passthrough
+        row is not scored). The halving puts both on the bf16 roofline: the FP8 rate is twice the bf16 one.
+        """
+        h_q, s_q, topk = axes["h_q"], axes["s_q"], self.topk
+        decode_per_entry = 2 * h_q * (self.fmt.d_qk + mla_decode.D_V)
+        index_per_token = 2 * INDEX_HEADS * INDEX_DIM
+        total = 0
+        for length in inputs["seq_lens"].tolist():
+            for s in range(s_q):
+                visible = max(0, length - (s_q - 1 - s))
+                total += decode_per_entry * min(topk, visible)
+                if visible > topk:
+                    total += index_per_token * visible // 2
+        return total
+
     # ------------------------------------------------------------------ expectations and checking
     def expect(self, inputs: Mapping[str, Value]) -> StepExpected:
         """The reference step on copies of the caches (the harness's inputs stay as built)."""
@@ -534,6 +552,8 @@ def _definition(fmt: KvRecordFormat, topk: int) -> Definition:
         ),
         observe=observe_pages,
         min_traffic_bytes=family.min_traffic_bytes,
+        useful_flops=family.useful_flops,
+        math_precision="bf16",
     )
 
 
