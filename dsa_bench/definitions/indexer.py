@@ -306,10 +306,10 @@ def _first_occurrences(ids: torch.Tensor) -> torch.Tensor:
 
 #: default relative spread of a near-constant row's scores
 NEAR_CONSTANT_SPREAD = 1e-3
-#: Keys are drawn this many tokens at a time when a case has more (a row of 128K tokens in a batch
-#: of 64 would otherwise need a 4 GB float32 draw); every case with fewer draws them at once, as
+#: Keys are drawn this many tokens at a time when a case has more (64 rows of 128K tokens
+#: would otherwise need a 4 GB float32 draw); every case with fewer draws them at once, as
 #: before this limit existed, so its recorded seeds keep their inputs.
-KEY_DRAW_CHUNK = 2**20
+KEY_DRAW_CHUNK = 2**18
 
 
 @dataclass(frozen=True)
@@ -331,7 +331,7 @@ def _fill_keys(cache: torch.Tensor, seq_lens: list[int], block_table: torch.Tens
     build different caches.
 
     A near-constant row's tokens get one shared key scaled by 1 + spread · N(0, 1) each (drawn
-    after the other keys): FP8 values identical, per-token scales (and so scores) a relative
+    before the other keys): FP8 values identical, per-token scales (and so scores) a relative
     ``spread`` apart. A token such a row shares with an earlier row keeps that row's key.
     """
     rows = [(b, n) for b, n in enumerate(seq_lens) if n > 0]
@@ -349,25 +349,22 @@ def _fill_keys(cache: torch.Tensor, seq_lens: list[int], block_table: torch.Tens
         chosen = set(options.near_constant_rows)
         row_of = torch.repeat_interleave(torch.tensor([b for b, _ in rows]), torch.tensor([n for _, n in rows])).to(rng.device)
         flat = torch.isin(row_of, torch.tensor(sorted(chosen), device=rng.device))
-    step = total if total <= KEY_DRAW_CHUNK else KEY_DRAW_CHUNK
-    drawn = []
-    for first in range(0, total, step):
-        last = min(first + step, total)
-        drawn.append(rng.randn(last - first, HEAD_DIM) if pick is None else pool[pick[first:last]])
     base = factors = None
-    if flat is not None:
+    if flat is not None:  # drawn first: the keys are drawn and written a chunk at a time
         base = rng.randn(1, HEAD_DIM)
         factors = 1.0 + options.near_constant_spread * rng.randn(total)
-    for k, keys in enumerate(drawn):
-        first = k * step
-        mine = once[(once >= first) & (once < first + keys.shape[0])]
+    step = total if total <= KEY_DRAW_CHUNK else KEY_DRAW_CHUNK
+    for first in range(0, total, step):
+        last = min(first + step, total)
+        keys = rng.randn(last - first, HEAD_DIM) if pick is None else pool[pick[first:last]]
+        mine = once[(once >= first) & (once < last)]
         chunk = keys[mine - first]
         if flat is not None:
             assert base is not None and factors is not None
             sel = flat[mine]
             chunk[sel] = base * factors[mine][sel][:, None]
         INDEXER_KEY_PAGE.write(cache, PAGE_SIZE, ids_all[mine], INDEXER_KEY_PAGE.quantize(chunk, "raw"))
-        drawn[k] = None  # free each chunk once written
+        del keys, chunk
 
 
 #: the signs ``weights.params.sign`` may give every head weight ("mixed": the N(0, 1) draw's own)
