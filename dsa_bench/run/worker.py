@@ -145,8 +145,8 @@ def main(argv: list[str]) -> None:
         if config.packed_from is not None:
             solution = dataclasses.replace(solution, packed_from=Path(config.packed_from))
         entry = solution.entry_for(config.definition)
-        unmet_reason = unmet(solution.requires, device)
-        if unmet_reason is not None:  # a peer whose package or GPU this machine lacks: skipped, not failed
+        unmet_reason = entry.unsupported or unmet(solution.requires, device)
+        if unmet_reason is not None:  # an entry it cannot run, a peer whose package or GPU this machine lacks: skipped, not failed
             channel.write_frame(out_fd, {"type": "unavailable", "text": unmet_reason})
             return
         fn, module = import_entry(solution, config.definition)
