@@ -304,9 +304,9 @@ def test_a_run_prints_the_failed_peer_case_and_the_checkers_reason(tmp_path):
                    "--no-save", "--json-lines")  # fmt: skip
     assert proc.returncode != 0, "a failed case fails the run"
     lines = proc.stderr.splitlines()  # with --json-lines the tables go to stderr, the records and summary to stdout
-    header = next(i for i, line in enumerate(lines) if line.startswith("failed: solution"))
-    rows = [line for line in lines[header + 2 :] if line.startswith("peer_wrong_topk")]
-    assert len(rows) == 1 and "smoke_scored" in rows[0] and "INCORRECT_INDICES" in rows[0]
+    header = next(i for i, line in enumerate(lines) if line.startswith("failed case"))
+    rows = [line for line in lines[header + 2 :] if line.split()[1:2] == ["peer_wrong_topk"]]
+    assert len(rows) == 1 and rows[0].startswith("smoke_scored ") and "INCORRECT_INDICES" in rows[0]
     assert "not a top-2048 set" in rows[0], "the checker's one-line reason"
     summary = json.loads(proc.stdout.splitlines()[-1])["summary"]
     assert [(f["solution"], f["case"], f["status"]) for f in summary["failures"]] == [("peer_wrong_topk", "smoke_scored", "INCORRECT_INDICES")]
@@ -336,3 +336,39 @@ def test_small_long_context_cases_pass_end_to_end_on_cpu(tmp_path, workload, cas
     records = json.loads(out.read_text())["records"]
     assert sorted((r["case"], r["solution"]) for r in records) == sorted((c, s) for c in cases for s in ("reference", "triton"))
     assert all(r["status"] == "PASSED" for r in records)
+
+
+# --------------------------------------------------------------------------- on a GPU (the lead runs these)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("topk", [512, 1024])
+def test_triton_serves_v4_selection_sizes_on_the_gpu(topk):
+    # The CUDA filtered top-k with a runtime k, after the score kernel, on every edge case of k.
+    from dsa_bench.run.loader import import_entry
+
+    name = idx.name_of(topk)
+    kernel, _ = import_entry(load_solution(ROOT / "solutions" / "triton"), name)
+    workload = load_workload(ROOT / "workloads" / f"indexer_topk{topk}_edges.yaml")
+    for case in workload.cases:
+        inputs = build_inputs(workload.definition, case, 11, torch.device("cuda"))
+        out = workload.definition.allocate_outputs(workload.definition.axes(case.axes), torch.device("cuda"))
+        kernel(*workload.definition.input_args(inputs), out["topk_indices"])
+        result = workload.definition.check(inputs, out, workload.definition.expect(inputs), Tolerance())
+        assert result.passed, f"{case.id}: {result.message}"
+
+
+@pytest.mark.gpu
+def test_peers_on_v4_selection_sizes_pass_or_skip(tmp_path):
+    # FlashInfer's top-k takes k (PASSED where its packages import); SGLang's does not (SKIPPED, its reason).
+    out = tmp_path / "r.json"
+    proc = run_cli("run", "-w", "indexer_topk512_edges", "-s", "reference", "-s", "triton", "-s", "deepgemm_flashinfer",
+                   "-s", "deepgemm_sglang", "--save", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = json.loads(out.read_text())["records"]
+    by_solution: dict[str, set[str]] = {}
+    for r in records:
+        by_solution.setdefault(r["solution"], set()).add(r["status"])
+    assert by_solution["reference"] == {"PASSED"} and by_solution["triton"] == {"PASSED"}
+    assert by_solution["deepgemm_flashinfer"] in ({"PASSED"}, {"SKIPPED"})
+    assert by_solution["deepgemm_sglang"] == {"SKIPPED"}

@@ -202,15 +202,15 @@ def failed_cases(records: list[CaseRecord]) -> list[Failure]:
 
 
 def failures_table(records: list[CaseRecord]) -> str:
-    """The failed records under the summary: solution, case, status and the one-line reason
+    """The failed records under the summary: case, solution, status and the one-line reason
     (empty when nothing failed). Peers are judged like every solution: a peer's wrong answer
     is listed here and its case gets no speedup over it."""
     from tabulate import tabulate
 
-    rows = [[f.solution, f.case, f.status, f.reason] for f in failed_cases(records)]
+    rows = [[f.case, f.solution, f.status, f.reason] for f in failed_cases(records)]
     if not rows:
         return ""
-    return tabulate(rows, headers=["failed: solution", "case", "status", "reason"], disable_numparse=True)
+    return tabulate(rows, headers=["failed case", "solution", "status", "reason"], disable_numparse=True)
 
 
 def failures(records: list[CaseRecord]) -> list[str]:
