@@ -193,7 +193,7 @@ def test_topk_phases_stamps_every_phase_of_the_shipped_kernel():
     assert [marked.count(f" DSA_MARK({m});") for m, _ in phases.MARKS] == [1] * len(phases.MARKS)
     assert "g_info[blockIdx.x * 4] = in_bin;" in marked
     with pytest.raises(SystemExit, match="anchor of phase stamp 4"):
-        phases.instrument(source.replace("fast_threshold<kThreads, kFastBins>(f, kTopK);", "fast_threshold(f);"))
+        phases.instrument(source.replace("fast_threshold<kThreads, kFastBins>(f, topk);", "fast_threshold(f);"))
 
 
 @pytest.mark.slow

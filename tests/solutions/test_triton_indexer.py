@@ -280,11 +280,14 @@ def test_topk_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     assert library.mismatched(dict(topk_ext.EXPECTED_CONSTANTS, MAX_CANDIDATES=4096)) == ["MAX_CANDIDATES"]
     assert library.error_message(1) == "invalid argument"
     # argument errors come back before any CUDA call: a misaligned score row, a bad test hook
-    args = [0, None, 4, 64, 0, 0, 1, 0, 2048, 1, 64, -1, -1, 0]  # ..., candidate_capacity, fast_candidates, dependent_launch
+    args = [0, None, 4, 64, 0, 0, 1, 0, 2048, 1, 64, -1, -1, 0, 2048]  # ..., candidate_capacity, fast_candidates, dependent_launch, topk
     with pytest.raises(RuntimeError, match="dsa_topk_filtered failed: score rows must be 16-byte aligned"):
         library.call("filtered", *args)
     with pytest.raises(RuntimeError, match="fast_candidates must be -1 or 0..FAST_CANDIDATES"):
-        library.call("filtered", *[*args[:2], 16, *args[3:-2], topk_ext.FAST_CANDIDATES + 1, 0])
+        library.call("filtered", *[*args[:2], 16, *args[3:-3], topk_ext.FAST_CANDIDATES + 1, 0, 2048])
+    for topk in (0, 2049):
+        with pytest.raises(RuntimeError, match=r"topk must be in 1\.\.TOPK"):
+            library.call("filtered", *[*args[:2], 16, *args[3:-1], topk])
     library.call("filtered", *[*args[:2], 16, *args[3:9], 0, *args[10:]])  # batch 0: nothing to launch, returns 0
     nm = shutil.which("nm")
     if nm:
