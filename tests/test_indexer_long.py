@@ -309,7 +309,8 @@ def test_a_run_prints_the_failed_peer_case_and_the_checkers_reason(tmp_path):
     assert len(rows) == 1 and rows[0].startswith("smoke_scored ") and "INCORRECT_INDICES" in rows[0]
     assert "not a top-2048 set" in rows[0], "the checker's one-line reason"
     summary = json.loads(proc.stdout.splitlines()[-1])["summary"]
-    assert [(f["solution"], f["case"], f["status"]) for f in summary["failures"]] == [("peer_wrong_topk", "smoke_scored", "INCORRECT_INDICES")]
+    listed = [(f["solution"], f["case"], f["status"]) for f in summary["failures"]]
+    assert listed == [("peer_wrong_topk", "smoke_scored", "INCORRECT_INDICES")]
     assert summary["failures"][0]["reason"].startswith("row ")
 
 

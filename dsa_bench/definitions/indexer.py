@@ -719,7 +719,8 @@ def check(
     """
     out = outputs["topk_indices"]
     num_pages = inputs["k_index_cache_fp8"].shape[0]
-    lens, passing, gaps, magnitudes = _batched_verdicts(out, inputs["seq_lens"], inputs["block_table"], num_pages, expected, tol, topk).tolist()
+    verdicts = _batched_verdicts(out, inputs["seq_lens"], inputs["block_table"], num_pages, expected, tol, topk)
+    lens, passing, gaps, magnitudes = verdicts.tolist()
     worst_gap = 0.0
     for b, seq_len in enumerate(int(n) for n in lens):
         gap, row_expected = gaps[b], expected[b]

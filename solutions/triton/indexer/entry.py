@@ -208,8 +208,8 @@ def other_topk_scored_path(k: int, q_index_fp8, k_index_cache_fp8, weights, seq_
 
 #: the scored path of each other selection size, replayed as a CUDA graph per argument set on a GPU
 _other_topk_graphs = {
-    k: LaunchGraphs(functools.partial(other_topk_scored_path, k)) if _cuda_topk is not None else functools.partial(other_topk_scored_path, k)
-    for k in OTHER_TOPKS
+    k: (LaunchGraphs(path) if _cuda_topk is not None else path)
+    for k, path in ((k, functools.partial(other_topk_scored_path, k)) for k in OTHER_TOPKS)
 }
 
 
