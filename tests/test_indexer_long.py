@@ -8,6 +8,7 @@ import importlib.util
 import json
 import types
 
+import numpy as np
 import pytest
 import torch
 from conftest import FIXTURES, ROOT, run_cli
@@ -39,8 +40,6 @@ def make_traces() -> types.ModuleType:
 
 def test_new_traces_are_what_make_traces_writes(tmp_path):
     tool = make_traces()
-    import numpy as np
-
     written = {
         "indexer_long": tool.indexer_long(np.random.default_rng(20260405)),
         "indexer_scaled": tool.indexer_scaled(np.random.default_rng(20260405)),
