@@ -127,6 +127,14 @@ CheckFn = Callable[[Mapping[str, Value], Mapping[str, torch.Tensor], Any, Tolera
 MinTrafficFn = Callable[[Mapping[str, int], Mapping[str, Value]], int]
 
 
+UsefulFlopsFn = Callable[[Mapping[str, int], Mapping[str, Value]], int]
+
+
+#: the tensor-core precisions a definition's math can run in (``Definition.math_precision``); the
+#: roofline takes the device's dense peak of that precision (dsa_bench.results.roofline)
+MATH_PRECISIONS = ("bf16", "fp8")
+
+
 @dataclass(frozen=True)
 class Definition:
     """A kernel contract.
@@ -143,6 +151,12 @@ class Definition:
     definition has it, is a lower bound on the bytes any correct kernel moves between DRAM and
     the chip for one call on these inputs (the distinct bytes it must read plus those it must
     write), for judging whether a measured time is physically possible.
+    ``useful_flops(axes, inputs)``, where a definition has it, counts the tensor-core FLOPs of
+    the call's matrix products on these inputs (2 per multiply-add, only over entries the
+    contract makes a kernel compute: padding, passthrough rows and the like count 0), and
+    ``math_precision`` names the precision those products run in on a tensor core (one of
+    ``MATH_PRECISIONS``; None for a definition that does no matrix math). Together with
+    ``min_traffic_bytes`` they place a measured time on the device's roofline (docs/roofline.md).
     """
 
     name: str
@@ -161,6 +175,8 @@ class Definition:
     key_axes: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     min_traffic_bytes: MinTrafficFn | None = None
+    useful_flops: UsefulFlopsFn | None = None
+    math_precision: str | None = None
     #: ``redraw`` takes the case's generator parameters as a third argument, so the values a timed
     #: call redraws follow the case's distribution (e.g. the indexer's scaled head weights)
     redraw_takes_params: bool = False

@@ -777,6 +777,17 @@ def min_traffic_bytes(axes: Mapping[str, int], inputs: Mapping[str, Value], *, t
     return reads + 4 * topk * batch
 
 
+def useful_flops(axes: Mapping[str, int], inputs: Mapping[str, Value], *, topk: int = TOPK) -> int:
+    """Tensor-core FLOPs of the scores: ``2 · 64 · 128 · L`` for every row with L > topk tokens
+    (the FP8 products of its 64 head queries with each of its L keys).
+
+    A passthrough row (L <= topk) selects all its tokens without scoring them: 0 FLOPs. The
+    ReLU, the weighted sum over heads and the top-k selection are not tensor-core math and are
+    not counted (they are small next to the products: 64 multiply-adds per token against 8192).
+    """
+    return sum(2 * NUM_HEADS * HEAD_DIM * n for n in inputs["seq_lens"].tolist() if n > topk)
+
+
 def make_definition(topk: int) -> Definition:
     """The indexer that keeps ``topk`` tokens per row: every function of this module with ``topk`` bound."""
     bind = functools.partial
@@ -820,6 +831,8 @@ def make_definition(topk: int) -> Definition:
             "Block-table entries past a row's first ceil(seq_len/64) are never read: they may hold any int32 (-1, a page no row owns).",
         ),
         min_traffic_bytes=bind(min_traffic_bytes, topk=topk),
+        useful_flops=bind(useful_flops, topk=topk),
+        math_precision="fp8",  # the score products run as FP8 MMA (solutions/triton/indexer/score.py, DeepGEMM's peers)
     )
 
 

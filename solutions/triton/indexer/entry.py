@@ -21,15 +21,18 @@ Paths, picked from shapes only (no host-device synchronisation):
 2. Scored, on a GPU: the fused Triton score kernel (``score.py``) writes fp32 scores of
    the rows longer than 2048 into a ``[B, max_num_pages * 64]`` buffer, then the CUDA filtered
    radix top-k (``topk.py``, ``csrc/topk_filtered.cuh``) selects 2048 per row and writes physical ids straight
-   from the block table. Rows with L <= 2048 are passed through by the top-k kernel itself.
+   from the block table; long block tables take the long-row top-k instead
+   (``topk_long.py``, ``csrc/topk_long.cuh``: each row split over many blocks). Rows with
+   L <= 2048 are passed through by the top-k kernel itself.
    The two launches are replayed as one CUDA graph per argument set (``LaunchGraphs``).
 3. Scored, without CUDA (``TRITON_INTERPRET=1`` on CPU tensors): the same score kernel, then
    ``torch.topk`` and the Triton emit kernel. ``solution_notes()`` says which top-k is active.
 
 DeepSeek-V4's selection sizes (``..._topk512_ps64``, ``..._topk1024_ps64``: ``topk_indices [B, k]``)
 take ``other_topk_kernel``'s simpler path: every row scored (the score kernel's short-row skip is
-for 2048), then the CUDA top-k with ``k`` launched after it (torch.topk and a torch emit under the
-interpreter); a batch whose rows all fit in k tokens is passed through by torch ops. Not tuned.
+for 2048), then the CUDA top-k of the call's shape (``cuda_topk``'s rule) with ``k``, launched
+after it (torch.topk and a torch emit under the interpreter); a batch whose rows all fit in k
+tokens is passed through by torch ops. Not tuned.
 
 The contract's constants and the cache page layout are in ``shapes.py``.
 """
@@ -41,7 +44,7 @@ import functools
 import torch
 
 from ..common.launch_graphs import LaunchGraphs
-from . import score, topk
+from . import score, topk, topk_long
 from .score import INTERPRETING
 from .shapes import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, TOPK
 
@@ -49,6 +52,14 @@ from .shapes import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, TOPK
 #: harness reports a missing nvcc or a build failure as this solution's compile error.
 USE_CUDA_TOPK = not INTERPRETING and torch.cuda.is_available()
 _cuda_topk = topk.load_topk_extension() if USE_CUDA_TOPK else None
+_cuda_long_topk = topk_long.load_long_topk_extension() if USE_CUDA_TOPK else None
+
+
+def cuda_topk(scores, seq_lens, block_table, topk_indices, dependent_launch: bool = False) -> None:
+    """The CUDA top-k for this call's shape: the multi-block long-row top-k for long block tables
+    (``topk_long.uses_long_path``), else the one-block-per-row filtered top-k."""
+    select = topk_long.long_topk if topk_long.uses_long_path(*block_table.shape) else topk.filtered_topk
+    select(scores, seq_lens, block_table, topk_indices, dependent_launch=dependent_launch)
 
 
 def solution_notes() -> str:
@@ -61,7 +72,11 @@ def solution_notes() -> str:
         )
         return (
             "top-k: CUDA filtered select on 32-bit score keys (range-binned fast path, radix select fallback) with page-table emit "
-            f"(library {_cuda_topk.name}), launched as the score kernel's programmatic dependent "
+            f"(library {_cuda_topk.name}); long block tables (topk_long.uses_long_path: more than {topk_long.LONG_PATH_MIN_TOKENS} "
+            f"tokens, batch <= {topk_long.LONG_PATH_MAX_BATCH}, or <= {topk_long.LONG_PATH_WIDE_BATCH} from "
+            f"{topk_long.LONG_PATH_WIDE_TOKENS} tokens): rows split over many "
+            f"blocks (a histogram pass and three level passes; library {_cuda_long_topk.name}); "
+            "launched as the score kernel's programmatic dependent "
             f"({'triggered when its programs start' if score.CAN_LAUNCH_DEPENDENTS else 'triggered when its programs end'}); "
             f"scores: Triton, {score.DOTS[score.GPU_SCORE_TILE.dot]}; {graphs}"
         )
@@ -142,7 +157,7 @@ def scored_pipeline(select_topk, dependent: bool = False):
 
 
 #: The entry's scored path: the CUDA top-k on a GPU, torch.topk under the interpreter.
-_scored_graphs = scored_pipeline(topk.filtered_topk, dependent=True) if _cuda_topk is not None else scored_pipeline(portable_topk)
+_scored_graphs = scored_pipeline(cuda_topk, dependent=True) if _cuda_topk is not None else scored_pipeline(portable_topk)
 
 
 def run_pipeline(scored, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices) -> None:
@@ -172,7 +187,6 @@ def kernel(
     run_pipeline(_scored_graphs, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices)
 
 
-
 # --------------------------------------------------------------------------- V4's selection sizes
 
 #: selection sizes besides TOPK that ``other_topk_kernel`` serves (DeepSeek-V4's two model sizes)
@@ -200,7 +214,9 @@ def other_topk_scored_path(k: int, q_index_fp8, k_index_cache_fp8, weights, seq_
     batch, max_pages = block_table.shape
     scores = torch.empty((batch, max_pages * PAGE_SIZE), dtype=torch.float32, device=q_index_fp8.device)
     score.launch_scores(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, scores, skip_short_rows=False)
-    if _cuda_topk is not None:
+    if _cuda_topk is not None and topk_long.uses_long_path(batch, max_pages):
+        topk_long.long_topk(scores, seq_lens, block_table, topk_indices)  # k: the output's width
+    elif _cuda_topk is not None:
         topk.filtered_topk(scores, seq_lens, block_table, topk_indices, topk=k)
     else:
         emit_ids_torch(block_table, seq_lens, topk_indices, torch.topk(scores, k, dim=1, sorted=False).indices)
