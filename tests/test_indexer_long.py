@@ -344,13 +344,16 @@ def test_small_long_context_cases_pass_end_to_end_on_cpu(tmp_path, workload, cas
 @pytest.mark.gpu
 @pytest.mark.parametrize("topk", [512, 1024])
 def test_triton_serves_v4_selection_sizes_on_the_gpu(topk):
-    # The CUDA filtered top-k with a runtime k, after the score kernel, on every edge case of k.
+    # The CUDA top-k with a runtime k after the score kernel: the filtered top-k on every edge case
+    # of k, the long-row top-k on the production shapes it is dispatched for.
     from dsa_bench.run.loader import import_entry
 
     name = idx.name_of(topk)
     kernel, _ = import_entry(load_solution(ROOT / "solutions" / "triton"), name)
-    workload = load_workload(ROOT / "workloads" / f"indexer_topk{topk}_edges.yaml")
-    for case in workload.cases:
+    edges = load_workload(ROOT / "workloads" / f"indexer_topk{topk}_edges.yaml")
+    long = load_workload(ROOT / "workloads" / f"indexer_topk{topk}_long.yaml")
+    cases = [(edges, c) for c in edges.cases] + [(long, c) for c in long.cases if c.id in ("b1_l128k", "b32_ragged_4k_128k", "b64_l128k")]
+    for workload, case in cases:
         inputs = build_inputs(workload.definition, case, 11, torch.device("cuda"))
         out = workload.definition.allocate_outputs(workload.definition.axes(case.axes), torch.device("cuda"))
         kernel(*workload.definition.input_args(inputs), out["topk_indices"])
