@@ -113,7 +113,9 @@ def run(
     from dsa_bench.project import find_root
     from dsa_bench.results.tables import (
         breakdown_table,
+        failed_cases,
         failures,
+        failures_table,
         record_line,
         records_table,
         skips,
@@ -168,6 +170,8 @@ def run(
         typer.echo("")
     if records and not (json_lines and quiet):
         say(summary_table(records))
+        if any(r.failed for r in records):
+            say(failures_table(records))
         if any(r.peer is not None for r in records):
             over = f"--speedup-over {plan.options.speedup_over}" if plan.options.speedup_over else "the fastest peer that passed each case"
             say(f"vs peer: that solution's latency over each solution's, measured against {over}")
@@ -200,6 +204,7 @@ def run(
             "results": None if plan.save_path is None else str(plan.save_path),
             "solutions": [dataclasses.asdict(summarize(records, name)) for name in dict.fromkeys(r.solution for r in records)],
             "roofline": [dataclasses.asdict(summarize_roofline(records, name)) for name in dict.fromkeys(r.solution for r in records)],
+            "failures": [dataclasses.asdict(f) for f in failed_cases(records)],
             "wall_breakdown": wall,
         }
         typer.echo(json.dumps({"summary": summary}))

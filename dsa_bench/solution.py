@@ -13,6 +13,7 @@ A solution is a folder with ``solution.yaml`` (:class:`ManifestModel`)::
         language: triton                      # python | triton | cuda
         destination_passing_style: true       # kernel(*inputs, *outputs); false: returns outputs
         sources: [topk.cu]                    # extra files the entry needs beyond its imports
+        unsupported: "..."                    # optional: why it cannot run this definition (cases SKIPPED)
     requires:                                 # optional: what a peer needs to run at all
       modules: {flash_mla: "sgl-flash-mla==1.0.0"}   # import name: the pip requirement that provides it
       cuda_capabilities: [sm_90, sm_100]      # GPUs it runs on; absent: any device, CPU included
@@ -57,6 +58,9 @@ class SolutionEntry:
     language: str
     destination_passing_style: bool = True
     sources: tuple[str, ...] = ()
+    #: why the solution cannot run this definition although it lists it (e.g. a peer kernel that
+    #: takes only another top-k size): every case is SKIPPED with this reason, never run
+    unsupported: str | None = None
 
     @property
     def entry_point(self) -> str:
@@ -104,6 +108,12 @@ def _entry_point_shape(value: Any) -> Any:
     return value
 
 
+def _printable_name(value: Any) -> Any:
+    if value is not None and not (isinstance(value, str) and value.strip() and value.isprintable()):
+        raise field_sentence(f"must be a non-empty string of printable characters, got {value!r}")
+    return value
+
+
 class EntryModel(ClosedModel):
     """``entries.<definition>`` of a manifest: how the solution implements that definition."""
 
@@ -112,6 +122,8 @@ class EntryModel(ClosedModel):
     entry_point: Annotated[str, BeforeValidator(_entry_point_shape)] = Field(default=None, validate_default=True)
     destination_passing_style: bool = True  # kernel(*inputs, *outputs); false: it returns the outputs
     sources: list[Name] = []  # files the entry needs beyond what its imports and #includes show
+    # why the solution cannot run this definition: its cases are SKIPPED with this reason
+    unsupported: Annotated[str | None, BeforeValidator(_printable_name)] = None
 
     @field_validator("entry_point")
     @classmethod
@@ -153,12 +165,6 @@ class RequiresModel(ClosedModel):
 
     modules: dict[Annotated[str, BeforeValidator(_module_name)], Annotated[str, BeforeValidator(_requirement)]] = {}
     cuda_capabilities: list[Annotated[str, BeforeValidator(_capability)]] = []
-
-
-def _printable_name(value: Any) -> Any:
-    if value is not None and not (isinstance(value, str) and value.strip() and value.isprintable()):
-        raise field_sentence(f"must be a non-empty string of printable characters, got {value!r}")
-    return value
 
 
 class ManifestModel(ClosedModel):
@@ -203,7 +209,9 @@ def _entry(definition: str, entry: EntryModel, folder: Path, where: str) -> Solu
             raise DsaBenchError(f"{label}: {rel!r} lies outside the solution folder (it resolves to {target})", where)
         if not target.is_file():
             raise DsaBenchError(f"{label}: file {rel!r} does not exist in {folder}", where)
-    return SolutionEntry(definition, file, function, entry.language, entry.destination_passing_style, tuple(entry.sources))
+    return SolutionEntry(
+        definition, file, function, entry.language, entry.destination_passing_style, tuple(entry.sources), entry.unsupported
+    )
 
 
 def solution_files(folder: Path) -> list[Path]:

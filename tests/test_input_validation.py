@@ -397,11 +397,14 @@ def test_bad_parameters_of_other_indexer_inputs(tmp_path):
         ({"distinct_keys": math.nan}, "k_index_cache_fp8.params.distinct_keys = nan must be an integer"),
         ({"distinct_keys": 0}, "k_index_cache_fp8.params.distinct_keys = 0 must be in [1, num_pages*64 = 1024]"),
         ({"distinct_keys": 10**12}, "k_index_cache_fp8.params.distinct_keys = 1000000000000 must be in [1, num_pages*64 = 1024]"),
-        ({"distinct": 4}, "k_index_cache_fp8.params.distinct is not a generator parameter (its parameters are distinct_keys)"),
+        ({"distinct": 4}, "k_index_cache_fp8.params.distinct is not a generator parameter "
+                          "(its parameters are distinct_keys, near_constant_rows, near_constant_spread)"),
     ]:
         assert expected in trace_error(tmp_path, indexer_case(k_index_cache_fp8={"type": "random", "params": params}))
-    message = trace_error(tmp_path, indexer_case(weights={"type": "random", "params": {"scale": 2}}))
-    assert "weights.params.scale is not a generator parameter (its generator takes none)" in message
+    message = trace_error(tmp_path, indexer_case(weights={"type": "random", "params": {"offset": 2}}))
+    assert "weights.params.offset is not a generator parameter (its parameters are sign, scale)" in message
+    message = trace_error(tmp_path, indexer_case(q_index_fp8={"type": "random", "params": {"scale": 2}}))
+    assert "q_index_fp8.params.scale is not a generator parameter (its generator takes none)" in message
 
 
 def test_random_seq_lens_with_an_explicit_block_table_check_every_reachable_entry(tmp_path):

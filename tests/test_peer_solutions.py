@@ -51,7 +51,8 @@ def test_manifests_pin_the_versions_tried_on_the_h200():
     assert flashinfer.requires.modules["flashinfer.topk"] == "flashinfer-python==0.7.2.post1"
     assert flashinfer.requires.modules["deep_gemm"] == "sgl-deep-gemm==0.1.4.post1"
     assert sglang.requires.cuda_capabilities == flashinfer.requires.cuda_capabilities == ("sm_90",)
-    assert {indexer.NAME} == set(sglang.entries) == set(flashinfer.entries)
+    assert {indexer.name_of(k) for k in indexer.TOPKS} == set(sglang.entries) == set(flashinfer.entries)
+    assert [k for k in indexer.TOPKS if sglang.entries[indexer.name_of(k)].unsupported is None] == [2048], "SGLang: top-2048 only"
     # what the carry tool downloads is what the manifests require
     pinned = {p.requirement for p in carry.PEERS}
     assert set(sglang.requires.modules.values()) <= pinned

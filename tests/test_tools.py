@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import HAS_CUDA, ROOT, load_script
 
 KERNEL_SCRIPTS = ROOT / "benchmarks" / "kernels"
@@ -192,7 +193,7 @@ def test_topk_phases_stamps_every_phase_of_the_shipped_kernel():
     assert [marked.count(f" DSA_MARK({m});") for m, _ in phases.MARKS] == [1] * len(phases.MARKS)
     assert "g_info[blockIdx.x * 4] = in_bin;" in marked
     with pytest.raises(SystemExit, match="anchor of phase stamp 4"):
-        phases.instrument(source.replace("fast_threshold<kThreads, kFastBins>(f, kTopK);", "fast_threshold(f);"))
+        phases.instrument(source.replace("fast_threshold<kThreads, kFastBins>(f, topk);", "fast_threshold(f);"))
 
 
 @pytest.mark.slow
@@ -285,3 +286,39 @@ def test_mla_decode_error_measures_the_reference_and_a_solution_on_cpu():
     rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(f"mla_decode_v32_smoke/{env_case}")]
     assert [r[2] for r in rows] == ["reference", "triton"]
     assert all(float(r[4]) < 1e-4 and r[6] == "0" for r in rows), rows  # lse error, out elements failing vs ref
+
+
+def test_peer_topk_probe_judges_selections_and_refuses_without_a_gpu():
+    # The kernel probe's logits and judge, with torch.topk standing in for SGLang's kernel: a
+    # right selection is OK on every distribution, one that drops a winner (or reads past the
+    # length) is WRONG; without a GPU the script says why and exits 2.
+    probe = load_script("peer_topk_probe")
+
+    def right(logits, lengths, table):
+        out = torch.full((logits.shape[0], 2048), -1, dtype=torch.int32)
+        for b, n in enumerate(lengths.tolist()):
+            k = min(2048, n)
+            out[b, :k] = table[b, torch.topk(logits[b, :n], k).indices].int()
+        return out
+
+    def drops_a_winner(logits, lengths, table):
+        out = right(logits, lengths, table)
+        for b, n in enumerate(lengths.tolist()):
+            if n > 2048:  # the best position swapped for the best one left out
+                order = torch.argsort(logits[b, :n], descending=True)
+                out[b][out[b] == order[0]] = int(order[2048])
+        return out
+
+    def reads_past_length(logits, lengths, table):
+        return right(logits, torch.full_like(lengths, logits.shape[1]), table)
+
+    good = probe.kernel_probes(right, [3000, 5000], torch.device("cpu"), seed=1)
+    assert good and all(v.outcome == "OK" for v in good), [v.line() for v in good if v.outcome != "OK"]
+    assert {v.name.split("/")[1] for v in good} == set(probe.DISTRIBUTIONS)
+    bad = probe.kernel_probes(drops_a_winner, [3000, 5000], torch.device("cpu"), seed=1)
+    assert bad and all(v.outcome == "WRONG" and "ranks below the true top-2048" in v.detail for v in bad), [v.line() for v in bad]
+    past = {v.name: v for v in probe.kernel_probes(reads_past_length, [3000], torch.device("cpu"), seed=1)}
+    assert past["kernel/garbage_past_length/L=3000"].outcome == "WRONG"
+    if not HAS_CUDA:
+        proc = run_tool("peer_topk_probe.py")
+        assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr

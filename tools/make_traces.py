@@ -10,6 +10,10 @@ The contest's real traces are not public. These follow their published distribut
 - indexer_edges, sparse_attention_edges: edge cases small enough for CI on CPU (L = 0, 1,
   2047-2049, 5824; tie-heavy rows; shared pages; tokens with 0, 1, 2048 valid slots; scattered
   padding).
+- indexer_long, indexer_scaled: production decode contexts of 8K-128K tokens (batches 1-128, ragged serving
+  batches, MTP row pairs) and the same shapes with shifted score distributions (issue 45); their
+  ``small_*`` cases run on CPU.
+- indexer_topk{512,1024}_{edges,long}: DeepSeek-V4's selection sizes, small edge cases and production shapes.
 - kv_insert_{v32,v4,v41}_{small,smoke,large}: KV insert rounds (issue 20), page strides computed from
   the record descriptors.
 - mla_decode_{v32,v4}_{h128,h64}: FlashMLA's production decode shapes (s_q 2, s_k 32768, topk 2048,
@@ -209,6 +213,134 @@ def attention_edges() -> list[dict]:
         case("edges_explicit_padding", len(rows), {"type": "explicit", "values": rows}),
         case("edges_large_logits", 3, counts([2048, 1, 0]), sm_scale=0.5),
     ]
+
+
+K = 1024
+#: spare pages of a long case beyond those its rows need (entries past a row's pages name them)
+LONG_SPARE_PAGES = 64
+
+
+def _pages(n: int) -> int:
+    return -(-n // PAGE)
+
+
+def _long_case(cid: str, lens: list[int], rows_per_sequence: int = 1, **inputs: dict) -> dict:
+    """A case sized to its rows: max_num_pages for the longest, num_pages for every sequence's pages plus spares
+    (``rows_per_sequence`` consecutive rows share one table row: MTP)."""
+    groups = [max(lens[i : i + rows_per_sequence]) for i in range(0, len(lens), rows_per_sequence)]
+    case_inputs: dict = {"seq_lens": {"type": "explicit", "values": [int(n) for n in lens]}}
+    if rows_per_sequence > 1:
+        case_inputs["block_table"] = {"type": "random", "params": {"rows_per_sequence": rows_per_sequence}}
+    case_inputs.update(inputs)
+    axes = {"batch_size": len(lens), "max_num_pages": _pages(max(lens)),
+            "num_pages": sum(_pages(n) for n in groups) + LONG_SPARE_PAGES}
+    return {"id": cid, "axes": axes, "inputs": case_inputs}
+
+
+def _serving_lengths(batch: int, lo: int, hi: int, rng: np.random.Generator) -> list[int]:
+    """Lengths of a serving batch: log-uniform in [lo, hi] (many short requests, a few long ones),
+    both ends present."""
+    lens = np.exp(rng.uniform(np.log(lo), np.log(hi), batch)).astype(np.int64)
+    lens[0], lens[-1] = lo, hi
+    return [int(n) for n in rng.permutation(lens)]
+
+
+def _mtp_lengths(lens: list[int]) -> list[int]:
+    """Two query rows per sequence (multi-token prediction): lengths L and L + 1."""
+    return [n + d for n in lens for d in (0, 1)]
+
+
+def indexer_long_shapes(rng: np.random.Generator) -> list[tuple[str, list[int], int]]:
+    """(id, seq_lens, rows per sequence) of the production decode shapes, uniform, ragged and MTP."""
+    shapes: list[tuple[str, list[int], int]] = []
+    for batch, context in ((1, 8), (1, 32), (1, 64), (1, 128), (8, 8), (8, 64), (32, 8), (32, 32), (64, 32), (64, 128),
+                           (128, 8), (128, 32)):  # fmt: skip
+        shapes.append((f"b{batch}_l{context}k", [context * K] * batch, 1))
+    for batch, lo, hi in ((32, 4, 128), (64, 1, 128), (128, 1, 128)):
+        shapes.append((f"b{batch}_ragged_{lo}k_{hi}k", _serving_lengths(batch, lo * K, hi * K, rng), 1))
+    for sequences, context in ((16, 32), (32, 64)):
+        shapes.append((f"mtp_b{2 * sequences}_l{context}k", _mtp_lengths([context * K] * sequences), 2))
+    shapes.append(("mtp_b64_ragged_1k_128k", _mtp_lengths(_serving_lengths(32, 1 * K, 128 * K, rng)), 2))
+    return shapes
+
+
+def indexer_small_shapes() -> list[tuple[str, list[int], int]]:
+    """CPU-sized versions of each kind (the ``small_*`` cases, for CI): uniform, ragged, MTP."""
+    return [
+        ("small_b2_l8k", [8 * K] * 2, 1),
+        ("small_ragged_b4_1k_16k", [1 * K, 2049, 5000, 16 * K], 1),
+        ("small_mtp_b4_l8k", _mtp_lengths([8 * K - 1, 3000]), 2),
+    ]
+
+
+def indexer_long(rng: np.random.Generator) -> list[dict]:
+    """indexer_long (issue 45): contexts of 8K-128K tokens, batches 1-128, ragged serving batches of
+    1K-128K, MTP batches (rows L and L + 1 sharing a table row), and small CPU cases."""
+    return [_long_case(cid, lens, group) for cid, lens, group in indexer_small_shapes() + indexer_long_shapes(rng)]
+
+
+#: score distributions of indexer_scaled: (suffix, weights params)
+SCALED_WEIGHTS = (
+    ("neg", {"sign": "negative"}),
+    ("x1e3", {"scale": 1e3}),
+    ("x1e-4", {"scale": 1e-4}),
+    ("neg_x1e3", {"sign": "negative", "scale": 1e3}),
+)
+#: indexer_long shapes indexer_scaled repeats with each distribution
+SCALED_SHAPES = ("b1_l128k", "b8_l64k", "b32_l32k", "b64_l128k", "b32_ragged_4k_128k", "mtp_b32_l32k")
+
+
+def indexer_scaled(rng: np.random.Generator) -> list[dict]:
+    """indexer_scaled (issue 45): indexer_long's shapes (the same seq_lens) with the score distribution
+    shifted: head weights all negative, scaled by 1e3 and 1e-4, signs mixed, and rows of
+    near-constant scores (relative spread 1e-3 and 1e-6)."""
+    shapes = {cid: (lens, group) for cid, lens, group in indexer_small_shapes() + indexer_long_shapes(rng)}
+    out = []
+    for cid in ("small_b2_l8k", "small_mtp_b4_l8k"):
+        lens, group = shapes[cid]
+        for suffix, weights in SCALED_WEIGHTS[:3]:
+            out.append(_long_case(f"{cid}_{suffix}", lens, group, weights={"type": "random", "params": weights}))
+    lens, group = shapes["small_ragged_b4_1k_16k"]
+    flat = {"near_constant_rows": [1, 3]}
+    out.append(_long_case("small_ragged_b4_1k_16k_flat", lens, group, k_index_cache_fp8={"type": "random", "params": flat}))
+    for cid in SCALED_SHAPES:
+        lens, group = shapes[cid]
+        for suffix, weights in SCALED_WEIGHTS:
+            out.append(_long_case(f"{cid}_{suffix}", lens, group, weights={"type": "random", "params": weights}))
+    for cid, rows, spread in (("b8_l64k", [0, 5], 1e-3), ("b32_ragged_4k_128k", [0, 7, 31], 1e-6)):
+        lens, group = shapes[cid]
+        params = {"near_constant_rows": rows, "near_constant_spread": spread}
+        out.append(_long_case(f"{cid}_flat", lens, group, k_index_cache_fp8={"type": "random", "params": params}))
+    return out
+
+
+def indexer_topk_edges(topk: int) -> list[dict]:
+    """Small top-``topk`` cases for CPU (V4's selection sizes): L = 0, 1 and both sides of k and of 2048,
+    page boundaries, tie-heavy rows, an MTP pair, scaled weights."""
+
+    def case(cid: str, lens: list[int], **inputs: dict) -> dict:
+        return _long_case(cid, lens, **inputs)
+
+    def keys(distinct: int) -> dict:
+        return {"k_index_cache_fp8": {"type": "random", "params": {"distinct_keys": distinct}}}
+
+    return [
+        case("edges_lengths", [0, 1, topk - 1, topk, topk + 1, 2048, 2049, 5824]),
+        case("edges_passthrough", [topk, 64, 0, topk - 64]),
+        case("edges_page_boundaries", [topk + 63, topk + 64, topk + 65, 4096]),
+        case("edges_ties_one_key", [3 * topk, topk + 1, topk], **keys(1)),
+        case("edges_ties_three_keys", [4 * topk, 2 * topk + 1], **keys(3)),
+        case("edges_mtp", _mtp_lengths([topk, 3000]), rows_per_sequence=2),
+        case("edges_negative_weights", [3000, topk + 1], weights={"type": "random", "params": {"sign": "negative", "scale": 1e3}}),
+    ]
+
+
+def indexer_topk_long(topk: int) -> list[dict]:
+    """Production decode shapes for top-``topk`` (V4): the issue's table, a serving batch and MTP."""
+    rng = np.random.default_rng(20260406 + topk)
+    lens_of = {cid: (lens, group) for cid, lens, group in indexer_long_shapes(rng)}
+    chosen = ("b1_l32k", "b1_l128k", "b8_l64k", "b32_l32k", "b64_l128k", "b32_ragged_4k_128k", "mtp_b32_l32k")
+    return [_long_case(cid, *lens_of[cid]) for cid in chosen]
 
 
 KV_INSERT_FORMATS = {"v32": V32, "v4": V4, "v41": V41}
@@ -448,6 +580,11 @@ def main(out: Path = typer.Option(TRACES, help="Folder to write the traces into.
     write(out / "sparse_attention_smoke.jsonl", attention_smoke())
     write(out / "indexer_edges.jsonl", indexer_edges())
     write(out / "sparse_attention_edges.jsonl", attention_edges())
+    write(out / "indexer_long.jsonl", indexer_long(np.random.default_rng(20260405)))
+    write(out / "indexer_scaled.jsonl", indexer_scaled(np.random.default_rng(20260405)))
+    for topk in (512, 1024):
+        write(out / f"indexer_topk{topk}_edges.jsonl", indexer_topk_edges(topk))
+        write(out / f"indexer_topk{topk}_long.jsonl", indexer_topk_long(topk))
     for name, fmt in KV_INSERT_FORMATS.items():
         write(out / f"kv_insert_{name}_small.jsonl", kv_insert_small(fmt))
         write(out / f"kv_insert_{name}_smoke.jsonl", kv_insert_smoke(fmt))

@@ -23,6 +23,7 @@ static void profile(const std::string& label, int B, int stride, const std::vect
   CK(cudaMemcpy(d_l, lens.data(), B * 4, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(d_t, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
   TopkArgs a{d_s, stride, d_l, d_t, pages, d_o, kTopK, B, stride, -1, -1, 0};
+  a.topk = kTopK;  // the V3.2 size (TopkArgs::topk)
   cudaEvent_t e0, e1; cudaEventCreate(&e0); cudaEventCreate(&e1);
   const int n = 50; double sum_cold = 0, sum_warm = 0; long long inbin = 0; int subdiv = 0, rows = 0;
   std::vector<double> cold(16, 0.0), warm(16, 0.0), worst(16, 0.0);

@@ -37,7 +37,7 @@ MARKS: list[tuple[int, str]] = [
     (1, "if (len > args.max_len) __trap();"),
     (2, "    f.warp_hi[warp] = hi;\n  }\n  __syncthreads();"),
     (3, "    if (row.keys[i] != kNoKey) atomicAdd(&f.hist[(row.keys[i] - lo) >> shift], 1);\n  }\n  __syncthreads();"),
-    (4, "fast_threshold<kThreads, kFastBins>(f, kTopK);"),
+    (4, "fast_threshold<kThreads, kFastBins>(f, topk);"),
     (5, "const int exclusive = __shfl_sync(kFullMask, warp_base, kWarpSize - 1) + inclusive - packed;"),
     (6, "  if (tid == 0) f.emitted = above;  // level 2 hands out the slots after the keys above\n  __syncthreads();"),
     (7, "const int first_tie_slot = above + sub_above;"),

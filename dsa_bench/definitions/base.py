@@ -112,7 +112,7 @@ GenerateFn = Callable[
 ]
 
 
-RedrawFn = Callable[[Mapping[str, int], InputRng], dict[str, torch.Tensor]]
+RedrawFn = Callable[..., dict[str, torch.Tensor]]  # (axes, rng), or (axes, rng, params): redraw_takes_params
 
 
 ValidateFn = Callable[[Mapping[str, int], Mapping[str, Value], Mapping[str, dict]], list[str]]
@@ -191,6 +191,9 @@ class Definition:
     def observed_values(self, inputs: Mapping[str, Value]) -> dict[str, torch.Tensor]:
         """``observe(inputs)`` after a call (nothing for a definition without observed outputs)."""
         return self.observe(inputs) if self.observe is not None else {}
+    #: ``redraw`` takes the case's generator parameters as a third argument, so the values a timed
+    #: call redraws follow the case's distribution (e.g. the indexer's scaled head weights)
+    redraw_takes_params: bool = False
 
     def axes(self, var_values: Mapping[str, int]) -> dict[str, int]:
         return {**self.const_axes, **var_values}
@@ -209,6 +212,10 @@ class Definition:
         """Re-fill allocated outputs with their poison (before every timed call)."""
         for spec in self.outputs:
             poison_(outputs[spec.name], spec.poison)
+
+    def redraw_inputs(self, axes: Mapping[str, int], rng: InputRng, params: Mapping[str, dict]) -> dict[str, torch.Tensor]:
+        """``redraw``, with the case's generator ``params`` where the definition's redraw takes them."""
+        return self.redraw(axes, rng, params) if self.redraw_takes_params else self.redraw(axes, rng)
 
     def input_args(self, inputs: Mapping[str, Value]) -> list[Value]:
         return [inputs[spec.name] for spec in self.inputs]

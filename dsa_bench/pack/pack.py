@@ -110,7 +110,7 @@ def pack_solution(folder: Path, out_dir: Path | None = None, definitions: list[s
     (default ``out_dir``: ``packed/<solution name>/``). Names become file names through
     :func:`~dsa_bench.files.safe_file_name`, so no name can place a file outside ``out_dir``."""
     solution = load_solution(folder)
-    chosen = definitions or list(solution.entries)
+    chosen = definitions or [d for d, entry in solution.entries.items() if entry.unsupported is None]
     for name in chosen:
         solution.entry_for(name)
     if out_dir is None:

@@ -191,6 +191,33 @@ def sagged(records: list[CaseRecord], max_sm_mhz: float | None, fraction: float 
     return flagged
 
 
+@dataclass(frozen=True)
+class Failure:
+    """One failed record, as the summary states it: who failed which case, and why in one line."""
+
+    solution: str
+    case: str
+    status: str
+    reason: str  # the checker's (or the error's) message in one line (:func:`one_line`)
+
+
+def failed_cases(records: list[CaseRecord]) -> list[Failure]:
+    """Every failed record (a skip is no failure), in run order."""
+    return [Failure(r.solution, r.case, r.status.value, one_line(r.message) or "-") for r in records if r.failed]
+
+
+def failures_table(records: list[CaseRecord]) -> str:
+    """The failed records under the summary: case, solution, status and the one-line reason
+    (empty when nothing failed). Peers are judged like every solution: a peer's wrong answer
+    is listed here and its case gets no speedup over it."""
+    from tabulate import tabulate
+
+    rows = [[f.case, f.solution, f.status, f.reason] for f in failed_cases(records)]
+    if not rows:
+        return ""
+    return tabulate(rows, headers=["failed case", "solution", "status", "reason"], disable_numparse=True)
+
+
 def failures(records: list[CaseRecord]) -> list[str]:
     return [f"{r.case} [{r.solution}] {r.status.value}: {r.message}" for r in records if r.failed]
 

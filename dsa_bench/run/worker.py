@@ -146,8 +146,8 @@ def main(argv: list[str]) -> None:
         if config.packed_from is not None:
             solution = dataclasses.replace(solution, packed_from=Path(config.packed_from))
         entry = solution.entry_for(config.definition)
-        unmet_reason = unmet(solution.requires, device)
-        if unmet_reason is not None:  # a peer whose package or GPU this machine lacks: skipped, not failed
+        unmet_reason = entry.unsupported or unmet(solution.requires, device)
+        if unmet_reason is not None:  # an entry it cannot run, a peer whose package or GPU this machine lacks: skipped, not failed
             channel.write_frame(out_fd, {"type": "unavailable", "text": unmet_reason})
             return
         fn, module = import_entry(solution, config.definition)
@@ -269,7 +269,7 @@ class _CaseRunner:
     def _time_trial(self, job: TimingJob, trial: int, seeds: tuple[int, ...], time_iterations: Any, flush: Any, read_clocks: Any,
                     header: dict[str, Any], reply: _Reply) -> None:  # fmt: skip
         from dsa_bench.definitions.base import InputRng
-        from dsa_bench.workloads import derive_seed
+        from dsa_bench.workloads import derive_seed, random_params
 
         axes = self.definition.axes(job.case.axes)
         phases = header["phase_s"]
@@ -279,6 +279,7 @@ class _CaseRunner:
         args = [self.definition.input_args(x) for x in sets]
         outs = [self.definition.allocate_outputs(axes, self.device) for _ in seeds]
         redraw_rng = InputRng(derive_seed(job.sample_seed, "redraw", trial), self.device)
+        params = random_params(job.case)
         sampled = random.Random(derive_seed(job.sample_seed, "pick", trial)).randrange(job.iterations)
         latest: dict[int, dict[str, Any]] = {}
         redrawn: dict[str, Any] = {}
@@ -292,7 +293,7 @@ class _CaseRunner:
         call_started = [0]
 
         def prepare(i: int) -> None:
-            fresh = self.definition.redraw(axes, redraw_rng)
+            fresh = self.definition.redraw_inputs(axes, redraw_rng, params)
             for name, value in fresh.items():
                 sets[i % n][name].copy_(value)  # in place: the solution keeps the same tensors
             if timed and i == sampled:

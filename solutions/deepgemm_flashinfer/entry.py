@@ -12,6 +12,9 @@
    own. ``dsa_graph_safe`` asks for the path FlashInfer supports under CUDA graphs.
 3. Passthrough batches (``max_num_pages * 64 <= 2048``) skip the logits, as in the SGLang peer.
 
+The same entry serves DeepSeek-V4's top-512 and top-1024 definitions: k is the output's width
+(``topk_indices [B, k]``), handed to FlashInfer's top-k, which takes any k; 2048 above reads k.
+
 Only ``flashinfer.topk`` is imported. FlashInfer compiles its top-k module at first use into
 ``$HOME/.cache/flashinfer`` (or loads a prebuilt ``flashinfer/data/aot/topk/topk.so``); the
 harness gives each solution a persistent HOME (``.cache/dsa-bench/home/deepgemm_flashinfer``),
@@ -24,6 +27,7 @@ DeepGEMM's schedule metadata is computed once per batch, outside the timed calls
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import time
 from types import SimpleNamespace
@@ -32,7 +36,9 @@ import deep_gemm
 import flashinfer.topk
 import torch
 
-from .batch_state import HEAD_DIM, NUM_HEADS, PAGE_SIZE, TOPK, BatchCache, GraphReplay, check_inputs
+from dsa_bench.definitions.indexer import TOPKS
+
+from .batch_state import HEAD_DIM, NUM_HEADS, PAGE_SIZE, BatchCache, GraphReplay, check_inputs
 
 _build_started = time.perf_counter()
 flashinfer.topk.get_topk_module()  # the JIT build (or the prebuilt module's load), under the compile timeout
@@ -43,12 +49,12 @@ def _versions() -> str:
     return ", ".join(f"{name} {importlib.metadata.version(name)}" for name in ("sgl-deep-gemm", "flashinfer-python"))
 
 
-def _batch(seq_lens: torch.Tensor, block_table: torch.Tensor) -> SimpleNamespace:
-    """Everything that depends only on seq_lens and block_table."""
+def _batch(topk: int, seq_lens: torch.Tensor, block_table: torch.Tensor) -> SimpleNamespace:
+    """Everything that depends only on seq_lens and block_table (and the selection size)."""
     batch, max_pages = block_table.shape
     max_len = max_pages * PAGE_SIZE
     context_lens = seq_lens.view(batch, 1)
-    scored = max_len > TOPK
+    scored = max_len > topk
     return SimpleNamespace(
         max_len=max_len,
         scored=scored,
@@ -59,7 +65,8 @@ def _batch(seq_lens: torch.Tensor, block_table: torch.Tensor) -> SimpleNamespace
     )
 
 
-_batches = BatchCache(_batch)
+#: one cache per selection size (a batch's metadata differs by k only in whether it is scored)
+_batches = {k: BatchCache(functools.partial(_batch, k)) for k in TOPKS}
 _graphs = GraphReplay()
 
 
@@ -67,7 +74,7 @@ def solution_notes() -> str:
     return (
         f"DeepGEMM fp8_paged_mqa_logits, then FlashInfer top_k_page_table_transform(page_size=64) ({_versions()}); "
         f"FlashInfer's top-k module took {_build_s:.1f} s to build or load at import; "
-        "batches with max_num_pages*64 <= 2048 skip the logits (the top-k passes every row through); "
+        "batches with max_num_pages*64 <= k skip the logits (the top-k passes every row through); "
         "per batch (a seq_lens and block_table pair, while both tensors live unmodified) DeepGEMM's schedule metadata "
         "is computed once, outside the timed calls (the harness never redraws them); "
         f"{_graphs.notes()}"
@@ -82,12 +89,15 @@ def kernel(
     block_table: torch.Tensor,
     topk_indices: torch.Tensor,
 ) -> None:
-    """Write the top-2048 physical ids of every row into ``topk_indices`` (see the module doc)."""
-    check_inputs(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices)
+    """Write the top-k physical ids of every row into ``topk_indices`` (k: its width; see the module doc)."""
+    topk = topk_indices.shape[1]
+    if topk not in _batches:
+        raise ValueError(f"topk_indices has {topk} columns; the indexer definitions select {TOPKS}")
+    check_inputs(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices, topk)
     batch = block_table.shape[0]
     if batch == 0:
         return
-    state = _batches.get(seq_lens, block_table)
+    state = _batches[topk].get(seq_lens, block_table)
     meta = state.data
 
     def launch() -> None:
@@ -101,7 +111,7 @@ def kernel(
         else:
             scores = meta.placeholder
         flashinfer.topk.top_k_page_table_transform(
-            scores, block_table, seq_lens, TOPK, page_size=PAGE_SIZE, out=topk_indices, dsa_graph_safe=True
+            scores, block_table, seq_lens, topk, page_size=PAGE_SIZE, out=topk_indices, dsa_graph_safe=True
         )
 
     _graphs(state, launch, (q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices))

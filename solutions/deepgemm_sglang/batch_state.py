@@ -31,8 +31,9 @@ from dsa_bench.definitions.indexer import HEAD_DIM, INDEXER_KEY_PAGE, NUM_HEADS,
 MAX_BATCHES = 64
 
 
-def check_inputs(q, cache, weights, seq_lens, block_table, topk_indices) -> None:
-    """Shapes, dtypes, devices and the contiguity the peers' kernels need, from metadata only."""
+def check_inputs(q, cache, weights, seq_lens, block_table, topk_indices, topk: int = TOPK) -> None:
+    """Shapes, dtypes, devices and the contiguity the peers' kernels need, from metadata only
+    (``topk``: the definition's selection size, the output's width)."""
     batch = block_table.shape[0]
     problems = []
     if q.dtype != torch.float8_e4m3fn or tuple(q.shape) != (batch, NUM_HEADS, HEAD_DIM) or not q.is_contiguous():
@@ -48,8 +49,8 @@ def check_inputs(q, cache, weights, seq_lens, block_table, topk_indices) -> None
         problems.append(f"seq_lens must be contiguous int32 [{batch}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
     if block_table.dtype != torch.int32 or block_table.dim() != 2 or not block_table.is_contiguous():
         problems.append(f"block_table must be a contiguous int32 matrix, got {block_table.dtype} {tuple(block_table.shape)}")
-    if topk_indices.dtype != torch.int32 or tuple(topk_indices.shape) != (batch, TOPK) or not topk_indices.is_contiguous():
-        problems.append(f"topk_indices must be contiguous int32 [{batch}, {TOPK}], got {topk_indices.dtype} {tuple(topk_indices.shape)}")
+    if topk_indices.dtype != torch.int32 or tuple(topk_indices.shape) != (batch, topk) or not topk_indices.is_contiguous():
+        problems.append(f"topk_indices must be contiguous int32 [{batch}, {topk}], got {topk_indices.dtype} {tuple(topk_indices.shape)}")
     devices = {t.device.type for t in (q, cache, weights, seq_lens, block_table, topk_indices)}
     if devices != {"cuda"}:
         problems.append(f"every tensor must be on the GPU, got {sorted(devices)}")

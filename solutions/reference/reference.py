@@ -10,7 +10,8 @@ from dsa_bench.definitions import sparse_attention as attention_definition
 
 
 def indexer(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices: torch.Tensor) -> None:
-    result = indexer_definition.reference(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table)
+    # one entry for every selection size: the output's width is the definition's topk
+    result = indexer_definition.reference(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk=topk_indices.shape[1])
     topk_indices.copy_(result["topk_indices"])
 
 

@@ -280,11 +280,14 @@ def test_topk_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     assert library.mismatched(dict(topk_ext.EXPECTED_CONSTANTS, MAX_CANDIDATES=4096)) == ["MAX_CANDIDATES"]
     assert library.error_message(1) == "invalid argument"
     # argument errors come back before any CUDA call: a misaligned score row, a bad test hook
-    args = [0, None, 4, 64, 0, 0, 1, 0, 2048, 1, 64, -1, -1, 0]  # ..., candidate_capacity, fast_candidates, dependent_launch
+    args = [0, None, 4, 64, 0, 0, 1, 0, 2048, 1, 64, -1, -1, 0, 2048]  # ..., candidate_capacity, fast_candidates, dependent_launch, topk
     with pytest.raises(RuntimeError, match="dsa_topk_filtered failed: score rows must be 16-byte aligned"):
         library.call("filtered", *args)
     with pytest.raises(RuntimeError, match="fast_candidates must be -1 or 0..FAST_CANDIDATES"):
-        library.call("filtered", *[*args[:2], 16, *args[3:-2], topk_ext.FAST_CANDIDATES + 1, 0])
+        library.call("filtered", *[*args[:2], 16, *args[3:-3], topk_ext.FAST_CANDIDATES + 1, 0, 2048])
+    for topk in (0, 2049):
+        with pytest.raises(RuntimeError, match=r"topk must be in 1\.\.TOPK"):
+            library.call("filtered", *[*args[:2], 16, *args[3:-1], topk])
     library.call("filtered", *[*args[:2], 16, *args[3:9], 0, *args[10:]])  # batch 0: nothing to launch, returns 0
     nm = shutil.which("nm")
     if nm:
@@ -378,31 +381,35 @@ def emulator(tmp_path_factory) -> Path:
 
 
 def emulate_topk(
-    exe: Path, scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, capacity=-1, threads=None, fast_candidates=-1
+    exe: Path, scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, capacity=-1, threads=None, fast_candidates=-1,
+    topk: int = indexer.TOPK,
 ) -> torch.Tensor:
-    """Runs filtered_topk_kernel of topk_filtered.cuh on the emulator; returns [B, 2048] int32."""
+    """Runs filtered_topk_kernel of topk_filtered.cuh on the emulator; returns [B, topk] int32."""
     scores = scores.detach().float().cpu().contiguous()
     batch, width = scores.shape
     max_len = block_table.shape[1] * 64
     if threads is None:  # what the CUDA launcher picks
         threads = 512 if max_len <= 8192 else 1024
-    header = np.array([batch, width, block_table.shape[1], max_len, capacity, threads, fast_candidates], dtype=np.int32)
+    header = np.array([batch, width, block_table.shape[1], max_len, capacity, threads, fast_candidates, topk], dtype=np.int32)
     folder = exe.parent
     parts = (header, scores.numpy(), seq_lens.cpu().numpy().astype(np.int32), block_table.cpu().numpy().astype(np.int32))
     (folder / "in.bin").write_bytes(b"".join(np.ascontiguousarray(part).tobytes() for part in parts))
     subprocess.run([str(exe), str(folder / "in.bin"), str(folder / "out.bin")], check=True, timeout=600)
-    return torch.from_numpy(np.fromfile(folder / "out.bin", dtype=np.int32).reshape(batch, indexer.TOPK).copy())
+    return torch.from_numpy(np.fromfile(folder / "out.bin", dtype=np.int32).reshape(batch, topk).copy())
 
 
-def assert_exact_topk(scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor) -> None:
-    """Each row holds min(2048, L) distinct reachable ids whose scores are exactly torch.topk's."""
+def assert_exact_topk(
+    scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor, topk: int = indexer.TOPK
+) -> None:
+    """Each row holds min(topk, L) distinct reachable ids whose scores are exactly torch.topk's."""
     scores, out, block_table = scores.cpu(), out.cpu(), block_table.cpu()
+    assert out.shape[1] == topk
     for b, n in enumerate(seq_lens.tolist()):
         ids = indexer.token_ids(block_table[b], n)
         row = out[b]
-        want = min(indexer.TOPK, n)
+        want = min(topk, n)
         assert int((row >= 0).sum()) == want and not bool((row < -1).any()), f"row {b}: wrong count of ids or unwritten slots"
-        if n <= indexer.TOPK:
+        if n <= topk:
             assert torch.equal(row[:n].long(), ids) and row[n:].eq(-1).all(), f"row {b}: passthrough must list positions 0..L-1"
             continue
         position_of = {int(i): p for p, i in enumerate(ids.tolist())}
@@ -465,6 +472,18 @@ def test_emulated_fast_path_ranks_ties_in_its_threshold_bin(emulator):
     table = torch.stack([torch.randperm(NUM_PAGES, generator=g)[:40] for _ in range(6)]).int()
     out = emulate_topk(emulator, scores, seq_lens, table)
     assert_exact_topk(scores, seq_lens, table, out)
+
+
+@pytest.mark.parametrize("topk", [512, 1024])
+@pytest.mark.parametrize("fast_candidates", [-1, 0])
+def test_emulated_cuda_topk_takes_v4_selection_sizes(emulator, topk, fast_candidates):
+    # DeepSeek-V4's k: rows of L = k - 1, k, k + 1 (passthrough and the first ranked row), the
+    # synthetic stress rows (all equal, three tie groups, low-bit differences), fast path and radix select.
+    scores, seq_lens, table = synthetic_rows(seed=topk)
+    seq_lens = seq_lens.clone()
+    seq_lens[5], seq_lens[6], seq_lens[7] = topk - 1, topk, topk + 1
+    out = emulate_topk(emulator, scores, seq_lens, table, fast_candidates=fast_candidates, topk=topk)
+    assert_exact_topk(scores, seq_lens, table, out, topk)
 
 
 @pytest.mark.parametrize("max_pages", [91, 128])

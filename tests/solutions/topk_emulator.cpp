@@ -273,14 +273,19 @@ int main(int argc, char** argv) {
   }
   std::FILE* in = std::fopen(argv[1], "rb");
   if (!in) return 2;
-  int32_t header[7];
-  read_into(in, header, 7);
+  int32_t header[8];
+  read_into(in, header, 8);
   const int batch = header[0], score_stride = header[1], bt_stride = header[2], max_len = header[3];
   const int capacity = header[4], threads = header[5];
   const int fast = header[6] < 0 || header[6] > dsa_topk::kFastCandidates ? dsa_topk::kFastCandidates : header[6];
   std::vector<float> scores(static_cast<size_t>(batch) * score_stride);
   std::vector<int32_t> seq_lens(batch), table(static_cast<size_t>(batch) * bt_stride);
-  std::vector<int32_t> out(static_cast<size_t>(batch) * dsa_topk::kTopK, INT32_MIN);
+  const int topk = header[7];  // tokens kept per row (the definition's k), 1..kTopK
+  if (topk < 1 || topk > dsa_topk::kTopK) {
+    std::fprintf(stderr, "emulator: topk must be in 1..%d\n", dsa_topk::kTopK);
+    return 2;
+  }
+  std::vector<int32_t> out(static_cast<size_t>(batch) * topk, INT32_MIN);
   read_into(in, scores.data(), scores.size());
   read_into(in, seq_lens.data(), seq_lens.size());
   read_into(in, table.data(), table.size());
@@ -288,7 +293,8 @@ int main(int argc, char** argv) {
 
   const int cap = capacity < 0 ? dsa_topk::default_candidate_capacity(max_len) : capacity;
   simt::dynamic_storage().assign(2 * static_cast<size_t>(cap) * sizeof(uint2) + 16, 0);
-  dsa_topk::TopkArgs args{scores.data(), score_stride, seq_lens.data(), table.data(), bt_stride, out.data(), dsa_topk::kTopK, batch, max_len, cap, fast};
+  dsa_topk::TopkArgs args{scores.data(), score_stride, seq_lens.data(), table.data(), bt_stride, out.data(), topk, batch, max_len, cap, fast};
+  args.topk = topk;
   switch (threads) {
     case 256: run<256>(args); break;
     case 512:  // as the launcher: rows past kSmallRowMaxLen cache more keys per thread

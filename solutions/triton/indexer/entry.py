@@ -28,6 +28,12 @@ Paths, picked from shapes only (no host-device synchronisation):
 3. Scored, without CUDA (``TRITON_INTERPRET=1`` on CPU tensors): the same score kernel, then
    ``torch.topk`` and the Triton emit kernel. ``solution_notes()`` says which top-k is active.
 
+DeepSeek-V4's selection sizes (``..._topk512_ps64``, ``..._topk1024_ps64``: ``topk_indices [B, k]``)
+take ``other_topk_kernel``'s simpler path: every row scored (the score kernel's short-row skip is
+for 2048), then the CUDA top-k of the call's shape (``cuda_topk``'s rule) with ``k``, launched
+after it (torch.topk and a torch emit under the interpreter); a batch whose rows all fit in k
+tokens is passed through by torch ops. Not tuned.
+
 The contract's constants and the cache page layout are in ``shapes.py``.
 """
 
@@ -82,7 +88,7 @@ def solution_notes() -> str:
     return "no CUDA device and TRITON_INTERPRET is unset: the Triton kernels cannot run here"
 
 
-def _check_inputs(q, cache, weights, seq_lens, block_table, topk_indices) -> None:
+def _check_inputs(q, cache, weights, seq_lens, block_table, topk_indices, topk: int = TOPK) -> None:
     """Shapes, dtypes and devices, checked on the host from metadata only."""
     batch = block_table.shape[0]
     problems = []
@@ -97,8 +103,8 @@ def _check_inputs(q, cache, weights, seq_lens, block_table, topk_indices) -> Non
         problems.append(f"seq_lens must be int32 [{batch}], got {seq_lens.dtype} {tuple(seq_lens.shape)}")
     if block_table.dtype != torch.int32:
         problems.append(f"block_table must be int32, got {block_table.dtype}")
-    if topk_indices.dtype != torch.int32 or tuple(topk_indices.shape) != (batch, TOPK):
-        problems.append(f"topk_indices must be int32 [{batch}, {TOPK}], got {topk_indices.dtype} {tuple(topk_indices.shape)}")
+    if topk_indices.dtype != torch.int32 or tuple(topk_indices.shape) != (batch, topk):
+        problems.append(f"topk_indices must be int32 [{batch}, {topk}], got {topk_indices.dtype} {tuple(topk_indices.shape)}")
     devices = {t.device for t in (q, cache, weights, seq_lens, block_table, topk_indices)}
     if len(devices) != 1:
         problems.append(f"all tensors must be on one device, got {sorted(map(str, devices))}")
@@ -179,3 +185,70 @@ def kernel(
 ) -> None:
     """Write the top-2048 physical ids of every row into ``topk_indices`` (see the module doc)."""
     run_pipeline(_scored_graphs, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices)
+
+
+# --------------------------------------------------------------------------- V4's selection sizes
+
+#: selection sizes besides TOPK that ``other_topk_kernel`` serves (DeepSeek-V4's two model sizes)
+OTHER_TOPKS = (512, 1024)
+
+
+def emit_ids_torch(block_table: torch.Tensor, seq_lens: torch.Tensor, topk_indices: torch.Tensor, positions: torch.Tensor | None) -> None:
+    """``topk_indices [B, k]``: rows of L <= k list positions 0..L-1 then -1; longer rows the ids
+    of ``positions [B, k]`` (torch ops: the Triton emit kernel is built for k = 2048)."""
+    k = topk_indices.shape[1]
+    slot = torch.arange(k, device=block_table.device)
+    lens = seq_lens.long()[:, None]
+    pages = block_table.long()
+    if positions is None:
+        positions = slot.expand(block_table.shape[0], k)
+    short = lens <= k
+    pos = torch.where(short, slot, positions)
+    pos = pos.clamp(max=pages.shape[1] * PAGE_SIZE - 1)  # a short row's slots past its last page: masked below
+    ids = pages.gather(1, pos // PAGE_SIZE) * PAGE_SIZE + pos % PAGE_SIZE
+    topk_indices.copy_(torch.where(short & (slot >= lens), -1, ids).to(torch.int32))
+
+
+def other_topk_scored_path(k: int, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices) -> None:
+    """Scores of every row, then the top-k of the rows longer than k (see the module doc)."""
+    batch, max_pages = block_table.shape
+    scores = torch.empty((batch, max_pages * PAGE_SIZE), dtype=torch.float32, device=q_index_fp8.device)
+    score.launch_scores(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, scores, skip_short_rows=False)
+    if _cuda_topk is not None and topk_long.uses_long_path(batch, max_pages):
+        topk_long.long_topk(scores, seq_lens, block_table, topk_indices)  # k: the output's width
+    elif _cuda_topk is not None:
+        topk.filtered_topk(scores, seq_lens, block_table, topk_indices, topk=k)
+    else:
+        emit_ids_torch(block_table, seq_lens, topk_indices, torch.topk(scores, k, dim=1, sorted=False).indices)
+
+
+#: the scored path of each other selection size, replayed as a CUDA graph per argument set on a GPU
+_other_topk_graphs = {
+    k: (LaunchGraphs(path) if _cuda_topk is not None else path)
+    for k, path in ((k, functools.partial(other_topk_scored_path, k)) for k in OTHER_TOPKS)
+}
+
+
+def other_topk_kernel(
+    q_index_fp8: torch.Tensor,
+    k_index_cache_fp8: torch.Tensor,
+    weights: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    topk_indices: torch.Tensor,
+) -> None:
+    """Write the top-k physical ids of every row, k = ``topk_indices.shape[1]`` in OTHER_TOPKS."""
+    k = topk_indices.shape[1]
+    if k not in OTHER_TOPKS:
+        raise ValueError(f"topk_indices has {k} columns; this entry serves k in {OTHER_TOPKS} (2048: kernel)")
+    _check_inputs(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices, topk=k)
+    q_index_fp8, weights, seq_lens = _contiguous(q_index_fp8, weights, seq_lens)
+    if block_table.stride(1) != 1:
+        block_table = block_table.contiguous()
+    batch, max_pages = block_table.shape
+    if batch == 0:
+        return
+    if max_pages * PAGE_SIZE <= k:
+        emit_ids_torch(block_table, seq_lens, topk_indices, None)
+        return
+    _other_topk_graphs[k](q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices)

@@ -30,6 +30,7 @@ SIGNATURES = {
         _P, _I64, _P, _P, _I64, _P, _I64,  # scores, its row stride, seq_lens, block_table, its row stride, topk_indices, its row stride
         _I64, _I64, _I64, _I64,  # batch, max_len, candidate_capacity, fast_candidates
         ctypes.c_int,  # dependent_launch
+        _I64,  # topk: tokens kept per row (the definition's k)
     )),
 }  # fmt: skip
 #: constants of csrc/topk_filtered.h (checked against the built library in load_topk_extension, as are
@@ -94,11 +95,12 @@ def filtered_topk(
     candidate_capacity: int = -1,
     fast_candidates: int = -1,
     dependent_launch: bool = False,
+    topk: int = TOPK,
 ) -> None:
-    """Write the top-2048 physical ids of every row of ``scores`` into ``topk_indices``.
+    """Write the top-``topk`` physical ids of every row of ``scores`` into ``topk_indices``.
 
     ``scores [B, W]`` fp32 (W >= max_num_pages * 64, rows 16-byte aligned), ``seq_lens [B]`` and
-    ``block_table [B, max_num_pages]`` int32, ``topk_indices [B, 2048]`` int32, all on one CUDA
+    ``block_table [B, max_num_pages]`` int32, ``topk_indices [B, topk]`` int32, all on one CUDA
     device. Every argument is checked here, before the C call: the C side repeats only the
     checks that guard what it hands on (a nonzero return raises RuntimeError with its message),
     and a raw pointer cannot be checked for shape or device at all. ``candidate_capacity`` and
@@ -108,8 +110,10 @@ def filtered_topk(
     before it ends and wait for its completion before they read a score.
     """
     batch, max_len = check_topk_tensors(scores, seq_lens, block_table, topk_indices)
-    if topk_indices.shape[1] != TOPK:
-        raise ValueError(f"topk_indices must have {TOPK} columns, got {topk_indices.shape[1]}")
+    if not 1 <= topk <= TOPK:
+        raise ValueError(f"topk must be in 1..{TOPK}, got {topk}")
+    if topk_indices.shape[1] != topk:
+        raise ValueError(f"topk_indices must have topk = {topk} columns, got {topk_indices.shape[1]}")
     if not -1 <= candidate_capacity <= 2**31 - 1:
         raise ValueError(f"candidate_capacity must be -1 or non-negative, got {candidate_capacity}")
     if not -1 <= fast_candidates <= FAST_CANDIDATES:
@@ -119,5 +123,5 @@ def filtered_topk(
         "filtered", device.index, torch.cuda.current_stream(device).cuda_stream,  # the stream now: captured when capturing
         scores.data_ptr(), scores.stride(0), seq_lens.data_ptr(), block_table.data_ptr(), block_table.stride(0),
         topk_indices.data_ptr(), topk_indices.stride(0), batch, max_len, candidate_capacity, fast_candidates,
-        int(dependent_launch),
+        int(dependent_launch), topk,
     )  # fmt: skip

@@ -21,6 +21,7 @@ enum ArgumentError : int {
   kBadCandidateCapacity = -3,
   kBadFastCandidates = -4,
   kNullPointer = -5,
+  kBadTopk = -6,
 };
 
 }  // namespace
@@ -38,12 +39,13 @@ DSA_EXPORT const char* dsa_topk_error_string(int code) {
     case kBadCandidateCapacity: return "candidate_capacity must be -1 or non-negative";
     case kBadFastCandidates: return "fast_candidates must be -1 or 0..FAST_CANDIDATES";
     case kNullPointer: return "null tensor pointer";
+    case kBadTopk: return "topk must be in 1..TOPK";
     default: return code >= 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown argument error";
   }
 }
 
 // scores [batch, score_stride] fp32 (rows 16-byte aligned), seq_lens [batch] int32, block_table
-// [batch, bt_stride] int32 page ids, topk_indices [batch, out_stride] int32 (kTopK per row written);
+// [batch, bt_stride] int32 page ids, topk_indices [batch, out_stride] int32 (topk per row written, 1..kTopK);
 // max_len = max_num_pages * kPageSize. candidate_capacity < 0 picks the default shared-memory
 // candidate buffer; 0 or a small value forces rows onto the filter-the-row path (a test hook).
 // fast_candidates < 0 picks the fast path's default; 0 turns the fast path off (a test hook for
@@ -52,12 +54,13 @@ DSA_EXPORT const char* dsa_topk_error_string(int code) {
 DSA_EXPORT int dsa_topk_filtered(int device, void* stream, const float* scores, int64_t score_stride, const int32_t* seq_lens,
                                  const int32_t* block_table, int64_t bt_stride, int32_t* topk_indices, int64_t out_stride,
                                  int64_t batch, int64_t max_len, int64_t candidate_capacity, int64_t fast_candidates,
-                                 int dependent_launch) {
+                                 int dependent_launch, int64_t topk) {
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
   if (batch < 0 || batch > kIntMax || max_len < 0 || max_len > kIntMax) return kTooLarge;
   if (score_stride % 4 != 0 || reinterpret_cast<uintptr_t>(scores) % 16 != 0) return kMisalignedScores;
   if (candidate_capacity < -1 || candidate_capacity > kIntMax) return kBadCandidateCapacity;
   if (fast_candidates < -1 || fast_candidates > dsa_topk::kFastCandidates) return kBadFastCandidates;
+  if (topk < 1 || topk > dsa_topk::kTopK) return kBadTopk;
   if (batch == 0) return 0;
   if (scores == nullptr || seq_lens == nullptr || block_table == nullptr || topk_indices == nullptr) return kNullPointer;
 
@@ -76,5 +79,6 @@ DSA_EXPORT int dsa_topk_filtered(int device, void* stream, const float* scores, 
   args.candidate_capacity = static_cast<int>(candidate_capacity);
   args.fast_candidates = static_cast<int>(fast_candidates);
   args.dependent_launch = dependent_launch != 0;
+  args.topk = static_cast<int>(topk);
   return static_cast<int>(dsa_topk::launch_filtered_topk(args, static_cast<cudaStream_t>(stream)));
 }

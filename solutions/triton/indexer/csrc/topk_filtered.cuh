@@ -1,8 +1,8 @@
 // Filtered radix top-k of the lightning indexer, with the page-table emit fused in.
 //
-// One thread block per batch row. A row with seq_len <= kTopK keeps every token: the block
+// One thread block per batch row; k = TopkArgs::topk (at most kTopK). A row with seq_len <= k keeps every token: the block
 // writes the physical ids of positions 0..seq_len-1 and -1 after them, without reading scores.
-// A longer row selects exactly kTopK positions by radix select on a 32-bit order-preserving key
+// A longer row selects exactly k positions by radix select on a 32-bit order-preserving key
 // of each fp32 score (so the result is exact: ties are only between equal fp32 scores):
 //
 //   digit 0 (bits 31..24): histogram over the whole row -> threshold bin t0. Keys above t0 are
@@ -380,7 +380,7 @@ __device__ __forceinline__ void fast_threshold(FastState& f, int need) {
 // Block-wide: every thread calls it and all get the same result.
 template <int kThreads, int kVectors>
 __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_candidates, const int32_t* table_row,
-                            int32_t* __restrict__ out_row, FastState& f) {
+                            int32_t* __restrict__ out_row, FastState& f, const int topk) {
   constexpr int kWarps = kThreads / kWarpSize;
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
@@ -427,7 +427,7 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
     if (row.keys[i] != kNoKey) atomicAdd(&f.hist[(row.keys[i] - lo) >> shift], 1);
   }
   __syncthreads();
-  fast_threshold<kThreads, kFastBins>(f, kTopK);
+  fast_threshold<kThreads, kFastBins>(f, topk);
   const int threshold = f.threshold;
   const int above = f.above;
   const int in_bin = f.in_bin;  // read from f, not f.hist: other threads zero the bins after pass 4
@@ -484,7 +484,7 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
   // are compacted into `ties` (the histogram's storage, free by then) and ranked against each
   // other (larger key first, then lower position) for the remaining slots. A small level-1 bin
   // skips the sub-binning: all its keys are ranked.
-  const int need = kTopK - above;  // slots left for the threshold bin's keys, >= 1
+  const int need = topk - above;  // slots left for the threshold bin's keys, >= 1
   const int shift2 = shift > kFastSubBinBits ? shift - kFastSubBinBits : 0;
   const uint32_t base = lo + (static_cast<uint32_t>(threshold) << shift);  // smallest key of the bin
   auto sub_bin = [&](uint32_t key) { return subdivide ? static_cast<int>((key - base) >> shift2) : 0; };
@@ -543,7 +543,7 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
   }
   // The row's ids in coalesced stores: the scattered per-thread runs above went to shared memory.
   __syncthreads();
-  for (int i = tid; i < kTopK; i += kThreads) out_row[i] = physical_id(table_row, f.selected[i]);
+  for (int i = tid; i < topk; i += kThreads) out_row[i] = physical_id(table_row, f.selected[i]);
   return true;
 }
 
@@ -569,8 +569,9 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_topk_kernel(TopkArgs arg
   const int32_t* table_row = args.block_table + row * args.bt_stride;
   int32_t* __restrict__ out_row = args.out + row * args.out_stride;
 
-  if (len <= kTopK) {  // passthrough: every token is selected, no scores needed
-    for (int i = threadIdx.x; i < kTopK; i += kThreads) out_row[i] = i < len ? __ldg(table_row + i / kPageSize) * kPageSize + i % kPageSize : -1;
+  const int topk = args.topk;  // 1..kTopK (the C ABI checks)
+  if (len <= topk) {  // passthrough: every token is selected, no scores needed
+    for (int i = threadIdx.x; i < topk; i += kThreads) out_row[i] = i < len ? __ldg(table_row + i / kPageSize) * kPageSize + i % kPageSize : -1;
     return;
   }
   if (len > args.max_len) __trap();  // seq_len beyond max_num_pages * 64 breaks the contract: fail loudly
@@ -599,7 +600,7 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_topk_kernel(TopkArgs arg
   }
   if (try_fast) {
     __shared__ FastState fast;
-    if (fast_select<kThreads, kVectors>(cached, args.fast_candidates, table_row, out_row, fast)) return;
+    if (fast_select<kThreads, kVectors>(cached, args.fast_candidates, table_row, out_row, fast, topk)) return;
   }
   const int capacity = args.candidate_capacity;
 
@@ -617,12 +618,12 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_topk_kernel(TopkArgs arg
   for (int d = 0; d < kDigits; ++d) {
     const int* hist = s.hist[d & 1];
     int* next_hist = s.hist[(d + 1) & 1];
-    const int need = kTopK - s.emitted;  // >= 1: a digit that would fill the row is the last one
+    const int need = topk - s.emitted;  // >= 1: a digit that would fill the row is the last one
     select_threshold(hist, need, s);
     const int threshold = s.threshold;
     const int above = s.above;
     const int in_bin = hist[threshold];
-    const int first_tie_slot = kTopK - need + above;
+    const int first_tie_slot = topk - need + above;
     const bool last = d == kDigits - 1 || above + in_bin == need;  // the rest of the bin is all ties
     if (d == 0) in_shared = in_bin <= capacity;  // never truncate: too many candidates -> filter the row
     const uint2* source = candidate_buffers + ((d + 1) & 1) * capacity;  // written by digit d-1

@@ -13,7 +13,7 @@
 namespace dsa_topk {
 
 // Contract of dsa_topk_indexer_fp8_h64_d128_topk2048_ps64.
-constexpr int kTopK = 2048;    // tokens kept per row
+constexpr int kTopK = 2048;    // the most tokens kept per row (TopkArgs::topk picks 2048 or V4's 512 / 1024)
 constexpr int kPageSize = 64;  // tokens per cache page
 
 // Largest candidate buffer (entries) a block keeps in shared memory: two ping-pong buffers of
@@ -38,6 +38,7 @@ struct TopkArgs {
   int dependent_launch;       // 1: launch as a programmatic dependent of the stream's previous kernel
                               // (the score kernel): the blocks start during its tail, copy their
                               // block-table rows, and read scores only after it has completed
+  int topk;                   // tokens kept per row, 1..kTopK: the definition's k (out holds topk per row)
 };
 
 #ifndef DSA_TOPK_HOST_EMULATION
