@@ -28,7 +28,7 @@ from dsa_bench.definitions.checks import worst
 from dsa_bench.definitions.status import CheckResult, Status
 from dsa_bench.paths import safe_file_name
 from dsa_bench.results.records import CaseRecord, ResultsFile, Timing
-from dsa_bench.run import channel, isolation
+from dsa_bench.run import channel, isolation, sandbox
 from dsa_bench.run.breakdown import HARNESS, PhaseClock
 from dsa_bench.run.judge import CaseContext, correctness_seeds, decode_outputs, decode_timing, implausible_timing, trial_seeds
 from dsa_bench.run.protocol import (
@@ -102,6 +102,7 @@ class WorkerHandle:
             extensions.resolve(),
             (options.cache_dir / "triton" / slug).resolve(),
             (options.cache_dir / "home" / slug).resolve(),
+            (options.cache_dir / "scratch" / slug).resolve(),  # its TMPDIR
         ]
         self.config = WorkerConfig(
             solution_path=str(solution.path),
@@ -113,11 +114,13 @@ class WorkerHandle:
             harness_pid=os.getpid(),
             dataset_root=str(options.dataset_root.resolve()) if options.dataset_root else None,
             packed_from=str(solution.packed_from) if solution.packed_from else None,
+            writable=tuple(str(p) for p in self.writable),
         )
         self.process: subprocess.Popen | None = None
         self._send_fd = self._receive_fd = -1
         self.notes = ""
         self.packages: dict[str, str] = {}
+        self.protections: list[str] = []  # the walls the worker reported standing in (with the harness's own)
         self.compile_failure: WorkerFailure | None = None
 
     def log_tail(self, lines: int = 15) -> str:
@@ -131,7 +134,7 @@ class WorkerHandle:
         env = {k: v for k, v in os.environ.items() if k in WORKER_ENV or k.startswith(WORKER_ENV_PREFIXES)}
         package_root = str(Path(dsa_bench.__file__).resolve().parent.parent)  # the same dsa_bench as the harness
         env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
-        env["TORCH_EXTENSIONS_DIR"], env["TRITON_CACHE_DIR"], env["HOME"] = (str(p) for p in self.writable)
+        env["TORCH_EXTENSIONS_DIR"], env["TRITON_CACHE_DIR"], env["HOME"], env["TMPDIR"] = (str(p) for p in self.writable)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         if self.options.device.type == "cpu":
             env["TRITON_INTERPRET"] = "1"  # must precede the solution's first triton import
@@ -149,12 +152,15 @@ class WorkerHandle:
         if self.process is not None and self.process.poll() is None:
             return
         isolation.give_to(self.identity, self.writable)
+        harness_protection = sandbox.protect_harness()
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
         identity = self.identity  # uid and gid None: the harness's own user, with its groups
+        launcher = [sys.executable, "-m", "dsa_bench.run.sandbox", "--harness-pid", str(os.getpid()),
+                    "--fds", f"{to_worker_r},{from_worker_w}", *(f"--write={p}" for p in self.writable), "--"]  # fmt: skip
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "dsa_bench.run.worker", str(to_worker_r), str(from_worker_w)],
+                [*launcher, sys.executable, "-m", "dsa_bench.run.worker", str(to_worker_r), str(from_worker_w)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(to_worker_r, from_worker_w),
                 start_new_session=True, env=self._environment(),
                 user=identity.uid, group=identity.gid, extra_groups=[] if identity.dedicated else None,
@@ -166,7 +172,7 @@ class WorkerHandle:
         try:
             self._send({"config": self.config.__dict__}, b"", "starting the worker")
             reply = self._receive(
-                self.options.compile_timeout_s, "importing/building the solution", 0, ("ready", "compile_error", "unavailable")
+                self.options.compile_timeout_s, "importing/building the solution", 0, ("ready", "refused", "compile_error", "unavailable")
             )
         except WorkerFailure as failure:
             if failure.status is Status.RUNTIME_ERROR:  # died while importing: a build problem
@@ -177,12 +183,17 @@ class WorkerHandle:
             self.compile_failure = WorkerFailure(Status.SKIPPED, f"skipped: {reply.text}")
             self.kill()
             raise self.compile_failure
+        if reply.type == "refused":  # a forbidden act while importing: every case fails as a runtime error
+            self.compile_failure = WorkerFailure(Status.RUNTIME_ERROR, reply.text)
+            self.kill()
+            raise self.compile_failure
         if reply.type == "compile_error":
             self.compile_failure = WorkerFailure(Status.COMPILE_ERROR, _last_lines(reply.text))
             self.kill()
             raise self.compile_failure
         self.notes = reply.notes
         self.packages = dict(reply.packages)
+        self.protections = [*([harness_protection] if harness_protection else []), *reply.protections]
 
     def request(self, kind: str, job: Any, what: str, max_blob_bytes: int, expected: tuple[str, ...]) -> tuple[Any, bytes]:
         """Send a job; the validated reply and its tensor blob. Any failure stops the worker."""
@@ -445,6 +456,10 @@ class DeviceRunner:
     def packages(self) -> dict[str, dict[str, str]]:
         return {name: h.packages for name, h in self.handles.items() if h.packages}
 
+    @property
+    def protections(self) -> dict[str, list[str]]:
+        return {name: h.protections for name, h in self.handles.items() if h.protections}
+
     def stop(self) -> None:
         for handle in self.handles.values():
             with self.clock.phase("worker_stop", handle.solution.name):
@@ -487,6 +502,6 @@ def run_workload(
         results.update(
             solution_notes={**(results.document.get("solution_notes") or {}), **runner.notes},
             solution_packages={**(results.document.get("solution_packages") or {}), **runner.packages},
+            worker_protections={**(results.document.get("worker_protections") or {}), **runner.protections},
         )
-    return records
     return records
