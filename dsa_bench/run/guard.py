@@ -24,6 +24,7 @@ import os
 import shutil
 import socket
 import sys
+import sysconfig
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -53,7 +54,9 @@ class Guard:
         self.writable = [os.path.realpath(p) for p in writable] + ["/dev"]
         self.solution = os.path.realpath(solution)
         prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-        self.library_roots = [os.path.realpath(p) for p in prefixes] + [os.path.realpath(p) for p in sys.path if p]
+        installed = {sysconfig.get_path(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+        # the installation and its site-packages, not every sys.path entry (the project's checkout is one)
+        self.library_roots = [os.path.realpath(p) for p in (prefixes | installed) if p]
         cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
         self.library_roots += [os.path.realpath(cuda_home), *self.writable[:-1]]
         self.refused: list[str] = []
