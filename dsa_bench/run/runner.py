@@ -424,6 +424,37 @@ class DeviceRunner:
         self.gpu = gpu  # this device's index among the run's devices (recorded on each record), None on a one-device run
         self.handles = {s.name: WorkerHandle(s, workload.definition.name, options, identities[s.name]) for s in solutions}
         self.peers = {s.name for s in solutions if s.requires.any}
+        self.oracle = _reference_oracle(workload, options, gpu) if options.dataset_root is not None else None
+        self._oracle_failures: dict[tuple[str, int], WorkerFailure] = {}
+
+    def _isolated_expectation(self, case: Case, ctx: CaseContext) -> Callable[[int], dict[str, Any]]:
+        """The expectation of one input set from the oracle worker (the dataset's reference, isolated
+        and under --case-timeout like any solution); its failure fails the case for every solution."""
+        assert self.oracle is not None
+        oracle = self.oracle
+
+        def expectation(seed: int) -> dict[str, Any]:
+            failed = self._oracle_failures.get((case.id, seed))
+            if failed is None:
+                what = f"computing the dataset reference's expectation for case {case.id}"
+                try:
+                    reply, blob = oracle.request("outputs", CorrectnessJob(case, (seed,)), what, value_bytes(ctx.output_specs) + 2**20,
+                                                 ("outputs",))  # fmt: skip
+                    expected = decode_outputs(reply, blob, ctx, 1)[0]
+                    bad = [n for n in ctx.output_specs if not isinstance(expected.get(n), torch.Tensor) or expected[n].is_meta]
+                    if not bad:
+                        return expected
+                    oracle.kill()
+                    failed = WorkerFailure(Status.RUNTIME_ERROR, f"the dataset's reference returned no valid {', '.join(bad)} ({what})")
+                except ProtocolError as exc:
+                    oracle.kill()
+                    failed = WorkerFailure(Status.RUNTIME_ERROR, f"the dataset's reference: {exc} ({what})")
+                except WorkerFailure as failure:
+                    failed = WorkerFailure(failure.status, f"the dataset's reference failed: {failure.message}")
+                self._oracle_failures[(case.id, seed)] = failed
+            raise WorkerFailure(failed.status, failed.message)  # a fresh one: see WorkerHandle.ensure_started
+
+        return expectation
 
     def run_case(self, case: Case, emit: Callable[[CaseRecord], None] = lambda r: None) -> list[CaseRecord]:
         """Every solution on ``case``; each record goes to ``emit`` as soon as it is finished. The
@@ -431,6 +462,8 @@ class DeviceRunner:
         over the best peer is final when it is emitted; a peer's own may still change when a later
         peer is faster, so the caller re-records the returned records once the case is done."""
         ctx = CaseContext(self.workload, case, self.options.device, self.options.settings.tolerance, self.clock)
+        if self.oracle is not None:
+            ctx.isolated_expectation = self._isolated_expectation(case, ctx)
         reference_ms: float | None = None
         records = []
         for solution in self.solutions:
@@ -460,15 +493,35 @@ class DeviceRunner:
     def protections(self) -> dict[str, list[str]]:
         return {name: h.protections for name, h in self.handles.items() if h.protections}
 
+    def _all_handles(self) -> list[WorkerHandle]:
+        return [*self.handles.values(), *([self.oracle] if self.oracle is not None else [])]
+
     def stop(self) -> None:
-        for handle in self.handles.values():
+        for handle in self._all_handles():
             with self.clock.phase("worker_stop", handle.solution.name):
                 handle.stop()
 
     def kill(self) -> None:
         """End every worker now (from another thread: a stopping run's in-flight case)."""
-        for handle in self.handles.values():
+        for handle in self._all_handles():
             handle.kill()
+
+
+#: the name of the worker that computes a dataset definition's expectations (its logs and folders)
+ORACLE_NAME = "dataset-reference-expectations"
+
+
+def _reference_oracle(workload: Workload, options: RunOptions, gpu: int | None) -> WorkerHandle | None:
+    """A worker that runs a dataset definition's own reference (its JSON source) to give the
+    harness its expectations, for a definition whose reference must not run in the harness."""
+    from dsa_bench.dataset import reference_solution_folder, runs_untrusted_reference
+    from dsa_bench.solution import load_solution
+
+    if not runs_untrusted_reference(workload.definition):
+        return None
+    solution = dataclasses.replace(load_solution(reference_solution_folder(workload.definition, options.cache_dir)), name=ORACLE_NAME)
+    identity = worker_identities([solution], options, [], first_slot=isolation.WORKER_ID_COUNT // 2 + (gpu or 0))[ORACLE_NAME]
+    return WorkerHandle(solution, workload.definition.name, options, identity)
 
 
 def run_workload(
