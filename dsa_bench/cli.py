@@ -370,7 +370,12 @@ def compare(
 
     if output_format not in ("table", "markdown"):
         raise DsaBenchError(f"--format {output_format!r}: choose table or markdown")
-    comparison = compare_results([load_results(p) for p in results], load_baseline(baseline), threshold)
+    loaded = [load_results(p) for p in results]
+    for path, one in zip(results, loaded, strict=True):
+        if not one.records:
+            interrupted = " (an interrupted run)" if not one.document.get("complete", False) else ""
+            raise DsaBenchError(f"holds no records{interrupted}: nothing to compare", str(path))
+    comparison = compare_results(loaded, load_baseline(baseline), threshold)
     typer.echo(render_comparison(comparison, output_format, all_cases))
     if not comparison.ok:
         raise typer.Exit(EXIT_FAILED_CASES)
