@@ -208,7 +208,8 @@ def _exit_like(status: int) -> None:
     if code > 128 and code - 128 in signal.valid_signals():  # init passes on a signal that ended the worker as 128 + it
         code = 128 - code
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):  # these two cannot be caught, so have no handler to reset
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     os._exit(code if code >= 0 else 1)
 
