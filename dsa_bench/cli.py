@@ -178,6 +178,11 @@ def run(
             say(f"note [{name}]: {note}")
         for name, packages in (outcome.results.document.get("solution_packages") or {}).items():
             say(f"packages [{name}]: " + ", ".join(f"{k} {v}" for k, v in packages.items()))
+        walls: dict[str, list[str]] = {}  # solutions by the walls their workers stood in (one line when all agree)
+        for name, protections in (outcome.results.document.get("worker_protections") or {}).items():
+            walls.setdefault("; ".join(protections), []).append(name)
+        for text, names in walls.items():
+            say(f"worker walls [{', '.join(names) if len(walls) > 1 else 'all'}]: {text} (docs/trust.md)")
         for line in skips(records):
             say(line)
     for line in outcome.sagged:

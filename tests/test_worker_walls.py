@@ -127,7 +127,8 @@ def guard(tmp_path):
 
     (tmp_path / "build").mkdir()
     (tmp_path / "solution").mkdir()
-    return Guard([str(tmp_path / "build")], str(tmp_path / "solution"))
+    (tmp_path / "scratch").mkdir()
+    return Guard([str(tmp_path / "build"), str(tmp_path / "scratch")], str(tmp_path / "solution"), builds=[str(tmp_path / "build")])
 
 
 def test_the_guard_allows_the_build_and_refuses_the_rest(guard, tmp_path):
@@ -145,6 +146,7 @@ def test_the_guard_allows_the_build_and_refuses_the_rest(guard, tmp_path):
         ("open", (str(tmp_path / "build" / ".." / "elsewhere"), None, os.O_WRONLY | os.O_CREAT), "opening"),
         ("os.rename", (str(tmp_path / "build" / "x"), str(ROOT / "x"), -1, -1), "os.rename"),
         ("ctypes.dlopen", (str(tmp_path / "solution" / "payload.so"),), "loading the shared library"),
+        ("ctypes.dlopen", (str(tmp_path / "scratch" / "payload.so"),), "loading the shared library"),  # writable, but no build folder
         ("ctypes.dlopen", ("libnotloaded-anywhere.so",), "loading the shared library"),
         ("subprocess.Popen", ("/bin/sh", ["/bin/sh", "-c", "id"], None, None), "starting a program"),
         ("subprocess.Popen", (None, [str(tmp_path / "build" / "gcc")], None, None), "starting a program"),  # a "compiler" it wrote

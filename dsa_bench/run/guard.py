@@ -50,7 +50,9 @@ class Refused(PermissionError):
 class Guard:
     """The hook's policy: the folders the worker may write and load its builds from."""
 
-    def __init__(self, writable: Iterable[str], solution: str) -> None:
+    def __init__(self, writable: Iterable[str], solution: str, builds: Iterable[str] = ()) -> None:
+        """``writable``: the folders the worker may write below; ``builds``: those it may also load
+        shared libraries from (its build and Triton cache folders)."""
         self.writable = [os.path.realpath(p) for p in writable] + ["/dev"]
         self.solution = os.path.realpath(solution)
         prefixes = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
@@ -58,7 +60,7 @@ class Guard:
         # the installation and its site-packages, not every sys.path entry (the project's checkout is one)
         self.library_roots = [os.path.realpath(p) for p in (prefixes | installed) if p]
         cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-        self.library_roots += [os.path.realpath(cuda_home), *self.writable[:-1]]
+        self.library_roots += [os.path.realpath(cuda_home), *(os.path.realpath(p) for p in builds)]
         self.refused: list[str] = []
 
     # ------------------------------------------------------------------ the policy
@@ -159,10 +161,10 @@ def _loaded_libraries() -> set[str]:
 _installed: Guard | None = None
 
 
-def install(writable: Iterable[str], solution: str | Path) -> Guard:
+def install(writable: Iterable[str], solution: str | Path, builds: Iterable[str] = ()) -> Guard:
     """Install the hook for the rest of this process's life (an audit hook cannot be removed)."""
     global _installed
     if _installed is None:
-        _installed = Guard(writable, str(solution))
+        _installed = Guard(writable, str(solution), builds)
         sys.addaudithook(_installed)
     return _installed

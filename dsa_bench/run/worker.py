@@ -149,7 +149,7 @@ def main(argv: list[str]) -> None:
     definition = get_definition(config.definition)
     try:
         measure = _bind_measurement(config, device)  # before any solution code runs
-        guard = install_guard(config.writable, config.solution_path)
+        guard = install_guard(config.writable, config.solution_path, builds=config.writable[:2])  # torch extensions, Triton cache
         protections.append("audit hook: no programs but compilers, no network, no foreign libraries, no writes outside its folders")
         solution = load_solution(Path(config.solution_path))
         if config.packed_from is not None:
