@@ -257,6 +257,11 @@ class WorkerHandle:
 
     def kill(self) -> None:
         if self.process is not None:
+            try:  # the launcher first: without a PID namespace it kills every descendant of the worker itself
+                self.process.terminate()
+                self.process.wait(2)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
             isolation.end_everything(self.process.pid, self.identity)
             try:
                 self.process.wait(5)

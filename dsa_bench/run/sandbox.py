@@ -38,10 +38,12 @@ from pathlib import Path
 PROTECTIONS_ENV = "DSA_BENCH_PROTECTIONS"
 #: set (to anything) to start workers without namespaces, as on a kernel that refuses them
 NO_NAMESPACES_ENV = "DSA_BENCH_NO_NAMESPACES"
+#: the pid the worker's parent has (the namespace's init, or the launcher): the worker ends when it changes
+PARENT_ENV = "DSA_BENCH_WORKER_PARENT"
 
 _CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
-_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_NO_NEW_PRIVS = 1, 4, 24, 38
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_CHILD_SUBREAPER, _PR_SET_NO_NEW_PRIVS = 1, 4, 24, 36, 38
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 # Landlock (include/uapi/linux/landlock.h); the syscall numbers are the same on every architecture
@@ -244,6 +246,74 @@ def _init(command: list[str], fds: list[int], writable: list[str], guard_r: int,
             os._exit(os.waitstatus_to_exitcode(status))
 
 
+def _children() -> list[int]:
+    """This process's children (orphans of its descendants among them, as a subreaper)."""
+    me, found = os.getpid(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                        found.append(int(entry))
+            except (OSError, ValueError, IndexError):
+                continue  # gone meanwhile
+    return found
+
+
+def _sweep() -> None:
+    """Kill every descendant: children first; their orphans then come to this subreaper, and so on."""
+    for _ in range(100):
+        children = _children()
+        if not children:
+            return
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in children:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def _reap_without_namespace(command: list[str], fds: list[int], writable: list[str], problem: str) -> None:
+    """Where no namespace can be had: the launcher stays as the worker's parent and a child
+    subreaper, so the orphans of whatever the worker started (in a new session too) come to it,
+    and it kills them all when the worker ends or when the harness stops it (SIGTERM) or dies."""
+    libc = _libc()
+    subreaper = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    _drop_capabilities()
+    protections = ["no capabilities", *restrict_self(writable), f"no PID namespace: {problem}"]
+    protections.append("every process it starts ends with it (subreaper)" if subreaper else "no subreaper: a process started in a new "
+                       "session may outlive it")  # fmt: skip
+    os.environ[PROTECTIONS_ENV] = "; ".join(protections)
+    os.environ[PARENT_ENV] = str(os.getpid())
+    worker = os.fork()
+    if worker == 0:
+        os.execvp(command[0], command)
+    for fd in fds:
+        os.close(fd)
+
+    def stop(signum: int, frame: object) -> None:
+        _sweep()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, stop)  # the harness's stop; and its death (the parent-death signal below)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    while True:
+        try:
+            _, status = os.waitpid(worker, 0)
+            break
+        except InterruptedError:
+            continue
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _sweep()
+    _exit_like(status)
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m dsa_bench.run.sandbox")
     parser.add_argument("--harness-pid", type=int, required=True)
@@ -259,10 +329,8 @@ def main(argv: list[str]) -> None:
     writable = [*args.write, "/dev"]
     problem = _enter_namespaces()
     if problem is not None:
-        _drop_capabilities()
-        protections = ["no capabilities", *restrict_self(writable), f"no PID namespace: {problem}"]
-        os.environ[PROTECTIONS_ENV] = "; ".join(protections)
-        os.execvp(command[0], command)
+        _reap_without_namespace(command, fds, writable, problem)
+    os.environ[PARENT_ENV] = "1"  # the worker's parent is the namespace's init
     guard_r, guard_w = os.pipe()
     protections = ["own user, PID and mount namespaces", "no capabilities"]
     child = os.fork()

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from dsa_bench.run import channel
 from dsa_bench.run.guard import install as install_guard
-from dsa_bench.run.sandbox import PROTECTIONS_ENV
+from dsa_bench.run.sandbox import PARENT_ENV, PROTECTIONS_ENV
 
 if TYPE_CHECKING:
     from dsa_bench.run.protocol import CorrectnessJob, TimingJob, WorkerConfig
@@ -63,11 +63,10 @@ def call_solution(fn: Callable[..., Any], dps: bool, args: list[Any], outputs: M
     return dict(zip(names, result, strict=False))
 
 
-def _die_with_the_harness(harness_pid: int, in_namespace: bool) -> None:
-    """End this process (and its process group) when the harness is gone, even by SIGKILL. In a
-    PID namespace of its own the worker's parent is the namespace's init (pid 1), which ends with
-    the launcher the harness started (:mod:`dsa_bench.run.sandbox`)."""
-    parent = 1 if in_namespace else harness_pid
+def _die_with_the_harness(parent: int) -> None:
+    """End this process (and its process group) when its parent is gone, even by SIGKILL. The
+    parent is the launcher the harness started, or in a PID namespace of its own that namespace's
+    init (pid 1); either ends with the harness (:mod:`dsa_bench.run.sandbox`)."""
     try:  # the kernel's own notice; survives a solution that blocks the interpreter
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
@@ -124,7 +123,7 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the harness's to handle
     header, _ = channel.read_frame(in_fd, 0)
     protections = [p for p in os.environ.get(PROTECTIONS_ENV, "").split("; ") if p]
-    _die_with_the_harness(int(header["config"]["harness_pid"]), any(p.startswith("own user, PID") for p in protections))
+    _die_with_the_harness(int(os.environ.get(PARENT_ENV) or header["config"]["harness_pid"]))
     sys.dont_write_bytecode = True  # the solution folder may not be writable by this user
 
     import torch
