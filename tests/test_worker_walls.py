@@ -153,10 +153,12 @@ def test_the_guard_allows_the_build_and_refuses_the_rest(guard, tmp_path):
     guard("ctypes.dlopen", (str(tmp_path / "build" / "lib.so"),))
     guard("ctypes.dlopen", ("libcuda.so.1",))
     guard("subprocess.Popen", ("/usr/bin/gcc", ["/usr/bin/gcc", "-c", "x.c"], None, None))
+    guard("os.mkdir", (str(ROOT), 0o777, -1))  # an existing folder: makedirs(exist_ok=True) changes nothing
     refusals = [
         ("open", (str(ROOT / "README.md"), "a", 0), "opening"),
         ("open", (str(tmp_path / "build" / ".." / "elsewhere"), None, os.O_WRONLY | os.O_CREAT), "opening"),
         ("os.rename", (str(tmp_path / "build" / "x"), str(ROOT / "x"), -1, -1), "os.rename"),
+        ("os.mkdir", (str(ROOT / "new-folder"), 0o777, -1), "os.mkdir"),
         ("ctypes.dlopen", (str(tmp_path / "solution" / "payload.so"),), "loading the shared library"),
         ("ctypes.dlopen", (str(tmp_path / "scratch" / "payload.so"),), "loading the shared library"),  # writable, but no build folder
         ("ctypes.dlopen", ("libnotloaded-anywhere.so",), "loading the shared library"),

@@ -120,6 +120,8 @@ class Guard:
             if writes and path is not None and not self._may_write(path):
                 self.refuse(f"opening {os.fsdecode(path)!s} for writing")
         elif event in _PATH_EVENTS:
+            if event == "os.mkdir" and args and not isinstance(args[0], int) and os.path.isdir(args[0]):
+                return  # makedirs(..., exist_ok=True) of a folder that exists changes nothing
             for i in _PATH_EVENTS[event]:
                 if i < len(args) and args[i] is not None and not self._may_write(args[i]):
                     self.refuse(f"{event} on {os.fsdecode(args[i]) if not isinstance(args[i], int) else args[i]}")

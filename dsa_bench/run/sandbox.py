@@ -224,8 +224,7 @@ def _init(command: list[str], fds: list[int], writable: list[str], guard_r: int,
     if select.select([guard_r], [], [], 0)[0]:  # the launcher is already gone (its end of the pipe closed)
         os._exit(1)
     problem = _mount_private_proc()
-    if problem is None:
-        protections.append("own /proc")
+    protections.append("own /proc" if problem is None else f"the host's /proc: {problem}")
     worker = os.fork()
     if worker == 0:
         os.close(guard_r)
