@@ -181,8 +181,8 @@ def run(
         walls: dict[str, list[str]] = {}  # solutions by the walls their workers stood in (one line when all agree)
         for name, protections in (outcome.results.document.get("worker_protections") or {}).items():
             walls.setdefault("; ".join(protections), []).append(name)
-        for text, names in walls.items():
-            say(f"worker walls [{', '.join(names) if len(walls) > 1 else 'all'}]: {text} (docs/trust.md)")
+        for text, holders in walls.items():
+            say(f"worker walls [{', '.join(holders) if len(walls) > 1 else 'all'}]: {text} (docs/trust.md)")
         for line in skips(records):
             say(line)
     for line in outcome.sagged:

@@ -24,7 +24,9 @@ def _dataset(root: Path, reference: str) -> Path:
 
 
 def test_loading_a_dataset_runs_none_of_its_reference(tmp_path):
-    source = "import builtins\nbuiltins.DSA_BENCH_TEST_REFERENCE_RAN = True\n\ndef run(hidden_states, weight, eps):\n    return hidden_states\n"
+    source = (
+        "import builtins\nbuiltins.DSA_BENCH_TEST_REFERENCE_RAN = True\n\ndef run(hidden_states, weight, eps):\n    return hidden_states\n"
+    )
     workload = load_dataset_workload(_dataset(tmp_path / "dataset", source), RMSNORM)
     assert workload.definition.name == RMSNORM
     assert not hasattr(builtins, "DSA_BENCH_TEST_REFERENCE_RAN"), "the dataset's reference ran in the harness"

@@ -4,7 +4,6 @@ and exit 2, or recorded honestly, instead of a traceback, a hang, lost data or a
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from conftest import ROOT, cli

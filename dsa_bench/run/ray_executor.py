@@ -185,7 +185,8 @@ def check_reachable(address: str) -> None:
         socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
     except OSError as exc:
         reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
-        raise DsaBenchError(f"--ray-address {address}: no Ray cluster answers there within {RAY_CONNECT_TIMEOUT_S:g} s ({reason})") from None
+        problem = f"--ray-address {address}: no Ray cluster answers there within {RAY_CONNECT_TIMEOUT_S:g} s ({reason})"
+        raise DsaBenchError(problem) from None
 
 
 @contextlib.contextmanager

@@ -32,7 +32,6 @@ import platform
 import select
 import signal
 import sys
-from pathlib import Path
 
 #: the environment variable through which the launcher tells the worker what is in force
 PROTECTIONS_ENV = "DSA_BENCH_PROTECTIONS"
