@@ -186,6 +186,11 @@ def run(
             say(f"note [{name}]: {note}")
         for name, packages in (outcome.results.document.get("solution_packages") or {}).items():
             say(f"packages [{name}]: " + ", ".join(f"{k} {v}" for k, v in packages.items()))
+        walls: dict[str, list[str]] = {}  # solutions by the walls their workers stood in (one line when all agree)
+        for name, protections in (outcome.results.document.get("worker_protections") or {}).items():
+            walls.setdefault("; ".join(protections), []).append(name)
+        for text, holders in walls.items():
+            say(f"worker walls [{', '.join(holders) if len(walls) > 1 else 'all'}]: {text} (docs/trust.md)")
         for line in skips(records):
             say(line)
     for line in outcome.sagged:
@@ -383,6 +388,10 @@ def compare(
     if output_format not in ("table", "markdown"):
         raise DsaBenchError(f"--format {output_format!r}: choose table or markdown")
     loaded = [load_results(p) for p in results]
+    for path, one in zip(results, loaded, strict=True):
+        if not one.records:
+            interrupted = " (an interrupted run)" if not one.document.get("complete", False) else ""
+            raise DsaBenchError(f"holds no records{interrupted}: nothing to compare", str(path))
     comparison = compare_results(loaded, load_baseline(baseline), threshold)
     typer.echo(render_comparison(comparison, output_format, all_cases))
     if output_format == "markdown":

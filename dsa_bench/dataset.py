@@ -127,7 +127,10 @@ def _tensor_specs(data: Mapping[str, Any], key: str, axes: set[str], where: str)
 
 
 def _load_reference(source: Any, where: str) -> Any:
-    """The ``run`` function of a definition's reference source."""
+    """The ``run`` function of a definition's reference source, checked now (syntax, a top-level
+    ``run``) but executed only when first called. The source is a dataset's code, as untrusted as
+    a solution: the harness never calls it (its expectations come from an isolated worker, see
+    :func:`runs_untrusted_reference`), so loading a dataset runs none of it."""
     if not isinstance(source, str) or not source.strip():
         raise DsaBenchError("field 'reference' must be Python source defining run(...)", where)
     try:
@@ -136,14 +139,21 @@ def _load_reference(source: Any, where: str) -> Any:
         raise DsaBenchError(f"reference is not valid Python: {exc.msg} at line {exc.lineno}", where) from None
     if not any(isinstance(node, ast.FunctionDef) and node.name == "run" for node in tree.body):
         raise DsaBenchError("reference defines no top-level function run(...)", where)
-    slug = re.sub(r"\W", "_", Path(where).stem)
-    module = types.ModuleType(f"dsa_bench_dataset_reference_{slug}")
-    module.__file__ = where
-    try:
-        exec(compile(tree, f"{where}:reference", "exec"), module.__dict__)  # noqa: S102 - the dataset's reference is code by design
-    except Exception as exc:  # noqa: BLE001 - the reference's own imports or top-level code may raise anything
-        raise DsaBenchError(f"running the reference source failed: {type(exc).__name__}: {exc}", where) from None
-    return module.run
+    loaded: list[Any] = []
+
+    def run(*args: Any) -> Any:
+        if not loaded:
+            slug = re.sub(r"\W", "_", Path(where).stem)
+            module = types.ModuleType(f"dsa_bench_dataset_reference_{slug}")
+            module.__file__ = where
+            try:
+                exec(compile(tree, f"{where}:reference", "exec"), module.__dict__)  # noqa: S102 - the dataset's reference is code by design
+            except Exception as exc:  # noqa: BLE001 - the reference's own imports or top-level code may raise anything
+                raise DsaBenchError(f"running the reference source failed: {type(exc).__name__}: {exc}", where) from None
+            loaded.append(module.run)
+        return loaded[0](*args)
+
+    return run
 
 
 def _random_value(spec: TensorSpec, axes: Mapping[str, int], rng: InputRng) -> Value:
@@ -159,6 +169,10 @@ def _random_value(spec: TensorSpec, axes: Mapping[str, int], rng: InputRng) -> V
         low, high = _RANDOM_INT_RANGES.get(dtype, _DEFAULT_INT_RANGE)
         values = torch.randint(low, high, shape, generator=rng.values, device=rng.device, dtype=dtype)
     return float(values.float()) if spec.is_scalar else values
+
+
+#: the note every generic dataset definition carries (it survives pickling to a Ray actor; the registry does not)
+GENERIC_NOTE = "Generic dataset definition: outputs are compared element-wise with the JSON's reference."
 
 
 def generic_definition(data: Mapping[str, Any], where: str) -> Definition:
@@ -223,7 +237,7 @@ def generic_definition(data: Mapping[str, Any], where: str) -> Definition:
         expect=expect,
         check=check,
         key_axes=tuple(var_axes),
-        notes=("Generic dataset definition: outputs are compared element-wise with the JSON's reference.",),
+        notes=(GENERIC_NOTE,),
     )
 
 
@@ -259,6 +273,12 @@ def definition_from_dataset(entry: DatasetDefinition) -> Definition:
         check_matches_builtin(entry.data, builtin, str(entry.path))
         return builtin
     return generic_definition(entry.data, str(entry.path))
+
+
+def runs_untrusted_reference(definition: Definition) -> bool:
+    """Whether ``definition``'s reference is a dataset's own source (a generic definition), which
+    the harness must run only in an isolated worker."""
+    return definition.name in _registered or GENERIC_NOTE in definition.notes
 
 
 def register_dataset_definition(root: Path, name: str) -> Definition:

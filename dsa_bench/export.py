@@ -72,6 +72,9 @@ class TraceExport:
 
     traces: list[dict[str, Any]] = field(default_factory=list)
     left_out: list[str] = field(default_factory=list)  # "case [solution]: why"
+    #: the run's inputs (workload file, trace, blobs) and input folders (a dataset): never overwritten
+    inputs: list[Path] = field(default_factory=list)
+    input_folders: list[Path] = field(default_factory=list)
 
 
 def _number(value: float) -> float | str:
@@ -230,6 +233,10 @@ def export_traces(results_path: Path, root: Path) -> TraceExport:
     cases = {case.id: case for case in workload.cases}
     reference_ms = {r.case: r.timing.mean_ms for r in results.records if r.solution == REFERENCE_SOLUTION and r.timing and r.passed}
     export = TraceExport()
+    export.inputs = [p for p in (workload.path, workload.trace_path) if p is not None and p.is_file()]
+    export.inputs += sorted({src.path for case in workload.cases for src in case.inputs.values() if src.path is not None})
+    if results.document["workload"].get("dataset"):
+        export.input_folders.append(base)  # every file of a dataset is an input: its workloads/*.jsonl above all
     for index, record in enumerate(results.records):
         status = FLASHINFER_STATUS[record.status.value]
         if status is None:
@@ -259,13 +266,15 @@ def _looks_like_traces(path: Path) -> bool:
     return bool(lines) and all(isinstance(line, dict) and {"definition", "workload", "evaluation"} <= set(line) for _, line in lines)
 
 
-def check_traces_path(out: Path, results_path: Path) -> None:
-    """Refuse an output path over the results file, or over a file that holds no traces."""
-    check_output_path(out, "--output", "flashinfer-bench traces", _looks_like_traces, inputs=[results_path])
+def check_traces_path(out: Path, results_path: Path, export: TraceExport | None = None) -> None:
+    """Refuse an output path over the results file, an input of the run it records (with
+    ``export``: its workload, trace, blobs, and any file of its dataset), or a file that holds no traces."""
+    inputs, folders = ([results_path], []) if export is None else ([results_path, *export.inputs], export.input_folders)
+    check_output_path(out, "--output", "flashinfer-bench traces", _looks_like_traces, inputs=inputs, input_folders=folders)
 
 
 def write_traces(export: TraceExport, out: Path, results_path: Path) -> None:
     """Write the traces as JSONL (one Trace per line)."""
-    check_traces_path(out, results_path)
+    check_traces_path(out, results_path, export)
     text = "".join(json.dumps(trace, allow_nan=False) + "\n" for trace in export.traces)
     write_atomic(out, text, "traces")

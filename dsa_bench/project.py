@@ -30,6 +30,8 @@ def resolve_workload(name_or_path: str, root: Path) -> Workload:
     """A workload by name (``workloads/<name>.yaml``) or by path."""
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") or path.exists():
+        if path.is_dir():
+            raise DsaBenchError(f"workload {path} is a folder; give a workload YAML file or a workload name (`dsa-bench list workloads`)")
         if not path.is_file():
             raise DsaBenchError(f"workload file {path} does not exist")
         return load_workload(path)

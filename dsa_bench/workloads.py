@@ -186,7 +186,10 @@ class WorkloadFileModel(ClosedModel):
 def load_workload(path: Path) -> Workload:
     """Load and fully validate a workload YAML file and its trace."""
     workload = check_document(WorkloadFileModel, read_yaml(path, "workload"), str(path))
-    definition = get_definition(workload.definition)
+    try:
+        definition = get_definition(workload.definition)
+    except DsaBenchError as exc:
+        raise DsaBenchError(f"field 'definition': {exc}", str(path)) from None
     trace_path = (path.parent / workload.trace).resolve()
     cases = load_trace(trace_path, definition)
     return Workload(

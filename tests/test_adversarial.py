@@ -7,6 +7,7 @@ fault) run where CUDA is present.
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,19 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _processes_named(token: str) -> list[int]:
+    """Live processes whose command line holds ``token`` (a fixture's child names itself with it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if token.encode() in (entry / "cmdline").read_bytes() and _alive(int(entry.name)):
+                    found.append(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
 def _worker_pids() -> set[int]:
     found = set()
     for entry in Path("/proc").iterdir():
@@ -140,6 +154,8 @@ def test_attacks_on_the_judging_side(tmp_path, marker, monkeypatch):
     solution's process changes nothing, and a child process ends with the run."""
     payload = marker.with_name("payload")  # created by whoever loads a pickle payload
     monkeypatch.setenv("DSA_BENCH_TEST_PAYLOAD", str(payload))
+    token = uuid.uuid4().hex  # names leaves_children's child, so only this test's processes are looked at
+    monkeypatch.setenv("DSA_BENCH_TEST_TOKEN", token)
     names = ["pickle_payload", "forges_replies", "patches_judge", "leaves_children"]
     code, doc, output = run_with(tmp_path, "indexer_smoke", ["smoke_scored"], names)
     assert code == 1, output
@@ -150,8 +166,8 @@ def test_attacks_on_the_judging_side(tmp_path, marker, monkeypatch):
     assert found["patches_judge"] == ["INCORRECT_INDICES"]
     assert found["leaves_children"] == ["PASSED"]
     assert not payload.exists(), "a pickle payload was loaded"
-    children = [int(line) for line in marker.read_text().split()]  # only leaves_children writes pids
-    assert children and not any(_alive(pid) for pid in children), "a solution's child outlived the run"
+    assert doc["solution_notes"]["leaves_children"].startswith("started child"), doc["solution_notes"]
+    assert not _processes_named(f"dsa-bench-child-{token}"), "a solution's child outlived the run"
 
 
 def _isolation_here() -> bool:
@@ -167,12 +183,14 @@ def _isolation_here() -> bool:
 )
 def test_unprivileged_workers_cannot_kill_the_harness_or_leave_processes(tmp_path, marker, monkeypatch):
     monkeypatch.setenv("DSA_BENCH_TEST_NEW_SESSION", "1")  # the child escapes the worker's process group
+    token = uuid.uuid4().hex
+    monkeypatch.setenv("DSA_BENCH_TEST_TOKEN", token)
     code, doc, output = run_with(tmp_path, "indexer_smoke", ["smoke_scored"], ["kills_harness", "leaves_children"])
     assert code == 0, output
     assert statuses(doc) == {"reference": ["PASSED"], "kills_harness": ["PASSED"], "leaves_children": ["PASSED"]}
     assert all(d.startswith("unprivileged uid/gid") for d in doc["workers"].values()), doc["workers"]
-    children = [int(line) for line in marker.read_text().split()]
-    assert children and not any(_alive(pid) for pid in children), "a child in a session of its own outlived the run"
+    assert doc["solution_notes"]["leaves_children"].startswith("started child"), doc["solution_notes"]
+    assert not _processes_named(f"dsa-bench-child-{token}"), "a child in a session of its own outlived the run"
 
 
 def test_sigterm_and_sigkill_of_the_harness_end_its_workers(tmp_path):

@@ -29,9 +29,17 @@ def all_definitions() -> dict[str, Definition]:
 def get_definition(name: str) -> Definition:
     definitions = all_definitions()
     if name not in definitions:
-        known = ", ".join(sorted(definitions))
-        raise DsaBenchError(f"unknown definition {name!r}; known definitions: {known}")
+        raise DsaBenchError(unknown_definition(name, list(definitions)))
     return definitions[name]
+
+
+def unknown_definition(name: str, known: list[str]) -> str:
+    """Why ``name`` is no definition, compactly: the closest known names and how to list them all."""
+    import difflib
+
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
+    hint = f"closest: {', '.join(close)}; " if close else ""
+    return f"unknown definition {name!r} ({hint}{len(known)} known: `dsa-bench list definitions` lists them)"
 
 
 def register(definition: Definition) -> None:

@@ -377,6 +377,14 @@ def seed_000_block(indexer_alignment: int | None = None) -> list[PageKind]:
     return [PageKind(V41, 64), PageKind(INDEXER_KEY_PAGE, 64, align)] * 5
 
 
+#: the ranges ``dsa-bench layout`` accepts: more layers than any model has, a page of at most
+#: 2^20 tokens, an alignment of at most 1 MiB (a page alignment is a multiple of BASE_ALIGNMENT,
+#: not a power of two: V4's is 576, V3.2's 656)
+MAX_LAYERS = 4096
+MAX_BLOCK_SIZE = 2**20
+MAX_ALIGNMENT = 2**20
+
+
 def layout_tables(names: Sequence[str], block_size: int, with_indexer: bool = False,
                   indexer_alignment: int | None = None, layers: int = 1,
                   ) -> tuple[list[list[object]], list[list[object]], DsaBenchError | None]:
@@ -385,8 +393,13 @@ def layout_tables(names: Sequence[str], block_size: int, with_indexer: bool = Fa
     ``indexer_alignment``, default the main format's own; ``layers`` such pairs), one row per block
     with its stride; plus the first broken block's error (None when all pass)."""
     formats = [get_format(n) for n in (names or [f for f in FORMATS if f != INDEXER_KEY_PAGE.kv_format])]
-    if layers < 1:
-        raise DsaBenchError(f"--layers {layers}: expected at least 1")
+    if not 1 <= layers <= MAX_LAYERS:
+        raise DsaBenchError(f"--layers {layers}: expected 1 to {MAX_LAYERS} (page pairs per block; a model has one per layer)")
+    if not 1 <= block_size <= MAX_BLOCK_SIZE:
+        raise DsaBenchError(f"--block-size {block_size}: expected 1 to {MAX_BLOCK_SIZE} tokens per page")
+    if indexer_alignment is not None and not (0 < indexer_alignment <= MAX_ALIGNMENT and indexer_alignment % BASE_ALIGNMENT == 0):
+        raise DsaBenchError(f"--indexer-alignment {indexer_alignment}: expected a positive multiple of the {BASE_ALIGNMENT}-byte base "
+                            f"alignment, at most {MAX_ALIGNMENT} (the formats' own are 16, 512, 528, 576 and 656)")  # fmt: skip
     rows: list[list[object]] = []
     for fmt in formats:
         bs = fmt.block_size or block_size

@@ -48,7 +48,7 @@ def merge_results(paths: list[Path]) -> dict[str, Any]:
     if all("cases" in p.document for p in loaded):  # the case selections, joined
         merged["cases"] = list(dict.fromkeys(c for p in loaded for c in p.document.get("cases") or []))
     merged["records"] = records
-    merged["complete"] = True
+    merged["complete"] = _covers_every_case(loaded, merged, records)
     merged["finished"] = max(p.document.get("finished") or p.document["created"] for p in loaded)
     merged["merged_from"] = [
         {"file": p.path.name, "created": p.document["created"], "finished": p.document.get("finished"), "complete": p.document["complete"],
@@ -56,6 +56,19 @@ def merge_results(paths: list[Path]) -> dict[str, Any]:
         for p in loaded
     ]  # fmt: skip
     return merged
+
+
+def _covers_every_case(loaded: list[Any], merged: dict[str, Any], records: list[dict[str, Any]]) -> bool:
+    """Whether the merge is a complete run: every part complete, or (the parts naming their case
+    selections) a record of every solution for every selected case. An interrupted part alone
+    never makes a complete merge."""
+    if all(p.document.get("complete") for p in loaded):
+        return True
+    if "cases" not in merged:
+        return False
+    solutions = {name for p in loaded for name in p.document.get("solutions") or {}}
+    have = {(r["case"], r["solution"]) for r in records}
+    return all((case, name) in have for case in merged["cases"] for name in solutions)
 
 
 def write_merged(paths: list[Path], out: Path) -> dict[str, Any]:

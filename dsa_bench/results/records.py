@@ -358,6 +358,8 @@ class ResultsModel(OpenModel):
     solution_notes: dict[str, str] | None = None
     #: installed versions of the packages each peer solution requires
     solution_packages: dict[str, dict[str, str]] | None = None
+    #: the walls each solution's worker stood in (dsa_bench.run.sandbox, dsa_bench.run.guard; docs/trust.md)
+    worker_protections: dict[str, list[str]] | None = None
     #: the run's peers (solutions whose manifest has ``requires``) and its ``--speedup-over`` (None: the fastest peer)
     peers: list[str] | None = None
     speedup_over: str | None = None

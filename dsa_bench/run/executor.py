@@ -98,12 +98,15 @@ def run_on_devices(
             runner.stop()
         notes: dict[str, str] = {}
         packages: dict[str, dict[str, str]] = {}
+        protections: dict[str, list[str]] = {}
         for runner in runners:
             notes.update(runner.notes)
             packages.update(runner.packages)
+            protections.update(runner.protections)
         results.update(
             solution_notes={**(results.document.get("solution_notes") or {}), **notes},
             solution_packages={**(results.document.get("solution_packages") or {}), **packages},
+            worker_protections={**(results.document.get("worker_protections") or {}), **protections},
             device_breakdowns=[runner.clock.breakdown() for runner in runners],
         )
     if errors:

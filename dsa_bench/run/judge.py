@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,9 @@ class CaseContext:
     device: torch.device
     tolerance: Tolerance
     clock: PhaseClock = field(default_factory=PhaseClock)  # charged with the harness's inputs and expectations
+    #: where the expectation of an input set comes from when the definition's reference must not run
+    #: in the harness (a dataset's own source): seed -> outputs, computed in an isolated worker
+    isolated_expectation: Callable[[int], dict[str, Any]] | None = None
     _cache: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     _floors: dict[int, float] = field(default_factory=dict)
     _flops: dict[int, int | None] = field(default_factory=dict)
@@ -54,7 +58,11 @@ class CaseContext:
             with self.clock.phase("harness_inputs"):
                 inputs = build_inputs(self.workload.definition, self.case, seed, self.device)
             with self.clock.phase("expectations"):
-                self._cache[seed] = (inputs, self.workload.definition.expect(inputs))
+                if self.isolated_expectation is not None:
+                    expected = self.isolated_expectation(seed)
+                else:
+                    expected = self.workload.definition.expect(inputs)
+                self._cache[seed] = (inputs, expected)
         return self._cache[seed]
 
     def check(self, seed: int, outputs: dict[str, Any], redrawn: dict[str, Any] | None = None) -> CheckResult:
@@ -63,6 +71,8 @@ class CaseContext:
         inputs, expected = self.get(seed)
         definition = self.workload.definition
         if redrawn:
+            if self.isolated_expectation is not None:  # generic definitions redraw nothing (dataset.generic_definition)
+                raise ProtocolError("the worker redrew inputs of a definition that redraws none")
             inputs = {**inputs, **{k: v.to(self.device) for k, v in redrawn.items()}}
             with self.clock.phase("expectations"):
                 expected = definition.expect(inputs)

@@ -21,6 +21,7 @@ import fnmatch
 import hashlib
 import json
 import math
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -192,8 +193,10 @@ def gpu_count(value: str, executor: str) -> int | None:
     """``--gpus``: a count >= 1, or "all" (None: every device there is)."""
     if value == "all":
         return None
-    if not value.isdigit() or int(value) < 1:
+    if not value.isascii() or not value.isdigit() or int(value) < 1:
         raise DsaBenchError(f"--gpus {value!r}: expected a count >= 1 or 'all'")
+    if len(value) > 6:  # more than any machine or cluster has; checked against the devices present later
+        raise DsaBenchError(f"--gpus {value[:12]}{'...' if len(value) > 12 else ''}: expected at most 999999 devices")
     if executor not in EXECUTORS:
         raise DsaBenchError(f"--executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
     return int(value)
@@ -208,6 +211,10 @@ def pick_devices(name: str, count: int | None) -> list[torch.device]:
         raise DsaBenchError(f"--gpus takes the devices itself; --device {name!r} names one (use auto, cuda or cpu)")
     first = pick_device(name)
     if first.type == "cpu":
+        cores = os.cpu_count() or 1
+        if count is not None and count > cores:
+            raise DsaBenchError(f"--gpus {count}: there is no CUDA device here, and without one --gpus N runs N correctness-only "
+                                f"workers side by side, at most one per CPU core ({cores})")  # fmt: skip
         return [first] * (count or 1)
     available = torch.cuda.device_count()
     if count is not None and count > available:
@@ -396,6 +403,8 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     """Everything a run needs, checked; raises DsaBenchError on the first problem."""
     started = time.perf_counter()
     check_request(request)
+    if request.save is not None and request.no_save:
+        raise DsaBenchError(f"--save {request.save} and --no-save contradict each other; give one of them")
     if request.resume is not None and (request.save is not None or request.no_save):
         raise DsaBenchError("--resume writes the completed run back to its results file; leave out --save and --no-save")
     if request.dataset is None:
@@ -526,6 +535,12 @@ def resume_state(path: Path, plan: RunPlan) -> Resumed:
     if problem is not None:
         raise DsaBenchError(f"cannot resume this run: {problem}", str(path))
     names = {s.name for s in plan.solutions}
+    known = {c.id for c in plan.cases}
+    for index, record in enumerate(previous["records"]):
+        if record["case"] not in known or record["solution"] not in names:
+            what = f"case {record['case']!r}" if record["case"] not in known else f"solution {record['solution']!r}"
+            raise DsaBenchError(f"cannot resume this run: records[{index}] holds {what}, which this run does not have; "
+                                f"the file does not come from this workload's run", str(path))  # fmt: skip
     done: dict[str, set[str]] = {}
     for record in previous["records"]:
         done.setdefault(record["case"], set()).add(record["solution"])

@@ -36,6 +36,8 @@ class WorkerConfig:
     harness_pid: int  # the worker ends itself when its parent is no longer this process
     dataset_root: str | None = None  # a flashinfer-bench dataset whose definition this run uses
     packed_from: str | None = None  # the packed Solution JSON the solution folder was laid out from (Solution.packed_from)
+    #: the folders the worker may write below: its build (torch extensions), Triton cache, home and scratch folders, in this order
+    writable: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,15 @@ class Ready(_Strict):
     notes: Text
     #: installed versions of the distributions the solution's manifest requires
     packages: dict[Annotated[str, Field(max_length=200)], Annotated[str, Field(max_length=200)]] = Field(default={}, max_length=64)
+    #: what walls the worker stands in (dsa_bench.run.sandbox and the audit hook of dsa_bench.run.guard)
+    protections: list[Annotated[str, Field(max_length=1000)]] = Field(default=[], max_length=32)
+
+
+class RefusedAtImport(_Strict):
+    """The worker's guard refused something the solution did while it was imported: every case fails."""
+
+    type: Literal["refused"]
+    text: Text
 
 
 class Unavailable(_Strict):
@@ -169,7 +180,7 @@ class Timing(_Strict):
     host_samples_ms: list[list[float]] = []
 
 
-Reply = Annotated[Ready | CompileError | Unavailable | Failure | Outputs | Timing, Field(discriminator="type")]
+Reply = Annotated[Ready | RefusedAtImport | CompileError | Unavailable | Failure | Outputs | Timing, Field(discriminator="type")]
 _REPLY = TypeAdapter(Reply)
 
 

@@ -19,9 +19,13 @@ file system, or the same checkout), since solutions, workloads and caches are re
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Callable
+import signal
+import socket
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +102,11 @@ def run_on_ray(
     """Run every case on the cluster's GPUs (at most ``max_actors``); records reach ``results`` as they arrive."""
     ray = ray_module()
     if not ray.is_initialized():
+        if address is not None:
+            check_reachable(address)
         try:
-            ray.init(address=address, log_to_driver=False, configure_logging=False)
+            with _time_limit(RAY_INIT_TIMEOUT_S, f"--executor ray: the Ray cluster at {address or 'a new local one'} did not come up"):
+                ray.init(address=address, log_to_driver=False, configure_logging=False)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             raise DsaBenchError(f"--executor ray: cannot reach the Ray cluster at {address or 'a new local one'}: {exc}") from None
     gpus = int(ray.cluster_resources().get("GPU", 0))
@@ -161,6 +168,45 @@ def run_on_ray(
             solution_packages={**(results.document.get("solution_packages") or {}), **packages},
         )
     return records
+
+
+#: how long ``--ray-address`` may take to accept a connection, and ``ray.init`` to finish
+RAY_CONNECT_TIMEOUT_S = 10.0
+RAY_INIT_TIMEOUT_S = 120.0
+
+
+def check_reachable(address: str) -> None:
+    """Refuse a ``--ray-address`` that accepts no TCP connection within :data:`RAY_CONNECT_TIMEOUT_S`
+    (``ray.init`` itself would wait for it without a limit)."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise DsaBenchError(f"--ray-address {address!r}: expected HOST:PORT (the head node's GCS port, 6379 by default)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        reason = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        problem = f"--ray-address {address}: no Ray cluster answers there within {RAY_CONNECT_TIMEOUT_S:g} s ({reason})"
+        raise DsaBenchError(problem) from None
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float, message: str) -> Iterator[None]:
+    """Raise DsaBenchError(``message``) when the block takes longer than ``seconds`` (main thread
+    only, by SIGALRM; elsewhere the block runs without a limit)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        raise DsaBenchError(f"{message} within {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _first_line(exc: BaseException) -> str:

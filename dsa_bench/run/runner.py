@@ -29,7 +29,7 @@ from dsa_bench.definitions.status import CheckResult, Status
 from dsa_bench.paths import safe_file_name
 from dsa_bench.results.records import CaseRecord, ResultsFile, Timing
 from dsa_bench.results.roofline import Roofline, device_peak, place
-from dsa_bench.run import channel, isolation
+from dsa_bench.run import channel, isolation, sandbox
 from dsa_bench.run.breakdown import HARNESS, PhaseClock
 from dsa_bench.run.judge import (
     CaseContext,
@@ -113,6 +113,7 @@ class WorkerHandle:
             extensions.resolve(),
             (options.cache_dir / "triton" / slug).resolve(),
             (options.cache_dir / "home" / slug).resolve(),
+            (options.cache_dir / "scratch" / slug).resolve(),  # its TMPDIR
         ]
         self.config = WorkerConfig(
             solution_path=str(solution.path),
@@ -124,11 +125,13 @@ class WorkerHandle:
             harness_pid=os.getpid(),
             dataset_root=str(options.dataset_root.resolve()) if options.dataset_root else None,
             packed_from=str(solution.packed_from) if solution.packed_from else None,
+            writable=tuple(str(p) for p in self.writable),
         )
         self.process: subprocess.Popen | None = None
         self._send_fd = self._receive_fd = -1
         self.notes = ""
         self.packages: dict[str, str] = {}
+        self.protections: list[str] = []  # the walls the worker reported standing in (with the harness's own)
         self.compile_failure: WorkerFailure | None = None
 
     def log_tail(self, lines: int = 15) -> str:
@@ -142,7 +145,7 @@ class WorkerHandle:
         env = {k: v for k, v in os.environ.items() if k in WORKER_ENV or k.startswith(WORKER_ENV_PREFIXES)}
         package_root = str(Path(dsa_bench.__file__).resolve().parent.parent)  # the same dsa_bench as the harness
         env["PYTHONPATH"] = os.pathsep.join([package_root, *filter(None, [env.get("PYTHONPATH")])])
-        env["TORCH_EXTENSIONS_DIR"], env["TRITON_CACHE_DIR"], env["HOME"] = (str(p) for p in self.writable)
+        env["TORCH_EXTENSIONS_DIR"], env["TRITON_CACHE_DIR"], env["HOME"], env["TMPDIR"] = (str(p) for p in self.writable)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         if self.options.device.type == "cpu":
             env["TRITON_INTERPRET"] = "1"  # must precede the solution's first triton import
@@ -160,12 +163,15 @@ class WorkerHandle:
         if self.process is not None and self.process.poll() is None:
             return
         isolation.give_to(self.identity, self.writable)
+        harness_protection = sandbox.protect_harness()
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
         identity = self.identity  # uid and gid None: the harness's own user, with its groups
+        launcher = [sys.executable, "-m", "dsa_bench.run.sandbox", "--harness-pid", str(os.getpid()),
+                    "--fds", f"{to_worker_r},{from_worker_w}", *(f"--write={p}" for p in self.writable), "--"]  # fmt: skip
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "dsa_bench.run.worker", str(to_worker_r), str(from_worker_w)],
+                [*launcher, sys.executable, "-m", "dsa_bench.run.worker", str(to_worker_r), str(from_worker_w)],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(to_worker_r, from_worker_w),
                 start_new_session=True, env=self._environment(),
                 user=identity.uid, group=identity.gid, extra_groups=[] if identity.dedicated else None,
@@ -177,7 +183,7 @@ class WorkerHandle:
         try:
             self._send({"config": self.config.__dict__}, b"", "starting the worker")
             reply = self._receive(
-                self.options.compile_timeout_s, "importing/building the solution", 0, ("ready", "compile_error", "unavailable")
+                self.options.compile_timeout_s, "importing/building the solution", 0, ("ready", "refused", "compile_error", "unavailable")
             )
         except WorkerFailure as failure:
             if failure.status is Status.RUNTIME_ERROR:  # died while importing: a build problem
@@ -188,12 +194,17 @@ class WorkerHandle:
             self.compile_failure = WorkerFailure(Status.SKIPPED, f"skipped: {reply.text}")
             self.kill()
             raise self.compile_failure
+        if reply.type == "refused":  # a forbidden act while importing: every case fails as a runtime error
+            self.compile_failure = WorkerFailure(Status.RUNTIME_ERROR, reply.text)
+            self.kill()
+            raise self.compile_failure
         if reply.type == "compile_error":
             self.compile_failure = WorkerFailure(Status.COMPILE_ERROR, _last_lines(reply.text))
             self.kill()
             raise self.compile_failure
         self.notes = reply.notes
         self.packages = dict(reply.packages)
+        self.protections = [*([harness_protection] if harness_protection else []), *reply.protections]
 
     def request(self, kind: str, job: Any, what: str, max_blob_bytes: int, expected: tuple[str, ...]) -> tuple[Any, bytes]:
         """Send a job; the validated reply and its tensor blob. Any failure stops the worker."""
@@ -257,6 +268,11 @@ class WorkerHandle:
 
     def kill(self) -> None:
         if self.process is not None:
+            try:  # the launcher first: without a PID namespace it kills every descendant of the worker itself
+                self.process.terminate()
+                self.process.wait(2)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
             isolation.end_everything(self.process.pid, self.identity)
             try:
                 self.process.wait(5)
@@ -443,6 +459,37 @@ class DeviceRunner:
         self.gpu = gpu  # this device's index among the run's devices (recorded on each record), None on a one-device run
         self.handles = {s.name: WorkerHandle(s, workload.definition.name, options, identities[s.name]) for s in solutions}
         self.peers = {s.name for s in solutions if s.requires.any}
+        self.oracle = _reference_oracle(workload, options, gpu) if options.dataset_root is not None else None
+        self._oracle_failures: dict[tuple[str, int], WorkerFailure] = {}
+
+    def _isolated_expectation(self, case: Case, ctx: CaseContext) -> Callable[[int], dict[str, Any]]:
+        """The expectation of one input set from the oracle worker (the dataset's reference, isolated
+        and under --case-timeout like any solution); its failure fails the case for every solution."""
+        assert self.oracle is not None
+        oracle = self.oracle
+
+        def expectation(seed: int) -> dict[str, Any]:
+            failed = self._oracle_failures.get((case.id, seed))
+            if failed is None:
+                what = f"computing the dataset reference's expectation for case {case.id}"
+                try:
+                    reply, blob = oracle.request("outputs", CorrectnessJob(case, (seed,)), what, value_bytes(ctx.output_specs) + 2**20,
+                                                 ("outputs",))  # fmt: skip
+                    expected = decode_outputs(reply, blob, ctx, 1)[0]
+                    bad = [n for n in ctx.output_specs if not isinstance(expected.get(n), torch.Tensor) or expected[n].is_meta]
+                    if not bad:
+                        return expected
+                    oracle.kill()
+                    failed = WorkerFailure(Status.RUNTIME_ERROR, f"the dataset's reference returned no valid {', '.join(bad)} ({what})")
+                except ProtocolError as exc:
+                    oracle.kill()
+                    failed = WorkerFailure(Status.RUNTIME_ERROR, f"the dataset's reference: {exc} ({what})")
+                except WorkerFailure as failure:
+                    failed = WorkerFailure(failure.status, f"the dataset's reference failed: {failure.message}")
+                self._oracle_failures[(case.id, seed)] = failed
+            raise WorkerFailure(failed.status, failed.message)  # a fresh one: see WorkerHandle.ensure_started
+
+        return expectation
 
     def run_case(self, case: Case, emit: Callable[[CaseRecord], None] = lambda r: None) -> list[CaseRecord]:
         """Every solution on ``case``; each record goes to ``emit`` as soon as it is finished. The
@@ -450,6 +497,8 @@ class DeviceRunner:
         over the best peer is final when it is emitted; a peer's own may still change when a later
         peer is faster, so the caller re-records the returned records once the case is done."""
         ctx = CaseContext(self.workload, case, self.options.device, self.options.settings.tolerance, self.clock)
+        if self.oracle is not None:
+            ctx.isolated_expectation = self._isolated_expectation(case, ctx)
         reference_ms: float | None = None
         records = []
         for solution in self.solutions:
@@ -475,15 +524,39 @@ class DeviceRunner:
     def packages(self) -> dict[str, dict[str, str]]:
         return {name: h.packages for name, h in self.handles.items() if h.packages}
 
+    @property
+    def protections(self) -> dict[str, list[str]]:
+        return {name: h.protections for name, h in self.handles.items() if h.protections}
+
+    def _all_handles(self) -> list[WorkerHandle]:
+        return [*self.handles.values(), *([self.oracle] if self.oracle is not None else [])]
+
     def stop(self) -> None:
-        for handle in self.handles.values():
+        for handle in self._all_handles():
             with self.clock.phase("worker_stop", handle.solution.name):
                 handle.stop()
 
     def kill(self) -> None:
         """End every worker now (from another thread: a stopping run's in-flight case)."""
-        for handle in self.handles.values():
+        for handle in self._all_handles():
             handle.kill()
+
+
+#: the name of the worker that computes a dataset definition's expectations (its logs and folders)
+ORACLE_NAME = "dataset-reference-expectations"
+
+
+def _reference_oracle(workload: Workload, options: RunOptions, gpu: int | None) -> WorkerHandle | None:
+    """A worker that runs a dataset definition's own reference (its JSON source) to give the
+    harness its expectations, for a definition whose reference must not run in the harness."""
+    from dsa_bench.dataset import reference_solution_folder, runs_untrusted_reference
+    from dsa_bench.solution import load_solution
+
+    if not runs_untrusted_reference(workload.definition):
+        return None
+    solution = dataclasses.replace(load_solution(reference_solution_folder(workload.definition, options.cache_dir)), name=ORACLE_NAME)
+    identity = worker_identities([solution], options, [], first_slot=isolation.WORKER_ID_COUNT // 2 + (gpu or 0))[ORACLE_NAME]
+    return WorkerHandle(solution, workload.definition.name, options, identity)
 
 
 def run_workload(
@@ -517,6 +590,6 @@ def run_workload(
         results.update(
             solution_notes={**(results.document.get("solution_notes") or {}), **runner.notes},
             solution_packages={**(results.document.get("solution_packages") or {}), **runner.packages},
+            worker_protections={**(results.document.get("worker_protections") or {}), **runner.protections},
         )
-    return records
     return records

@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dsa_bench.run import channel
+from dsa_bench.run.guard import install as install_guard
+from dsa_bench.run.sandbox import PARENT_ENV, PROTECTIONS_ENV
 
 if TYPE_CHECKING:
     from dsa_bench.run.protocol import CorrectnessJob, TimingJob, WorkerConfig
@@ -62,19 +64,22 @@ def call_solution(fn: Callable[..., Any], dps: bool, args: list[Any], outputs: M
     return dict(zip(names, result, strict=False))
 
 
-def _die_with_the_harness(harness_pid: int) -> None:
-    """End this process (and its process group) when the harness is gone, even by SIGKILL."""
+def _die_with_the_harness(parent: int) -> None:
+    """End this process (and its process group) when its parent is gone, even by SIGKILL. The
+    parent is the launcher the harness started, or in a PID namespace of its own that namespace's
+    init (pid 1); either ends with the harness (:mod:`dsa_bench.run.sandbox`)."""
     try:  # the kernel's own notice; survives a solution that blocks the interpreter
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     except (OSError, AttributeError):
         pass
-    if os.getppid() != harness_pid:  # the harness died before the notice was set
+    if os.getppid() != parent:  # the harness died before the notice was set
         os._exit(1)
+    sleep, getppid, killpg = time.sleep, os.getppid, os.killpg  # bound now: the solution may patch the modules
 
     def watch() -> None:  # also takes down what the solution started in this process group
-        while os.getppid() == harness_pid:
-            time.sleep(0.5)
-        os.killpg(0, signal.SIGKILL)
+        while getppid() == parent:
+            sleep(0.5)
+        killpg(0, signal.SIGKILL)
 
     threading.Thread(target=watch, name="harness-watch", daemon=True).start()
 
@@ -118,7 +123,8 @@ def main(argv: list[str]) -> None:
     os.set_inheritable(out_fd, False)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the harness's to handle
     header, _ = channel.read_frame(in_fd, 0)
-    _die_with_the_harness(int(header["config"]["harness_pid"]))
+    protections = [p for p in os.environ.get(PROTECTIONS_ENV, "").split("; ") if p]
+    _die_with_the_harness(int(os.environ.get(PARENT_ENV) or header["config"]["harness_pid"]))
     sys.dont_write_bytecode = True  # the solution folder may not be writable by this user
 
     import torch
@@ -132,6 +138,7 @@ def main(argv: list[str]) -> None:
     from dsa_bench.run.requirements import unmet, versions
     from dsa_bench.solution import load_solution
 
+    guard = None
     device = torch.device(config.device)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -142,6 +149,8 @@ def main(argv: list[str]) -> None:
     definition = get_definition(config.definition)
     try:
         measure = _bind_measurement(config, device)  # before any solution code runs
+        guard = install_guard(config.writable, config.solution_path, builds=config.writable[:2])  # torch extensions, Triton cache
+        protections.append("audit hook: no programs but compilers, no network, no foreign libraries, no writes outside its folders")
         solution = load_solution(Path(config.solution_path))
         if config.packed_from is not None:
             solution = dataclasses.replace(solution, packed_from=Path(config.packed_from))
@@ -153,7 +162,13 @@ def main(argv: list[str]) -> None:
         fn, module = import_entry(solution, config.definition)
         notes_fn = getattr(module, "solution_notes", None)
     except BaseException:
-        channel.write_frame(out_fd, {"type": "compile_error", "text": traceback.format_exc()[-200_000:]})
+        if guard is not None and guard.refused:
+            channel.write_frame(out_fd, {"type": "refused", "text": _refusals(guard.refused)})
+        else:
+            channel.write_frame(out_fd, {"type": "compile_error", "text": traceback.format_exc()[-200_000:]})
+        return
+    if guard.refused:  # refused while importing, and the solution caught the error
+        channel.write_frame(out_fd, {"type": "refused", "text": _refusals(guard.refused)})
         return
 
     def notes() -> str:  # asked again after every job: a solution may report what it fell back to
@@ -162,12 +177,13 @@ def main(argv: list[str]) -> None:
         except Exception as exc:
             return f"solution_notes() raised {type(exc).__name__}"
 
-    channel.write_frame(out_fd, {"type": "ready", "notes": notes(), "packages": versions(solution.requires)})
+    channel.write_frame(out_fd, {"type": "ready", "notes": notes(), "packages": versions(solution.requires), "protections": protections})
     runner = _CaseRunner(definition, device, fn, entry.destination_passing_style)
     while True:
         header, blob = channel.read_frame(in_fd, _MAX_JOB_BYTES)
         if header.get("request") == "stop":
             return
+        refused_before = len(guard.refused)
         try:
             job = pickle.loads(blob)
             if header.get("request") == "outputs":
@@ -176,7 +192,16 @@ def main(argv: list[str]) -> None:
                 reply, tensors = runner.time(job, *measure)
         except BaseException:
             reply, tensors = {"type": "error", "text": traceback.format_exc()[-200_000:]}, b""
+        if len(guard.refused) > refused_before:  # even when the solution caught the error and answered
+            reply, tensors = {"type": "error", "text": _refusals(guard.refused[refused_before:])}, b""
         channel.write_frame(out_fd, {**reply, "notes": notes()}, tensors)
+
+
+def _refusals(refused: list[str]) -> str:
+    """The refusals as the case's message: the first ones, named."""
+    shown = "; ".join(dict.fromkeys(refused[:5]))
+    more = f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
+    return f"refused by dsa-bench's worker guard: {shown}{more}"[:100_000]
 
 
 def _bind_measurement(config: WorkerConfig, device: Any) -> tuple[Any, Any, Any, str | None]:
