@@ -312,6 +312,8 @@ class ResultsModel(OpenModel):
     settings: dict[str, Any] | None = None
     timer: str | None = None
     l2_flush: str | None = None
+    #: every flush first reset the persisting-L2 carve-out (absent in files written before it did)
+    l2_persisting_reset: bool | None = None
     environment: dict[str, Any] | None = None
     solutions: dict[str, SolutionMetaModel] | None = None
     cases: list[Name] | None = None  # the run's case selection

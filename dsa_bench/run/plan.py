@@ -167,6 +167,8 @@ class RunPlan:
             "settings": {**{k: v for k, v in asdict(settings).items() if k != "tolerance"}, "tolerance": asdict(settings.tolerance)},
             "timer": options.timer,
             "l2_flush": options.l2_flush if options.timer else None,
+            # every flush first resets the persisting-L2 carve-out (timing.flush.PersistingL2Reset)
+            "l2_persisting_reset": True if options.timer else None,
             "environment": env,
             "workers": {name: identity.description for name, identity in self.identities.items()}
             if self.executor == "local" else None,  # Ray actors report theirs under environment.gpus
@@ -593,6 +595,7 @@ def _run(plan: RunPlan, results: ResultsFile, on_record: Callable[[CaseRecord], 
                 environment={**results.document["environment"], "gpus": [{"index": i, **d} for i, d in enumerate(descriptions)]},
                 timer=timers.pop() if len(timers) == 1 else "mixed",
                 l2_flush=plan.options.l2_flush if any(d["timer"] for d in descriptions) else None,
+                l2_persisting_reset=True if any(d["timer"] for d in descriptions) else None,
             )
 
         return run_on_ray(
