@@ -163,10 +163,13 @@ class SettingsModel(ClosedModel):
     reference_protocol: Literal["light", "full"] = "light"
     secret: StrictBool = False  # a workload judged only in contest mode: its seed is never the file's
 
-    def run_settings(self) -> RunSettings:
+    def run_settings(self, defaults: Tolerance | None = None) -> RunSettings:
+        """The run settings; a tolerance the file leaves out takes ``defaults``' value (a definition's own, where it has them)."""
+        unset = defaults is not None
         return RunSettings(
             **{key: getattr(self, key) for key in COUNT_BOUNDS},
-            tolerance=Tolerance(**{key: getattr(self, key) for key in TOLERANCES}),
+            tolerance=Tolerance(**{key: getattr(self if not unset or key in self.model_fields_set else defaults, key)
+                                   for key in TOLERANCES}),  # fmt: skip
             reference_protocol=self.reference_protocol,
             secret=self.secret,
         )
@@ -199,7 +202,7 @@ def load_workload(path: Path) -> Workload:
         path=path.resolve(),
         definition=definition,
         cases=tuple(cases),
-        settings=(workload.settings or SettingsModel()).run_settings(),
+        settings=(workload.settings or SettingsModel()).run_settings(definition.tolerance),
         description=workload.description,
         trace_path=trace_path,
     )

@@ -161,6 +161,9 @@ class Definition:
     key_axes: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     min_traffic_bytes: MinTrafficFn | None = None
+    #: this definition's own tolerance defaults, for every tolerance a workload's settings leave out
+    #: (None: Tolerance's); the decode's lse is a natural log and has its own derived lse_atol
+    tolerance: Tolerance | None = None
 
     def axes(self, var_values: Mapping[str, int]) -> dict[str, int]:
         return {**self.const_axes, **var_values}

@@ -75,7 +75,7 @@ from dsa_bench.definitions.base import (
     integer_param,
     unknown_params,
 )
-from dsa_bench.definitions.checks import compare_close, worst
+from dsa_bench.definitions.checks import compare_close, compare_rows, row_tolerances, worst
 from dsa_bench.definitions.kv_records import (
     FP8_NAN_BYTE,
     INT32_MAX,
@@ -101,6 +101,14 @@ REFERENCE_CHUNK_BYTES = 256 * 2**20
 #: Records quantized and written per step while building a cache.
 WRITE_CHUNK_TOKENS = 65536
 PADDINGS = ("tail", "scattered")
+#: The largest softmax scale a case may give. A head of d dims is scaled by d^-0.5 (0.042 for V3.2's 576,
+#: 0.044 for V4's 512); 1.0 already makes unit-variance logits 24 times wider. Far above, float32 logits
+#: overflow (from about 1e37 the lse is +inf) and no tolerance tells rounding from a defect.
+MAX_SM_SCALE = 1.0
+#: The decode's lse tolerance (natural log), derived in docs/checks.md: correct kernels stay within about
+#: 1e-6 of |lse| (<= 8.3e-6 at the contest scale's largest |lse|, 8.3), while leaving out one of 2048
+#: equal slots moves the lse by ln(2048/2047) = 4.9e-4.
+LSE_ATOL = 1.0e-4
 
 
 # --------------------------------------------------------------------------- reference
@@ -128,10 +136,14 @@ class _ExactFloat32Matmul:
 
 def attend(fmt: KvRecordFormat, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, sm_scale: float,
            attn_sink: torch.Tensor, topk_length: torch.Tensor | None = None,
-           dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+           dtype: torch.dtype = torch.float32, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(out, lse)`` in ``dtype``, unrounded, on the inputs' device: rows of the batch in chunks of about
     :data:`REFERENCE_CHUNK_BYTES` of gathered K (no per-row loop); records read and dequantized through
-    ``fmt``'s descriptor. ``dtype`` float64 gives the exact answer measurements compare against."""
+    ``fmt``'s descriptor. ``dtype`` float64 gives the exact answer measurements compare against.
+
+    ``noise``, a ``[b, s_q, h_q]`` float32 tensor, receives each row's ``max_d sqrt(Σ_j w_j² V_jd²)`` (w the
+    softmax weights times the sink's factor): the scale of the error bf16-rounded probabilities leave in
+    ``out`` (:func:`dsa_bench.definitions.checks.row_tolerances`); 0 on an empty row."""
     b, s_q, h_q, d_qk = q.shape
     topk, block_size = indices.shape[-1], kv_cache.shape[1]
     rows = b * s_q
@@ -162,6 +174,9 @@ def attend(fmt: KvRecordFormat, q: torch.Tensor, kv_cache: torch.Tensor, indices
             scale = torch.where(torch.isneginf(sink), 1.0, torch.sigmoid(row_lse - sink))
             out[part] = torch.where(has[..., None], values * scale[..., None], 0.0)
             lse[part] = torch.where(has, row_lse, float("inf"))
+            if noise is not None:
+                spread = torch.einsum("rht,rtd->rhd", probs.square(), k[:, :, :D_V].square()).sqrt().amax(dim=-1)
+                noise.view(rows, h_q)[part] = torch.where(has, spread * scale, 0.0).float()
     return out.reshape(b, s_q, h_q, D_V), lse.reshape(b, s_q, h_q)
 
 
@@ -170,6 +185,15 @@ def decode(fmt: KvRecordFormat, q: torch.Tensor, kv_cache: torch.Tensor, indices
     """The reference: :func:`attend` in float32, ``out`` rounded to bf16."""
     out, lse = attend(fmt, q, kv_cache, indices, sm_scale, attn_sink, topk_length)
     return {"out": out.to(torch.bfloat16), "lse": lse}
+
+
+def expect(fmt: KvRecordFormat, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor, sm_scale: float,
+           attn_sink: torch.Tensor, topk_length: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """What :func:`check` compares against: the reference's ``out`` and ``lse``, and ``out_noise``, each row's
+    scale of the bf16-probability error (:func:`attend`'s ``noise``)."""
+    noise = torch.zeros(q.shape[:3], dtype=torch.float32, device=q.device)
+    out, lse = attend(fmt, q, kv_cache, indices, sm_scale, attn_sink, topk_length, noise=noise)
+    return {"out": out.to(torch.bfloat16), "lse": lse, "out_noise": noise}
 
 
 # --------------------------------------------------------------------------- inputs
@@ -372,8 +396,9 @@ class _Decode:
                 i = int(torch.nonzero(bad)[0])
                 problems.append(f"inputs.attn_sink[{i}] = {float(sink[i])}: a sink is a finite number, or -inf for none")
         scale = given.get("sm_scale")
-        if scale is not None and not 0 < float(scale) <= torch.finfo(torch.float32).max:
-            problems.append(f"inputs.sm_scale = {scale!r} must be a positive number, finite in float32")
+        if scale is not None and not 0 < float(scale) <= MAX_SM_SCALE:
+            problems.append(f"inputs.sm_scale = {scale!r} must be in (0, {MAX_SM_SCALE:g}]: a head of d_qk = {fmt.d_qk} dims "
+                            f"is scaled by d_qk^-0.5 = {fmt.d_qk**-0.5:.3g}; far larger scales overflow the float32 logits")
         return problems
 
     def _param_problems(self, axes: Mapping[str, int], params: Mapping[str, dict]) -> list[str]:
@@ -451,15 +476,20 @@ def _check_empty_rows(empty: torch.Tensor, outputs: Mapping[str, torch.Tensor]) 
 
 
 def check(inputs: Mapping[str, Value], outputs: Mapping[str, torch.Tensor], expected: Any, tol: Tolerance) -> CheckResult:
-    """Empty rows exactly (out 0, lse +inf); out element-wise (atol AND rtol·|ref| exceeded fails); lse with
-    the absolute lse_atol only. NaN fails everywhere; +inf in lse only where the row is empty."""
-    empty = torch.isposinf(expected["lse"])
+    """Empty rows exactly (out 0, lse +inf); out element-wise (atol AND rtol·|ref| exceeded fails) and row by row
+    (each (batch, query, head) row's largest |diff| against that row's own bound, checks.row_tolerances); lse
+    with the absolute lse_atol only. NaN fails everywhere; +inf in lse only where the row is empty. A row is
+    empty when its indices count no entry (none >= 0 left of topk_length), whatever the reference's lse."""
+    entries = counted(inputs["indices"], inputs.get("topk_length")).to(expected["lse"].device)
+    empty = (~entries.any(dim=-1))[..., None].expand_as(expected["lse"])
     lse_tol = replace(tol, atol=tol.lse_atol, rtol=0.0)  # absolute only: see Tolerance.lse_atol
     # empty rows are judged exactly above; hide their +inf from the tolerance test (a wrong value there already failed)
     got_lse = torch.where(empty & torch.isposinf(outputs["lse"]), 0.0, outputs["lse"])
     return worst([
         _check_empty_rows(empty, outputs),
         compare_close("out", outputs["out"], expected["out"], tol),
+        compare_rows("out", outputs["out"], expected["out"], row_tolerances(expected["out"], expected["out_noise"]), skip=empty,
+                     row_label=lambda at: f"batch {at[0]} query {at[1]} head {at[2]}"),
         compare_close("lse", got_lse, torch.where(empty, 0.0, expected["lse"]), lse_tol),
     ])
 
@@ -501,17 +531,19 @@ def _definition(fmt: KvRecordFormat, name: str) -> Definition:
         generate=family.generate,
         validate=family.validate,
         redraw=family.draw_queries,
-        expect=lambda given: reference(*(given[n] for n in names)),
+        expect=lambda given: expect(fmt, *(given[n] for n in names)),
         check=check,
         key_axes=("b", "h_q", "s_q", "topk"),
         notes=(
             "lse is the natural log; a row with no counted index has out exactly 0 and lse exactly +inf.",
             f"V is the first {D_V} dims of the dequantized record: {value}.",
             "attn_sink scales out by 1/(1+exp(sink-lse)) and leaves lse alone; -inf means no sink.",
-            "out is compared element-wise with atol/rtol; lse with the absolute lse_atol alone.",
+            "out is compared element-wise with atol/rtol and row by row against each row's own magnitude; lse with the "
+            f"absolute lse_atol alone (default {LSE_ATOL:g}, natural log).",
             "Generated caches hold records only where a counted index points; every other byte is NaN-producing.",
         ),
         min_traffic_bytes=family.min_traffic_bytes,
+        tolerance=Tolerance(lse_atol=LSE_ATOL),
     )
 
 
