@@ -97,3 +97,19 @@ def test_the_new_cases_pass_through_the_harness_on_cpu(fmt):
     proc = run_cli("run", "-w", f"kv_insert_{fmt}_small", *args, "-s", "reference", "-s", "triton", "--device", "cpu", "--no-save")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("3/3") == 2, proc.stdout
+
+
+def test_v32_scales_of_an_explicit_cache_must_be_powers_of_two():
+    wl, case, inputs = _inputs("mla_decode_v32_smoke", "smoke_b2_sq1_k64_bs64_h64")
+    definition, axes = wl.definition, wl.definition.axes(case.axes)
+    record = md.FORMAT_OF[definition.name]
+    cache = inputs["kv_cache"].clone()
+    given = {"kv_cache": cache, "indices": inputs["indices"]}
+    assert definition.validate(axes, given, {}) == []
+    slot = int(inputs["indices"][0, 0, 5])
+    block, offset = divmod(slot, case.axes["block_size"])
+    # a V3.2 record is per token: 512 FP8 values, then its 4 fp32 scales
+    cache[block, offset, 0, record.value_bytes : record.value_bytes + 4].view(torch.float32)[0] = 0.3
+    problems = definition.validate(axes, given, {})
+    assert problems == [f"inputs.kv_cache: the record at slot {slot} has scale 0 = 0.30000001192092896; V3.2 scales must be "
+                        "positive powers of two (FlashMLA casts them to bf16, exact only for powers of two)"]  # fmt: skip

@@ -378,6 +378,8 @@ class _Decode:
                 problems.append(f"the generated indices may reference {bound} distinct tokens (b x min(s_k, s_q x min(topk, s_k))) "
                                 f"but the cache holds num_blocks x block_size = {capacity}; raise axes.num_blocks")
         if "kv_cache" in given:
+            if "indices" in given and fmt.scale_dtype == "fp32" and not problems:
+                problems += _scale_problems(fmt, given["kv_cache"], given["indices"], given.get("topk_length"), bs)
             if "indices" not in given:
                 problems.append("inputs.kv_cache is given explicitly, so inputs.indices must be too (generated indices point at slots "
                                 "the given cache may not hold)")
@@ -455,6 +457,23 @@ def _explicit_indices_problems(indices: torch.Tensor, capacity: int) -> list[str
         at = [int(i) for i in torch.nonzero(bad)[0]]
         return [f"inputs.indices{at} = {int(idx[tuple(at)])} is neither -1 nor a slot below num_blocks x block_size = {capacity}"]
     return []
+
+
+def _scale_problems(fmt: KvRecordFormat, kv_cache: torch.Tensor, indices: torch.Tensor, topk_length: torch.Tensor | None,
+                    block_size: int) -> list[str]:
+    """V3.2's fp32 scales must be positive powers of two at every counted record: FlashMLA's SM90 kernel casts them
+    to bf16 (exact only for powers of two), and every writer of this project and FlashMLA's own tests make them so."""
+    slots = torch.unique(indices.long()[counted(indices, topk_length)])
+    if slots.numel() == 0:
+        return []
+    scales = fmt.read(kv_cache, block_size, slots).scales.contiguous().view(torch.float32)
+    mantissa, _ = torch.frexp(scales)
+    bad = ~(torch.isfinite(scales) & (scales > 0) & (mantissa == 0.5))
+    if not bool(bad.any()):
+        return []
+    row, tile = (int(i) for i in torch.nonzero(bad)[0])
+    return [f"inputs.kv_cache: the record at slot {int(slots[row])} has scale {tile} = {float(scales[row, tile])!r}; V3.2 scales "
+            "must be positive powers of two (FlashMLA casts them to bf16, exact only for powers of two)"]
 
 
 def _check_empty_rows(empty: torch.Tensor, outputs: Mapping[str, torch.Tensor]) -> CheckResult:
