@@ -44,12 +44,13 @@ class L2Flusher:
 
     def __init__(self, device: torch.device, mode: str = L2_FLUSH_MODES[0], persisting: PersistingL2Reset | None = None) -> None:
         self.mode = check_l2_flush(mode)
-        # Persisting lines survive the buffers below; they are reset first (PersistingL2Reset).
-        self.persisting = persisting if persisting is not None else PersistingL2Reset(device)
-        self._reset_persisting = self.persisting.reset
         # Bound now: a later patch of torch's functions cannot turn the flush into a no-op.
         self._zero, self._sum_rows = torch.Tensor.zero_, torch.sum
         l2_bytes = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)) or 64 * 2**20
+        # Persisting lines survive the buffers below; they are reset first (PersistingL2Reset), through
+        # the CUDA runtime the line above has loaded and initialized.
+        self.persisting = persisting if persisting is not None else PersistingL2Reset(device)
+        self._reset_persisting = self.persisting.reset
         self.bytes = 2 * l2_bytes
         self._written = torch.empty(self.bytes // 4, dtype=torch.int32, device=device)
         # Read as rows of 4 KB summed side by side: a bandwidth-bound pass (one whole-buffer sum
