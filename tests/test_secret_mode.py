@@ -161,3 +161,11 @@ def test_redaction_drops_every_case_detail():
     assert redacted["records"] == [{"case": "c", "solution": "s", "status": "INCORRECT_NUMERICAL", "axes": {}}]
     assert redacted["settings"] == {"seed": None, "trials": 3} and "solution_notes" not in redacted
     assert document["settings"]["seed"] == 5, "the full document is left as it was"
+
+
+def test_results_merge_refuses_secret_and_public_parts(tmp_path):
+    public = write_results(tmp_path / "public.json", "indexer_h64", {"c1": {"reference": 1.0}})
+    secret = _secret(write_results(tmp_path / "secret.json", "indexer_h64", {"c2": {"reference": 1.0}}), seed=1)
+    proc = cli("results", "merge", str(public), str(secret), "-o", str(tmp_path / "merged.json"))
+    assert proc.returncode == 2 and "field 'secret' differs" in proc.stderr and str(secret) in proc.stderr, proc.stderr
+    assert not (tmp_path / "merged.json").exists()
