@@ -19,11 +19,14 @@ PINS_L2 = FIXTURES / "adversarial" / "pins_l2"
 
 
 class FakeCuda:
-    """A CUDA library whose functions record their calls and return ``codes[name]`` (0: success)."""
+    """A CUDA library whose functions record their calls and return ``codes[name]`` (0: success); the
+    timing stream holds an access-policy window of ``window_bytes`` (0: none)."""
 
-    def __init__(self, names: dict[str, str], max_persisting: int = 4 << 20, codes: dict[str, int] | None = None) -> None:
+    def __init__(self, names: dict[str, str], max_persisting: int = 4 << 20, codes: dict[str, int] | None = None,
+                 window_bytes: int = 0) -> None:  # fmt: skip
         self.calls: list[tuple] = []
         self.codes = codes or {}
+        self.window_bytes = window_bytes
         for role, name in names.items():
             setattr(self, name, self._function(role, name, max_persisting))
 
@@ -32,6 +35,12 @@ class FakeCuda:
             if role == "attribute":
                 ctypes.cast(args[0], ctypes.POINTER(ctypes.c_int))[0] = max_persisting
                 self.calls.append((name, args[1], args[2]))
+            elif role == "get_stream_attribute":
+                window = bytearray(64)
+                window[0:8] = (0x7000).to_bytes(8, "little")  # base_ptr
+                window[8:16] = self.window_bytes.to_bytes(8, "little")  # num_bytes
+                ctypes.memmove(args[2], bytes(window), 64)
+                self.calls.append((name, args[0].value, args[1]))
             elif role == "stream_attribute":
                 self.calls.append((name, args[0].value, args[1], bytes(args[2].raw)))
             elif role == "set_limit":
@@ -52,30 +61,40 @@ def fake_stream(monkeypatch):
 
 @pytest.mark.parametrize("names", [_RUNTIME_API, _DRIVER_API], ids=["runtime", "driver"])
 def test_reset_clears_the_window_then_the_lines_then_the_carve_out(fake_stream, names):
-    library = FakeCuda(names)
+    library = FakeCuda(names, window_bytes=4 << 20)
     reset = PersistingL2Reset(torch.device("cuda", 1), (library, names, "fake"))
     assert reset.active and reset.max_persisting_bytes == 4 << 20
     assert library.calls == [(names["attribute"], 108, 1)]
     library.calls.clear()
     reset.reset()
     assert library.calls == [
-        (names["stream_attribute"], 0xABC0, 1, bytes(64)),  # the timing stream's window: 0 bytes
+        (names["get_stream_attribute"], 0xABC0, 1),  # the timing stream's window, as a solution left it
+        (names["stream_attribute"], 0xABC0, 1, bytes(64)),  # set to 0 bytes, normal hit and miss properties
         (names["reset"],),  # persisting lines back to normal
         (names["set_limit"], 6, 0),  # the carve-out back to 0
     ]
 
 
-def test_a_window_a_solution_wrote_into_the_buffer_is_zeroed_again(fake_stream):
+def test_a_stream_without_a_window_is_left_alone(fake_stream):
     library = FakeCuda(_RUNTIME_API)
     reset = PersistingL2Reset(torch.device("cuda", 0), (library, _RUNTIME_API, "fake"))
-    ctypes.memset(reset._window, 0xFF, 64)
+    library.calls.clear()
     reset.reset()
-    assert library.calls[-3][3] == bytes(64)
+    assert [c[0] for c in library.calls] == ["cudaStreamGetAttribute", "cudaCtxResetPersistingL2Cache", "cudaDeviceSetLimit"]
+
+
+def test_a_stream_that_takes_no_window_clears_the_runtime_error_and_goes_on(fake_stream):
+    library = FakeCuda(_RUNTIME_API, codes={"cudaStreamGetAttribute": 400})  # e.g. the legacy default stream
+    reset = PersistingL2Reset(torch.device("cuda", 0), (library, _RUNTIME_API, "fake"))
+    library.calls.clear()
+    reset.reset()
+    names = [c[0] for c in library.calls]
+    assert names == ["cudaStreamGetAttribute", "cudaGetLastError", "cudaCtxResetPersistingL2Cache", "cudaDeviceSetLimit"]
 
 
 @pytest.mark.parametrize("failing", ["cudaStreamSetAttribute", "cudaCtxResetPersistingL2Cache", "cudaDeviceSetLimit"])
 def test_a_failed_call_raises_and_names_it(fake_stream, failing):
-    library = FakeCuda(_RUNTIME_API, codes={failing: 801})
+    library = FakeCuda(_RUNTIME_API, codes={failing: 801}, window_bytes=64)
     reset = PersistingL2Reset(torch.device("cuda", 0), (library, _RUNTIME_API, "fake"))
     with pytest.raises(RuntimeError, match=f"{failing} failed with CUDA error 801"):
         reset.reset()
@@ -145,12 +164,15 @@ def _pinned_and_unpinned(monkeypatch, reset: bool) -> tuple[float, float, float]
     data = torch.ones(min(most * 3 // 4, 32 << 20) // 4, dtype=torch.float32, device=device)
     out = torch.empty((), dtype=torch.float32, device=device)
     results = {}
-    for persist in (True, False):
-        def call(i: int, persist: bool = persist) -> None:
-            pins.pin(data, persist)
-            torch.sum(data, dim=0, out=out)
+    # A stream of the test's own: the legacy default stream may take no access-policy window. The
+    # flush runs on it too, so the reset clears the window the attack sets there.
+    with torch.cuda.stream(torch.cuda.Stream(device)):
+        for persist in (True, False):
+            def call(i: int, persist: bool = persist) -> None:
+                pins.pin(data, persist)
+                torch.sum(data, dim=0, out=out)
 
-        results[persist] = bench(call, device, warmup=10, iterations=100, trials=5)
+            results[persist] = bench(call, device, warmup=10, iterations=100, trials=5)
     band = max(0.02, *((max(r.trial_medians_ms) - min(r.trial_medians_ms)) / r.mean_ms for r in results.values()))
     return results[True].mean_ms, results[False].mean_ms, band
 

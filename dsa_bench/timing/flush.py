@@ -96,11 +96,12 @@ _STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW = 1  # cudaStreamAttributeAccessPolicyWin
 #: all zero is an access-policy window of 0 bytes, hit and miss properties "normal"
 _STREAM_ATTR_VALUE_BYTES = 64
 
-#: the function names of each API, in the order PersistingL2Reset uses them
-_RUNTIME_API = {"attribute": "cudaDeviceGetAttribute", "reset": "cudaCtxResetPersistingL2Cache",
-                "set_limit": "cudaDeviceSetLimit", "stream_attribute": "cudaStreamSetAttribute"}  # fmt: skip
-_DRIVER_API = {"attribute": "cuDeviceGetAttribute", "reset": "cuCtxResetPersistingL2Cache",
-               "set_limit": "cuCtxSetLimit", "stream_attribute": "cuStreamSetAttribute"}  # fmt: skip
+#: the function names of each API (the driver keeps no "last error" to clear)
+_RUNTIME_API = {"attribute": "cudaDeviceGetAttribute", "reset": "cudaCtxResetPersistingL2Cache", "set_limit": "cudaDeviceSetLimit",
+                "get_stream_attribute": "cudaStreamGetAttribute", "stream_attribute": "cudaStreamSetAttribute",
+                "last_error": "cudaGetLastError"}  # fmt: skip
+_DRIVER_API = {"attribute": "cuDeviceGetAttribute", "reset": "cuCtxResetPersistingL2Cache", "set_limit": "cuCtxSetLimit",
+               "get_stream_attribute": "cuStreamGetAttribute", "stream_attribute": "cuStreamSetAttribute"}  # fmt: skip
 
 
 def _loaded_cudart() -> str | None:
@@ -137,10 +138,13 @@ class PersistingL2Reset:
     the carve-out (``cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, n)``), puts an access-policy
     window with a persisting hit property on its stream and reads its inputs once, keeps them
     through a streaming flush, because the flush's own accesses are normal ones and never evict
-    persisting lines. The reset turns every persisting line back into a normal one
-    (``cudaCtxResetPersistingL2Cache``), sets the carve-out back to 0 so that no access can persist
-    until the solution's next call sets it again, and clears the access-policy window of the
-    stream the harness times on. The flush that follows then evicts everything.
+    persisting lines. The reset clears the access-policy window of the stream the harness times on
+    (when it holds one; a stream that takes no window, as the legacy default stream may not, has
+    none to clear), turns every persisting line back into a normal one
+    (``cudaCtxResetPersistingL2Cache``) and sets the carve-out back to 0, so that no access can
+    persist until the solution's next call sets it again. The flush that follows then evicts
+    everything; a window left on another stream only steers that solution's accesses during its
+    own call, which find their data evicted.
 
     Every call is checked: a failure raises (the case ends as RUNTIME_ERROR), never a silent
     flush that may leave pinned lines. A device without a carve-out (max persisting size 0, as
@@ -169,8 +173,14 @@ class PersistingL2Reset:
     def reset(self) -> None:
         if not self.active:
             return
-        ctypes.memset(self._window, 0, _STREAM_ATTR_VALUE_BYTES)  # a solution may have written into it
         stream = ctypes.c_void_p(self._stream_of(self._device).cuda_stream)
-        self._check("stream_attribute", self._calls["stream_attribute"](stream, _STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW, self._window))
+        if self._calls["get_stream_attribute"](stream, _STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW, self._window) != 0:
+            # This stream takes no window, so none was set on it; the runtime's "last error" is cleared
+            # so that torch's next launch check does not report it.
+            if "last_error" in self._calls:
+                self._calls["last_error"]()
+        elif int.from_bytes(self._window.raw[8:16], "little"):  # the window's num_bytes (after its base_ptr)
+            ctypes.memset(self._window, 0, _STREAM_ATTR_VALUE_BYTES)  # a window of 0 bytes: none
+            self._check("stream_attribute", self._calls["stream_attribute"](stream, _STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW, self._window))
         self._check("reset", self._calls["reset"]())
         self._check("set_limit", self._calls["set_limit"](_LIMIT_PERSISTING_L2_CACHE_SIZE, ctypes.c_size_t(0)))
