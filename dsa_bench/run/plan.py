@@ -508,6 +508,8 @@ def secret_seed(resume: Path | None) -> int:
     if resume is None:
         return secrets.randbits(63)
     document = load_results(resume).document
+    if document.get("redacted"):
+        raise DsaBenchError("cannot resume a redacted results file (it holds no seeds or case details); resume the full one", str(resume))
     if not document.get("secret"):
         raise DsaBenchError("--secret cannot resume a public run; resume it without --secret", str(resume))
     seed = (document.get("settings") or {}).get("seed")
