@@ -113,3 +113,20 @@ def test_v32_scales_of_an_explicit_cache_must_be_powers_of_two():
     problems = definition.validate(axes, given, {})
     assert problems == [f"inputs.kv_cache: the record at slot {slot} has scale 0 = 0.30000001192092896; V3.2 scales must be "
                         "positive powers of two (FlashMLA casts them to bf16, exact only for powers of two)"]  # fmt: skip
+
+
+def test_the_rope_rotation_rounds_its_two_products_separately():
+    """The contract: e·c − o·s is round(round(e·c) − round(o·s)) in float32, never a fused multiply-add."""
+    from dsa_bench.definitions.kv_insert import rotate_rope
+
+    gen = torch.Generator().manual_seed(47)
+    rope = torch.randn(4096, 64, generator=gen).bfloat16()
+    positions = torch.arange(4096) % 512
+    angles = torch.rand(512, 32, generator=gen, dtype=torch.float64) * 6.3
+    cos_sin = torch.cat([angles.cos(), angles.sin()], dim=1).float()
+    got = rotate_rope(rope, positions, cos_sin)
+    e, o = rope.float()[:, 0::2], rope.float()[:, 1::2]
+    c, s = cos_sin[positions, :32], cos_sin[positions, 32:]
+    assert torch.equal(got[:, 0::2], (e * c) - (o * s)) and torch.equal(got[:, 1::2], (o * c) + (e * s))
+    fused = (e.double() * c.double() - (o * s).double()).float()  # one product kept exact, as an FMA does
+    assert not torch.equal(got[:, 0::2], fused), "an FMA rounds differently on some elements"
