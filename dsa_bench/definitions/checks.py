@@ -99,14 +99,16 @@ def bf16_ulp(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x != 0, torch.ldexp(torch.ones_like(x, dtype=torch.float32), exponent - 8), 0.0)
 
 
-def row_tolerances(reference: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+def row_tolerances(reference: torch.Tensor, noise: torch.Tensor, roundings: int = 1) -> torch.Tensor:
     """Per row (the last dim of ``reference`` is the row), the largest |out - reference| a correct
     kernel may show: one bf16 ulp of the row's largest |reference| (both sides round to bf16),
     plus ROW_TAIL_SIGMAS standard deviations of the error that probabilities rounded to bf16 before
     the value product leave, ``noise`` being ``max_d sqrt(Σ_j w_j² V_jd²)`` of the row (its softmax
-    weights w, sink included, and values V), plus ROW_ABS_FLOOR."""
+    weights w, sink included, and values V), plus ROW_ABS_FLOOR. ``roundings`` counts independent
+    bf16 roundings of that size (2 where split partials are kept in bf16 too): their errors add in
+    quadrature."""
     peak = reference.float().abs().amax(dim=-1)
-    return bf16_ulp(peak) + ROW_TAIL_SIGMAS * BF16_ROUNDING_RMS * noise.float() + ROW_ABS_FLOOR
+    return bf16_ulp(peak) + ROW_TAIL_SIGMAS * BF16_ROUNDING_RMS * math.sqrt(roundings) * noise.float() + ROW_ABS_FLOOR
 
 
 def compare_rows(name: str, out: torch.Tensor, ref: torch.Tensor, tolerance: torch.Tensor, skip: torch.Tensor | None = None,

@@ -31,6 +31,9 @@ LN2 = math.log(2.0)
 #: The largest softmax scale a case may give: 7.4 times the contest's, the largest the lse tolerance was
 #: measured at (docs/checks.md); far above, float32 logits overflow and no tolerance tells rounding from a defect.
 MAX_SM_SCALE = 1.0
+#: Independent bf16 roundings in a correct kernel's output (checks.row_tolerances): the probabilities, and the
+#: split partials, which split-K kernels may keep in bf16 (the shipped CUDA kernel does).
+PARTIAL_ROUNDINGS = 2
 
 
 def attend(
@@ -292,8 +295,8 @@ def check(inputs: Mapping[str, Value], outputs: Mapping[str, torch.Tensor], expe
         [
             _check_empty_tokens(inputs["sparse_indices"], outputs),
             compare_close("output", outputs["output"], expected["output"], tol),
-            compare_rows("output", outputs["output"], expected["output"], row_tolerances(expected["output"], expected["output_noise"]),
-                         skip=empty, row_label=lambda at: f"token {at[0]} head {at[1]}"),
+            compare_rows("output", outputs["output"], expected["output"], row_tolerances(expected["output"], expected["output_noise"],
+                         roundings=PARTIAL_ROUNDINGS), skip=empty, row_label=lambda at: f"token {at[0]} head {at[1]}"),
             compare_close("lse", outputs["lse"], expected["lse"], lse_tol, allow_neg_inf=empty),
         ]
     )
