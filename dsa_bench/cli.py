@@ -177,6 +177,10 @@ def run(
         if any(r.peer is not None for r in records):
             over = f"--speedup-over {plan.options.speedup_over}" if plan.options.speedup_over else "the fastest peer that passed each case"
             say(f"vs peer: that solution's latency over each solution's, measured against {over}")
+        from dsa_bench.results.roofline import roofline_table
+
+        if roofline := roofline_table(records):  # how close to the hardware, the timer and host time (docs/roofline.md)
+            say(roofline)
     if not (json_lines and quiet):
         say(breakdown_table(wall) if breakdown else f"{wall_time(wall)} (--breakdown shows where it went)")
     if not quiet:
@@ -195,12 +199,15 @@ def run(
         if plan.redacted_path is not None:
             say(f"redacted copy: {plan.redacted_path}")
     if json_lines:
+        from dsa_bench.results.roofline import summarize_roofline
+
         summary = {
             "workload": plan.workload.name,
             "complete": outcome.stopped_by is None,
             "interrupted_by": None if outcome.stopped_by is None else signal.Signals(outcome.stopped_by).name,
             "results": None if plan.save_path is None else str(plan.save_path),
             "solutions": [dataclasses.asdict(summarize(records, name)) for name in dict.fromkeys(r.solution for r in records)],
+            "roofline": [dataclasses.asdict(summarize_roofline(records, name)) for name in dict.fromkeys(r.solution for r in records)],
             "wall_breakdown": wall,
         }
         typer.echo(json.dumps({"summary": summary}))
@@ -378,8 +385,14 @@ def compare(
 
     if output_format not in ("table", "markdown"):
         raise DsaBenchError(f"--format {output_format!r}: choose table or markdown")
-    comparison = compare_results([load_results(p) for p in results], load_baseline(baseline), threshold, str(baseline))
+    loaded = [load_results(p) for p in results]
+    comparison = compare_results(loaded, load_baseline(baseline), threshold, str(baseline))
     typer.echo(render_comparison(comparison, output_format, all_cases))
+    if output_format == "markdown":
+        from dsa_bench.results.roofline import roofline_markdown
+
+        if section := roofline_markdown(loaded):  # how close the new results are to the hardware (docs/roofline.md)
+            typer.echo("\n" + section)
     if not comparison.ok:
         raise typer.Exit(EXIT_FAILED_CASES)
 
@@ -405,6 +418,35 @@ def export(
         raise DsaBenchError("the results hold no record to export as a trace", str(results))
     write_traces(exported, out, results)
     typer.echo(f"wrote {out}: {len(exported.traces)} flashinfer-bench traces")
+
+
+@app.command()
+def profile(
+    workload: str = typer.Option(..., "--workload", "-w", help="Workload name or path."),
+    solution: str = typer.Option(..., "--solution", "-s", help="Solution name or folder."),
+    case: str = typer.Option(..., "--case", "-c", help="The one case id (or a pattern matching exactly one)."),
+    nsys: bool = typer.Option(False, "--nsys", help="Nsight Systems instead of Nsight Compute: the case's kernel launches and times."),
+    input_set: int = typer.Option(0, "--input-set", help="Which of the run's input sets of the case (0 = the first correctness set)."),
+    warmup: int = typer.Option(3, "--warmup", help="Calls before the profiled one (compilation, autotuning, graph capture)."),
+    seed: int | None = typer.Option(None, help="Base seed (default: the workload's), as `run --seed`."),
+    device: str = typer.Option("auto", help="cuda or cuda:N (auto: the first CUDA device)."),
+) -> None:
+    """Profile one case of one solution under Nsight Compute (or --nsys: Nsight Systems): one call, with
+    the run's inputs, in an isolated process; the report goes to results/profile/ (docs/roofline.md)."""
+    from dsa_bench.project import find_root
+    from dsa_bench.run.profile import ProfileFailed, ProfileRequest, run_profile
+
+    if warmup < 0 or input_set < 0:
+        raise DsaBenchError("--warmup and --input-set must be >= 0")
+    request = ProfileRequest(workload=workload, solution=solution, case=case, nsys=nsys, input_set=input_set, warmup=warmup, seed=seed,
+                             device=device)  # fmt: skip
+    try:
+        outcome = run_profile(request, find_root())
+    except ProfileFailed as exc:
+        _err(f"profile failed: {exc}")
+        raise typer.Exit(EXIT_FAILED_CASES) from None
+    typer.echo(outcome.table)
+    typer.echo(f"report: {outcome.report} (parsed: {outcome.csv_path})")
 
 
 @app.command()

@@ -26,6 +26,10 @@ What the schema cannot hold is mapped (docs/flashinfer_bench.md has the table):
   out, and random inputs' generator parameters are dropped: the log names both.
 - timer, L2 flush, settings, tolerances, seeds, trial medians and spread, the solution's content
   hash and the message: lines of ``evaluation.log``.
+- the roofline (docs/roofline.md), the host wall time per call and the timer: ``correctness.extra``
+  (the schema's one open field; its Performance takes no other fields) as ``dsa_bench_roofline``,
+  ``dsa_bench_host_latency_ms`` and ``dsa_bench_timer`` (with ``dsa_bench_timer_fallback`` where CUPTI
+  was unavailable), and a log line each.
 """
 
 from __future__ import annotations
@@ -156,6 +160,14 @@ def _log(results: LoadedResults, record: CaseRecord, status: str, lost: list[str
             f"latency: {record.timing.mean_ms:.6g} ms, the mean of {len(record.timing.samples_ms)} trial medians [{medians}] ms; "
             f"spread {record.timing.spread:.3g}; fastest call {record.timing.min_ms:.6g} ms"
         )
+    if record.timing is not None and record.timing.host_samples_ms:
+        lines.append(f"host wall time per call: {record.timing.host_mean_ms:.6g} ms (launches and synchronisation included)")
+    if record.timing is not None and record.timing.timer_fallback:
+        lines.append(f"timer fallback: {record.timing.timer_fallback}")
+    if record.roofline is not None:
+        r = record.roofline
+        lines.append(f"roofline: {100 * r.fraction_of_roofline:.1f}% of the {r.bound} bound; {r.achieved_bandwidth / 1e9:.1f} GB/s of "
+                     f"{r.copy_bandwidth / 1e9:.0f} copy bandwidth, {r.achieved_tflops:.1f} TFLOPS ({r.peak_source})")  # fmt: skip
     if lost:
         lines.append("inputs flashinfer-bench cannot describe: " + "; ".join(lost))
     lines.append(f"seeds: {json.dumps(record.seeds, sort_keys=True)}")
@@ -181,6 +193,7 @@ def _evaluation(results: LoadedResults, record: CaseRecord, status: str, referen
             extra["dsa_bench_status"] = record.status.value
         if record.max_abs_error is None and record.max_rel_error is None:
             extra["errors_measured"] = False  # index outputs: dsa-bench judges them without an element error
+        extra.update(_timing_extras(record))
         if extra:
             correctness["extra"] = extra
         evaluation["correctness"] = correctness
@@ -192,6 +205,22 @@ def _evaluation(results: LoadedResults, record: CaseRecord, status: str, referen
             "speedup_factor": record.speedup if record.speedup is not None else 0.0,
         }
     return evaluation
+
+
+def _timing_extras(record: CaseRecord) -> dict[str, Any]:
+    """The roofline, host time and timer of a timed record, for ``correctness.extra`` (flashinfer-bench's
+    Performance ignores fields it does not define, so they cannot go there)."""
+    timing = record.timing
+    if timing is None or not (timing.timer_fallback or timing.host_samples_ms or record.roofline):
+        return {}  # results from before these fields: their traces stay as they were
+    extras: dict[str, Any] = {"dsa_bench_timer": timing.timer}
+    if timing.timer_fallback:
+        extras["dsa_bench_timer_fallback"] = timing.timer_fallback
+    if timing.host_samples_ms:
+        extras["dsa_bench_host_latency_ms"] = timing.host_mean_ms
+    if record.roofline is not None:
+        extras["dsa_bench_roofline"] = record.roofline.to_json()
+    return extras
 
 
 def export_traces(results_path: Path, root: Path) -> TraceExport:

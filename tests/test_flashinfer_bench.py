@@ -100,13 +100,14 @@ def test_shipped_triton_solution_imports_as_flashinfer_bench_imports_it(tmp_path
 
     monkeypatch.setenv("FIB_CACHE_PATH", str(tmp_path / "fib_cache"))
     assert len(packed) == len(load_solution(ROOT / "solutions" / "triton").entries)
-    # flashinfer-bench's Definition has no uint8 dtype, so the KV-insert and MLA-decode definitions
+    # flashinfer-bench's Definition has no uint8 dtype, so the KV-insert, MLA-decode and decode-step definitions
     # (uint8 caches) cannot be described to its builder; their packed solutions are still checked
     # for imports above
     expressible = [p for p in packed if not _has_uint8(get_definition(p.definition))]
     assert {p.definition for p in packed} - {p.definition for p in expressible} == {
         "dsa_kv_insert_v32_fp8", "dsa_kv_insert_v4_fp8", "dsa_kv_insert_v41_fp8",
         "dsa_mla_decode_v32_fp8", "dsa_mla_decode_v4_fp8", "dsa_mla_decode_v41_fp8",
+        "dsa_decode_step_v32", "dsa_decode_step_v4",
     }
     for item in expressible:
         op_type = item.definition.split("_fp8")[0]  # dsa_topk_indexer, dsa_sparse_attention

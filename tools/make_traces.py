@@ -16,6 +16,12 @@ The contest's real traces are not public. These follow their published distribut
   b 2/64/74/128, block size 64); mla_decode_{v32,v4,v41}_{mix,smoke}: its correctness grid, sampled, and
   tiny CPU cases (issue 21), the smoke ones with a case of repeated ids per row (issue 47). Cache sizes and page
   strides come from the record descriptors.
+- mla_decode_{v32,v4}_{tp8,tp4}: a TP8 / TP4 GPU's decode (h_q 16 / 32, s_q 1 and 2, b 1..128, topk 2048,
+  s_k 32K-128K); mla_decode_v4_topk{512,1024}: V4's selection sizes at h_q 128 and 16; the mixes end with
+  tiny cases of those and of extreme sinks (issue 46).
+- decode_step_{v32,v4}_{h128,tp8}: one DSA decode step (insert, indexer, top-k, sparse decode) at production
+  shapes (h_q 128 / 16, s_q 1 and 2, b 1..128, contexts 8K-128K); decode_step_{v32,v4}_{smoke,mix}: CPU-sized
+  cases with rows longer and shorter than the top-k, empty rows and -1 slots (issue 51).
 
 Usage: python tools/make_traces.py [--out traces]
 """
@@ -260,10 +266,11 @@ MLA_SPARE_PAGES = 2
 
 
 def _mla_case(cid: str, fmt: KvRecordFormat, b: int, s_q: int, h_q: int, topk: int, s_k: int, block_size: int,
-              padded: bool = False, sink_off: bool = False, indices: dict | None = None, short_lengths: int = 0) -> dict:
+              padded: bool = False, sink_off: bool = False, indices: dict | None = None, short_lengths: int = 0,
+              sink_value: float | None = None) -> dict:  # fmt: skip
     """One decode case. The cache holds MLA_SLOTS_PER_TOKEN slots for each token the rows may reference, plus
     spare pages; ``padded``: one TMA row past the descriptor's page stride; ``short_lengths``: sequences with
-    topk_length < topk (V4/V4.1 only)."""
+    topk_length < topk (V4/V4.1 only); ``sink_value``: every head's sink."""
     tokens = b * min(s_k, s_q * min(topk, s_k))
     axes = {"b": b, "s_q": s_q, "h_q": h_q, "topk": topk, "s_k": s_k,
             "num_blocks": -(-MLA_SLOTS_PER_TOKEN * tokens // block_size) + MLA_SPARE_PAGES, "block_size": block_size,
@@ -275,6 +282,8 @@ def _mla_case(cid: str, fmt: KvRecordFormat, b: int, s_q: int, h_q: int, topk: i
         inputs["topk_length"] = {"type": "random", "params": {"short": short_lengths}}
     if sink_off:
         inputs["attn_sink"] = {"type": "random", "params": {"off": True}}
+    if sink_value is not None:
+        inputs["attn_sink"] = {"type": "random", "params": {"value": sink_value}}
     return {"id": cid, "axes": axes, "inputs": inputs}
 
 
@@ -360,6 +369,107 @@ def mla_decode_repeated_ids(fmt: KvRecordFormat) -> list[dict]:
     rows = _repeated_rows(capacity, 2, 2, 64, np.random.default_rng(20260447))
     case["inputs"]["indices"] = {"type": "explicit", "values": rows}
     return [case]
+#: Query heads per GPU of a 128-head model under tensor parallelism (issue 46).
+MLA_TP_HEADS = {"tp8": 16, "tp4": 32}
+MLA_TP_BATCHES = (1, 8, 32, 64, 128)
+#: Context per sequence at each batch: 128K at the smallest batches, then shorter as the batch grows, so that
+#: the largest batches hold about 4M cached tokens per GPU (the sizes span 32K-128K).
+MLA_TP_CONTEXTS = {1: 131072, 8: 131072, 32: 65536, 64: 65536, 128: 32768}
+#: DeepSeek-V4's two selection sizes.
+MLA_V4_TOPKS = (512, 1024)
+#: Extreme sinks of the CPU mixes: huge and tiny against every lse, past exp's float32 range (88.8), and past
+#: FLT_MAX / log2(e) (3e38), where a sink converted to the log2 domain overflows to +inf.
+MLA_EXTREME_SINKS = {"1e4": 1e4, "neg1e4": -1e4, "88.8": 88.8, "1e30": 1e30, "3e38": 3e38, "neg3e38": -3e38}
+
+
+def _tp_cases(fmt: KvRecordFormat, h_q: int, topk: int, s_qs: tuple[int, ...]) -> list[dict]:
+    return [_mla_case(f"b{b}_sq{s_q}_k{topk}_sk{MLA_TP_CONTEXTS[b] // 1024}k_h{h_q}", fmt, b, s_q, h_q, topk, MLA_TP_CONTEXTS[b], 64)
+            for s_q in s_qs for b in MLA_TP_BATCHES]  # fmt: skip
+
+
+def mla_decode_tp(fmt: KvRecordFormat, h_q: int) -> list[dict]:
+    """A TP8 (h_q 16) or TP4 (h_q 32) GPU's decode: s_q 1 and 2, b 1/8/32/64/128, topk 2048, s_k 32K-128K per
+    sequence (MLA_TP_CONTEXTS), block size 64, sink on."""
+    return _tp_cases(fmt, h_q, 2048, (1, 2))
+
+
+def mla_decode_v4_topk(topk: int) -> list[dict]:
+    """V4 at its models' selection sizes: FlashMLA's production shapes at h_q 128 (s_q 2, s_k 32768, b
+    2/64/74/128) and a TP8 GPU's (h_q 16, s_q 2, b 1/8/32/64/128, s_k 32K-128K); block size 64, sink on."""
+    full = [_mla_case(f"b{b}_sq2_k{topk}_h128", V4, b, 2, 128, topk, 32768, 64) for b in MLA_PRODUCTION_BATCHES]
+    return full + _tp_cases(V4, 16, topk, (2,))
+
+
+def mla_decode_mix_heads(fmt: KvRecordFormat) -> list[dict]:
+    """Tiny cases of the 16/32-head, MTP and top-512/1024 workloads and of extreme sinks, for the CPU
+    (interpreter) suite: every one with empty rows, the sinks one value for every head."""
+    cases = [
+        _mla_case("tiny_b2_sq1_k64_sk256_bs64_h16_empty", fmt, 2, 1, 16, 64, 256, 64, indices={"empty_rows": 1}),
+        _mla_case("tiny_b2_sq2_k128_sk300_bs61_h32_empty_short_padded", fmt, 2, 2, 32, 128, 300, 61, padded=True,
+                  indices={"empty_rows": 1, "short_rows": 1, "padding": "scattered"}, short_lengths=1),
+        _mla_case("tiny_b1_sq4_k64_sk256_bs64_h16_mtp_empty", fmt, 1, 4, 16, 64, 256, 64, indices={"empty_rows": 2}),
+        _mla_case("tiny_b2_sq1_k512_sk1024_bs64_h16_empty", fmt, 2, 1, 16, 512, 1024, 64, indices={"empty_rows": 1}),
+        _mla_case("tiny_b1_sq2_k1024_sk2048_bs64_h16_empty", fmt, 1, 2, 16, 1024, 2048, 64, indices={"empty_rows": 1}),
+    ]
+    heads = {"1e4": 16, "neg1e4": 16, "88.8": 32, "1e30": 16, "3e38": 64, "neg3e38": 16}  # 64: the CUDA kernel's too
+    for name, value in MLA_EXTREME_SINKS.items():
+        h_q = heads[name]
+        cases.append(_mla_case(f"tiny_b2_sq2_k64_sk256_bs64_h{h_q}_empty_sink_{name}", fmt, 2, 2, h_q, 64, 256, 64,
+                               indices={"empty_rows": 2}, sink_value=value))
+    return cases
+
+
+#: Decode step (issue 51): (b, context) pairs of the production workloads. Every sequence holds the whole
+#: context, so the indexer scores b x context keys and the MLA cache holds as many records (at most 4M tokens:
+#: 2.75 GB of V3.2 records per input set).
+STEP_SHAPES = ((1, 8192), (1, 131072), (8, 131072), (32, 65536), (64, 32768), (128, 8192), (128, 32768))
+STEP_FORMATS = {"v32": V32, "v4": V4}
+STEP_HEADS = {"h128": 128, "tp8": 16}
+#: Pages no sequence owns (their bytes stay NaN): block-table padding points there.
+STEP_SPARE_PAGES = 4
+
+
+def _step_case(cid: str, fmt: KvRecordFormat, s_q: int, h_q: int, seq_lens: list[int], max_len: int | None = None,
+               padded: bool = False, skip: int = 0, sink_off: bool = False) -> dict:  # fmt: skip
+    """One decode-step case with explicit seq_lens; pages for every sequence's whole table plus spare ones."""
+    b = len(seq_lens)
+    max_pages = -(-(max_len or max(max(seq_lens), 1)) // PAGE)
+    axes = {"b": b, "s_q": s_q, "h_q": h_q, "max_num_pages": max_pages, "num_blocks": b * max_pages + STEP_SPARE_PAGES,
+            "page_bytes": fmt.page_stride(PAGE) + (fmt.tma_stride if padded else 0)}
+    if fmt is not V32:
+        axes["max_position"] = max_pages * PAGE
+    inputs: dict = {"seq_lens": {"type": "explicit", "values": seq_lens}}
+    if skip:
+        inputs["slot_mapping"] = {"type": "random", "params": {"skip": skip}}
+    if sink_off:
+        inputs["attn_sink"] = {"type": "random", "params": {"off": True}}
+    return {"id": cid, "axes": axes, "inputs": inputs}
+
+
+def decode_step_production(fmt: KvRecordFormat, h_q: int) -> list[dict]:
+    """Production decode steps: s_q 1 and 2, (b, context) from STEP_SHAPES, every sequence at the full context."""
+    return [_step_case(f"b{b}_sq{s_q}_ctx{ctx // 1024}k_h{h_q}", fmt, s_q, h_q, [ctx] * b)
+            for s_q in (1, 2) for b, ctx in STEP_SHAPES]  # fmt: skip
+
+
+def decode_step_smoke(fmt: KvRecordFormat) -> list[dict]:
+    """CPU-sized steps: rows longer and shorter than the top-k, an empty sequence, a -1 slot, a sequence of one
+    token at s_q 2 (its first query row sees nothing)."""
+    return [
+        _step_case("smoke_b2_sq1_h16_scored_and_short", fmt, 1, 16, [3000, 1500]),
+        _step_case("smoke_b3_sq2_h32_empty_skip", fmt, 2, 32, [2100, 0, 2049], skip=1),
+        _step_case("smoke_b1_sq2_h16_one_token_sink_off", fmt, 2, 16, [1], max_len=128, sink_off=True),
+    ]
+
+
+def decode_step_mix(fmt: KvRecordFormat) -> list[dict]:
+    """Small mixes for CPU or GPU: ragged lengths around the top-k and page boundaries, padded page strides,
+    h_q 64 and 128, -1 slots."""
+    return [
+        _step_case("mix_b4_sq2_h64_ragged_padded", fmt, 2, 64, [4096, 2048, 2049, 63], padded=True, skip=2),
+        _step_case("mix_b5_sq1_h128_boundaries", fmt, 1, 128, [2112, 2111, 64, 0, 4000]),
+        _step_case("mix_b2_sq2_h16_long", fmt, 2, 16, [8192, 5824]),
+    ]
 
 
 def write(path: Path, cases: list[dict]) -> None:
@@ -387,8 +497,17 @@ def main(out: Path = typer.Option(TRACES, help="Folder to write the traces into.
         if fmt is not V41:  # FlashMLA runs V4.1 only on SM100: no production workload for the H200
             for h_q in (128, 64):
                 write(out / f"mla_decode_{name}_h{h_q}.jsonl", mla_decode_production(fmt, h_q))
-        write(out / f"mla_decode_{name}_mix.jsonl", mla_decode_mix(fmt))
+            for tp, h_q in MLA_TP_HEADS.items():
+                write(out / f"mla_decode_{name}_{tp}.jsonl", mla_decode_tp(fmt, h_q))
+        write(out / f"mla_decode_{name}_mix.jsonl", mla_decode_mix(fmt) + mla_decode_mix_heads(fmt))
         write(out / f"mla_decode_{name}_smoke.jsonl", mla_decode_smoke(fmt) + mla_decode_repeated_ids(fmt))
+    for topk in MLA_V4_TOPKS:
+        write(out / f"mla_decode_v4_topk{topk}.jsonl", mla_decode_v4_topk(topk))
+    for name, fmt in STEP_FORMATS.items():
+        for heads, h_q in STEP_HEADS.items():
+            write(out / f"decode_step_{name}_{heads}.jsonl", decode_step_production(fmt, h_q))
+        write(out / f"decode_step_{name}_smoke.jsonl", decode_step_smoke(fmt))
+        write(out / f"decode_step_{name}_mix.jsonl", decode_step_mix(fmt))
 
 
 if __name__ == "__main__":

@@ -313,6 +313,12 @@ def sweep(entry, config_mod, shape: Shape, candidates: Candidates, ref, args, sm
          if not (c == "barrier" and units * s > sms)],
         [dataclasses.replace(best, partial_dtype=d) for d in ("fp32", "bf16")],
     ]  # fmt: skip
+    if shape.h_q < config_mod.DESIGN_BLOCK_H:  # 16 or 32 heads: a small accumulator, so fewer warps and more
+        # programs per SM are in reach, and splits past the one-program-per-SM cost model's choice
+        knobs.insert(0, [dataclasses.replace(best, num_warps=w) for w in (2, 4, 8)])
+        knobs.append([DecodeConfig(**{**dataclasses.asdict(best), "splits": s, "combine": c})
+                      for s in (1, 2, 4, 8, 16, 32) if s not in split_options
+                      for c in (("none",) if s == 1 else ("last", "two_launch"))])
     if args.more_knobs:  # 16 warps (acc 64 registers, but 128 per thread at most: ~1 KB spilled), 3 stages
         knobs += [[dataclasses.replace(best, num_warps=16)], [dataclasses.replace(best, num_stages=3)]]
     for options in knobs:

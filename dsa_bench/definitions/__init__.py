@@ -12,7 +12,7 @@ import importlib
 from dsa_bench.definitions.base import Definition
 from dsa_bench.errors import DsaBenchError
 
-_BUILTIN_MODULES = ("indexer", "sparse_attention", "kv_insert", "mla_decode")
+_BUILTIN_MODULES = ("indexer", "sparse_attention", "kv_insert", "mla_decode", "decode_step")
 _extra: dict[str, Definition] = {}
 
 

@@ -127,6 +127,14 @@ CheckFn = Callable[[Mapping[str, Value], Mapping[str, torch.Tensor], Any, Tolera
 MinTrafficFn = Callable[[Mapping[str, int], Mapping[str, Value]], int]
 
 
+UsefulFlopsFn = Callable[[Mapping[str, int], Mapping[str, Value]], int]
+
+
+#: the tensor-core precisions a definition's math can run in (``Definition.math_precision``); the
+#: roofline takes the device's dense peak of that precision (dsa_bench.results.roofline)
+MATH_PRECISIONS = ("bf16", "fp8")
+
+
 @dataclass(frozen=True)
 class Definition:
     """A kernel contract.
@@ -143,6 +151,12 @@ class Definition:
     definition has it, is a lower bound on the bytes any correct kernel moves between DRAM and
     the chip for one call on these inputs (the distinct bytes it must read plus those it must
     write), for judging whether a measured time is physically possible.
+    ``useful_flops(axes, inputs)``, where a definition has it, counts the tensor-core FLOPs of
+    the call's matrix products on these inputs (2 per multiply-add, only over entries the
+    contract makes a kernel compute: padding, passthrough rows and the like count 0), and
+    ``math_precision`` names the precision those products run in on a tensor core (one of
+    ``MATH_PRECISIONS``; None for a definition that does no matrix math). Together with
+    ``min_traffic_bytes`` they place a measured time on the device's roofline (docs/roofline.md).
     """
 
     name: str
@@ -161,9 +175,25 @@ class Definition:
     key_axes: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     min_traffic_bytes: MinTrafficFn | None = None
+    useful_flops: UsefulFlopsFn | None = None
+    math_precision: str | None = None
+    #: outputs nobody passes to the solution: what a call left in inputs it updates in place (a KV cache a
+    #: decode step writes), read back by ``observe(inputs)`` after the call, outside any timed span, and
+    #: judged like outputs (shape, dtype, then ``check``)
+    observed: tuple[TensorSpec, ...] = ()
+    observe: Callable[[Mapping[str, Value]], dict[str, torch.Tensor]] | None = None
     #: this definition's own tolerance defaults, for every tolerance a workload's settings leave out
     #: (None: Tolerance's); the decode's lse is a natural log and has its own derived lse_atol
     tolerance: Tolerance | None = None
+
+    @property
+    def checked_outputs(self) -> tuple[TensorSpec, ...]:
+        """The outputs the harness judges: the solution's, then the observed ones."""
+        return (*self.outputs, *self.observed)
+
+    def observed_values(self, inputs: Mapping[str, Value]) -> dict[str, torch.Tensor]:
+        """``observe(inputs)`` after a call (nothing for a definition without observed outputs)."""
+        return self.observe(inputs) if self.observe is not None else {}
 
     def axes(self, var_values: Mapping[str, int]) -> dict[str, int]:
         return {**self.const_axes, **var_values}

@@ -579,6 +579,17 @@ def min_traffic_bytes(axes: Mapping[str, int], inputs: Mapping[str, Value]) -> i
     return reads + OUTPUT_ROW_BYTES * batch
 
 
+def useful_flops(axes: Mapping[str, int], inputs: Mapping[str, Value]) -> int:
+    """Tensor-core FLOPs of the scores: ``2 · 64 · 128 · L`` for every row with L > 2048 tokens
+    (the FP8 products of its 64 head queries with each of its L keys).
+
+    A passthrough row (L <= 2048) selects all its tokens without scoring them: 0 FLOPs. The
+    ReLU, the weighted sum over heads and the top-k selection are not tensor-core math and are
+    not counted (they are small next to the products: 64 multiply-adds per token against 8192).
+    """
+    return sum(2 * NUM_HEADS * HEAD_DIM * n for n in inputs["seq_lens"].tolist() if n > TOPK)
+
+
 DEFINITION = Definition(
     name=NAME,
     description="Lightning indexer: FP8 scores of every cached token, then the 2048 best as physical ids.",
@@ -618,4 +629,6 @@ DEFINITION = Definition(
         "Block-table entries past a row's first ceil(seq_len/64) are never read: they may hold any int32 (-1, a page no row owns).",
     ),
     min_traffic_bytes=min_traffic_bytes,
+    useful_flops=useful_flops,
+    math_precision="fp8",  # the score products run as FP8 MMA (solutions/triton/indexer/score.py, DeepGEMM's peers)
 )

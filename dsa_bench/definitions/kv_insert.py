@@ -224,6 +224,10 @@ class _Family:
             reads += 8 * written + 4 * ROPE_DIMS * int(torch.unique(inputs["positions"][keep]).numel())
         return reads + self.fmt.bytes_per_token * written
 
+    def useful_flops(self, axes: Mapping[str, int], inputs: Mapping[str, Value]) -> int:
+        """0: quantizing and inserting records is no tensor-core math; the roofline is the bytes alone."""
+        return 0
+
 
 def _slot_problems(slots: torch.Tensor, capacity: int) -> list[str]:
     bad = (slots < -1) | (slots >= capacity)
@@ -344,6 +348,8 @@ def _definition(fmt: KvRecordFormat, name: str) -> Definition:
             "place is not detected by this definition.",
         ),
         min_traffic_bytes=family.min_traffic_bytes,
+        useful_flops=family.useful_flops,
+        math_precision=None,  # memory only
     )
 
 

@@ -23,9 +23,11 @@ V4 and V4.1 pages are structure-of-arrays pages whose shape "lies", as in FlashM
 int32`` (-1 invalid, anywhere in the row; never any other value outside ``[0, num_blocks * block_size)``);
 ``sm_scale``; ``attn_sink [h_q] f32``; for V4/V4.1 only ``topk_length [b] int32`` (entries ``j >=
 topk_length[b]`` are ignored, whatever they hold). Outputs ``out [b, s_q, h_q, 512] bf16`` and ``lse
-[b, s_q, h_q] f32``. Legal shapes follow FlashMLA's SM90 asserts: ``h_q`` 64 or 128, ``topk`` a multiple
-of 64, the page stride a multiple of the format's TMA stride, ``num_blocks * page_bytes / tma_stride <=
-INT32_MAX``.
+[b, s_q, h_q] f32``. Legal shapes: ``h_q`` 16, 32, 64 or 128 (FlashMLA's 64 and 128, and the heads per
+GPU of a 128-head model under tensor parallelism over 8 or 4 GPUs, which serving engines pad to 64 for
+FlashMLA), ``s_q`` 1 to 4 (the next token and up to three MTP drafts), and FlashMLA's SM90 asserts:
+``topk`` a multiple of 64, the page stride a multiple of the format's TMA stride, ``num_blocks *
+page_bytes / tma_stride <= INT32_MAX``.
 
 Generated inputs (:func:`_Decode.generate`): ``q`` is N(0, 1) in bf16; each row draws ``min(topk, s_k)``
 distinct positions of its sequence's ``s_k`` context tokens (fewer for ``short_rows``, none for
@@ -40,7 +42,9 @@ V3.2's fp32 scales to bf16, exact only for powers of two); they are written only
 entry points to. Every other byte is NaN-producing: e4m3 0x7F in the values, bf16 NaN in the RoPE
 dims, fp32 NaN or UE8M0 0xFF in the scales, so a kernel that reads a wrong slot, a wrong page, or an
 entry past ``topk_length`` produces NaN and fails. ``attn_sink`` is ``ln(min(topk, s_k)) + 2·N(0, 1)``
-per head, about the rows' lse so the sink visibly matters, with a quarter of the heads ``-inf``.
+per head, about the rows' lse so the sink visibly matters, with a quarter of the heads ``-inf``; with
+``off`` every head ``-inf``; with ``value`` every head that number (any float32-finite value: the
+extreme-sink cases use 1e4, -1e4, 88.8, 1e30 and 3e38, past where a log2-domain sink overflows).
 
 Checks (:func:`check`; docs/checks.md): a row is empty when its indices count no entry, and then holds out exactly 0
 and lse exactly +inf. Elsewhere ``out`` is compared element-wise with ``atol``/``rtol`` (an element fails only when
@@ -70,6 +74,7 @@ from dsa_bench.definitions.base import (
     Tolerance,
     Value,
     integer_param,
+    is_finite_number,
     unknown_params,
 )
 from dsa_bench.definitions.checks import compare_close, compare_rows, row_tolerances, worst
@@ -85,7 +90,11 @@ from dsa_bench.definitions.kv_records import (
 from dsa_bench.definitions.status import CheckResult, Status
 
 D_V = 512
-HEAD_COUNTS = (64, 128)
+#: Query heads per GPU: FlashMLA's 64 and 128, and the 16 and 32 of a 128-head model under tensor
+#: parallelism over 8 and 4 GPUs (the ``flashmla`` peer pads those to 64, as serving engines do).
+HEAD_COUNTS = (16, 32, 64, 128)
+#: Query tokens per sequence: 1, or the next token plus up to 3 multi-token-prediction drafts.
+MAX_S_Q = 4
 TOPK_MULTIPLE = 64
 SCALE_CONVENTION: ScaleConvention = "flashmla"
 #: A UE8M0 scale byte that decodes to NaN (2^128 in kernels that build the float from the byte).
@@ -292,17 +301,20 @@ def draw_topk_length(axes: Mapping[str, int], p: Mapping[str, Any], rng: InputRn
 
 
 def draw_sink(axes: Mapping[str, int], p: Mapping[str, Any], rng: InputRng) -> torch.Tensor:
-    """All -inf with ``off``; else ln(min(topk, s_k)) + 2·N(0, 1), a quarter of the heads -inf."""
+    """All -inf with ``off``; every head ``value`` when given; else ln(min(topk, s_k)) + 2·N(0, 1), a
+    quarter of the heads -inf."""
     h = axes["h_q"]
     if p.get("off", False):
         return torch.full((h,), float("-inf"), dtype=torch.float32, device=rng.device)
+    if "value" in p:
+        return torch.full((h,), float(p["value"]), dtype=torch.float32, device=rng.device)
     sink = math.log(min(axes["topk"], axes["s_k"])) + SINK_SPREAD * rng.randn(h)
     off = torch.rand(h, generator=rng.values, device=rng.device) < SINK_OFF_FRACTION
     return sink.masked_fill(off, float("-inf"))
 
 
 #: The generator parameters each random input takes (the others take none).
-GENERATOR_PARAMS = {"indices": ("empty_rows", "short_rows", "padding"), "topk_length": ("short",), "attn_sink": ("off",)}
+GENERATOR_PARAMS = {"indices": ("empty_rows", "short_rows", "padding"), "topk_length": ("short",), "attn_sink": ("off", "value")}
 
 
 @dataclass(frozen=True)
@@ -355,7 +367,10 @@ class _Decode:
         b, s_q, h_q, topk, s_k = axes["b"], axes["s_q"], axes["h_q"], axes["topk"], axes["s_k"]
         blocks, bs, page = axes["num_blocks"], axes["block_size"], axes["page_bytes"]
         if h_q not in HEAD_COUNTS:
-            problems.append(f"axes.h_q = {h_q} must be 64 or 128 (FlashMLA's sparse decode heads)")
+            problems.append(f"axes.h_q = {h_q} must be one of {', '.join(map(str, HEAD_COUNTS))} (FlashMLA's 64 and 128, and "
+                            "128 heads split over 8 or 4 GPUs)")
+        if not 1 <= s_q <= MAX_S_Q:
+            problems.append(f"axes.s_q = {s_q} must be in [1, {MAX_S_Q}] (the next token and up to {MAX_S_Q - 1} MTP drafts)")
         if topk % TOPK_MULTIPLE:
             problems.append(f"axes.topk = {topk} must be a multiple of {TOPK_MULTIPLE}")
         packed = fmt.packed_page_bytes(bs)
@@ -415,8 +430,16 @@ class _Decode:
         shorter = integer_param(params.get("topk_length", {}), "topk_length", "short", 0, problems)
         if shorter is not None and not 0 <= shorter <= axes["b"]:
             problems.append(f"topk_length.params.short = {shorter} must be in [0, b = {axes['b']}]")
-        if not isinstance(params.get("attn_sink", {}).get("off", False), bool):
+        sink = params.get("attn_sink", {})
+        if not isinstance(sink.get("off", False), bool):
             problems.append("attn_sink.params.off must be true or false")
+        if "value" in sink:
+            value = sink["value"]
+            if not is_finite_number(value) or abs(float(value)) > torch.finfo(torch.float32).max:
+                problems.append(f"attn_sink.params.value = {value!r} must be a number finite in float32 (every head's sink; "
+                                "for no sink use off: true)")
+            elif sink.get("off", False):
+                problems.append("attn_sink.params: value and off: true contradict each other; give one")
         return problems
 
     # ------------------------------------------------------------------ checking and traffic
@@ -445,6 +468,18 @@ class _Decode:
         distinct = int(torch.unique(indices[mask]).numel())
         reads = 4 * entries + (4 * b if topk_length is not None else 0) + 2 * h_q * fmt.d_qk * rows_used + record * distinct + 4 * h_q
         return reads + (2 * D_V + 4) * h_q * b * s_q
+
+    def useful_flops(self, axes: Mapping[str, int], inputs: Mapping[str, Value]) -> int:
+        """Tensor-core FLOPs: ``2 · h_q · (d_qk + 512)`` per counted entry (Q·Kᵀ over d_qk dims,
+        then P·V over the 512 value dims, for each head).
+
+        Counted entries are those >= 0 and, in V4/V4.1, left of ``topk_length`` (:func:`counted`),
+        not ``b · s_q · topk``: a -1 entry or one past a row's length needs no math. FlashMLA quotes
+        its TFLOPS over all ``topk`` entries; on inputs without padding the two agree. The softmax
+        and the sink are not tensor-core math and are not counted.
+        """
+        valid = int(counted(inputs["indices"], inputs.get("topk_length")).sum())
+        return 2 * axes["h_q"] * (self.fmt.d_qk + D_V) * valid
 
 
 def _explicit_indices_problems(indices: torch.Tensor, capacity: int) -> list[str]:
@@ -560,6 +595,10 @@ def _definition(fmt: KvRecordFormat, name: str) -> Definition:
         ),
         min_traffic_bytes=family.min_traffic_bytes,
         tolerance=Tolerance(lse_atol=LSE_ATOL),
+        useful_flops=family.useful_flops,
+        # the FP8 records are dequantized to bf16 in shared memory and both products run as bf16
+        # MMA (solutions/triton/decode/csrc/decode_sm90.cu, FlashMLA's sparse decode likewise)
+        math_precision="bf16",
     )
 
 

@@ -333,6 +333,17 @@ def min_traffic_bytes(axes: Mapping[str, int], inputs: Mapping[str, Value]) -> i
     return reads + OUTPUT_TOKEN_BYTES * tokens
 
 
+def useful_flops(axes: Mapping[str, int], inputs: Mapping[str, Value]) -> int:
+    """Tensor-core FLOPs: ``2 · 16 · ((512 + 64) + 512)`` per valid index of every token (Q·Kᵀ over
+    the ckv and kpe dims, then P·V over the 512 ckv dims, for each of the 16 heads).
+
+    Only valid (>= 0) indices count: a -1 slot needs no math, whatever a kernel does with it.
+    The softmax is not tensor-core math and is not counted.
+    """
+    valid = int((inputs["sparse_indices"] >= 0).sum())
+    return 2 * NUM_HEADS * (CKV_DIM + KPE_DIM + CKV_DIM) * valid
+
+
 DEFINITION = Definition(
     name=NAME,
     description="Sparse MLA attention of 16 heads over up to 2048 selected cache slots (base-2 lse).",
@@ -365,4 +376,6 @@ DEFINITION = Definition(
         "A token with no valid index must have output exactly 0 and lse exactly -inf (no tolerance).",
     ),
     min_traffic_bytes=min_traffic_bytes,
+    useful_flops=useful_flops,
+    math_precision="bf16",  # bf16 operands, fp32 accumulation (solutions/triton/attention/csrc/attention_sm90.cu)
 )

@@ -31,6 +31,7 @@ from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import check_document, check_output_path, has_json_format, read_json, write_atomic
 from dsa_bench.models import ClosedModel, Name, OpenModel
+from dsa_bench.results.roofline import Roofline, RooflineModel
 from dsa_bench.timing.base import harness_latency_ms, trial_medians_ms
 
 RESULTS_FORMAT = "dsa-bench-results"
@@ -47,6 +48,20 @@ class Timing:
     samples_ms: list[list[float]]
     #: per trial, SM/memory clocks read after warm-up and after the timed calls
     clocks: list[dict[str, Any]] = field(default_factory=list)
+    #: per trial, the host's wall time of the same timed calls: from just before each call to just after the
+    #: device synchronisation that ends it (launch overhead included; the flush and preparation not)
+    host_samples_ms: list[list[float]] = field(default_factory=list)
+    #: why this run did not time with CUPTI (``--timer auto`` fell back to CUDA events); None when it did not fall back
+    timer_fallback: str | None = None
+
+    @property
+    def host_mean_ms(self) -> float:
+        """The host wall time per call, by the harness's statistic (mean of the trial medians)."""
+        return harness_latency_ms(self.host_samples_ms)
+
+    @property
+    def host_median_ms(self) -> float:
+        return statistics.median([x for s in self.host_samples_ms for x in s])
 
     @property
     def trial_medians_ms(self) -> list[float]:
@@ -81,11 +96,23 @@ class Timing:
             "trial_medians_ms": self.trial_medians_ms,
             "samples_ms": self.samples_ms,
             "clocks": self.clocks,
+            **({"timer_fallback": self.timer_fallback} if self.timer_fallback else {}),
+            **(
+                {"host_mean_ms": self.host_mean_ms, "host_median_ms": self.host_median_ms, "host_samples_ms": self.host_samples_ms}
+                if self.host_samples_ms
+                else {}
+            ),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Timing:
-        return cls(timer=data["timer"], samples_ms=data["samples_ms"], clocks=data.get("clocks", []))
+        return cls(
+            timer=data["timer"],
+            samples_ms=data["samples_ms"],
+            clocks=data.get("clocks", []),
+            host_samples_ms=data.get("host_samples_ms", []),
+            timer_fallback=data.get("timer_fallback"),
+        )
 
     def min_sm_clock_mhz(self) -> int | None:
         readings = [c[k]["sm_mhz"] for c in self.clocks for k in ("after_warmup", "after_timing") if c.get(k)]
@@ -116,6 +143,9 @@ class CaseRecord:
     phases_s: dict[str, float] = field(default_factory=dict)
     #: the index of the device it ran on among the run's devices (``environment.gpus``); None on a one-device run
     gpu: int | None = None
+    #: where the timed record sits on the device's roofline (dsa_bench.results.roofline); None when untimed
+    #: or when the definition declares neither minimum bytes nor FLOPs
+    roofline: Roofline | None = None
 
     @property
     def passed(self) -> bool:
@@ -130,6 +160,10 @@ class CaseRecord:
         data = asdict(self)
         data["status"] = self.status.value
         data["timing"] = self.timing.to_json() if self.timing else None
+        if self.roofline is None:
+            del data["roofline"]  # files of runs that place no record keep their shape
+        else:
+            data["roofline"] = self.roofline.to_json()
         return data
 
     @classmethod
@@ -137,6 +171,7 @@ class CaseRecord:
         fields = dict(data)
         fields["status"] = Status(fields["status"])
         fields["timing"] = Timing.from_json(fields["timing"]) if fields.get("timing") else None
+        fields["roofline"] = Roofline.from_json(fields["roofline"]) if fields.get("roofline") else None
         return cls(**fields)
 
 
@@ -262,6 +297,10 @@ class TimingModel(ClosedModel):
     min_ms: Measure | None = None
     spread: Measure | None = None
     trial_medians_ms: list[Measure] | None = None
+    timer_fallback: str | None = None
+    host_samples_ms: list[list[Measure]] = []
+    host_mean_ms: Measure | None = None
+    host_median_ms: Measure | None = None
 
 
 class RecordModel(ClosedModel):
@@ -280,6 +319,7 @@ class RecordModel(ClosedModel):
     wall_s: Measure = 0.0
     phases_s: dict[str, Measure] = {}
     gpu: Annotated[int, Field(ge=0)] | None = None
+    roofline: RooflineModel | None = None
 
 
 class WorkloadModel(OpenModel):

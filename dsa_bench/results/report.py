@@ -27,6 +27,7 @@ from matplotlib.figure import Figure
 
 from dsa_bench.files import check_output_path, starts_with, write_atomic
 from dsa_bench.results.records import CaseRecord, LoadedResults, load_results, now_iso
+from dsa_bench.results.roofline import roofline_rows
 from dsa_bench.results.tables import summarize
 from dsa_bench.solution import REFERENCE_SOLUTION
 
@@ -161,6 +162,33 @@ def speedup_distribution_figure(results: LoadedResults) -> Figure:
     return fig
 
 
+def roofline_figure(results: LoadedResults) -> Figure:
+    """Per case, each solution's fraction of the roofline (CaseRecord.roofline), the reference's too;
+    a hatched bar is nearer the compute bound, a plain one the memory bound."""
+    records = results.records
+    cases, solutions, by_key = _cases(records), _solutions(records), _lookup(records)
+    series: dict[str, list[float]] = {}
+    failed: dict[str, list[bool]] = {}
+    for s in solutions:
+        rows = [by_key.get((c, s)) for c in cases]
+        series[s] = [100 * r.roofline.fraction_of_roofline if r is not None and r.passed and r.roofline else math.nan for r in rows]
+        failed[s] = [r is not None and r.failed for r in rows]
+    fig = Figure(figsize=(_figure_width(len(cases)), 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    _grouped_bars(ax, cases, series, failed)
+    for container, s in zip(ax.containers, solutions, strict=False):  # one bar container per solution, in order
+        for bar, c in zip(container, cases, strict=True):
+            r = by_key.get((c, s))
+            if r is not None and r.roofline is not None and r.roofline.bound == "compute":
+                bar.set_hatch("//")
+    ax.axhline(100.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_ylabel("% of the roofline (nearer bound)")
+    ax.set_title(_literal(f"{results.workload}: fraction of the roofline per case (higher is better; hatched = compute bound, "
+                          "plain = memory bound; x = failed)"))  # fmt: skip
+    ax.legend(loc="upper left", fontsize=8)
+    return fig
+
+
 def _figure_plan(loaded: list[LoadedResults]) -> list[tuple[str, str, Any, LoadedResults]]:
     """(unique name, title, maker, results) of every plot the report will hold, none drawn yet."""
     plan = []
@@ -177,6 +205,8 @@ def _figure_plan(loaded: list[LoadedResults]) -> list[tuple[str, str, Any, Loade
             ]
         if has_solutions and any(r.peer_speedup for r in results.records):
             makers.append(("peer-speedup", "Speedup over the best peer per case", peer_speedup_figure))
+        if any(r.roofline is not None for r in results.records):
+            makers.append(("roofline", "Fraction of the roofline per case", roofline_figure))
         for suffix, title, make in makers:
             name = base = f"{re.sub(r'[^A-Za-z0-9_.-]', '_', results.workload)[:80]}-{suffix}"
             k = 2
@@ -329,6 +359,10 @@ def render_html(loaded: list[LoadedResults], figures: list[ReportFigure], pngs: 
                 _table(_summary_rows(results), _summary_headers(results))
             )
         )
+        roofline_headers, roofline_rows_ = roofline_rows(results.records)
+        if roofline_rows_:  # how close to the hardware, the timer and the host time per solution (docs/roofline.md)
+            parts.append("<h3>Roofline and timer</h3>")
+            parts.append(_table(roofline_rows_, roofline_headers))
         mine = [f for f in figures if f.results is results]
         if mine:
             parts.append("<h3>Plots</h3>")

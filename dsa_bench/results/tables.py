@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from dsa_bench.definitions.status import Status
 from dsa_bench.results.records import CaseRecord
+from dsa_bench.results.roofline import record_columns, record_note
 
 
 @dataclass
@@ -85,6 +86,8 @@ def record_line(record: CaseRecord, done: int, total: int) -> str:
         parts.append(f"{_fmt_us(record.timing.mean_ms)} µs" + ("" if record.speedup is None else f" ({record.speedup:.2f}x)"))
         if record.peer_speedup is not None:
             parts.append(f"{record.peer_speedup:.2f}x vs {record.peer}")
+        if note := record_note(record):
+            parts.append(note)
     elif record.passed:
         parts.append("correctness only")
     parts.append(f"{record.wall_s:.1f} s")
@@ -129,7 +132,9 @@ def records_table(records: list[CaseRecord], key_axes: tuple[str, ...]) -> str:
         if with_peer:
             row += [_x(r.peer_speedup), r.peer or "-"]
         rows.append(row)
-    return tabulate(rows, headers=headers, disable_numparse=True)
+    extra_headers, extra_cells = record_columns(records)  # fraction of the roofline, host time where launch-bound
+    rows = [[*row, *cells] for row, cells in zip(rows, extra_cells, strict=True)]
+    return tabulate(rows, headers=headers + extra_headers, disable_numparse=True)
 
 
 def summary_table(records: list[CaseRecord]) -> str:

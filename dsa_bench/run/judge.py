@@ -40,11 +40,12 @@ class CaseContext:
     clock: PhaseClock = field(default_factory=PhaseClock)  # charged with the harness's inputs and expectations
     _cache: dict[int, tuple[Any, Any]] = field(default_factory=dict)
     _floors: dict[int, float] = field(default_factory=dict)
+    _flops: dict[int, int | None] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         definition = self.workload.definition
         axes = definition.axes(self.case.axes)
-        self.output_specs = {s.name: (s.dtype, s.concrete_shape(axes)) for s in definition.outputs}
+        self.output_specs = {s.name: (s.dtype, s.concrete_shape(axes)) for s in definition.checked_outputs}
         redrawn = definition.redraw(axes, InputRng(0, torch.device("cpu")))  # which inputs a timed call redraws
         self.redraw_specs = {s.name: (s.dtype, s.concrete_shape(axes)) for s in definition.inputs if s.name in redrawn}
 
@@ -76,10 +77,26 @@ class CaseContext:
         if bound is None:
             return None
         if seed not in self._floors:
-            with self.clock.phase("harness_inputs"):
-                inputs = self._cache[seed][0] if seed in self._cache else build_inputs(definition, self.case, seed, self.device)
-            self._floors[seed] = bound(definition.axes(self.case.axes), inputs)
+            self._count_work(seed)
         return int(self._floors[seed])
+
+    def useful_flops(self, seed: int) -> int | None:
+        """The tensor-core FLOPs of a call on input set ``seed`` (None: the definition does not count them)."""
+        if self.workload.definition.useful_flops is None:
+            return None
+        if seed not in self._flops:
+            self._count_work(seed)
+        return self._flops[seed]
+
+    def _count_work(self, seed: int) -> None:
+        """Both counts of input set ``seed`` from one build of its inputs."""
+        definition: Definition = self.workload.definition
+        with self.clock.phase("harness_inputs"):
+            inputs = self._cache[seed][0] if seed in self._cache else build_inputs(definition, self.case, seed, self.device)
+        axes = definition.axes(self.case.axes)
+        if definition.min_traffic_bytes is not None:
+            self._floors[seed] = definition.min_traffic_bytes(axes, inputs)
+        self._flops[seed] = None if definition.useful_flops is None else int(definition.useful_flops(axes, inputs))
 
 
 def correctness_seeds(settings: RunSettings, case: Case) -> tuple[int, ...]:
@@ -127,9 +144,29 @@ def decode_timing(reply: Any, blob: bytes, ctx: CaseContext, job: TimingJob) -> 
         redrawn = rebuild(call.redrawn, tensors, f"checked{k}/redrawn/", ctx.redraw_specs, extras_allowed=False)
         checked.append(CheckedCall(call.trial, call.iteration, call.seed, redrawn, outputs))
     clocks = [c.model_dump() for c in reply.clocks]
+    host = [list(s) for s in reply.host_samples_ms]
+    if [len(s) for s in host] != [len(s) for s in reply.samples_ms]:
+        raise ProtocolError(f"the worker sent {[len(s) for s in host]} host times per trial for {trials} x {job.iterations} timed calls")
+    bad = next((x for s in host for x in s if not (math.isfinite(x) and x > 0)), None)
+    if bad is not None:
+        raise ProtocolError(f"a host wall time of {bad!r} ms is not a positive finite time")
     return TimingResult(
-        timer=reply.timer, samples_ms=[list(s) for s in reply.samples_ms], checked=checked, clocks=clocks, phase_s=dict(reply.phase_s)
+        timer=reply.timer, samples_ms=[list(s) for s in reply.samples_ms], checked=checked, clocks=clocks, phase_s=dict(reply.phase_s),
+        host_samples_ms=host,
     )
+
+
+def timed_work(ctx: CaseContext, job: TimingJob) -> tuple[float | None, float | None]:
+    """(minimum bytes, useful FLOPs) per timed call of ``job``, averaged over its calls (trial t's call i
+    runs on input set ``trial_seeds[t][i % n]``); None where the definition does not count them."""
+    seeds = [s[i % len(s)] for s in job.trial_seeds for i in range(job.iterations)]
+    if not seeds:
+        return None, None
+    traffic = [ctx.traffic_bytes(seed) for seed in seeds]
+    flops = [ctx.useful_flops(seed) for seed in seeds]
+    mean_bytes = None if any(t is None for t in traffic) else sum(t for t in traffic if t is not None) / len(seeds)
+    mean_flops = None if any(f is None for f in flops) else sum(f for f in flops if f is not None) / len(seeds)
+    return mean_bytes, mean_flops
 
 
 def _tensors(blob: bytes) -> dict[str, torch.Tensor]:

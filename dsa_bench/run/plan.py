@@ -185,6 +185,7 @@ class RunPlan:
             "settings": {**{k: v for k, v in asdict(settings).items() if k not in ("tolerance", "secret")},
                          "tolerance": asdict(settings.tolerance)},  # fmt: skip
             "timer": options.timer,
+            **({"timer_fallback": options.timer_fallback} if options.timer_fallback else {}),  # why not CUPTI: never silent
             "l2_flush": options.l2_flush if options.timer else None,
             # every flush first resets the persisting-L2 carve-out (timing.flush.PersistingL2Reset)
             "l2_persisting_reset": True if options.timer else None,
@@ -482,6 +483,7 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
         dataset_root=request.dataset,
         worker_user=request.worker_user,
         speedup_over=request.speedup_over,
+        timer_fallback=warning,  # choose_timer warns only when 'auto' fell back from CUPTI
     )
     device_options = [
         dataclasses.replace(template, device=d, copy_bytes_per_s=measure_copy_bandwidth(d) if timer is not None else None)

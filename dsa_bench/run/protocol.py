@@ -75,6 +75,7 @@ class TimingResult:
     checked: list[CheckedCall] = field(default_factory=list)
     clocks: list[dict[str, Any]] = field(default_factory=list)  # per trial: clocks after warm-up and after timing
     phase_s: dict[str, float] = field(default_factory=dict)  # worker wall time per phase, summed over trials
+    host_samples_ms: list[list[float]] = field(default_factory=list)  # per trial, each timed call's host wall time
 
 
 # --------------------------------------------------------------------------- the JSON headers
@@ -164,6 +165,8 @@ class Timing(_Strict):
     clocks: list[TrialClocks]
     phase_s: dict[str, float]
     checked: list[CheckedCallMeta]
+    #: per trial, the host's wall time of each timed call (from before the call to after its synchronisation)
+    host_samples_ms: list[list[float]] = []
 
 
 Reply = Annotated[Ready | CompileError | Unavailable | Failure | Outputs | Timing, Field(discriminator="type")]

@@ -58,7 +58,7 @@ class CaseActor:
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         chosen, warning = choose_timer(timer, device)
         copy = measure_copy_bandwidth(device) if chosen is not None else None
-        self.options = dataclasses.replace(options, device=device, timer=chosen, copy_bytes_per_s=copy)
+        self.options = dataclasses.replace(options, device=device, timer=chosen, copy_bytes_per_s=copy, timer_fallback=warning)
         if chosen is not None and self.options.settings.input_sets < 2:
             raise DsaBenchError("timing needs --input-sets >= 2 so consecutive calls never see the same tensors")
         identities = worker_identities(solutions, self.options, cases, first_slot=slot * len(solutions))

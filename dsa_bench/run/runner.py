@@ -28,9 +28,18 @@ from dsa_bench.definitions.checks import worst
 from dsa_bench.definitions.status import CheckResult, Status
 from dsa_bench.paths import safe_file_name
 from dsa_bench.results.records import CaseRecord, ResultsFile, Timing
+from dsa_bench.results.roofline import Roofline, device_peak, place
 from dsa_bench.run import channel, isolation
 from dsa_bench.run.breakdown import HARNESS, PhaseClock
-from dsa_bench.run.judge import CaseContext, correctness_seeds, decode_outputs, decode_timing, implausible_timing, trial_seeds
+from dsa_bench.run.judge import (
+    CaseContext,
+    correctness_seeds,
+    decode_outputs,
+    decode_timing,
+    implausible_timing,
+    timed_work,
+    trial_seeds,
+)
 from dsa_bench.run.protocol import (
     CorrectnessJob,
     ProtocolError,
@@ -65,6 +74,8 @@ class RunOptions:
     copy_bytes_per_s: float | None = None
     #: the solution every record's peer speedup is measured against; None: the fastest peer that passed the case
     speedup_over: str | None = None
+    #: why ``--timer auto`` did not time with CUPTI (it fell back to CUDA events); recorded on every timed record
+    timer_fallback: str | None = None
 
 
 class WorkerFailure(Exception):
@@ -330,7 +341,11 @@ def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> Case
                 result = CheckResult(
                     Status.TIMING_SUSPECT, f"impossible timing, not recorded: {suspect}", result.max_abs_error, result.max_rel_error
                 )
-            record.timing = Timing(timer=timing.timer, samples_ms=timing.samples_ms, clocks=timing.clocks)
+            record.timing = Timing(timer=timing.timer, samples_ms=timing.samples_ms, clocks=timing.clocks,
+                                   host_samples_ms=timing.host_samples_ms, timer_fallback=options.timer_fallback)  # fmt: skip
+            if result.passed:
+                with clock.phase("checks", owner):  # counting the work reuses the input sets the floor check built
+                    record.roofline = roofline_of(record.timing, ctx, job, options)
             record.phases_s.update({f"timing_{k}": v for k, v in timing.phase_s.items()})
         record.status, record.message = result.status, result.message
         record.max_abs_error, record.max_rel_error = result.max_abs_error, result.max_rel_error
@@ -338,8 +353,23 @@ def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> Case
         record.status, record.message = failure.status, failure.message
     if not record.passed:
         record.timing = None
+        record.roofline = None
     record.wall_s = time.perf_counter() - started
     return record
+
+
+def roofline_of(timing: Timing, ctx: CaseContext, job: TimingJob, options: RunOptions) -> Roofline | None:
+    """Where a timed record sits on the device's roofline (dsa_bench.results.roofline); None without a
+    measured copy bandwidth or when the definition counts neither bytes nor FLOPs."""
+    if options.copy_bytes_per_s is None or options.device.type != "cuda":
+        return None
+    min_bytes, flops = timed_work(ctx, job)
+    if min_bytes is None and flops is None:
+        return None
+    gpu = torch.cuda.get_device_name(options.device)
+    definition = ctx.workload.definition
+    precision = definition.math_precision if flops else None  # a call with no FLOPs to do is placed on bandwidth alone
+    return place(timing.mean_ms / 1e3, min_bytes or 0.0, flops or 0.0, precision, options.copy_bytes_per_s, device_peak(gpu), gpu)
 
 
 def assign_peer_speedups(records: list[CaseRecord], peers: set[str], speedup_over: str | None) -> None:

@@ -45,6 +45,7 @@ _MAX_JOB_BYTES = 512 * 2**20
 _PR_SET_PDEATHSIG = 1
 #: the worker's own clock for its phase records, bound before any solution can patch ``time``
 _now = time.perf_counter
+_now_ns = time.perf_counter_ns  # the host wall time of timed calls, bound likewise
 
 
 def call_solution(fn: Callable[..., Any], dps: bool, args: list[Any], outputs: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
@@ -216,7 +217,7 @@ class _CaseRunner:
 
     def _output_specs(self, case: Any) -> dict[str, tuple[Any, tuple[int, ...]]]:
         axes = self.definition.axes(case.axes)
-        return {s.name: (s.dtype, s.concrete_shape(axes)) for s in self.definition.outputs}
+        return {s.name: (s.dtype, s.concrete_shape(axes)) for s in self.definition.checked_outputs}
 
     def _input_specs(self, case: Any) -> dict[str, tuple[Any, tuple[int, ...]]]:
         axes = self.definition.axes(case.axes)
@@ -235,6 +236,7 @@ class _CaseRunner:
             called = _now()
             got = call_solution(self.fn, self.dps, self.definition.input_args(inputs), outs, self.names)
             self._sync()
+            got.update(self.definition.observed_values(inputs))
             encoded = _now()
             sets.append(reply.values(got, f"{i}/"))
             phases["build_inputs"] += called - started
@@ -255,7 +257,8 @@ class _CaseRunner:
             raise RuntimeError("this worker was started without a timer")
         reply = _Reply(self._output_specs(job.case))
         header: dict[str, Any] = {"type": "timing", "timer": timer_name, "samples_ms": [], "clocks": [], "checked": [],
-                                  "phase_s": {"build_inputs": 0.0, "warmup": 0.0, "timed_calls": 0.0, "encode": 0.0}}  # fmt: skip
+                                  "phase_s": {"build_inputs": 0.0, "warmup": 0.0, "timed_calls": 0.0, "encode": 0.0},
+                                  "host_samples_ms": []}  # fmt: skip
         for trial, seeds in enumerate(job.trial_seeds):  # each trial's input sets die with it
             self._time_trial(job, trial, seeds, time_iterations, flush, read_clocks, header, reply)
         encoded = _now()
@@ -281,6 +284,12 @@ class _CaseRunner:
         redrawn: dict[str, Any] = {}
         captured: dict[str, Any] = {}
         timed = False
+        # The host's wall time of each timed call: from just before the solution is called to the first
+        # thing after the timer's synchronisation that ends the call (``after``). It holds the launches,
+        # whatever the solution does on the host, the device's work and the synchronisation; not the
+        # flush or the re-poisoning (``prepare``), which run before it.
+        host_ms: list[float] = []
+        call_started = [0]
 
         def prepare(i: int) -> None:
             fresh = self.definition.redraw(axes, redraw_rng)
@@ -292,11 +301,15 @@ class _CaseRunner:
             flush()
 
         def call(i: int) -> None:
+            call_started[0] = _now_ns()
             latest[i % n] = call_solution(self.fn, self.dps, args[i % n], outs[i % n], self.names)
 
         def after(i: int) -> None:
+            if timed:
+                host_ms.append((_now_ns() - call_started[0]) / 1e6)
             if i == sampled:
                 captured.update({k: (v.detach().clone() if hasattr(v, "detach") else v) for k, v in latest[i % n].items()})
+                captured.update(self.definition.observed_values(sets[i % n]))  # what the call left in its inputs
 
         self._sync()
         warmup_start = _now()
@@ -311,6 +324,7 @@ class _CaseRunner:
         timed = True
         header["samples_ms"].append([float(x) for x in time_iterations(call, job.iterations, prepare, after)])
         phases["timed_calls"] += _now() - timed_start
+        header["host_samples_ms"].append(host_ms)
         header["clocks"].append({"after_warmup": before, "after_timing": read_clocks()})
         k = len(header["checked"])
         encoded = _now()

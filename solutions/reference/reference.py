@@ -2,6 +2,7 @@
 
 import torch
 
+from dsa_bench.definitions import decode_step as decode_step_definition
 from dsa_bench.definitions import indexer as indexer_definition
 from dsa_bench.definitions import kv_insert as kv_insert_definition
 from dsa_bench.definitions import mla_decode as mla_decode_definition
@@ -53,3 +54,26 @@ def mla_decode_v4(q, kv_cache, indices, sm_scale, attn_sink, topk_length, out: t
 
 def mla_decode_v41(q, kv_cache, indices, sm_scale, attn_sink, topk_length, out: torch.Tensor, lse: torch.Tensor) -> None:
     _mla_decode(mla_decode_definition.V41, q, kv_cache, indices, sm_scale, attn_sink, topk_length, out, lse)
+
+
+def _decode_step(fmt, inputs: dict, out: torch.Tensor, lse: torch.Tensor, topk_indices: torch.Tensor) -> None:
+    result = decode_step_definition.step(fmt, inputs, topk_indices.shape[-1])  # the caches are updated in place
+    out.copy_(result["out"])
+    lse.copy_(result["lse"])
+    topk_indices.copy_(result["topk_indices"])
+
+
+def decode_step_v32(q, kv_c, k_pe, index_k, slot_mapping, kv_cache, index_cache, q_index_fp8, weights, seq_lens, block_table,
+                    sm_scale, attn_sink, out: torch.Tensor, lse: torch.Tensor, topk_indices: torch.Tensor) -> None:
+    inputs = {"q": q, "kv_c": kv_c, "k_pe": k_pe, "index_k": index_k, "slot_mapping": slot_mapping, "kv_cache": kv_cache,
+              "index_cache": index_cache, "q_index_fp8": q_index_fp8, "weights": weights, "seq_lens": seq_lens,
+              "block_table": block_table, "sm_scale": sm_scale, "attn_sink": attn_sink}
+    _decode_step(decode_step_definition.V32, inputs, out, lse, topk_indices)
+
+
+def decode_step_v4(q, kv, positions, cos_sin_cache, index_k, slot_mapping, kv_cache, index_cache, q_index_fp8, weights, seq_lens,
+                   block_table, sm_scale, attn_sink, out: torch.Tensor, lse: torch.Tensor, topk_indices: torch.Tensor) -> None:
+    inputs = {"q": q, "kv": kv, "positions": positions, "cos_sin_cache": cos_sin_cache, "index_k": index_k,
+              "slot_mapping": slot_mapping, "kv_cache": kv_cache, "index_cache": index_cache, "q_index_fp8": q_index_fp8,
+              "weights": weights, "seq_lens": seq_lens, "block_table": block_table, "sm_scale": sm_scale, "attn_sink": attn_sink}
+    _decode_step(decode_step_definition.V4, inputs, out, lse, topk_indices)

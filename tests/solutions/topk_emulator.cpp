@@ -42,7 +42,7 @@ struct Fiber {
 
 struct Block {
   int threads = 0;
-  unsigned index = 0;
+  Dim3 index;
   int current = 0;  // fiber running now
   ucontext_t scheduler;
   std::vector<Fiber> fibers;
@@ -67,7 +67,7 @@ inline std::vector<unsigned char>& dynamic_storage() {
 inline unsigned char* dynamic_shared_memory() { return dynamic_storage().data(); }
 
 inline Dim3 thread_index() { return Dim3{static_cast<unsigned>(block().current), 0, 0}; }
-inline Dim3 block_index() { return Dim3{block().index, 0, 0}; }
+inline Dim3 block_index() { return block().index; }
 
 inline void yield() {
   Block& b = block();
@@ -123,7 +123,7 @@ inline void fiber_entry() {
 }
 
 // Runs `body` as `threads` fibers of block `index` until all of them return.
-inline void run_block(unsigned index, int threads, const std::function<void()>& body) {
+inline void run_block(Dim3 index, int threads, const std::function<void()>& body) {
   Block& b = block();
   b.threads = threads;
   b.index = index;
@@ -244,13 +244,15 @@ inline unsigned __match_any_sync(unsigned mask, int value) {
 #include "topk_filtered.cuh"
 
 // ---------------------------------------------------------------- driver
+// (topk_long_emulator.cpp includes this file for its SIMT layer and brings its own driver)
+#ifndef DSA_TOPK_EMULATOR_NO_DRIVER
 
 namespace {
 
 template <int kThreads, int kVectors = dsa_topk::kCachedVectors>
 void run(dsa_topk::TopkArgs args) {
   for (int row = 0; row < args.batch; ++row) {
-    simt::run_block(static_cast<unsigned>(row), kThreads, [&] { dsa_topk::filtered_topk_kernel<kThreads, kVectors>(args); });
+    simt::run_block(simt::Dim3{static_cast<unsigned>(row), 0, 0}, kThreads, [&] { dsa_topk::filtered_topk_kernel<kThreads, kVectors>(args); });
   }
 }
 
@@ -303,3 +305,4 @@ int main(int argc, char** argv) {
   std::fclose(o);
   return 0;
 }
+#endif  // DSA_TOPK_EMULATOR_NO_DRIVER

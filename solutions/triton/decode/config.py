@@ -155,7 +155,8 @@ def select_config(
     kv_format: str, h_q: int, tokens: int, topk: int, sm_count: int, table: tuple[ConfigRule, ...] = CONFIG_TABLE
 ) -> DecodeConfig:
     """The GPU config of a call: the first matching rule, its split count and block_n fitted to
-    ``topk`` (block_n halved while it exceeds the split), validated."""
+    ``topk`` (block_n halved while it exceeds the split), block_h to ``h_q`` (16 or 32 heads: one head
+    block of h_q, a tl.dot M of 16 or 32; the SM90 CUDA kernel takes multiples of 64 only), validated."""
     for rule in table:
         if rule.kv_format in (None, kv_format) and rule.h_q in (None, h_q) and tokens <= rule.max_tokens:
             config = rule.config
@@ -165,7 +166,7 @@ def select_config(
     block_n = config.block_n
     while block_n > MIN_DOT_DIM and block_n > topk:
         block_n //= 2
-    config = replace(config, block_n=block_n)
+    config = replace(config, block_n=block_n, block_h=min(config.block_h, h_q))
     if config.splits == 0:
         config = replace(config, splits=auto_splits(tokens * (h_q // config.block_h), topk, block_n, sm_count))
     config = resolve_combine(config, tokens * (h_q // config.block_h) * config.splits, sm_count, interpreted=False)

@@ -254,13 +254,23 @@ def kernel_v41(q, kv_cache, indices, sm_scale, attn_sink, topk_length, out, lse)
     mla_decode(V41, q, kv_cache, indices, sm_scale, attn_sink, topk_length, out, lse)
 
 
+#: What runs for 16 and 32 heads (a TP8 / TP4 GPU's share of 128), on every device.
+SMALL_HEADS_NOTE = (
+    "h_q 16 and 32 (TP8 / TP4): the Triton kernel with one head block of h_q (tl.dot M = 16 or 32) on every GPU, "
+    "the SM90 CUDA kernel included, which takes multiples of 64 heads only; a native 16/32-head CUDA kernel is not "
+    "written yet (docs/kernels/mla_decode.md, '16 and 32 heads: plan')"
+)
+
+
 def solution_notes() -> str:
     if kernels.INTERPRETED:
-        return "MLA decode under the Triton interpreter: one program per (query token, 64-head block), no splits"
+        return ("MLA decode under the Triton interpreter: one program per (query token, block of min(64, h_q) heads), "
+                f"no splits. {SMALL_HEADS_NOTE}")
     return (
         "MLA decode: on SM90 for V3.2 and V4 the hand-written CUDA kernel (wgmma; a producer warpgroup gathers and "
         "dequantizes 64-record tiles into two shared-memory stages, two consumer warpgroups attend them; split over the "
         "topk positions when b * s_q is small, the partials merged by a CUDA combine kernel launched as a programmatic "
         "dependent); otherwise (V4.1, other GPUs, unaligned caches) Triton: FP8 records dequantized in registers, 64 heads "
-        "x 64 records per step, the split's combine behind a per-unit ticket barrier or in a second launch"
+        "x 64 records per step, the split's combine behind a per-unit ticket barrier or in a second launch. "
+        f"{SMALL_HEADS_NOTE}"
     )

@@ -163,9 +163,12 @@ def _finish(o, lse2, empty, sink_ptr, heads, cols, out_ptrs, lse_ptrs, write_lse
     1 / (1 + exp(sink - lse)), and, when ``write_lse``, lse in natural log (+inf for an empty row)."""
     lse2 = tl.where(empty, float("inf"), lse2)
     if HAS_SINK:
-        # sink = -inf (no sink) gives exp2(-inf) = 0, factor 1; an empty row has lse2 = +inf, factor 1.
+        # sink = -inf (no sink) gives exp2(-inf) = 0, factor 1. An empty row keeps factor 1 by
+        # selection, not arithmetic: a finite sink above FLT_MAX / log2(e) (about 2.4e38) makes
+        # sink2 +inf, and +inf - lse2 (+inf) is NaN, which 0 * NaN would carry into out.
         sink2 = tl.load(sink_ptr + heads) * _LOG2_E
-        o = o * (1.0 / (1.0 + tl.exp2(sink2 - lse2)))[:, None]
+        factor = 1.0 / (1.0 + tl.exp2(sink2 - lse2))
+        o = o * tl.where(empty, 1.0, factor)[:, None]
     tl.store(out_ptrs, to_storage(o, out_ptrs.dtype.element_ty, INTERPRETED))
     if write_lse:
         tl.store(lse_ptrs, lse2 * _LN_2)

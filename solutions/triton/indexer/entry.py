@@ -21,7 +21,9 @@ Paths, picked from shapes only (no host-device synchronisation):
 2. Scored, on a GPU: the fused Triton score kernel (``score.py``) writes fp32 scores of
    the rows longer than 2048 into a ``[B, max_num_pages * 64]`` buffer, then the CUDA filtered
    radix top-k (``topk.py``, ``csrc/topk_filtered.cuh``) selects 2048 per row and writes physical ids straight
-   from the block table. Rows with L <= 2048 are passed through by the top-k kernel itself.
+   from the block table; long block tables take the long-row top-k instead
+   (``topk_long.py``, ``csrc/topk_long.cuh``: each row split over many blocks). Rows with
+   L <= 2048 are passed through by the top-k kernel itself.
    The two launches are replayed as one CUDA graph per argument set (``LaunchGraphs``).
 3. Scored, without CUDA (``TRITON_INTERPRET=1`` on CPU tensors): the same score kernel, then
    ``torch.topk`` and the Triton emit kernel. ``solution_notes()`` says which top-k is active.
@@ -36,7 +38,7 @@ import functools
 import torch
 
 from ..common.launch_graphs import LaunchGraphs
-from . import score, topk
+from . import score, topk, topk_long
 from .score import INTERPRETING
 from .shapes import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, TOPK
 
@@ -44,6 +46,14 @@ from .shapes import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, TOPK
 #: harness reports a missing nvcc or a build failure as this solution's compile error.
 USE_CUDA_TOPK = not INTERPRETING and torch.cuda.is_available()
 _cuda_topk = topk.load_topk_extension() if USE_CUDA_TOPK else None
+_cuda_long_topk = topk_long.load_long_topk_extension() if USE_CUDA_TOPK else None
+
+
+def cuda_topk(scores, seq_lens, block_table, topk_indices, dependent_launch: bool = False) -> None:
+    """The CUDA top-k for this call's shape: the multi-block long-row top-k for long block tables
+    (``topk_long.uses_long_path``), else the one-block-per-row filtered top-k."""
+    select = topk_long.long_topk if topk_long.uses_long_path(*block_table.shape) else topk.filtered_topk
+    select(scores, seq_lens, block_table, topk_indices, dependent_launch=dependent_launch)
 
 
 def solution_notes() -> str:
@@ -56,7 +66,11 @@ def solution_notes() -> str:
         )
         return (
             "top-k: CUDA filtered select on 32-bit score keys (range-binned fast path, radix select fallback) with page-table emit "
-            f"(library {_cuda_topk.name}), launched as the score kernel's programmatic dependent "
+            f"(library {_cuda_topk.name}); long block tables (topk_long.uses_long_path: more than {topk_long.LONG_PATH_MIN_TOKENS} "
+            f"tokens, batch <= {topk_long.LONG_PATH_MAX_BATCH}, or <= {topk_long.LONG_PATH_WIDE_BATCH} from "
+            f"{topk_long.LONG_PATH_WIDE_TOKENS} tokens): rows split over many "
+            f"blocks (a histogram pass and three level passes; library {_cuda_long_topk.name}); "
+            "launched as the score kernel's programmatic dependent "
             f"({'triggered when its programs start' if score.CAN_LAUNCH_DEPENDENTS else 'triggered when its programs end'}); "
             f"scores: Triton, {score.DOTS[score.GPU_SCORE_TILE.dot]}; {graphs}"
         )
@@ -137,7 +151,7 @@ def scored_pipeline(select_topk, dependent: bool = False):
 
 
 #: The entry's scored path: the CUDA top-k on a GPU, torch.topk under the interpreter.
-_scored_graphs = scored_pipeline(topk.filtered_topk, dependent=True) if _cuda_topk is not None else scored_pipeline(portable_topk)
+_scored_graphs = scored_pipeline(cuda_topk, dependent=True) if _cuda_topk is not None else scored_pipeline(portable_topk)
 
 
 def run_pipeline(scored, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices) -> None:
@@ -165,4 +179,3 @@ def kernel(
 ) -> None:
     """Write the top-2048 physical ids of every row into ``topk_indices`` (see the module doc)."""
     run_pipeline(_scored_graphs, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices)
-

@@ -121,7 +121,14 @@ assert TOPK % GPU_EMIT_BLOCK == 0
 #: had won at 31 x 91 and two at 23 x 84: the FP8 MMA shortened each page's dot). The looping
 #: tile launches rows first (benchmarks/h200/indexer_score_rows_first.log: 31 x 91 pages 6.78
 #: against 7.10 µs, 30 x 89 6.26 against 6.72); the one-page tile was slower that way.
-GPU_LOOP_TILES = ((2400, ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=2, rows_first=True)),)
+#: Production contexts (8K-128K tokens, batches up to 128: 16384 or more one-page programs) loop
+#: over 16 pages with 3 stages: on the H200 (benchmarks/kernels/indexer_long.py, the score kernel
+#: alone, clean L2) B = 64 x 128K took 305 µs against 352 with the two-page tile, a ragged
+#: B = 32 batch of 4K-128K rows 69 against 101 (one run, CUDA events).
+GPU_LOOP_TILES = (
+    (16384, ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=16, num_stages=3, rows_first=True)),
+    (2400, ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=2, rows_first=True)),
+)
 
 
 def default_score_tile(max_num_pages: int, batch: int = 1) -> ScoreTile:

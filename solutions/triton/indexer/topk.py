@@ -42,6 +42,7 @@ EXPECTED_CONSTANTS = {"TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "MAX_CANDIDATES": MA
 #: the library's stem (its cache folder is <stem>_<digest>) and its name in errors
 STEM, WHAT = "dsa_topk_filtered", "the CUDA filtered top-k"
 
+
 def load_topk_extension(verbose: bool | None = None) -> CudaLibrary:
     """The compiled library (built on first use); raises cuda_build.CudaBuildError with the reason."""
     return load_checked_library(STEM, WHAT, HERE, SOURCES, HEADERS, PREFIX, SIGNATURES, EXPECTED_CONSTANTS,
@@ -54,6 +55,35 @@ _TENSOR_ARGS = (
     ("block_table", torch.int32, 2),
     ("topk_indices", torch.int32, 2),
 )
+
+
+def check_topk_tensors(
+    scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, topk_indices: torch.Tensor
+) -> tuple[int, int]:
+    """Checks what every CUDA top-k's C call needs of its tensors (raises ValueError naming the
+    argument); returns (batch, max_len = max_num_pages * 64). The caller checks topk_indices' width."""
+    tensors = (scores, seq_lens, block_table, topk_indices)
+    for (name, dtype, dims), tensor in zip(_TENSOR_ARGS, tensors, strict=True):
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if not tensor.is_cuda:
+            raise ValueError(f"{name} must be a CUDA tensor, got one on {tensor.device}")
+        if tensor.device != scores.device:
+            raise ValueError(f"{name} is on {tensor.device} but scores are on {scores.device}")
+        if tensor.dtype != dtype or tensor.dim() != dims:
+            raise ValueError(f"{name} must be a {dims}-d {dtype} tensor, got a {tensor.dim()}-d {tensor.dtype} one")
+        if tensor.stride(-1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dimension")
+    batch, max_len = scores.shape[0], block_table.shape[1] * PAGE_SIZE
+    if seq_lens.shape[0] != batch or block_table.shape[0] != batch or topk_indices.shape[0] != batch:
+        raise ValueError("scores, seq_lens, block_table and topk_indices must agree on the batch size")
+    if scores.shape[1] < max_len:
+        raise ValueError(f"scores must have max_num_pages * {PAGE_SIZE} = {max_len} columns, got {scores.shape[1]}")
+    if scores.stride(0) % 4 or scores.data_ptr() % 16:
+        raise ValueError("score rows must be 16-byte aligned (the kernel reads them as float4)")
+    if max(batch, max_len, block_table.stride(0), topk_indices.stride(0), scores.stride(0)) > 2**31 - 1:
+        raise ValueError("problem too large for 32-bit indexing")
+    return batch, max_len
 
 
 def filtered_topk(
@@ -77,29 +107,9 @@ def filtered_topk(
     must be the one that writes ``scores`` (the score kernel): the top-k's blocks may start
     before it ends and wait for its completion before they read a score.
     """
-    tensors = (scores, seq_lens, block_table, topk_indices)
-    for (name, dtype, dims), tensor in zip(_TENSOR_ARGS, tensors, strict=True):
-        if not isinstance(tensor, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-        if not tensor.is_cuda:
-            raise ValueError(f"{name} must be a CUDA tensor, got one on {tensor.device}")
-        if tensor.device != scores.device:
-            raise ValueError(f"{name} is on {tensor.device} but scores are on {scores.device}")
-        if tensor.dtype != dtype or tensor.dim() != dims:
-            raise ValueError(f"{name} must be a {dims}-d {dtype} tensor, got a {tensor.dim()}-d {tensor.dtype} one")
-        if tensor.stride(-1) != 1:
-            raise ValueError(f"{name} must be contiguous in its last dimension")
-    batch, max_len = scores.shape[0], block_table.shape[1] * PAGE_SIZE
-    if seq_lens.shape[0] != batch or block_table.shape[0] != batch or topk_indices.shape[0] != batch:
-        raise ValueError("scores, seq_lens, block_table and topk_indices must agree on the batch size")
+    batch, max_len = check_topk_tensors(scores, seq_lens, block_table, topk_indices)
     if topk_indices.shape[1] != TOPK:
         raise ValueError(f"topk_indices must have {TOPK} columns, got {topk_indices.shape[1]}")
-    if scores.shape[1] < max_len:
-        raise ValueError(f"scores must have max_num_pages * {PAGE_SIZE} = {max_len} columns, got {scores.shape[1]}")
-    if scores.stride(0) % 4 or scores.data_ptr() % 16:
-        raise ValueError("score rows must be 16-byte aligned (the kernel reads them as float4)")
-    if max(batch, max_len, block_table.stride(0), topk_indices.stride(0), scores.stride(0)) > 2**31 - 1:
-        raise ValueError("problem too large for 32-bit indexing")
     if not -1 <= candidate_capacity <= 2**31 - 1:
         raise ValueError(f"candidate_capacity must be -1 or non-negative, got {candidate_capacity}")
     if not -1 <= fast_candidates <= FAST_CANDIDATES:

@@ -1,0 +1,1 @@
+../deepgemm_flashinfer/batch_state.py

@@ -1,0 +1,1 @@
+../flashmla/entry.py

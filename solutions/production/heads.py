@@ -1,0 +1,1 @@
+../flashmla/heads.py

@@ -1,0 +1,230 @@
+"""The triton indexer's long-row top-k (indexer/topk_long.py, csrc/topk_long.cuh) and its dispatch.
+
+On CPU the kernels' exact selection runs on a host emulator (topk_long_emulator.cpp: the CUDA
+source compiled as host C++ over topk_emulator.cpp's fiber-based SIMT layer, the four kernels run
+grid after grid), and the library compiles with nvcc for sm_90a. On a GPU (tests marked ``gpu``)
+the compiled kernels are checked against torch.topk exactly and the entry on long rows with the
+harness checker.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import HAS_CUDA
+from test_triton_indexer import DEVICE, NUM_PAGES, TOPK_CSRC, assert_passes, entry_module, make_inputs, run
+
+from dsa_bench.definitions import indexer
+from dsa_bench.definitions.base import INT_POISON, InputRng
+
+topk_long = importlib.import_module(f"{entry_module.__package__}.topk_long")
+cuda_build = importlib.import_module(f"{entry_module.__package__.rsplit('.', 1)[0]}.common.cuda_build")
+EMULATOR_SOURCE = Path(__file__).resolve().parent / "topk_long_emulator.cpp"  # includes csrc/topk_long.cuh
+SCRATCH_INTS = topk_long.SCRATCH_INTS
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def assert_exact_topk(scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor, k: int) -> None:
+    """Each row holds min(k, L) distinct reachable ids whose scores are exactly torch.topk's, then -1
+    (a row of L <= k lists positions 0..L-1 in order)."""
+    scores, out, block_table = scores.cpu(), out.cpu(), block_table.cpu()
+    for b, n in enumerate(seq_lens.tolist()):
+        ids = indexer.token_ids(block_table[b], n)
+        row = out[b]
+        want = min(k, n)
+        assert int((row >= 0).sum()) == want and not bool((row < -1).any()), f"row {b}: wrong count of ids or unwritten slots"
+        if n <= k:
+            assert torch.equal(row[:n].long(), ids) and row[n:].eq(-1).all(), f"row {b}: passthrough must list positions 0..L-1"
+            continue
+        position_of = {int(i): p for p, i in enumerate(ids.tolist())}
+        positions = torch.tensor([position_of[int(i)] for i in row.tolist()])  # KeyError: id not reachable
+        assert positions.unique().numel() == want, f"row {b}: duplicate ids"
+        chosen = torch.sort(scores[b, positions], descending=True).values
+        best = torch.topk(scores[b, :n], want).values
+        assert torch.equal(chosen, best), f"row {b}: not the exact top-{want} (max gap {float((best - chosen).max()):.3g})"
+
+
+def hard_rows(seed: int, max_pages: int = 400):
+    """Score rows that drive every level of the selection, with a scattered block table."""
+    g = torch.Generator().manual_seed(seed)
+    width = max_pages * 64
+    lens = [width, width, width, width, width - 5, 20000, 9000, 12345, 2049, 2048, 0, 4097, 1]
+    scores = torch.randn((len(lens), width), generator=g)
+    ulp = 2.0**-23
+    scores[0] = 0.25  # all equal: every level multi-block, the last one hands out tickets
+    scores[1] = 1.0 + torch.randint(0, 2**12, (width,), generator=g).float() * ulp  # one level-1 bin, spread over bits 19..8
+    scores[2] = 1.0 + torch.randint(0, 200, (width,), generator=g).float() * ulp  # one level-1 and level-2 bin: level 3 decides
+    scores[3, :3000] = 7.0  # 3000 equal keys at the top, more than k
+    scores[3, 3000:] = -1.0
+    scores[4] = torch.randn((width,), generator=g) * 1e-3 + 5.0  # near-constant: the top 12 key bits mostly equal
+    scores[5] = torch.randint(0, 3, (width,), generator=g).float()  # three huge tie groups
+    scores[6] = 1.0 + torch.randint(0, 700, (width,), generator=g).float() * ulp  # differ only in the low key bits
+    scores[7] = -torch.rand((width,), generator=g) * 1e-30  # tiny negatives and denormals
+    scores[8] = torch.randn((width,), generator=g) * 1e6
+    scores[9:, 4097:] = float("-inf")  # the score kernel's padding past L
+    scores[12, ::2] = 0.0  # +0 ...
+    scores[12, 1::2] = -0.0  # ... and -0
+    table = torch.stack([torch.randperm(NUM_PAGES, generator=g)[:max_pages] for _ in lens]).int()
+    return scores, torch.tensor(lens, dtype=torch.int32), table
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+def test_dispatch_keeps_short_tables_on_the_filtered_topk():
+    # The contest's shapes (at most 91 pages) and every table up to 16384 tokens stay on the
+    # one-block-per-row top-k; long tables take the long path at small batches, and at B = 64
+    # only from 64K tokens; B = 128 keeps one block per row.
+    for batch in (1, 31, 128):
+        for pages in (33, 91, 128, 256):
+            assert not topk_long.uses_long_path(batch, pages)
+    assert topk_long.uses_long_path(1, 257) and topk_long.uses_long_path(32, 512) and topk_long.uses_long_path(32, 2048)
+    assert not topk_long.uses_long_path(64, 512) and topk_long.uses_long_path(64, 1024) and topk_long.uses_long_path(64, 2048)
+    assert not topk_long.uses_long_path(128, 512) and not topk_long.uses_long_path(128, 2048)
+
+
+# --------------------------------------------------------------------------- emulated on CPU
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory) -> Path:
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("no C++ compiler for the top-k emulator")
+    exe = tmp_path_factory.mktemp("topk_long_emulator") / "topk_long_emulator"
+    proc = subprocess.run(
+        [compiler, "-O2", "-std=c++17", "-DDSA_TOPK_HOST_EMULATION", f"-I{TOPK_CSRC}", str(EMULATOR_SOURCE), "-o", str(exe)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return exe
+
+
+def emulate_long_topk(exe: Path, scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, k: int, blocks_per_row: int = 0):
+    """Runs topk_long.cuh's kernels on the emulator (``blocks_per_row`` 0: a block per chunk of 4096
+    entries, else that many blocks looping over a row's chunks); returns ([B, k] int32 ids,
+    [B, SCRATCH_INTS] int32 scratch after the call)."""
+    scores = scores.detach().float().cpu().contiguous()
+    batch, width = scores.shape
+    header = np.array([batch, width, block_table.shape[1], block_table.shape[1] * 64, k, blocks_per_row], dtype=np.int32)
+    parts = (header, scores.numpy(), seq_lens.cpu().numpy().astype(np.int32), block_table.cpu().numpy().astype(np.int32))
+    folder = exe.parent
+    (folder / "in.bin").write_bytes(b"".join(np.ascontiguousarray(part).tobytes() for part in parts))
+    subprocess.run([str(exe), str(folder / "in.bin"), str(folder / "out.bin")], check=True, timeout=600)
+    raw = np.fromfile(folder / "out.bin", dtype=np.int32)
+    out, scratch = raw[: batch * k].reshape(batch, k), raw[batch * k :].reshape(batch, SCRATCH_INTS)
+    return torch.from_numpy(out.copy()), torch.from_numpy(scratch.copy())
+
+
+@pytest.mark.parametrize(("k", "blocks_per_row"), [(2048, 0), (512, 0), (2048, 2), (2048, 1)])
+def test_emulated_long_topk_is_exact_and_leaves_scratch_zero(emulator, k, blocks_per_row):
+    # blocks_per_row 0: a block per chunk (small calls); 2 and 1: blocks loop over a row's chunks (large calls)
+    scores, seq_lens, table = hard_rows(seed=k + blocks_per_row)
+    out, scratch = emulate_long_topk(emulator, scores, seq_lens, table, k, blocks_per_row)
+    assert_exact_topk(scores, seq_lens, table, out, k)
+    assert not scratch.any(), "the kernels must leave the scratch zeroed for the next call"
+
+
+def test_emulated_long_topk_random_rows(emulator):
+    # Ordinary score rows of several lengths (one to several chunks of 4096): rows finish in the
+    # first level's last block, or in later levels when their threshold bins are large.
+    g = torch.Generator().manual_seed(3)
+    lens = torch.tensor([16384, 2049, 4096, 4097, 8192, 12288, 16000], dtype=torch.int32)
+    scores = torch.randn((len(lens), 256 * 64), generator=g) * torch.logspace(-4, 4, len(lens))[:, None]
+    for b, n in enumerate(lens.tolist()):
+        scores[b, n:] = float("-inf")
+    table = torch.stack([torch.randperm(NUM_PAGES, generator=g)[:256] for _ in range(len(lens))]).int()
+    out, scratch = emulate_long_topk(emulator, scores, lens, table, 2048)
+    assert_exact_topk(scores, lens, table, out, 2048)
+    assert not scratch.any()
+
+
+# --------------------------------------------------------------------------- sources compile
+
+
+@pytest.mark.slow
+def test_long_topk_library_builds_for_sm90a_without_a_gpu(tmp_path):
+    """The long-row top-k's shared library, built as a GPU machine builds it: its C ABI exports the
+    function, the error names and the header's constants, and rejects bad arguments before any CUDA call."""
+    if cuda_build.nvcc_path() is None:
+        pytest.skip("nvcc is not installed")
+    compiled = cuda_build.compile_library(
+        topk_long.STEM, topk_long.WHAT, topk_long.HERE, topk_long.SOURCES, topk_long.HEADERS, "sm_90a", root=tmp_path
+    )
+    assert "arch=compute_90a,code=sm_90a" in compiled.command
+    library = cuda_build.CudaLibrary(compiled, topk_long.WHAT, topk_long.PREFIX, topk_long.SIGNATURES)  # opens without a GPU
+    assert library.mismatched(topk_long.EXPECTED_CONSTANTS) == []
+    # device, stream, scores, stride, seq_lens, table, stride, out, stride, scratch, candidates, batch, max_len, topk, dependent
+    args = [0, None, 16, 64, 16, 16, 1, 16, 2048, 16, 16, 1, 64, 2048, 0]
+    with pytest.raises(RuntimeError, match="16-byte aligned"):
+        library.call("select", *[*args[:2], 4, *args[3:]])
+    with pytest.raises(RuntimeError, match="topk must be in 1..TOPK"):
+        library.call("select", *[*args[:-2], 4096, 0])
+    library.call("select", *[*args[:11], 0, *args[12:]])  # batch 0: nothing to launch, returns 0
+    nm = shutil.which("nm")
+    if nm:
+        proc = subprocess.run([nm, "-D", "--defined-only", str(compiled.path)], capture_output=True, text=True, check=True)
+        exported = {line.split()[-1] for line in proc.stdout.splitlines() if line.strip()}
+        assert exported == {topk_long.PREFIX + name for name in [*topk_long.SIGNATURES, "error_string", *topk_long.EXPECTED_CONSTANTS]}
+
+
+# --------------------------------------------------------------------------- on a GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("k", [2048, 512])
+def test_cuda_long_topk_matches_torch_topk(k):
+    scores, seq_lens, table = hard_rows(seed=11 + k)
+    scores, seq_lens, table = scores.cuda(), seq_lens.cuda(), table.cuda()
+    for _ in range(2):  # the second call reuses the scratch the first one left zeroed
+        out = torch.full((scores.shape[0], k), INT_POISON, dtype=torch.int32, device="cuda")
+        topk_long.long_topk(scores, seq_lens, table, out)
+        torch.cuda.synchronize()
+        assert_exact_topk(scores, seq_lens, table, out, k)
+    scratch, _ = topk_long.scratch_for(scores.device, scores.shape[0], table.shape[1] * 64)
+    assert not scratch.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("weights", ["plain", "negative", "scaled_up", "scaled_down"])
+def test_gpu_entry_on_long_rows_passes_the_checker(weights):
+    lens = [70000, 33000, 16385, 2049, 100, 0]
+    axes, inputs = make_inputs(lens, max_pages=1100, seed=5, num_pages=sum(-(-n // 64) for n in lens) + 8)
+    assert topk_long.uses_long_path(len(lens), 1100)
+    w = inputs["weights"]
+    if weights == "negative":
+        w.copy_(-w.abs())
+    elif weights == "scaled_up":
+        w.mul_(1e3)
+    elif weights == "scaled_down":
+        w.mul_(1e-4)
+    assert_passes(axes, inputs, run(entry_module.kernel, inputs))
+
+
+@pytest.mark.gpu
+def test_gpu_entry_long_rows_equal_scores_and_graph_replays():
+    # One distinct key: every score of a row is equal (all three levels multi-block); then fresh
+    # queries through the captured graph give fresh, correct answers.
+    lens = [40000, 20000]
+    axes, inputs = make_inputs(lens, max_pages=640, seed=9, distinct_keys=1, num_pages=1000)
+    assert_passes(axes, inputs, run(entry_module.kernel, inputs))
+    axes, inputs = make_inputs(lens, max_pages=640, seed=10, num_pages=1000)
+    for step in range(3):  # eager (new signature), capture + replay, replay
+        for name, value in indexer.draw_queries(axes, InputRng(200 + step, DEVICE)).items():
+            inputs[name].copy_(value)
+        assert_passes(axes, inputs, run(entry_module.kernel, inputs))
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU path")
+def test_cpu_entry_on_a_long_row():
+    # Without CUDA the long tables take the portable path (Triton scores, torch.topk) unchanged.
+    axes, inputs = make_inputs([16500, 3000], max_pages=260, seed=4, num_pages=400)
+    assert_passes(axes, inputs, run(entry_module.kernel, inputs))
