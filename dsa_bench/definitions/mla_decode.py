@@ -527,11 +527,18 @@ def _check_empty_rows(empty: torch.Tensor, outputs: Mapping[str, torch.Tensor]) 
 
 
 def check(inputs: Mapping[str, Value], outputs: Mapping[str, torch.Tensor], expected: Any, tol: Tolerance) -> CheckResult:
+    """The definition's checker: :func:`check_rows` on the case's ``indices`` and ``topk_length``."""
+    return check_rows(inputs["indices"], inputs.get("topk_length"), outputs, expected, tol)
+
+
+def check_rows(indices: torch.Tensor, topk_length: torch.Tensor | None, outputs: Mapping[str, torch.Tensor], expected: Mapping[str, Any],
+               tol: Tolerance) -> CheckResult:  # fmt: skip
     """Empty rows exactly (out 0, lse +inf); out element-wise (atol AND rtol·|ref| exceeded fails) and row by row
     (each (batch, query, head) row's largest |diff| against that row's own bound, checks.row_tolerances); lse
     with the absolute lse_atol only. NaN fails everywhere; +inf in lse only where the row is empty. A row is
-    empty when its indices count no entry (none >= 0 left of topk_length), whatever the reference's lse."""
-    entries = counted(inputs["indices"], inputs.get("topk_length")).to(expected["lse"].device)
+    empty when ``indices`` count no entry in it (none >= 0 left of ``topk_length``), whatever the reference's
+    lse. ``expected`` is what :func:`expect` returns (``out``, ``lse`` and ``out_noise``)."""
+    entries = counted(indices, topk_length).to(expected["lse"].device)
     empty = (~entries.any(dim=-1))[..., None].expand_as(expected["lse"])
     lse_tol = replace(tol, atol=tol.lse_atol, rtol=0.0)  # absolute only: see Tolerance.lse_atol
     # empty rows are judged exactly above; hide their +inf from the tolerance test (a wrong value there already failed)
