@@ -64,6 +64,11 @@ def run(
                                                              "of 2 x L2: the call pays for its own traffic only) or dirty (write only, as "
                                                              "a memset flush does: the call also writes back the flush's dirty lines)."),
     seed: int | None = typer.Option(None, help="Base seed (default: the workload's)."),
+    secret: bool = typer.Option(False, "--secret", help="Contest mode: draw the seed from the OS at run time, print it nowhere and "
+                                                        "record it in the results only when the run ends (a workload's `secret: true` "
+                                                        "setting does the same)."),
+    redact: bool = typer.Option(False, "--redact", help="Also write <results>.redacted.json: case ids and statuses only, no seeds, "
+                                                        "axes, messages or timings, for publishing a secret run."),
     input_sets: int | None = typer.Option(None, help="Random input sets per case (and rotating sets per timing trial)."),
     warmup: int | None = typer.Option(None, help="Warm-up calls per trial."),
     iterations: int | None = typer.Option(None, help="Timed calls per trial."),
@@ -130,7 +135,7 @@ def run(
         warmup=warmup, iterations=iterations, trials=trials, case_timeout=case_timeout, compile_timeout=compile_timeout, save=save,
         no_save=no_save, dataset=dataset, worker_user=worker_user, gpus=gpus, executor=executor, ray_address=ray_address,
         dataset_solutions=dataset_solutions, atol=atol, rtol=rtol, lse_atol=lse_atol, score_rtol=score_rtol,
-        resume=resume, reference_protocol=reference_protocol, speedup_over=speedup_over,
+        resume=resume, reference_protocol=reference_protocol, speedup_over=speedup_over, secret=secret, redact=redact,
     )  # fmt: skip
     plan = plan_run(request, find_root())
     for warning in plan.warnings:
@@ -157,8 +162,9 @@ def run(
             done += 1
             if progress is not None:
                 progress.update(task, advance=1, description=f"{record.case} [{record.solution}] {record.status.value}")
-            elif json_lines:
-                typer.echo(json.dumps(record.to_json()))  # typer.echo flushes: a piped log shows every record as it finishes
+            elif json_lines:  # a secret run's seeds stay out of its output until it ends
+                # typer.echo flushes: a piped log shows every record as it finishes
+                typer.echo(json.dumps(record.to_json() | ({"seeds": {}} if plan.secret else {})))
             elif not quiet:
                 typer.echo(record_line(record, done, total))
 
@@ -198,7 +204,9 @@ def run(
     for line in failures(records):
         _err(line)
     if plan.save_path is not None and not (json_lines and quiet):
-        say(f"results: {plan.save_path}")
+        say(f"results: {plan.save_path}" + (" (the secret seed is recorded there)" if plan.secret else ""))
+        if plan.redacted_path is not None:
+            say(f"redacted copy: {plan.redacted_path}")
     if json_lines:
         from dsa_bench.results.roofline import summarize_roofline
 
@@ -392,7 +400,7 @@ def compare(
         if not one.records:
             interrupted = " (an interrupted run)" if not one.document.get("complete", False) else ""
             raise DsaBenchError(f"holds no records{interrupted}: nothing to compare", str(path))
-    comparison = compare_results(loaded, load_baseline(baseline), threshold)
+    comparison = compare_results(loaded, load_baseline(baseline), threshold, str(baseline))
     typer.echo(render_comparison(comparison, output_format, all_cases))
     if output_format == "markdown":
         from dsa_bench.results.roofline import roofline_markdown
@@ -519,6 +527,21 @@ def results_merge(
     merged = write_merged(parts, out)
     cases = len({r["case"] for r in merged["records"]})
     typer.echo(f"wrote {out}: {len(merged['records'])} records over {cases} cases from {len(parts)} files")
+
+
+@results_app.command("redact")
+def results_redact(
+    results: Path = typer.Argument(..., help="Results JSON file of `dsa-bench run --save`."),
+    out: Path = typer.Option(..., "--out", "-o", help="The redacted results file to write (never the input)."),
+) -> None:
+    """Write a copy fit to publish: case ids and statuses only (no seeds, axes, messages or timings)."""
+    from dsa_bench.files import check_output_path, has_json_format
+    from dsa_bench.results.records import RESULTS_FORMAT, load_results, write_redacted
+
+    check_output_path(out, "--out", "dsa-bench results", lambda p: has_json_format(p, RESULTS_FORMAT), [results])
+    loaded = load_results(results)
+    write_redacted(loaded.document, out)
+    typer.echo(f"wrote {out}: {len(loaded.records)} records, case ids and statuses only")
 
 
 @app.command()

@@ -372,7 +372,7 @@ def load_dataset_workload(root: Path, selector: str, settings: RunSettings | Non
         path=file.resolve() if file is not None else root,
         definition=definition,
         cases=tuple(cases),
-        settings=settings or RunSettings(),
+        settings=settings or RunSettings(tolerance=definition.tolerance or RunSettings().tolerance),
         description=f"flashinfer-bench dataset {root}",
         trace_path=file.resolve() if file is not None else None,
     )

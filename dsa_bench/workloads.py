@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import torch
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, StrictBool
 
 from dsa_bench.definitions import get_definition
 from dsa_bench.definitions.base import DTYPE_NAMES, Definition, InputRng, Tolerance, Value, is_finite_number, is_integer
@@ -72,6 +72,9 @@ class RunSettings:
     #: how the reference solution is timed: "light" (REFERENCE_LIGHT: its host-bound PyTorch calls
     #: would otherwise dominate a run's wall time) or "full" (the solutions' own protocol)
     reference_protocol: str = "light"
+    #: contest mode: the seed is drawn from the OS at run time and withheld until the run ends
+    #: (``run --secret``; docs/trust.md#contest-mode-secret-inputs)
+    secret: bool = False
 
     def replace(self, **changes: Any) -> RunSettings:
         from dataclasses import replace
@@ -158,12 +161,17 @@ class SettingsModel(ClosedModel):
     lse_atol: Annotated[float, _checked_setting("lse_atol")] = Tolerance.lse_atol
     score_rtol: Annotated[float | None, _checked_setting("score_rtol", optional=True)] = Tolerance.score_rtol
     reference_protocol: Literal["light", "full"] = "light"
+    secret: StrictBool = False  # a workload judged only in contest mode: its seed is never the file's
 
-    def run_settings(self) -> RunSettings:
+    def run_settings(self, defaults: Tolerance | None = None) -> RunSettings:
+        """The run settings; a tolerance the file leaves out takes ``defaults``' value (a definition's own, where it has them)."""
+        unset = defaults is not None
         return RunSettings(
             **{key: getattr(self, key) for key in COUNT_BOUNDS},
-            tolerance=Tolerance(**{key: getattr(self, key) for key in TOLERANCES}),
+            tolerance=Tolerance(**{key: getattr(self if not unset or key in self.model_fields_set else defaults, key)
+                                   for key in TOLERANCES}),  # fmt: skip
             reference_protocol=self.reference_protocol,
+            secret=self.secret,
         )
 
 
@@ -197,7 +205,7 @@ def load_workload(path: Path) -> Workload:
         path=path.resolve(),
         definition=definition,
         cases=tuple(cases),
-        settings=(workload.settings or SettingsModel()).run_settings(),
+        settings=(workload.settings or SettingsModel()).run_settings(definition.tolerance),
         description=workload.description,
         trace_path=trace_path,
     )

@@ -204,7 +204,7 @@ def test_shipped_insert_workloads_cover_the_issue_grid(fmt):
     small = load_workload(ROOT / "workloads" / f"kv_insert_{fmt}_small.yaml")
     record = kvi.FORMAT_OF[small.definition.name]
     assert {c.axes["num_tokens"] for c in small.cases} == {1, 17, 1023, 1024}
-    assert {c.axes["block_size"] for c in small.cases} == {32, 64}
+    assert {c.axes["block_size"] for c in small.cases} == {32, 64, 3, 61, 576}  # and not powers of two (issue 47)
     assert any(c.axes["page_bytes"] > record.packed_page_bytes(c.axes["block_size"]) for c in small.cases)
     params = [c.inputs.get("slot_mapping") for c in small.cases]
     assert any(p is not None and p.params == {"skip_all": True} for p in params)

@@ -447,7 +447,7 @@ def test_min_traffic_counts_each_record_once():
 def test_reference_passes_the_smoke_workload(fmt):
     proc = run_cli("run", "-w", f"mla_decode_{fmt}_smoke", "-s", "reference", "--no-save")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "3/3" in proc.stdout
+    assert "4/4" in proc.stdout
 
 
 # --------------------------------------------------------------------------- FlashMLA on the GPU

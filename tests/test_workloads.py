@@ -204,7 +204,7 @@ def test_trace_must_not_be_empty(tmp_path):
 def test_settings_model_has_every_run_setting_and_tolerance_with_their_defaults():
     from dsa_bench.workloads import COUNT_BOUNDS, TOLERANCES, RunSettings, SettingsModel, parse_settings
 
-    assert list(SettingsModel.model_fields) == [*COUNT_BOUNDS, *TOLERANCES, "reference_protocol"]
+    assert list(SettingsModel.model_fields) == [*COUNT_BOUNDS, *TOLERANCES, "reference_protocol", "secret"]
     assert SettingsModel().run_settings() == RunSettings() == parse_settings(None, "w.yaml")
 
 

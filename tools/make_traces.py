@@ -15,10 +15,11 @@ The contest's real traces are not public. These follow their published distribut
   ``small_*`` cases run on CPU.
 - indexer_topk{512,1024}_{edges,long}: DeepSeek-V4's selection sizes, small edge cases and production shapes.
 - kv_insert_{v32,v4,v41}_{small,smoke,large}: KV insert rounds (issue 20), page strides computed from
-  the record descriptors.
+  the record descriptors; the small ones also hold block sizes 3, 61 and 576 (issue 47).
 - mla_decode_{v32,v4}_{h128,h64}: FlashMLA's production decode shapes (s_q 2, s_k 32768, topk 2048,
   b 2/64/74/128, block size 64); mla_decode_{v32,v4,v41}_{mix,smoke}: its correctness grid, sampled, and
-  tiny CPU cases (issue 21). Cache sizes and page strides come from the record descriptors.
+  tiny CPU cases (issue 21), the smoke ones with a case of repeated ids per row (issue 47). Cache sizes and page
+  strides come from the record descriptors.
 - mla_decode_{v32,v4}_{tp8,tp4}: a TP8 / TP4 GPU's decode (h_q 16 / 32, s_q 1 and 2, b 1..128, topk 2048,
   s_k 32K-128K); mla_decode_v4_topk{512,1024}: V4's selection sizes at h_q 128 and 16; the mixes end with
   tiny cases of those and of extreme sinks (issue 46).
@@ -460,6 +461,46 @@ def mla_decode_smoke(fmt: KvRecordFormat) -> list[dict]:
     ]
 
 
+def kv_insert_odd_block_sizes(fmt: KvRecordFormat) -> list[dict]:
+    """Block sizes that are not powers of two (issue 47): 3 (a page of three records), 61 (prime) and 576 (9 x 64),
+    so an address computed with shifts and masks fails; every 5th slot -1, one padded stride."""
+    return [
+        _kv_case("t17_bs3", fmt, 17, 3, slot_params={"skip_every": 5}),
+        _kv_case("t1023_bs61_padded", fmt, 1023, 61, padded=True, slot_params={"skip_every": 5}),
+        _kv_case("t1024_bs576", fmt, 1024, 576, slot_params={"skip_every": 5}),
+    ]
+
+
+def _repeated_rows(capacity: int, b: int, s_q: int, topk: int, rng: np.random.Generator) -> list:
+    """Explicit decode indices whose rows repeat ids: every id twice in a row, one id in every entry, repeats
+    scattered among -1 entries, and page-boundary slots alternating (slots 63 and 64, the cache's last slot)."""
+    ids = [int(i) for i in rng.permutation(capacity)]
+    rows = []
+    for r in range(b * s_q):
+        kind = r % 4
+        if kind == 0:
+            row = [ids[k // 2] for k in range(topk)]  # each id twice, side by side
+        elif kind == 1:
+            row = [ids[topk]] * topk  # one id in every entry
+        elif kind == 2:
+            distinct = ids[2 * topk : 2 * topk + topk // 2]
+            row = [distinct[int(k)] for k in rng.integers(0, len(distinct), topk)]  # random repeats
+            for k in rng.choice(topk, topk // 4, replace=False):
+                row[int(k)] = -1
+        else:
+            row = [[63, 64, capacity - 1][k % 3] for k in range(topk)]  # page boundaries, alternating
+        rows.append(row)
+    return [[rows[i * s_q + j] for j in range(s_q)] for i in range(b)]
+
+
+def mla_decode_repeated_ids(fmt: KvRecordFormat) -> list[dict]:
+    """A decode row may list an id more than once; each entry counts (issue 47). Explicit indices (two sequences
+    of two query rows, topk 64) over a generated cache; V4/V4.1 cut one sequence's row with a short topk_length."""
+    case = _mla_case("smoke_b2_sq2_k64_bs64_h64_repeated_ids", fmt, 2, 2, 64, 64, 256, 64, short_lengths=1)
+    capacity = case["axes"]["num_blocks"] * case["axes"]["block_size"]
+    rows = _repeated_rows(capacity, 2, 2, 64, np.random.default_rng(20260447))
+    case["inputs"]["indices"] = {"type": "explicit", "values": rows}
+    return [case]
 #: Query heads per GPU of a 128-head model under tensor parallelism (issue 46).
 MLA_TP_HEADS = {"tp8": 16, "tp4": 32}
 MLA_TP_BATCHES = (1, 8, 32, 64, 128)
@@ -586,7 +627,7 @@ def main(out: Path = typer.Option(TRACES, help="Folder to write the traces into.
         write(out / f"indexer_topk{topk}_edges.jsonl", indexer_topk_edges(topk))
         write(out / f"indexer_topk{topk}_long.jsonl", indexer_topk_long(topk))
     for name, fmt in KV_INSERT_FORMATS.items():
-        write(out / f"kv_insert_{name}_small.jsonl", kv_insert_small(fmt))
+        write(out / f"kv_insert_{name}_small.jsonl", kv_insert_small(fmt) + kv_insert_odd_block_sizes(fmt))
         write(out / f"kv_insert_{name}_smoke.jsonl", kv_insert_smoke(fmt))
         write(out / f"kv_insert_{name}_large.jsonl", kv_insert_large(fmt))
     for name, fmt in MLA_FORMATS.items():
@@ -596,7 +637,7 @@ def main(out: Path = typer.Option(TRACES, help="Folder to write the traces into.
             for tp, h_q in MLA_TP_HEADS.items():
                 write(out / f"mla_decode_{name}_{tp}.jsonl", mla_decode_tp(fmt, h_q))
         write(out / f"mla_decode_{name}_mix.jsonl", mla_decode_mix(fmt) + mla_decode_mix_heads(fmt))
-        write(out / f"mla_decode_{name}_smoke.jsonl", mla_decode_smoke(fmt))
+        write(out / f"mla_decode_{name}_smoke.jsonl", mla_decode_smoke(fmt) + mla_decode_repeated_ids(fmt))
     for topk in MLA_V4_TOPKS:
         write(out / f"mla_decode_v4_topk{topk}.jsonl", mla_decode_v4_topk(topk))
     for name, fmt in STEP_FORMATS.items():

@@ -10,7 +10,10 @@ probabilities rounded to bf16 before the PV product. Printed per case: max |lse 
 |out - exact| over rows with a counted entry, how many out elements fail the workload's atol/rtol against
 the reference (the checker's test) and the smallest atol that would pass them all,
 and the lse shift of one of n equal-weight slots left out, ln(n / (n - 1)) for the row's n (what the lse
-check must catch).
+check must catch). The row check's column, ``row err / bound``, is the largest (max |out - ref| of a row) over
+that row's bound (``checks.row_tolerances``: 1 fails) over the rows with a counted entry; ``--planted`` adds
+``scaled_0.98``, the reference's out times 0.98 on every row of at least 1024 counted entries (a defect the row
+check must catch; its figure is the smallest ratio over those rows, so every such row fails when it is above 1).
 
 Usage:
     python benchmarks/kernels/mla_decode_error.py mla_decode_v32_mix mla_decode_v32_h128 [--solution flashmla]
@@ -28,6 +31,7 @@ import torch
 from tabulate import tabulate
 
 from dsa_bench.definitions import mla_decode as md
+from dsa_bench.definitions.checks import row_tolerances
 from dsa_bench.run.loader import import_entry
 from dsa_bench.run.requirements import unmet
 from dsa_bench.run.worker import call_solution
@@ -73,9 +77,10 @@ def main() -> None:
     parser.add_argument("--emulate", action="store_true", help="also measure the emulated split-K bf16-P kernel")
     parser.add_argument("--cases", nargs="*", help="case ids to measure (default: all)")
     parser.add_argument("--input-sets", type=int, default=1)
+    parser.add_argument("--planted", action="store_true", help="also judge the reference's out scaled by 0.98 on long rows")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    rows, worst = [], {}
+    rows, worst, worst_row = [], {}, {}
     for name in args.workloads:
         path = Path(name) if name.endswith(".yaml") else ROOT / "workloads" / f"{name}.yaml"
         workload = load_workload(path)
@@ -105,6 +110,12 @@ def main() -> None:
                 candidates = {"reference": (ref["out"], ref["lse"]), **candidates}
                 if args.emulate:
                     candidates["emulated"] = emulated_kernel(fmt, inputs)
+                entries = md.counted(inputs["indices"], inputs.get("topk_length")).sum(-1)[..., None].expand_as(ref["lse"])
+                long_rows = entries >= 1024
+                if args.planted and bool(long_rows.any()):
+                    scaled = torch.where(long_rows[..., None], ref["out"].float() * 0.98, ref["out"].float()).bfloat16()
+                    candidates["scaled_0.98"] = (scaled, ref["lse"])
+                bound = row_tolerances(ref["out"], ref["out_noise"])
                 exact_out, exact_lse = md.attend(fmt, *definition.input_args(inputs)[:5], inputs.get("topk_length"), dtype=torch.float64)
                 full = torch.isfinite(exact_lse)
                 if not bool(full.any()):
@@ -120,12 +131,19 @@ def main() -> None:
                     fails = int((past_rtol & (vs_ref > tol.atol)).sum())
                     needed = float(vs_ref[past_rtol].max()) if bool(past_rtol.any()) else 0.0  # the smallest atol that passes
                     worst[who] = max(worst.get(who, 0.0), lse_err)
+                    ratio = (out.float() - ref["out"].float()).abs().amax(-1) / bound
+                    judged = long_rows if who == "scaled_0.98" else full
+                    row_ratio = float(ratio[judged].min() if who == "scaled_0.98" else ratio[judged].max())
+                    worst_row[who] = (min if who == "scaled_0.98" else max)(worst_row.get(who, row_ratio), row_ratio)
                     rows.append([f"{workload.name}/{case.id}", s, who, f"{float(exact_lse[full].abs().max()):.2f}", f"{lse_err:.2e}",
-                                 f"{float(diff.max()):.2e}", fails, f"{needed:.2e}", f"{shift:.2e}"])
+                                 f"{float(diff.max()):.2e}", fails, f"{needed:.2e}", f"{row_ratio:.3f}", f"{shift:.2e}"])
     print(f"device: {device}")
-    headers = ["case", "set", "who", "max |lse|", "lse err", "out err", "out fails vs ref", "atol needed", "1-of-n slot shift"]
+    headers = ["case", "set", "who", "max |lse|", "lse err", "out err", "out fails vs ref", "atol needed", "row err / bound",
+               "1-of-n slot shift"]  # fmt: skip
     print(tabulate(rows, headers=headers, disable_numparse=True))
-    print("worst lse error: " + ", ".join(f"{who} {err:.3e}" for who, err in worst.items()))
+    print("worst lse error: " + ", ".join(f"{who} {err:.3e}" for who, err in worst.items() if who != "scaled_0.98"))
+    print("row err / bound: " + ", ".join(f"{who} {'smallest' if who == 'scaled_0.98' else 'largest'} {r:.3f}"
+                                          for who, r in worst_row.items()))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -182,6 +182,9 @@ class Definition:
     #: judged like outputs (shape, dtype, then ``check``)
     observed: tuple[TensorSpec, ...] = ()
     observe: Callable[[Mapping[str, Value]], dict[str, torch.Tensor]] | None = None
+    #: this definition's own tolerance defaults, for every tolerance a workload's settings leave out
+    #: (None: Tolerance's); the decode's lse is a natural log and has its own derived lse_atol
+    tolerance: Tolerance | None = None
 
     @property
     def checked_outputs(self) -> tuple[TensorSpec, ...]:

@@ -413,10 +413,10 @@ class _Step:
         insert(self.fmt, inputs, kv_cache, index_cache)
         rows = indexer_inputs(inputs, index_cache)
         ids = select(inputs, index_cache, topk)
-        decoded = mla_decode.decode(self.fmt, inputs["q"], kv_cache, ids, inputs["sm_scale"], inputs["attn_sink"])
+        decoded = mla_decode.expect(self.fmt, inputs["q"], kv_cache, ids, inputs["sm_scale"], inputs["attn_sink"])
         observed = observe_pages({**inputs, "kv_cache": kv_cache, "index_cache": index_cache})
         return StepExpected(observed["kv_pages"], observed["index_pages"], ids, decoded["out"], decoded["lse"],
-                            indexer.expect(rows, **_topk_arguments(topk)), rows, kv_cache)
+                            indexer.expect(rows, **_topk_arguments(topk)), rows, kv_cache, decoded["out_noise"])
 
     def check(self, inputs: Mapping[str, Value], outputs: Mapping[str, torch.Tensor], expected: Any, tol: Tolerance) -> CheckResult:
         """Records byte-exact, then the ids modulo ties, then out/lse against the decode of the solution's ids."""
@@ -432,10 +432,11 @@ class _Step:
             return replace(verdict, message=f"topk_indices (indexer row = b x s_q + s): {verdict.message}")
         same = torch.equal(torch.sort(ids.long(), dim=-1).values, torch.sort(expected.ids.long(), dim=-1).values)
         if same:
-            want = {"out": expected.out, "lse": expected.lse}
+            want = {"out": expected.out, "lse": expected.lse, "out_noise": expected.out_noise}
         else:  # a tie choice the indexer accepted: the decode of the solution's own ids is the answer
-            want = mla_decode.decode(self.fmt, inputs["q"], expected.kv_cache, ids.to(torch.int32), inputs["sm_scale"], inputs["attn_sink"])
-        decoded = mla_decode.check(inputs, {"out": outputs["out"], "lse": outputs["lse"]}, want, tol)
+            want = mla_decode.expect(self.fmt, inputs["q"], expected.kv_cache, ids.to(torch.int32), inputs["sm_scale"], inputs["attn_sink"])
+        # empty rows follow from the ids the decode read (the solution's, equal to the reference's modulo ties)
+        decoded = mla_decode.check_rows(ids, None, {"out": outputs["out"], "lse": outputs["lse"]}, want, tol)
         if not decoded.passed or same:
             return decoded
         return replace(decoded, message="ids differ from the reference's within the tie tolerance; out and lse were judged against "
@@ -454,6 +455,7 @@ class StepExpected:
     indexer: list  # indexer.expect of the rows: reference scores and tie tolerances
     rows: dict[str, torch.Tensor]  # the indexer's inputs on the updated key cache
     kv_cache: torch.Tensor  # the updated MLA cache, for the decode of a solution's own ids
+    out_noise: torch.Tensor  # each decode row's scale of the bf16-probability error (mla_decode.expect, the row check)
 
 
 def _page_problem(name: str, fmt: KvRecordFormat, slot_mapping: torch.Tensor, got: torch.Tensor, want: torch.Tensor) -> CheckResult | None:

@@ -10,7 +10,8 @@ code path for the three formats. Scales follow the ``"source"`` convention (the 
 writers: amax clamped at 1e-4, exponent ceil(log2(amax/448))).
 
 V4 and V4.1 rotate the last 64 of the 512 dims first (pairs (2i, 2i+1) as (e·c − o·s, o·c + e·s) with
-c = cos_sin_cache[pos, i], s = cos_sin_cache[pos, 32 + i], in float32, not rounded to bf16 in between);
+c = cos_sin_cache[pos, i], s = cos_sin_cache[pos, 32 + i], in float32, each product rounded on its own before
+the sum, never fused into an FMA, and not rounded to bf16 in between);
 V4 stores them as bf16 beside 448 quantized dims (its pad scale byte written 0), V4.1 quantizes all 512.
 """
 
@@ -58,7 +59,8 @@ class Expected:
 
 
 def rotate_rope(rope: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor) -> torch.Tensor:
-    """Rotated RoPE dims (float32) of ``rope`` [T, 64]: pairs (2i, 2i+1) as (e·c − o·s, o·c + e·s)."""
+    """Rotated RoPE dims (float32) of ``rope`` [T, 64]: pairs (2i, 2i+1) as (e·c − o·s, o·c + e·s), each product
+    rounded to float32 before the sum (separate tensor operations: no fused multiply-add, which the contract forbids)."""
     half = ROPE_DIMS // 2
     cs = cos_sin_cache.float()[positions.long()]
     c, s = cs[:, :half], cs[:, half:]

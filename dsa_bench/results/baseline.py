@@ -25,6 +25,8 @@ from dsa_bench.results.records import (
     load_results,
     now_iso,
     refuse_duplicates,
+    refuse_redacted,
+    refuse_secret_mix,
 )
 from dsa_bench.solution import REFERENCE_SOLUTION
 
@@ -146,6 +148,7 @@ def baseline_block(results: LoadedResults) -> dict[str, Any]:
         "l2_flush": results.l2_flush,
         "settings": doc.get("settings"),
         "environment": results.environment,
+        **({"secret": True} if doc.get("secret") else {}),  # made from a contest run (compare.refuse_secret_mix)
         "solutions": {name: {"content_hash": meta.get("content_hash")} for name, meta in (doc.get("solutions") or {}).items()},
         "cases": [
             {"case": case, "solution": solution, **asdict(measure)} for (_, case, solution), measure in measures_of(results).items()
@@ -174,10 +177,16 @@ def update_baseline(baseline_path: Path, results_paths: list[Path], replace: boo
             raise DsaBenchError("results file is incomplete (the run was interrupted); a baseline needs a finished run", str(results.path))
         if not results.records:
             raise DsaBenchError("results file holds no records", str(results.path))
+        refuse_redacted(results, "baseline update")
     if baseline_path.exists() and not replace:
         document = load_baseline(baseline_path)
     else:
         document = {"format": BASELINE_FORMAT, "version": BASELINE_VERSION, "workloads": {}}
+    for results in loaded:  # one baseline holds secret or public entries, never both
+        refuse_secret_mix(results, loaded[0].document, str(loaded[0].path))
+        for name, block in document["workloads"].items():
+            if name not in seen:
+                refuse_secret_mix(results, block, f"{baseline_path}'s entry for {name!r}")
     document["updated"] = now_iso()
     for results in loaded:
         document["workloads"][results.workload] = baseline_block(results)

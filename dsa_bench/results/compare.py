@@ -50,7 +50,7 @@ from typing import Any
 from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.results.baseline import CaseMeasure, Key, baseline_measures, measures_of
-from dsa_bench.results.records import LoadedResults, recorded_l2_flush
+from dsa_bench.results.records import LoadedResults, recorded_l2_flush, refuse_redacted, refuse_secret_mix
 from dsa_bench.solution import REFERENCE_SOLUTION
 
 DEFAULT_THRESHOLD = 0.05
@@ -182,8 +182,12 @@ class Comparison:
         return not self.slower and not self.newly_failing and not self.slower_solutions
 
 
-def compare_results(results: list[LoadedResults], baseline: dict[str, Any], threshold: float = DEFAULT_THRESHOLD) -> Comparison:
-    """Match results against a baseline by (workload, case, solution) and classify every match."""
+def compare_results(
+    results: list[LoadedResults], baseline: dict[str, Any], threshold: float = DEFAULT_THRESHOLD, baseline_name: str = "the baseline"
+) -> Comparison:
+    """Match results against a baseline by (workload, case, solution) and classify every match.
+    Secret (contest) results are compared only with a baseline made from secret results, and
+    public with public: the two judge different inputs."""
     if not 0 <= threshold < 1:
         raise DsaBenchError(f"threshold {threshold} must be a fraction in [0, 1), e.g. 0.05 for 5 %")
     comparison = Comparison(threshold)
@@ -197,6 +201,8 @@ def compare_results(results: list[LoadedResults], baseline: dict[str, Any], thre
         if res.workload in seen_workloads:
             raise DsaBenchError(f"workload {res.workload!r} appears in two results files", str(res.path))
         seen_workloads.add(res.workload)
+        refuse_redacted(res, "compare")
+        refuse_secret_mix(res, block, f"{baseline_name}'s entry for {res.workload!r}")
         comparison.warnings += _environment_warnings(res, block)
         gpu = res.environment.get("gpu")
         same_gpu = gpu is not None and gpu == (block.get("environment") or {}).get("gpu")

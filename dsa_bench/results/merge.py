@@ -16,7 +16,7 @@ from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import check_output_path, has_json_format, write_atomic
 from dsa_bench.results.records import RESULTS_FORMAT, load_results
 
-MUST_AGREE = ("format", "version", "workload", "settings", "timer", "l2_flush")
+MUST_AGREE = ("format", "version", "workload", "settings", "timer", "l2_flush", "secret", "redacted")
 
 
 def merge_results(paths: list[Path]) -> dict[str, Any]:

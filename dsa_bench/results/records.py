@@ -352,6 +352,8 @@ class ResultsModel(OpenModel):
     settings: dict[str, Any] | None = None
     timer: str | None = None
     l2_flush: str | None = None
+    #: every flush first reset the persisting-L2 carve-out (absent in files written before it did)
+    l2_persisting_reset: bool | None = None
     environment: dict[str, Any] | None = None
     solutions: dict[str, SolutionMetaModel] | None = None
     cases: list[Name] | None = None  # the run's case selection
@@ -369,6 +371,64 @@ class ResultsModel(OpenModel):
     clock_sagged: list[str] | None = None
     wall_breakdown: WallBreakdownModel | None = None
     resumed: list[dict[str, Any]] | None = None  # one entry per later sitting of a resumed run
+    #: a contest run: the seed was drawn from the OS and withheld until the run ended
+    secret: bool | None = None
+    #: a copy for publishing: records hold case ids and statuses only (redact_document)
+    redacted: bool | None = None
+
+
+# --------------------------------------------------------------------------- publishing with case details redacted
+
+#: what a redacted record keeps: which case, which solution, and how it ended (``axes`` is kept
+#: empty so the record still reads as one)
+REDACTED_RECORD_FIELDS = ("case", "solution", "status")
+#: header fields a redacted document leaves out: a secret run's inputs can be rebuilt from them,
+#: or they repeat what the redacted records no longer hold
+REDACTED_HEADER_FIELDS = ("solution_notes", "wall_breakdown", "clock_sagged")
+
+
+def redact_document(document: dict[str, Any]) -> dict[str, Any]:
+    """A results document fit to publish after a contest run: the header without the seed, and
+    per record the case id, the solution and the status only (no seeds, axes, messages, errors,
+    timings or samples). A redacted file cannot be compared, resumed or made a baseline."""
+    header = {k: v for k, v in document.items() if k not in ("records", *REDACTED_HEADER_FIELDS)}
+    if isinstance(header.get("settings"), dict):
+        header["settings"] = {**header["settings"], "seed": None}
+    records = [{**{k: r[k] for k in REDACTED_RECORD_FIELDS}, "axes": {}} for r in document["records"]]
+    return {**header, "redacted": True, "records": records}
+
+
+def redacted_path(path: Path) -> Path:
+    """Where ``run --redact`` writes the redacted copy of results file ``path``."""
+    return path.with_name(f"{path.stem}.redacted{path.suffix or '.json'}")
+
+
+def write_redacted(document: dict[str, Any], path: Path) -> None:
+    write_atomic(path, json.dumps(redact_document(document), indent=1, allow_nan=True), "results")
+
+
+def refuse_redacted(results: LoadedResults, command: str) -> None:
+    if results.document.get("redacted"):
+        raise DsaBenchError(
+            f"a redacted results file holds no seeds, timings or case details; {command} needs the full one", str(results.path)
+        )
+
+
+def secrecy(document: dict[str, Any]) -> str:
+    """How a results document or baseline block's inputs were chosen: "secret" (contest mode) or "public"."""
+    return "secret" if document.get("secret") else "public"
+
+
+def refuse_secret_mix(results: LoadedResults, other: dict[str, Any], other_name: str) -> None:
+    """Refuse to put secret-mode and public results side by side (a comparison, a baseline)."""
+    if secrecy(results.document) != secrecy(other):
+        source = other.get("results_file")
+        raise DsaBenchError(
+            f"these are {secrecy(results.document)} results, {other_name} comes from {secrecy(other)} results"
+            + (f" ({source})" if source else "")
+            + "; secret (run --secret) and public results judge different inputs and are never mixed",
+            str(results.path),
+        )
 
 
 def check_format(document: Any, name: str, version: int, kind: str, where: str) -> None:

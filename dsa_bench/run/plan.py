@@ -22,6 +22,7 @@ import hashlib
 import json
 import math
 import os
+import secrets
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -35,7 +36,15 @@ from dsa_bench.errors import DsaBenchError
 from dsa_bench.paths import safe_file_name
 from dsa_bench.project import check_run_solutions, reference_solution, relative_to_root, resolve_solution, resolve_workload
 from dsa_bench.results.environment import environment
-from dsa_bench.results.records import CaseRecord, ResultsFile, check_results_path, load_results, now_iso
+from dsa_bench.results.records import (
+    CaseRecord,
+    ResultsFile,
+    check_results_path,
+    load_results,
+    now_iso,
+    redacted_path,
+    write_redacted,
+)
 from dsa_bench.results.tables import sagged
 from dsa_bench.run.breakdown import PhaseClock
 from dsa_bench.run.isolation import WORKER_USER_MODES, WorkerIdentity
@@ -83,6 +92,10 @@ class RunRequest:
     resume: Path | None = None  # an interrupted run's results file, completed in place
     reference_protocol: str | None = None  # REFERENCE_PROTOCOLS; None: the workload's
     speedup_over: str | None = None  # the solution peer speedups are measured against; None: the fastest peer of each case
+    #: contest mode: the seed is drawn from the OS and withheld until the run ends (also a workload setting)
+    secret: bool = False
+    #: also write a copy of the results with case details redacted (ids and statuses only)
+    redact: bool = False
 
     def tolerance_overrides(self) -> dict[str, float]:
         return {key: getattr(self, key) for key in TOLERANCES if getattr(self, key) is not None}
@@ -133,6 +146,11 @@ class RunPlan:
     timer_request: str = "auto"  # what a Ray actor resolves on its own device
     planning_s: float = 0.0  # wall time spent planning, counted in the run's wall-time breakdown
     resumed: Resumed | None = None
+    redacted_path: Path | None = None  # where the redacted copy goes (run --redact)
+
+    @property
+    def secret(self) -> bool:
+        return self.options.settings.secret
 
     @property
     def pending_cases(self) -> list[Case]:
@@ -165,10 +183,13 @@ class RunPlan:
             env["gpus"] = [{"index": i, **_device_environment(o)} for i, o in enumerate(self.device_options)]
         return {
             "workload": workload,
-            "settings": {**{k: v for k, v in asdict(settings).items() if k != "tolerance"}, "tolerance": asdict(settings.tolerance)},
+            "settings": {**{k: v for k, v in asdict(settings).items() if k not in ("tolerance", "secret")},
+                         "tolerance": asdict(settings.tolerance)},  # fmt: skip
             "timer": options.timer,
             **({"timer_fallback": options.timer_fallback} if options.timer_fallback else {}),  # why not CUPTI: never silent
             "l2_flush": options.l2_flush if options.timer else None,
+            # every flush first resets the persisting-L2 carve-out (timing.flush.PersistingL2Reset)
+            "l2_persisting_reset": True if options.timer else None,
             "environment": env,
             "workers": {name: identity.description for name, identity in self.identities.items()}
             if self.executor == "local" else None,  # Ray actors report theirs under environment.gpus
@@ -176,7 +197,7 @@ class RunPlan:
             "cases": [c.id for c in self.cases],
             "peers": [s.name for s in self.solutions if s.requires.any],
             "speedup_over": options.speedup_over,
-        }
+        } | ({"secret": True} if settings.secret else {})
 
     def _solution_header(self, solution: Solution) -> dict[str, Any]:
         header = {"path": relative_to_root(solution.path, self.root), "content_hash": content_hash(solution.path)}
@@ -405,6 +426,10 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     check_request(request)
     if request.save is not None and request.no_save:
         raise DsaBenchError(f"--save {request.save} and --no-save contradict each other; give one of them")
+    if request.secret and request.seed is not None:
+        raise DsaBenchError("--secret draws the seed from the OS at run time; leave out --seed")
+    if request.redact and request.no_save:
+        raise DsaBenchError("--redact writes a redacted copy beside the results file; leave out --no-save")
     if request.resume is not None and (request.save is not None or request.no_save):
         raise DsaBenchError("--resume writes the completed run back to its results file; leave out --save and --no-save")
     if request.dataset is None:
@@ -430,6 +455,10 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
         seed=request.seed, input_sets=request.input_sets, warmup=request.warmup, iterations=request.iterations, trials=request.trials,
         tolerance=tolerance, reference_protocol=request.reference_protocol,
     )  # fmt: skip
+    if request.secret or settings.secret:
+        if request.seed is not None:
+            raise DsaBenchError(f"workload {workload.name!r} is secret (settings.secret): its seed is drawn at run time; leave out --seed")
+        settings = dataclasses.replace(settings, seed=secret_seed(request.resume), secret=True)
     if timer is not None and settings.input_sets < 2:
         raise DsaBenchError("timing needs --input-sets >= 2 so consecutive calls never see the same tensors")
     solutions, warnings = _solutions(request, workload, root, timer is not None or on_ray)
@@ -477,8 +506,27 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     )  # fmt: skip
     if request.resume is not None:
         plan.resumed = resume_state(request.resume, plan)
+    if request.redact and save_path is not None:
+        plan.redacted_path = redacted_path(save_path)
+        check_results_path(plan.redacted_path, *run_inputs(workload, solutions, request.dataset))
     plan.planning_s = time.perf_counter() - started
     return plan
+
+
+def secret_seed(resume: Path | None) -> int:
+    """A contest run's seed: 63 bits from the OS (``secrets``), or the one an interrupted secret
+    run recorded when it ended, to resume it with the same inputs."""
+    if resume is None:
+        return secrets.randbits(63)
+    document = load_results(resume).document
+    if document.get("redacted"):
+        raise DsaBenchError("cannot resume a redacted results file (it holds no seeds or case details); resume the full one", str(resume))
+    if not document.get("secret"):
+        raise DsaBenchError("--secret cannot resume a public run; resume it without --secret", str(resume))
+    seed = (document.get("settings") or {}).get("seed")
+    if not isinstance(seed, int):
+        raise DsaBenchError("this secret run never recorded its seed (it was killed before it ended); start a new run", str(resume))
+    return seed
 
 
 def _first_difference(theirs: Any, ours: Any, name: str) -> tuple[str, Any, Any] | None:
@@ -507,6 +555,7 @@ def resume_problem(previous: dict[str, Any], now: dict[str, Any]) -> str | None:
                     f"{info['content_hash']} now ({info['path']}); start a new run")  # fmt: skip
     workload_fields = ("name", "definition", "cases_sha256", "dataset")
     checked = [
+        ("secret", bool(previous.get("secret")), bool(now.get("secret"))),
         ("workload", {k: previous["workload"].get(k) for k in workload_fields}, {k: now["workload"].get(k) for k in workload_fields}),
         ("settings", previous.get("settings"), now["settings"]),
         ("timer", previous.get("timer"), now["timer"]),
@@ -530,6 +579,8 @@ def resume_problem(previous: dict[str, Any], now: dict[str, Any]) -> str | None:
 def resume_state(path: Path, plan: RunPlan) -> Resumed:
     """The interrupted run at ``path``, checked against ``plan``: a refusal names the first difference."""
     previous = load_results(path).document
+    if previous.get("redacted"):
+        raise DsaBenchError("cannot resume a redacted results file (it holds no seeds or case details); resume the full one", str(path))
     now = plan.header()
     problem = resume_problem(previous, now)
     if problem is not None:
@@ -577,6 +628,9 @@ def execute(plan: RunPlan, on_record: Callable[[CaseRecord], None] = lambda r: N
     clock = PhaseClock(plan.planning_s, resumed.document.get("wall_breakdown") if resumed else None)
     with clock.phase("planning"):  # the header: environment, solutions' content hashes
         header = plan.header() if resumed is None else resumed.header()
+    revealed_settings = header["settings"]
+    if plan.secret:  # withheld until the run ends, interrupted or not; then recorded to reproduce it
+        header = {**header, "settings": {**revealed_settings, "seed": None}}
     kept, superseded = (resumed.document["records"], resumed.superseded) if resumed else ([], set())
     with clock.phase("results_writes"):
         results = ResultsFile(plan.save_path, header, kept, superseded)
@@ -593,7 +647,10 @@ def execute(plan: RunPlan, on_record: Callable[[CaseRecord], None] = lambda r: N
     results.document["records"].sort(key=lambda r: (case_order.get(r["case"], len(case_order)), solution_order.get(r["solution"], 0)))
     records = [CaseRecord.from_json(r) for r in results.document["records"]]
     sag = _sagged(records, results.document["environment"])
-    results.update(complete=stopped_by is None, finished=now_iso(), clock_sagged=sag, wall_breakdown=clock.breakdown())
+    results.update(complete=stopped_by is None, finished=now_iso(), clock_sagged=sag, wall_breakdown=clock.breakdown(),
+                   settings=revealed_settings)  # fmt: skip
+    if plan.redacted_path is not None:
+        write_redacted(results.document, plan.redacted_path)
     return RunOutcome(records, results, sag, stopped_by)
 
 
@@ -610,6 +667,7 @@ def _run(plan: RunPlan, results: ResultsFile, on_record: Callable[[CaseRecord], 
                 environment={**results.document["environment"], "gpus": [{"index": i, **d} for i, d in enumerate(descriptions)]},
                 timer=timers.pop() if len(timers) == 1 else "mixed",
                 l2_flush=plan.options.l2_flush if any(d["timer"] for d in descriptions) else None,
+                l2_persisting_reset=True if any(d["timer"] for d in descriptions) else None,
             )
 
         return run_on_ray(
