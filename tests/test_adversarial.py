@@ -109,15 +109,30 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _worker_pids() -> set[int]:
+def _parent(pid: int) -> int | None:
+    try:
+        return int((Path("/proc") / str(pid) / "stat").read_text().split(")")[-1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _worker_pids(harness: int) -> set[int]:
+    """The workers among ``harness``'s descendants: other dsa-bench runs on the machine (another
+    test session, a user's run) are not this test's business."""
     found = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if b"dsa_bench.run.worker" in (entry / "cmdline").read_bytes():
-                    found.add(int(entry.name))
+                if b"dsa_bench.run.worker" not in (entry / "cmdline").read_bytes():
+                    continue
             except OSError:
-                pass
+                continue
+            pid: int | None = int(entry.name)
+            while pid is not None and pid > 1:
+                pid = _parent(pid)
+                if pid == harness:
+                    found.add(int(entry.name))
+                    break
     return found
 
 
@@ -189,7 +204,6 @@ def test_sigterm_and_sigkill_of_the_harness_end_its_workers(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     for sig, expected_code in ((signal.SIGTERM, 143), (signal.SIGKILL, -9)):
         save = tmp_path / f"run-{sig.name}.json"
-        before = _worker_pids()
         proc = subprocess.Popen(
             [sys.executable, "-m", "dsa_bench", "run", "-w", "indexer_smoke", "-s", "reference", "-s", str(ADVERSARIAL / "sleeps"),
              "--case-timeout", "120", "--save", str(save)],
@@ -199,7 +213,7 @@ def test_sigterm_and_sigkill_of_the_harness_end_its_workers(tmp_path):
         while time.time() < deadline and not (save.exists() and json.loads(save.read_text())["records"]):
             time.sleep(0.2)  # the reference's first record is in: the sleeping solution runs next
         time.sleep(3)
-        workers = _worker_pids() - before
+        workers = _worker_pids(proc.pid)
         assert workers, "the run started workers"
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)
