@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import typer
@@ -43,15 +45,62 @@ app = typer.Typer(
 
 
 def _err(message: str) -> None:
-    typer.secho(message, fg=typer.colors.RED, err=True)
+    with contextlib.suppress(BrokenPipeError):  # stderr piped to a reader that is gone (Ctrl-C under `2>&1 | tee`)
+        typer.secho(message, fg=typer.colors.RED, err=True)
 
 
 def _warn(message: str) -> None:
-    typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
+    with contextlib.suppress(BrokenPipeError):
+        typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
+
+
+def _say_err(text: str) -> None:
+    with contextlib.suppress(BrokenPipeError):
+        typer.echo(text, err=True)
+
+
+class _Stdout:
+    """stdout that outlives its reader: Ctrl-C under `| tee log` ends tee too, and the run's
+    summary, kept-records line and resume command must still reach the terminal. After the first
+    broken pipe everything goes to stderr (and stdout to /dev/null, so the exit's flush is quiet)."""
+
+    def __init__(self) -> None:
+        self.gone = False
+
+    def __call__(self, text: str) -> None:
+        if not self.gone:
+            try:
+                typer.echo(text)
+                return
+            except BrokenPipeError:
+                self.gone = True
+                with contextlib.suppress(OSError, ValueError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        with contextlib.suppress(BrokenPipeError):
+            typer.echo(text, err=True)
+
+
+def _resume_command(ctx: typer.Context, save_path: Path) -> str:
+    """The command that finishes an interrupted run: its own options as given, with --resume."""
+    import shlex
+
+    words = ["dsa-bench", "run"]
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name or "")
+        if param.name in ("save", "no_save", "resume") or source is None or source.name != "COMMANDLINE":
+            continue
+        flag = max(param.opts, key=len)
+        value = ctx.params[param.name or ""]
+        if getattr(param, "is_flag", False):
+            words += [flag] if value else []
+        else:
+            words += [w for v in (value if isinstance(value, (list, tuple)) else [value]) for w in (flag, str(v))]
+    return shlex.join([*words, "--resume", str(save_path)])
 
 
 @app.command()
 def run(
+    ctx: typer.Context,
     workload: str = typer.Option(..., "--workload", "-w", help="Workload name (workloads/<name>.yaml) or path to a workload YAML."),
     solution: list[str] = typer.Option([], "--solution", "-s", help="Solution name, folder or packed Solution JSON file (run as "
                                                                     "flashinfer-bench imports it); repeat for several. Default: every "
@@ -110,10 +159,13 @@ def run(
 
     On a terminal a progress display shows the run; otherwise (a log, a pipe) each finished
     (case, solution) prints one line as it finishes."""
+    from dsa_bench.definitions.status import Status
     from dsa_bench.project import find_root
     from dsa_bench.results.tables import (
         breakdown_table,
         failures,
+        progress_every,
+        progress_line,
         record_line,
         records_table,
         skips,
@@ -133,7 +185,8 @@ def run(
     plan = plan_run(request, find_root())
     for warning in plan.warnings:
         _warn(warning)
-    say = (lambda text: typer.echo(text, err=True)) if json_lines else typer.echo  # stdout holds only JSON with --json-lines
+    stdout = _Stdout()
+    say = _say_err if json_lines else stdout  # stdout holds only JSON with --json-lines
     names = ", ".join(s.name for s in plan.solutions)
     if not quiet:
         say(f"{plan.workload.name}: {len(plan.cases)} cases x {len(plan.solutions)} solutions ({names}) "
@@ -147,6 +200,8 @@ def run(
     total = len(plan.pending_cases) * len(plan.solutions)
     live = sys.stdout.isatty() and not quiet and not json_lines
     done = 0
+    started = time.monotonic()
+    skipped_shown: set[str] = set()  # a skipped solution's first record is printed in a log, its others are not
     with _progress() if live else contextlib.nullcontext() as progress:
         task = progress.add_task(plan.workload.name, total=total) if progress else None
 
@@ -156,16 +211,22 @@ def run(
             if progress is not None:
                 progress.update(task, advance=1, description=f"{record.case} [{record.solution}] {record.status.value}")
             elif json_lines:
-                typer.echo(json.dumps(record.to_json()))  # typer.echo flushes: a piped log shows every record as it finishes
+                stdout(json.dumps(record.to_json()))  # typer.echo flushes: a piped log shows every record as it finishes
             elif not quiet:
-                typer.echo(record_line(record, done, total))
+                if record.status is not Status.SKIPPED or record.solution not in skipped_shown:
+                    stdout(record_line(record, done, total))
+                    if record.status is Status.SKIPPED:
+                        skipped_shown.add(record.solution)
+                        stdout(f"  (the other cases of {record.solution} are skipped for the same reason and not listed)")
+                if done < total and done % progress_every(total) == 0:
+                    stdout(progress_line(done, total, time.monotonic() - started))
 
         outcome = execute(plan, on_record)
     records = outcome.records
     wall = outcome.results.document["wall_breakdown"]
     if records and live:
-        typer.echo(records_table(records, plan.workload.definition.key_axes))
-        typer.echo("")
+        stdout(records_table(records, plan.workload.definition.key_axes))
+        stdout("")
     if records and not (json_lines and quiet):
         say(summary_table(records))
         if any(r.peer is not None for r in records):
@@ -195,9 +256,13 @@ def run(
             "solutions": [dataclasses.asdict(summarize(records, name)) for name in dict.fromkeys(r.solution for r in records)],
             "wall_breakdown": wall,
         }
-        typer.echo(json.dumps({"summary": summary}))
+        stdout(json.dumps({"summary": summary}))
     if outcome.stopped_by is not None:
         _err(f"interrupted by {signal.Signals(outcome.stopped_by).name}: {len(records)} finished records kept")
+        if plan.save_path is not None:
+            _err(f"to finish it: {_resume_command(ctx, plan.save_path)}")
+        else:
+            _err("nothing was saved (--no-save), so it cannot be resumed")
         raise typer.Exit(128 + outcome.stopped_by)
     if any(r.failed for r in records):  # a skipped peer is not a failure
         raise typer.Exit(EXIT_FAILED_CASES)

@@ -540,12 +540,14 @@ class RunOutcome:
 
 @contextlib.contextmanager
 def _stopped_by_signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP stop a run as Ctrl-C does: workers are ended, finished records kept."""
+    """SIGINT, SIGTERM and SIGHUP stop a run: workers are ended, finished records kept. SIGINT's
+    handler is set here too, because a job started in the background by a non-interactive shell
+    (`dsa-bench run ... &` in a script) inherits SIGINT ignored, and `kill -INT` would do nothing."""
 
     def stop(signum: int, frame: Any) -> None:
         raise Interrupted(signum)
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
