@@ -439,6 +439,8 @@ def compare(
     typer.echo(render_comparison(comparison, output_format, all_cases))
     if not comparison.ok:
         raise typer.Exit(EXIT_FAILED_CASES)
+    if comparison.nothing_timed:  # statuses alone are no speed comparison: not an OK
+        raise typer.Exit(EXIT_BAD_INPUT)
 
 
 @app.command()

@@ -161,6 +161,8 @@ class Definition:
     key_axes: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
     min_traffic_bytes: MinTrafficFn | None = None
+    #: the Tolerance fields its check reads (the others cannot change a status of this definition)
+    tolerances: tuple[str, ...] = ("atol", "rtol", "lse_atol", "score_rtol")
 
     def axes(self, var_values: Mapping[str, int]) -> dict[str, int]:
         return {**self.const_axes, **var_values}

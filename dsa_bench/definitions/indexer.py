@@ -611,6 +611,7 @@ DEFINITION = Definition(
     expect=expect,
     check=check,
     key_axes=("batch_size", "max_num_pages"),
+    tolerances=("score_rtol",),
     notes=(
         "Order inside a row is free; the checker compares the selected set's sorted scores with the reference's, "
         "within a per-row tie tolerance derived from an FP8 kernel's rounding errors.",
