@@ -27,12 +27,45 @@ class _Commands(typer.core.TyperGroup):
     in the tests) sees exactly what a user sees.
     """
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        _plain_metavars(self)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except DsaBenchError as exc:
             _err(f"error: {exc}")
             raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
+_METAVARS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "Path": "PATH"}
+
+
+def _plain_metavars(command) -> None:
+    """Help shows a flag bare (``--no-save``, not typer's ``--no-save <bool>``), an option's value
+    as TEXT, INTEGER, FLOAT or PATH, and an argument by its name alone, for every command and
+    subcommand. (Typer builds the commands; their parameters are adjusted here, in one place.)"""
+    for param in command.params:
+        if param.param_type_name == "argument":
+            param.metavar = param.metavar or (param.name or "value").upper()
+            param.display_type_rich = lambda ctx: None  # the name column already says it
+        elif param.metavar is None and (getattr(param, "is_flag", False) or getattr(param, "count", False)):
+            param.metavar = ""
+        elif param.metavar is None:
+            label = param.bare_type().removeprefix("list[").removesuffix("]")
+            param.metavar = _METAVARS.get(label, label.upper())
+    make_help_option = command.get_help_option
+
+    def bare_help_option(ctx):
+        option = make_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = bare_help_option
+    for sub in (getattr(command, "commands", None) or {}).values():
+        _plain_metavars(sub)
 
 
 app = typer.Typer(
@@ -42,6 +75,21 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        from dsa_bench import __version__
+
+        typer.echo(f"dsa-bench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print dsa-bench's version and exit."),
+) -> None:
+    """dsa-bench: run, check and time DeepSeek Sparse Attention kernels on trace-defined workloads."""
 
 
 def _err(message: str) -> None:
@@ -132,7 +180,7 @@ def run(
                                                         "of the cluster with --executor ray). Each case (reference and every solution) "
                                                         "runs on one device; without CUDA, N parallel correctness-only workers."),
     executor: str = typer.Option("local", "--executor", help="local (this machine's devices) or ray (one actor per GPU of a Ray "
-                                                             "cluster; needs pip install 'dsa-bench[ray]')."),
+                                                             "cluster; needs pip install 'dsa-bench\\[ray]')."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="The Ray cluster to join (default: start a local one)."),
     dataset_solutions: list[str] = typer.Option([], "--dataset-solutions", help="With --dataset: run the dataset's own solutions "
                                                                                 "(solutions/**/*.json) of the definition: 'all', or a "
@@ -314,7 +362,7 @@ def list_(what: str = typer.Argument("all", help="definitions, workloads, soluti
 
 
 @app.command()
-def validate(paths: list[Path] = typer.Argument(..., help="Workload YAML, trace JSONL (with --definition) or solution folders.")) -> None:
+def validate(paths: list[Path] = typer.Argument(..., help="Workload YAML, trace JSONL (checked through the workloads that name it) or solution folders.")) -> None:
     """Validate workload, trace and solution files without running anything."""
     from dsa_bench.solution import MANIFEST, load_solution
     from dsa_bench.workloads import load_workload
