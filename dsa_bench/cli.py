@@ -239,7 +239,7 @@ def run(
     if not quiet:
         say(f"{plan.workload.name}: {len(plan.cases)} cases x {len(plan.solutions)} solutions ({names}) "
             f"on {_devices(plan)}, {plan.mode}")
-        for line in sorted({f"workers run as {identity.description}" for identity in plan.identities.values()}):
+        for line in sorted({f"workers run as {identity.description}{_unisolated(identity)}" for identity in plan.identities.values()}):
             say(line)
         if plan.resumed is not None:
             kept = sum(r["case"] in plan.resumed.finished for r in plan.resumed.document["records"])
@@ -314,6 +314,13 @@ def run(
         raise typer.Exit(128 + outcome.stopped_by)
     if any(r.failed for r in records):  # a skipped peer is not a failure
         raise typer.Exit(EXIT_FAILED_CASES)
+
+
+def _unisolated(identity) -> str:
+    """Why it matters when a root harness could not give its workers an unprivileged user."""
+    if os.geteuid() == 0 and not identity.dedicated and "--worker-user" not in identity.description:
+        return " (so solutions run as root, not isolated from the harness: docs/trust.md)"
+    return ""
 
 
 def _devices(plan) -> str:

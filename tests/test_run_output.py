@@ -154,3 +154,16 @@ def test_a_long_log_says_how_far_it_is_and_how_long_the_rest_takes():
 
     assert progress_every(8) == 10 and progress_every(512) == 52
     assert progress_line(52, 512, 130.0) == "progress: 52/512 records in 2 min 10 s; about 19 min 10 s left at this pace"
+
+
+def test_a_root_harness_says_what_unisolated_workers_mean(monkeypatch):
+    from dsa_bench.cli import _unisolated
+    from dsa_bench.run.isolation import WorkerIdentity
+
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    fallback = WorkerIdentity(None, None, "the harness's user: an unprivileged worker could not read /root (mode drwx------)")
+    assert _unisolated(fallback) == " (so solutions run as root, not isolated from the harness: docs/trust.md)"
+    assert _unisolated(WorkerIdentity(None, None, "the harness's user (--worker-user harness)")) == ""  # asked for
+    assert _unisolated(WorkerIdentity(61234, 61234, "unprivileged uid/gid 61234")) == ""
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    assert _unisolated(fallback) == ""
