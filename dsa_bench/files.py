@@ -402,6 +402,28 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+#: a solution folder's manifest (dsa_bench.solution reads it)
+SOLUTION_MANIFEST = "solution.yaml"
+
+#: the project's input folders (beside each other at its root), which no command writes into
+INPUT_FOLDERS = ("workloads", "traces")
+
+
+def protected_folder(path: Path) -> str | None:
+    """Why no output may be written at ``path``, or None: it lies inside a solution folder (a file
+    there changes the solution's content hash, so --resume and compare would see new code) or
+    under the project's workloads/ or traces/ (the files runs read)."""
+    for folder in path.parents:
+        try:
+            if (folder / SOLUTION_MANIFEST).is_file():
+                return f"{folder}, a solution folder (a file written there changes the solution's content hash)"
+            if folder.name in INPUT_FOLDERS and (folder.parent / "workloads").is_dir():
+                return f"{folder}, the project's {folder.name}/ folder"
+        except OSError:
+            continue
+    return None
+
+
 def check_output_path(
     path: Path,
     option: str,
@@ -426,6 +448,9 @@ def check_output_path(
     for folder in input_folders:
         if resolved.is_relative_to(folder.resolve()):
             raise DsaBenchError(f"{option}: lies inside {folder}, an input folder of the command (choose a path outside it)", where)
+    protected = protected_folder(resolved)
+    if protected is not None:
+        raise DsaBenchError(f"{option}: lies inside {protected} (choose a path outside it)", where)
     try:
         if path.is_dir():
             raise DsaBenchError(f"{option}: expected a {kind} file path, got a folder", where)
