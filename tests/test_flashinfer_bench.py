@@ -304,3 +304,13 @@ def test_unpack_and_run_refuse_a_tvm_ffi_cuda_solution_and_a_wrong_json(tmp_path
     assert proc.returncode == 2 and f"implements {ATTENTION!r}, but the workload runs {INDEXER!r}" in proc.stderr
     proc = cli("run", "-w", "indexer_smoke", "-s", str(tmp_path / "missing.json"), "--no-save", "--device", "cpu")
     assert proc.returncode == 2 and "missing.json: packed solution file does not exist" in proc.stderr
+
+
+def test_export_warns_once_per_skipped_solution(tmp_path):
+    """A peer skipped on every case is one warning, not one per case."""
+    records = [_record(case, name, status) for case in ("smoke_passthrough", "smoke_boundary")
+               for name, status in (("reference", Status.PASSED), ("triton", Status.SKIPPED))]  # fmt: skip
+    proc = cli("export", str(_results(tmp_path, records, timer=None)), "-o", str(tmp_path / "t.jsonl"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: no trace for 2 cases (smoke_passthrough, ...) [triton]: SKIPPED, not run, so there is no evaluation"]
