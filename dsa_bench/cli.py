@@ -353,7 +353,7 @@ def list_(what: str = typer.Argument("all", help="definitions, workloads, soluti
     root = find_root()
     if what in ("all", "definitions"):
         rows: list[list[object]] = [[d.name, ", ".join(d.var_axes), d.description] for d in all_definitions().values()]
-        typer.echo(tabulate(rows, headers=["definition", "variable axes", "description"]) + "\n")
+        typer.echo(_fitted(rows, ["definition", "variable axes", "description"], wrap=(1, 2)) + "\n")
     if what in ("all", "workloads"):
         rows = []
         for name in workload_names(root):
@@ -362,10 +362,37 @@ def list_(what: str = typer.Argument("all", help="definitions, workloads, soluti
                 rows.append([name, wl.definition.name, len(wl.cases), wl.description])
             except DsaBenchError as exc:
                 rows.append([name, "INVALID", "-", str(exc)])
-        typer.echo(tabulate(rows, headers=["workload", "definition", "cases", "description"]) + "\n")
+        typer.echo(_fitted(rows, ["workload", "definition", "cases", "description"], wrap=(3,), below=True) + "\n")
     if what in ("all", "solutions"):
-        rows = [[s.name, ", ".join(f"{d} ({e.language})" for d, e in s.entries.items()), s.author] for s in discover(root / "solutions")]
-        typer.echo(tabulate(rows, headers=["solution", "entries", "author"]))
+        rows = [[s.name, "\n".join(f"{d} ({e.language})" for d, e in s.entries.items()), s.author] for s in discover(root / "solutions")]
+        typer.echo(_fitted(rows, ["solution", "entries", "author"], wrap=(2,)))
+
+
+def _fitted(rows: list[list[object]], headers: list[str], wrap: tuple[int, ...], below: bool = False) -> str:
+    """A table no wider than the terminal (100 columns in a pipe): the ``wrap`` columns share, as
+    wrapped text, what the other columns leave (each at least 12 characters). With ``below``, a
+    single ``wrap`` column that would get fewer than 40 goes under its row instead, indented."""
+    import shutil
+    import textwrap
+
+    from tabulate import tabulate
+
+    width = shutil.get_terminal_size((100, 24)).columns
+    kept = [i for i in range(len(headers)) if i not in wrap]
+    narrow = tabulate([[row[i] for i in kept] for row in rows], headers=[headers[i] for i in kept], disable_numparse=True)
+    left = width - max(len(line) for line in narrow.splitlines()) - 2 * len(wrap) - 1
+    if below and len(wrap) == 1 and left < 40:
+        lines = narrow.splitlines()  # header, rule, then one line per row (the kept cells are one line each)
+        out = lines[:2]
+        for line, row in zip(lines[2:], rows, strict=True):
+            out += [line, textwrap.fill(str(row[wrap[0]]), width=width - 1, initial_indent="    ", subsequent_indent="    ")]
+        return "\n".join(out)
+    limits: list[int | None] = [None] * len(headers)
+    natural = {i: max(len(str(headers[i])), *(len(line) for row in rows for line in str(row[i]).splitlines())) for i in wrap}
+    for n, i in enumerate(sorted(wrap, key=natural.__getitem__)):  # the narrowest first: it may need less than its share
+        limits[i] = max(12, min(natural[i], left // (len(wrap) - n)))
+        left -= limits[i]
+    return tabulate(rows, headers=headers, maxcolwidths=limits, disable_numparse=True)
 
 
 @app.command()
@@ -542,7 +569,12 @@ def layout(
         typer.echo("\n" + tabulate(blocks, headers=BLOCK_HEADERS, disable_numparse=True))
     if check and error is not None:
         _err(f"error: {error}")
+        _err("check FAILED: a block above breaks a kernel's TMA stride")
         raise typer.Exit(EXIT_FAILED_CASES)
+    if check and blocks:
+        typer.echo("check passed: every block above keeps its kernels' TMA stride")
+    elif check:
+        typer.echo("check passed: no shared block to check (--with-indexer checks blocks shared with an indexer page)")
 
 
 baseline_app = typer.Typer(help="Manage stored speedup baselines.", no_args_is_help=True)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
-from dsa_bench.errors import DsaBenchError
+from dsa_bench.errors import DsaBenchError, did_you_mean
 
 if TYPE_CHECKING:  # pydantic is imported only when a document is checked
     from pydantic import BaseModel
@@ -351,8 +351,15 @@ def check_document(model: type[Model], data: Any, where: str) -> Model:
         return model.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
+        # an unknown field first: a misspelt key is also reported as the field it meant being missing
+        errors.sort(key=lambda e: e["type"] != "extra_forbidden")
         more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-        raise DsaBenchError(_problem(errors[0]) + more, where) from None
+        hint = ""
+        if errors[0]["type"] == "extra_forbidden":
+            parent, key = tuple(errors[0]["loc"][:-1]), str(errors[0]["loc"][-1])
+            missing = [str(e["loc"][-1]) for e in errors if e["type"] == "missing" and tuple(e["loc"][:-1]) == parent]
+            hint = did_you_mean(key, missing or (model.model_fields if not parent else ()))
+        raise DsaBenchError(_problem(errors[0]) + hint + more, where) from None
 
 
 def _current_umask() -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 
 from dsa_bench.definitions.base import Definition
-from dsa_bench.errors import DsaBenchError
+from dsa_bench.errors import DsaBenchError, did_you_mean, name_list
 
 _BUILTIN_MODULES = ("indexer", "sparse_attention", "kv_insert", "mla_decode")
 _extra: dict[str, Definition] = {}
@@ -29,8 +29,7 @@ def all_definitions() -> dict[str, Definition]:
 def get_definition(name: str) -> Definition:
     definitions = all_definitions()
     if name not in definitions:
-        known = ", ".join(sorted(definitions))
-        raise DsaBenchError(f"unknown definition {name!r}; known definitions: {known}")
+        raise DsaBenchError(f"unknown definition {name!r}{did_you_mean(name, definitions)}; the known definitions:\n{name_list(sorted(definitions))}")
     return definitions[name]
 
 

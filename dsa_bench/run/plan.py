@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from dsa_bench.errors import DsaBenchError
+from dsa_bench.errors import DsaBenchError, did_you_mean
 from dsa_bench.paths import safe_file_name
 from dsa_bench.project import check_run_solutions, reference_solution, relative_to_root, resolve_solution, resolve_workload
 from dsa_bench.results.environment import environment
@@ -278,7 +278,8 @@ def select_cases(workload: Workload, patterns: list[str]) -> list[Case]:
         return list(workload.cases)
     chosen = [c for c in workload.cases if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
     if not chosen:
-        raise DsaBenchError(f"no case of workload {workload.name!r} matches {', '.join(patterns)}")
+        hint = did_you_mean(patterns[0], [c.id for c in workload.cases]) if len(patterns) == 1 else ""
+        raise DsaBenchError(f"no case of workload {workload.name!r} matches {', '.join(patterns)}{hint}")
     return chosen
 
 
