@@ -324,6 +324,8 @@ def _unisolated(identity) -> str:
 
 
 def _devices(plan) -> str:
+    if plan.executor == "ray" and plan.ray_cpu:
+        return f"{plan.ray_gpus or 1} Ray CPU actor(s)"
     if plan.executor == "ray":
         return f"up to {plan.ray_gpus} Ray actor(s)" if plan.ray_gpus else "every GPU of the Ray cluster"
     devices = [str(o.device) for o in plan.device_options]

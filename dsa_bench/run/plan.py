@@ -129,6 +129,7 @@ class RunPlan:
     executor: str = "local"
     ray_address: str | None = None
     ray_gpus: int | None = None  # at most this many Ray actors (None: every GPU of the cluster)
+    ray_cpu: bool = False  # --device cpu: CPU actors (no GPU needed), correctness only
     timer_request: str = "auto"  # what a Ray actor resolves on its own device
     planning_s: float = 0.0  # wall time spent planning, counted in the run's wall-time breakdown
     resumed: Resumed | None = None
@@ -141,6 +142,8 @@ class RunPlan:
 
     @property
     def mode(self) -> str:
+        if self.executor == "ray" and self.ray_cpu:
+            return "correctness only (--device cpu: nothing is timed)"
         if self.executor == "ray":
             return "on a Ray cluster (each actor picks its GPU's timer)"
         if self.options.timer is None:
@@ -463,7 +466,7 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     plan = RunPlan(
         workload, cases, solutions, device_options[0], device_identities[0], save_path, root, warnings,
         device_options=device_options, device_identities=device_identities, executor=request.executor,
-        ray_address=request.ray_address, ray_gpus=gpus, timer_request=request.timer,
+        ray_address=request.ray_address, ray_gpus=gpus, ray_cpu=on_ray and request.device == "cpu", timer_request=request.timer,
     )  # fmt: skip
     if request.resume is not None:
         plan.resumed = resume_state(request.resume, plan)
@@ -600,7 +603,7 @@ def _run(plan: RunPlan, results: ResultsFile, on_record: Callable[[CaseRecord], 
 
         return run_on_ray(
             plan.workload, plan.pending_cases, plan.solutions, plan.options, plan.timer_request, plan.root, results, on_record,
-            address=plan.ray_address, max_actors=plan.ray_gpus, on_start=record_actors,
+            address=plan.ray_address, max_actors=plan.ray_gpus, on_start=record_actors, cpu=plan.ray_cpu,
         )  # fmt: skip
     if len(plan.device_options) > 1:
         from dsa_bench.run.executor import run_on_devices
