@@ -478,7 +478,7 @@ def pack(
         return
     failed = 0
     written = [item.path for item in packed if item.path is not None]  # pack_solution writes every entry
-    for result in verify_packed(written, find_root(), device=device):
+    for result in verify_packed(written, find_root(), device=device, on_start=typer.echo):
         if result.passed:
             typer.echo(f"verified {result.packed.name} on {result.workload}: every case passed")
         else:

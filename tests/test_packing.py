@@ -194,6 +194,10 @@ def test_pack_verify_unpack_run_round_trip(tmp_path):
     assert "warning" not in proc.stderr
     assert f"verified multi_file_{INDEXER}.json on indexer_smoke: every case passed" in proc.stdout
     assert f"verified multi_file_{ATTENTION}.json on sparse_attention_smoke: every case passed" in proc.stdout
+    progress = [line for line in proc.stdout.splitlines() if " verifying " in line]  # a line before each run
+    assert [line.split(" (")[0] for line in progress] == [
+        f"[1/2] verifying multi_file_{INDEXER}.json on indexer_smoke", f"[2/2] verifying multi_file_{ATTENTION}.json on sparse_attention_smoke"
+    ], proc.stdout
 
     folder = tmp_path / "restored"
     proc = cli("unpack", str(out / f"multi_file_{INDEXER}.json"), str(out / f"multi_file_{ATTENTION}.json"), str(folder))
