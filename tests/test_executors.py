@@ -98,7 +98,7 @@ def test_ray_executor_without_ray_is_a_clear_error():
 @pytest.fixture(scope="module")
 def ray_cluster():
     if os.environ.get("CI") and not _has_ray():
-        pytest.fail("Ray is required in CI (make install adds the ray extra) but is not installed")
+        pytest.fail("Ray is required in CI (make test installs the ray extra) but is not installed")
     ray = pytest.importorskip("ray")
     ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
@@ -137,7 +137,7 @@ def test_ray_on_cpu_starts_a_local_cluster_without_gpus_and_keeps_rays_notices_o
     """`--executor ray --device cpu` with no cluster running: a local Ray with CPU actors, the plain
     run's statuses and seeds, and none of Ray's own notices in the output."""
     if os.environ.get("CI") and not _has_ray():
-        pytest.fail("Ray is required in CI (make install adds the ray extra) but is not installed")
+        pytest.fail("Ray is required in CI (make test installs the ray extra) but is not installed")
     pytest.importorskip("ray")
     out = tmp_path / "results.json"
     proc = run_cli("run", "-w", "indexer_smoke", *CASES, "-s", "reference", "-s", "triton", "--executor", "ray", "--device", "cpu",

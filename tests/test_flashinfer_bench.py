@@ -1,7 +1,7 @@
 """dsa-bench as a flashinfer-bench citizen: packed solutions imported as flashinfer-bench imports them,
 results exported as traces its own models accept, the statuses and fields its schema cannot hold.
 
-Where flashinfer-bench's package is installed (``make install`` adds it without its GPU
+Where flashinfer-bench's package is installed (``make test`` adds it without its GPU
 dependencies), its own ``Solution`` and ``Trace`` models and its Python/Triton builders are the
 judges; CI sets DSA_BENCH_REQUIRE_FLASHINFER_BENCH so that these checks cannot be skipped there.
 """
