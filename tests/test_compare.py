@@ -160,6 +160,7 @@ def test_untimed_results_compare_statuses_only_and_say_nothing_was_timed(tmp_pat
     proc = cli("compare", str(cpu_run), "--baseline", str(baseline))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "NOTHING TIMED" in proc.stdout and "the results hold no timing" in proc.stdout and "OK:" not in proc.stdout
+    assert "Cases that changed" not in proc.stdout, "an untimed case with the same status is no change"
 
 
 def test_skipped_and_unmatched_cases_are_one_line_per_solution(tmp_path, baseline):

@@ -368,7 +368,12 @@ def render_comparison(comparison: Comparison, fmt: str = "table", show_all: bool
     out.append(tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True))
 
     skipped = [c for c in comparison.cases if c.verdict is Verdict.UNTIMED and Status.SKIPPED.value in (c.new.status, c.baseline.status)]
-    shown = [c for c in comparison.cases if (show_all or c.verdict is not Verdict.SAME) and c not in skipped]
+    # an untimed case whose status did not change is no change (a CPU run would list every case)
+    unchanged = {Verdict.SAME} | ({Verdict.UNTIMED} if not show_all else set())
+    shown = [
+        c for c in comparison.cases
+        if c not in skipped and (show_all or c.verdict not in unchanged or c.baseline.status != c.new.status)
+    ]  # fmt: skip
     if shown:
         out.append("")
         out.append(heading("Cases" if show_all else "Cases that changed"))
