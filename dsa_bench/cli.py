@@ -344,8 +344,6 @@ def _progress(console=None):
 @app.command("list")
 def list_(what: str = typer.Argument("all", help="definitions, workloads, solutions or all")) -> None:
     """List the definitions, workloads and solutions dsa-bench can see."""
-    from tabulate import tabulate
-
     from dsa_bench.definitions import all_definitions
     from dsa_bench.project import find_root, resolve_workload, workload_names
     from dsa_bench.solution import discover
@@ -392,13 +390,17 @@ def _fitted(rows: list[list[object]], headers: list[str], wrap: tuple[int, ...],
     limits: list[int | None] = [None] * len(headers)
     natural = {i: max(len(str(headers[i])), *(len(line) for row in rows for line in str(row[i]).splitlines())) for i in wrap}
     for n, i in enumerate(sorted(wrap, key=natural.__getitem__)):  # the narrowest first: it may need less than its share
-        limits[i] = max(12, min(natural[i], left // (len(wrap) - n)))
-        left -= limits[i]
+        limit = max(12, min(natural[i], left // (len(wrap) - n)))
+        limits[i], left = limit, left - limit
     return tabulate(rows, headers=headers, maxcolwidths=limits, disable_numparse=True)
 
 
 @app.command()
-def validate(paths: list[Path] = typer.Argument(..., help="Workload YAML, trace JSONL (checked through the workloads that name it) or solution folders.")) -> None:
+def validate(
+    paths: list[Path] = typer.Argument(
+        ..., help="Workload YAML, trace JSONL (checked through the workloads that name it) or solution folders."
+    ),
+) -> None:
     """Validate workload, trace and solution files without running anything."""
     from dsa_bench.solution import MANIFEST, load_solution
     from dsa_bench.workloads import load_workload

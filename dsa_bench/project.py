@@ -36,9 +36,8 @@ def resolve_workload(name_or_path: str, root: Path) -> Workload:
     candidate = root / "workloads" / f"{name_or_path}.yaml"
     if not candidate.is_file():
         known = workload_names(root)
-        raise DsaBenchError(
-            f"unknown workload {name_or_path!r}{did_you_mean(name_or_path, known)}; the workloads in {root / 'workloads'}:\n{name_list(known)}"
-        )
+        hint = did_you_mean(name_or_path, known)
+        raise DsaBenchError(f"unknown workload {name_or_path!r}{hint}; the workloads in {root / 'workloads'}:\n{name_list(known)}")
     return load_workload(candidate)
 
 
@@ -50,9 +49,8 @@ def resolve_solution(name_or_path: str, root: Path) -> Solution:
     candidate = root / "solutions" / name_or_path
     if not (candidate / MANIFEST).is_file():
         known = [s.name for s in discover(root / "solutions")]
-        raise DsaBenchError(
-            f"unknown solution {name_or_path!r}{did_you_mean(name_or_path, known)}; the solutions in {root / 'solutions'}:\n{name_list(known)}"
-        )
+        hint = did_you_mean(name_or_path, known)
+        raise DsaBenchError(f"unknown solution {name_or_path!r}{hint}; the solutions in {root / 'solutions'}:\n{name_list(known)}")
     return load_solution(candidate)
 
 

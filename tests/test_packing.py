@@ -196,7 +196,8 @@ def test_pack_verify_unpack_run_round_trip(tmp_path):
     assert f"verified multi_file_{ATTENTION}.json on sparse_attention_smoke: every case passed" in proc.stdout
     progress = [line for line in proc.stdout.splitlines() if " verifying " in line]  # a line before each run
     assert [line.split(" (")[0] for line in progress] == [
-        f"[1/2] verifying multi_file_{INDEXER}.json on indexer_smoke", f"[2/2] verifying multi_file_{ATTENTION}.json on sparse_attention_smoke"
+        f"[1/2] verifying multi_file_{INDEXER}.json on indexer_smoke",
+        f"[2/2] verifying multi_file_{ATTENTION}.json on sparse_attention_smoke",
     ], proc.stdout
 
     folder = tmp_path / "restored"

@@ -29,7 +29,8 @@ def all_definitions() -> dict[str, Definition]:
 def get_definition(name: str) -> Definition:
     definitions = all_definitions()
     if name not in definitions:
-        raise DsaBenchError(f"unknown definition {name!r}{did_you_mean(name, definitions)}; the known definitions:\n{name_list(sorted(definitions))}")
+        hint = did_you_mean(name, definitions)
+        raise DsaBenchError(f"unknown definition {name!r}{hint}; the known definitions:\n{name_list(sorted(definitions))}")
     return definitions[name]
 
 

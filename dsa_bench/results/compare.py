@@ -226,7 +226,8 @@ def compare_results(results: list[LoadedResults], baseline: dict[str, Any], thre
         summary = summarize_solution(workload, solution, items, threshold)
         if summary is not None:
             comparison.solutions.append(summary)
-    untimed = sum(1 for c in comparison.cases if c.verdict is Verdict.UNTIMED and Status.SKIPPED.value not in (c.new.status, c.baseline.status))
+    skipped = Status.SKIPPED.value
+    untimed = sum(1 for c in comparison.cases if c.verdict is Verdict.UNTIMED and skipped not in (c.new.status, c.baseline.status))
     if untimed and not comparison.nothing_timed:
         comparison.warnings.append(
             f"{untimed} case(s) have no speedup on one side (a CPU run, or the reference failed): only their statuses were compared"
