@@ -47,7 +47,8 @@ run: install
 	$(VENV)/bin/dsa-bench run --workload $(WORKLOAD) $(ARGS)
 
 # The README's test command: everything but the `slow` set (toolchain compiles, the Chromium
-# render, full-workload runs); `test-all` runs the whole suite. .ci/run runs both.
+# render, full-workload runs, tests over ~10 s on 2 cores); `test-all` runs the whole suite.
+# .ci/run runs both.
 test: install-dev
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 

@@ -38,6 +38,7 @@ def run_with(tmp_path, workload: str, cases: list[str], names: list[str], *extra
     return proc.returncode, json.loads(save.read_text()), proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # over 10 s on 2 CPU cores: make test-all (make test stays under 5 min)
 def test_cpu_adversaries_on_the_indexer(tmp_path):
     names = ["writes_nothing", "caches_by_shape", "sleeps", "kills_itself", "wrong_dtype", "permuted_topk"]
     code, doc, output = run_with(tmp_path, "indexer_smoke", ["smoke_boundary", "smoke_scored"], names, "--case-timeout", "8")
@@ -190,6 +191,7 @@ def test_unprivileged_workers_cannot_kill_the_harness_or_leave_processes(tmp_pat
     assert children and not any(_alive(pid) for pid in children), "a child in a session of its own outlived the run"
 
 
+@pytest.mark.slow  # over 10 s on 2 CPU cores: make test-all (make test stays under 5 min)
 def test_sigterm_and_sigkill_of_the_harness_end_its_workers(tmp_path):
     """SIGTERM stops a run as Ctrl-C does (finished records kept, exit 143, workers ended); after
     SIGKILL of the harness its workers end on their own."""

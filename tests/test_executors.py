@@ -53,6 +53,7 @@ def test_two_cpu_devices_give_the_plain_run_statuses_and_seeds(tmp_path, plain_r
     assert [(r["case"], r["solution"]) for r in document["records"]] == list(plain_run), "records in the plain run's order"
 
 
+@pytest.mark.slow  # over 10 s on 2 CPU cores: make test-all (make test stays under 5 min)
 def test_adversaries_on_two_devices_get_their_statuses_and_the_run_goes_on(tmp_path):
     out = tmp_path / "results.json"
     proc = run_cli(
