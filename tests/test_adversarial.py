@@ -7,6 +7,7 @@ fault) run where CUDA is present.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,30 @@ def _worker_pids(harness: int) -> set[int]:
                     found.add(int(entry.name))
                     break
     return found
+
+
+def test_worker_lists_hold_only_the_harness_descendants():
+    """The SIGTERM/SIGKILL test counts its own harness's workers only: a worker of another run on
+    the machine (here: a stand-in that is not the harness's descendant) is not among them."""
+    import os
+    import subprocess
+    import sys
+
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "dsa_bench.run.worker"])
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline and stranger.pid not in _worker_pids(os.getpid()):
+            time.sleep(0.05)  # until its command line is in /proc
+        assert stranger.pid in _worker_pids(os.getpid()), "a descendant is found"
+        unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            assert stranger.pid not in _worker_pids(unrelated.pid), "another harness's list leaves it out"
+        finally:
+            unrelated.kill()
+            unrelated.wait()
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 @pytest.fixture
