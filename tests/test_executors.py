@@ -101,7 +101,8 @@ def ray_cluster():
     if os.environ.get("CI") and not _has_ray():
         pytest.fail("Ray is required in CI (make test installs the ray extra) but is not installed")
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # address "local": this test's own cluster, never one another run left on the machine
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
 

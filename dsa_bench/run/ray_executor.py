@@ -114,7 +114,11 @@ def run_on_ray(
         try:
             # Ray's notices (token authentication and the like) are warnings of its "ray" logger, which
             # ray.init resets: at level ERROR they stay out of the run's output, and errors still show.
-            ray.init(address=address, log_to_driver=False, configure_logging=True, logging_level=logging.ERROR, include_dashboard=False)
+            # "local": a new cluster for this run, as --ray-address's help says, never one that
+            # `ray start` left running on the machine (ray.init's default would join that one)
+            ray.init(
+                address=address or "local", log_to_driver=False, configure_logging=True, logging_level=logging.ERROR, include_dashboard=False
+            )
         except (ConnectionError, ValueError, RuntimeError) as exc:
             raise DsaBenchError(f"--executor ray: cannot reach the Ray cluster at {address or 'a new local one'}: {exc}") from None
     if cpu:
