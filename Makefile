@@ -2,21 +2,26 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# torch wheel to install when none is present. On CPU-only machines elsewhere, pass
-# TORCH_INDEX=https://download.pytorch.org/whl/cpu to avoid a multi-GB CUDA build.
+# torch wheel to install when none is present. On a machine without an NVIDIA driver, where the
+# default index may serve a multi-GB CUDA build, TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# takes the CPU wheel instead (install prints this hint; it does not reach for that index itself,
+# which machines without internet access cannot reach).
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 WORKLOAD ?= indexer_h64
 # The flashinfer-bench release whose models and builders judge dsa-bench's packed solutions and
-# exported traces in the tests (docs/flashinfer_bench.md). `install` adds it with --no-deps: its
+# exported traces in the tests (docs/flashinfer_bench.md). `install-dev` adds it with --no-deps: its
 # declared dependencies (flashinfer-python, apache-tvm-ffi, a PyPI torch) are GPU stacks those
 # checks never import, and torch stays as installed.
 FLASHINFER_BENCH_VERSION ?= 0.1.2
 ARGS ?=
 
-.PHONY: install run test test-all test-gpu lint clean
+.PHONY: install install-dev run test test-all test-gpu lint clean
 
+# `make install` (and `make run`): the runtime only. `make install-dev` (and the test targets) adds
+# the test tools, Ray and flashinfer-bench's models on top.
 install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,29 +30,35 @@ $(VENV)/.installed: pyproject.toml
 	elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 		$(PY) -m pip install torch; \
 	else \
+		$(if $(TORCH_INDEX),,echo "no NVIDIA driver: installing $(TORCH_SPEC); if pip fetches a multi-GB CUDA build, stop it and run make again with TORCH_INDEX=https://download.pytorch.org/whl/cpu";) \
 		$(PY) -m pip install "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)); \
 	fi
-	$(PY) -m pip install -e ".[dev,ray]"  # Ray: the --executor ray tests run in CI
-	$(PY) -m pip install --no-deps "flashinfer-bench==$(FLASHINFER_BENCH_VERSION)"
+	$(PY) -m pip install -e .
 	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
 		$(PY) -m pip install -e ".[gpu]"; fi
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install -e ".[dev,ray]"  # Ray: the --executor ray tests run in CI
+	$(PY) -m pip install --no-deps "flashinfer-bench==$(FLASHINFER_BENCH_VERSION)"
 	touch $@
 
 run: install
 	$(VENV)/bin/dsa-bench run --workload $(WORKLOAD) $(ARGS)
 
 # The README's test command: everything but the `slow` set (toolchain compiles, the Chromium
-# render, full-workload runs); `test-all` runs the whole suite. .ci/run runs both.
-test: install
+# render, full-workload runs, tests over ~10 s on 2 cores); `test-all` runs the whole suite.
+# .ci/run runs both.
+test: install-dev
 	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
-test-all: install
+test-all: install-dev
 	$(PY) -m pytest -q $(ARGS)
 
-test-gpu: install
+test-gpu: install-dev
 	$(PY) -m pytest -q -m gpu $(ARGS)
 
-lint: install
+lint: install-dev
 	$(VENV)/bin/ruff check dsa_bench tests tools solutions benchmarks
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy dsa_bench

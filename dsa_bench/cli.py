@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import typer
@@ -25,12 +27,45 @@ class _Commands(typer.core.TyperGroup):
     in the tests) sees exactly what a user sees.
     """
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        _plain_metavars(self)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except DsaBenchError as exc:
             _err(f"error: {exc}")
             raise typer.Exit(EXIT_BAD_INPUT) from None
+
+
+_METAVARS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "Path": "PATH"}
+
+
+def _plain_metavars(command) -> None:
+    """Help shows a flag bare (``--no-save``, not typer's ``--no-save <bool>``), an option's value
+    as TEXT, INTEGER, FLOAT or PATH, and an argument by its name alone, for every command and
+    subcommand. (Typer builds the commands; their parameters are adjusted here, in one place.)"""
+    for param in command.params:
+        if param.param_type_name == "argument":
+            param.metavar = param.metavar or (param.name or "value").upper()
+            param.display_type_rich = lambda ctx: None  # the name column already says it
+        elif param.metavar is None and (getattr(param, "is_flag", False) or getattr(param, "count", False)):
+            param.metavar = ""
+        elif param.metavar is None:
+            label = param.bare_type().removeprefix("list[").removesuffix("]")
+            param.metavar = _METAVARS.get(label, label.upper())
+    make_help_option = command.get_help_option
+
+    def bare_help_option(ctx):
+        option = make_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = bare_help_option
+    for sub in (getattr(command, "commands", None) or {}).values():
+        _plain_metavars(sub)
 
 
 app = typer.Typer(
@@ -42,16 +77,78 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from dsa_bench import __version__
+
+        typer.echo(f"dsa-bench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print dsa-bench's version and exit."),
+) -> None:
+    """dsa-bench: run, check and time DeepSeek Sparse Attention kernels on trace-defined workloads."""
+
+
 def _err(message: str) -> None:
-    typer.secho(message, fg=typer.colors.RED, err=True)
+    with contextlib.suppress(BrokenPipeError):  # stderr piped to a reader that is gone (Ctrl-C under `2>&1 | tee`)
+        typer.secho(message, fg=typer.colors.RED, err=True)
 
 
 def _warn(message: str) -> None:
-    typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
+    with contextlib.suppress(BrokenPipeError):
+        typer.secho(f"warning: {message}", fg=typer.colors.YELLOW, err=True)
+
+
+def _say_err(text: str) -> None:
+    with contextlib.suppress(BrokenPipeError):
+        typer.echo(text, err=True)
+
+
+class _Stdout:
+    """stdout that outlives its reader: Ctrl-C under `| tee log` ends tee too, and the run's
+    summary, kept-records line and resume command must still reach the terminal. After the first
+    broken pipe everything goes to stderr (and stdout to /dev/null, so the exit's flush is quiet)."""
+
+    def __init__(self) -> None:
+        self.gone = False
+
+    def __call__(self, text: str) -> None:
+        if not self.gone:
+            try:
+                typer.echo(text)
+                return
+            except BrokenPipeError:
+                self.gone = True
+                with contextlib.suppress(OSError, ValueError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        with contextlib.suppress(BrokenPipeError):
+            typer.echo(text, err=True)
+
+
+def _resume_command(ctx: typer.Context, save_path: Path) -> str:
+    """The command that finishes an interrupted run: its own options as given, with --resume."""
+    import shlex
+
+    words = ["dsa-bench", "run"]
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name or "")
+        if param.name in ("save", "no_save", "resume") or source is None or source.name != "COMMANDLINE":
+            continue
+        flag = max(param.opts, key=len)
+        value = ctx.params[param.name or ""]
+        if getattr(param, "is_flag", False):
+            words += [flag] if value else []
+        else:
+            words += [w for v in (value if isinstance(value, (list, tuple)) else [value]) for w in (flag, str(v))]
+    return shlex.join([*words, "--resume", str(save_path)])
 
 
 @app.command()
 def run(
+    ctx: typer.Context,
     workload: str = typer.Option(..., "--workload", "-w", help="Workload name (workloads/<name>.yaml) or path to a workload YAML."),
     solution: list[str] = typer.Option([], "--solution", "-s", help="Solution name, folder or packed Solution JSON file (run as "
                                                                     "flashinfer-bench imports it); repeat for several. Default: every "
@@ -88,7 +185,7 @@ def run(
                                                         "of the cluster with --executor ray). Each case (reference and every solution) "
                                                         "runs on one device; without CUDA, N parallel correctness-only workers."),
     executor: str = typer.Option("local", "--executor", help="local (this machine's devices) or ray (one actor per GPU of a Ray "
-                                                             "cluster; needs pip install 'dsa-bench[ray]')."),
+                                                             "cluster; needs pip install 'dsa-bench\\[ray]')."),
     ray_address: str | None = typer.Option(None, "--ray-address", help="The Ray cluster to join (default: start a local one)."),
     dataset_solutions: list[str] = typer.Option([], "--dataset-solutions", help="With --dataset: run the dataset's own solutions "
                                                                                 "(solutions/**/*.json) of the definition: 'all', or a "
@@ -115,12 +212,15 @@ def run(
 
     On a terminal a progress display shows the run; otherwise (a log, a pipe) each finished
     (case, solution) prints one line as it finishes."""
+    from dsa_bench.definitions.status import Status
     from dsa_bench.project import find_root
     from dsa_bench.results.tables import (
         breakdown_table,
         failed_cases,
         failures,
         failures_table,
+        progress_every,
+        progress_line,
         record_line,
         records_table,
         skips,
@@ -140,12 +240,13 @@ def run(
     plan = plan_run(request, find_root())
     for warning in plan.warnings:
         _warn(warning)
-    say = (lambda text: typer.echo(text, err=True)) if json_lines else typer.echo  # stdout holds only JSON with --json-lines
+    stdout = _Stdout()
+    say = _say_err if json_lines else stdout  # stdout holds only JSON with --json-lines
     names = ", ".join(s.name for s in plan.solutions)
     if not quiet:
         say(f"{plan.workload.name}: {len(plan.cases)} cases x {len(plan.solutions)} solutions ({names}) "
             f"on {_devices(plan)}, {plan.mode}")
-        for line in sorted({f"workers run as {identity.description}" for identity in plan.identities.values()}):
+        for line in sorted({f"workers run as {identity.description}{_unisolated(identity)}" for identity in plan.identities.values()}):
             say(line)
         if plan.resumed is not None:
             kept = sum(r["case"] in plan.resumed.finished for r in plan.resumed.document["records"])
@@ -154,6 +255,8 @@ def run(
     total = len(plan.pending_cases) * len(plan.solutions)
     live = sys.stdout.isatty() and not quiet and not json_lines
     done = 0
+    started = time.monotonic()
+    skipped_shown: set[str] = set()  # a skipped solution's first record is printed in a log, its others are not
     with _progress() if live else contextlib.nullcontext() as progress:
         task = progress.add_task(plan.workload.name, total=total) if progress else None
 
@@ -163,17 +266,23 @@ def run(
             if progress is not None:
                 progress.update(task, advance=1, description=f"{record.case} [{record.solution}] {record.status.value}")
             elif json_lines:  # a secret run's seeds stay out of its output until it ends
-                # typer.echo flushes: a piped log shows every record as it finishes
-                typer.echo(json.dumps(record.to_json() | ({"seeds": {}} if plan.secret else {})))
+                # stdout flushes: a piped log shows every record as it finishes
+                stdout(json.dumps(record.to_json() | ({"seeds": {}} if plan.secret else {})))
             elif not quiet:
-                typer.echo(record_line(record, done, total))
+                if record.status is not Status.SKIPPED or record.solution not in skipped_shown:
+                    stdout(record_line(record, done, total))
+                    if record.status is Status.SKIPPED:
+                        skipped_shown.add(record.solution)
+                        stdout(f"  (the other cases of {record.solution} are skipped for the same reason and not listed)")
+                if done < total and done % progress_every(total) == 0:
+                    stdout(progress_line(done, total, time.monotonic() - started))
 
         outcome = execute(plan, on_record)
     records = outcome.records
     wall = outcome.results.document["wall_breakdown"]
     if records and live:
-        typer.echo(records_table(records, plan.workload.definition.key_axes))
-        typer.echo("")
+        stdout(records_table(records, plan.workload.definition.key_axes))
+        stdout("")
     if records and not (json_lines and quiet):
         say(summary_table(records))
         if any(r.failed for r in records):
@@ -220,15 +329,28 @@ def run(
             "failures": [dataclasses.asdict(f) for f in failed_cases(records)],
             "wall_breakdown": wall,
         }
-        typer.echo(json.dumps({"summary": summary}))
+        stdout(json.dumps({"summary": summary}))
     if outcome.stopped_by is not None:
         _err(f"interrupted by {signal.Signals(outcome.stopped_by).name}: {len(records)} finished records kept")
+        if plan.save_path is not None:
+            _err(f"to finish it: {_resume_command(ctx, plan.save_path)}")
+        else:
+            _err("nothing was saved (--no-save), so it cannot be resumed")
         raise typer.Exit(128 + outcome.stopped_by)
     if any(r.failed for r in records):  # a skipped peer is not a failure
         raise typer.Exit(EXIT_FAILED_CASES)
 
 
+def _unisolated(identity) -> str:
+    """Why it matters when a root harness could not give its workers an unprivileged user."""
+    if os.geteuid() == 0 and not identity.dedicated and "--worker-user" not in identity.description:
+        return " (so solutions run as root, not isolated from the harness: docs/trust.md)"
+    return ""
+
+
 def _devices(plan) -> str:
+    if plan.executor == "ray" and plan.ray_cpu:
+        return f"{plan.ray_gpus or 1} Ray CPU actor(s)"
     if plan.executor == "ray":
         return f"up to {plan.ray_gpus} Ray actor(s)" if plan.ray_gpus else "every GPU of the Ray cluster"
     devices = [str(o.device) for o in plan.device_options]
@@ -247,8 +369,6 @@ def _progress(console=None):
 @app.command("list")
 def list_(what: str = typer.Argument("all", help="definitions, workloads, solutions or all")) -> None:
     """List the definitions, workloads and solutions dsa-bench can see."""
-    from tabulate import tabulate
-
     from dsa_bench.definitions import all_definitions
     from dsa_bench.project import find_root, resolve_workload, workload_names
     from dsa_bench.solution import discover
@@ -258,7 +378,7 @@ def list_(what: str = typer.Argument("all", help="definitions, workloads, soluti
     root = find_root()
     if what in ("all", "definitions"):
         rows: list[list[object]] = [[d.name, ", ".join(d.var_axes), d.description] for d in all_definitions().values()]
-        typer.echo(tabulate(rows, headers=["definition", "variable axes", "description"]) + "\n")
+        typer.echo(_fitted(rows, ["definition", "variable axes", "description"], wrap=(1, 2)) + "\n")
     if what in ("all", "workloads"):
         rows = []
         for name in workload_names(root):
@@ -267,14 +387,45 @@ def list_(what: str = typer.Argument("all", help="definitions, workloads, soluti
                 rows.append([name, wl.definition.name, len(wl.cases), wl.description])
             except DsaBenchError as exc:
                 rows.append([name, "INVALID", "-", str(exc)])
-        typer.echo(tabulate(rows, headers=["workload", "definition", "cases", "description"]) + "\n")
+        typer.echo(_fitted(rows, ["workload", "definition", "cases", "description"], wrap=(3,), below=True) + "\n")
     if what in ("all", "solutions"):
-        rows = [[s.name, ", ".join(f"{d} ({e.language})" for d, e in s.entries.items()), s.author] for s in discover(root / "solutions")]
-        typer.echo(tabulate(rows, headers=["solution", "entries", "author"]))
+        rows = [[s.name, "\n".join(f"{d} ({e.language})" for d, e in s.entries.items()), s.author] for s in discover(root / "solutions")]
+        typer.echo(_fitted(rows, ["solution", "entries", "author"], wrap=(2,)))
+
+
+def _fitted(rows: list[list[object]], headers: list[str], wrap: tuple[int, ...], below: bool = False) -> str:
+    """A table no wider than the terminal (100 columns in a pipe): the ``wrap`` columns share, as
+    wrapped text, what the other columns leave (each at least 12 characters). With ``below``, a
+    single ``wrap`` column that would get fewer than 40 goes under its row instead, indented."""
+    import shutil
+    import textwrap
+
+    from tabulate import tabulate
+
+    width = shutil.get_terminal_size((100, 24)).columns
+    kept = [i for i in range(len(headers)) if i not in wrap]
+    narrow = tabulate([[row[i] for i in kept] for row in rows], headers=[headers[i] for i in kept], disable_numparse=True)
+    left = width - max(len(line) for line in narrow.splitlines()) - 2 * len(wrap) - 1
+    if below and len(wrap) == 1 and left < 40:
+        lines = narrow.splitlines()  # header, rule, then one line per row (the kept cells are one line each)
+        out = lines[:2]
+        for line, row in zip(lines[2:], rows, strict=True):
+            out += [line, textwrap.fill(str(row[wrap[0]]), width=width - 1, initial_indent="    ", subsequent_indent="    ")]
+        return "\n".join(out)
+    limits: list[int | None] = [None] * len(headers)
+    natural = {i: max(len(str(headers[i])), *(len(line) for row in rows for line in str(row[i]).splitlines())) for i in wrap}
+    for n, i in enumerate(sorted(wrap, key=natural.__getitem__)):  # the narrowest first: it may need less than its share
+        limit = max(12, min(natural[i], left // (len(wrap) - n)))
+        limits[i], left = limit, left - limit
+    return tabulate(rows, headers=headers, maxcolwidths=limits, disable_numparse=True)
 
 
 @app.command()
-def validate(paths: list[Path] = typer.Argument(..., help="Workload YAML, trace JSONL (with --definition) or solution folders.")) -> None:
+def validate(
+    paths: list[Path] = typer.Argument(
+        ..., help="Workload YAML, trace JSONL (checked through the workloads that name it) or solution folders."
+    ),
+) -> None:
     """Validate workload, trace and solution files without running anything."""
     from dsa_bench.solution import MANIFEST, load_solution
     from dsa_bench.workloads import load_workload
@@ -354,7 +505,7 @@ def pack(
         return
     failed = 0
     written = [item.path for item in packed if item.path is not None]  # pack_solution writes every entry
-    for result in verify_packed(written, find_root(), device=device):
+    for result in verify_packed(written, find_root(), device=device, on_start=typer.echo):
         if result.passed:
             typer.echo(f"verified {result.packed.name} on {result.workload}: every case passed")
         else:
@@ -409,6 +560,8 @@ def compare(
             typer.echo("\n" + section)
     if not comparison.ok:
         raise typer.Exit(EXIT_FAILED_CASES)
+    if comparison.nothing_timed:  # statuses alone are no speed comparison: not an OK
+        raise typer.Exit(EXIT_BAD_INPUT)
 
 
 @app.command()
@@ -484,7 +637,12 @@ def layout(
         typer.echo("\n" + tabulate(blocks, headers=BLOCK_HEADERS, disable_numparse=True))
     if check and error is not None:
         _err(f"error: {error}")
+        _err("check FAILED: a block above breaks a kernel's TMA stride")
         raise typer.Exit(EXIT_FAILED_CASES)
+    if check and blocks:
+        typer.echo("check passed: every block above keeps its kernels' TMA stride")
+    elif check:
+        typer.echo("check passed: no shared block to check (--with-indexer checks blocks shared with an indexer page)")
 
 
 baseline_app = typer.Typer(help="Manage stored speedup baselines.", no_args_is_help=True)

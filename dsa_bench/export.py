@@ -237,10 +237,11 @@ def export_traces(results_path: Path, root: Path) -> TraceExport:
     export.inputs += sorted({src.path for case in workload.cases for src in case.inputs.values() if src.path is not None})
     if results.document["workload"].get("dataset"):
         export.input_folders.append(base)  # every file of a dataset is an input: its workloads/*.jsonl above all
+    not_run: dict[tuple[str, str], list[str]] = {}  # (solution, status): cases, one warning per solution
     for index, record in enumerate(results.records):
         status = FLASHINFER_STATUS[record.status.value]
         if status is None:
-            export.left_out.append(f"{record.case} [{record.solution}]: {record.status.value}, not run, so there is no evaluation")
+            not_run.setdefault((record.solution, record.status.value), []).append(record.case)
             continue
         case = cases.get(record.case)
         if case is None or dict(case.axes) != record.axes:
@@ -254,6 +255,9 @@ def export_traces(results_path: Path, root: Path) -> TraceExport:
             "workload": {"uuid": record.case, "axes": dict(record.axes), "inputs": inputs},
             "evaluation": _evaluation(results, record, status, reference_ms.get(record.case), lost),
         })  # fmt: skip
+    for (solution, status_name), skipped in not_run.items():
+        which = skipped[0] if len(skipped) == 1 else f"{len(skipped)} cases ({skipped[0]}, ...)"
+        export.left_out.append(f"{which} [{solution}]: {status_name}, not run, so there is no evaluation")
     return export
 
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
-from dsa_bench.errors import DsaBenchError
+from dsa_bench.errors import DsaBenchError, did_you_mean
 
 if TYPE_CHECKING:  # pydantic is imported only when a document is checked
     from pydantic import BaseModel
@@ -351,8 +351,15 @@ def check_document(model: type[Model], data: Any, where: str) -> Model:
         return model.model_validate(data)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
+        # an unknown field first: a misspelt key is also reported as the field it meant being missing
+        errors.sort(key=lambda e: e["type"] != "extra_forbidden")
         more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-        raise DsaBenchError(_problem(errors[0]) + more, where) from None
+        hint = ""
+        if errors[0]["type"] == "extra_forbidden":
+            parent, key = tuple(errors[0]["loc"][:-1]), str(errors[0]["loc"][-1])
+            missing = [str(e["loc"][-1]) for e in errors if e["type"] == "missing" and tuple(e["loc"][:-1]) == parent]
+            hint = did_you_mean(key, missing or (model.model_fields if not parent else ()))
+        raise DsaBenchError(_problem(errors[0]) + hint + more, where) from None
 
 
 def _current_umask() -> int:
@@ -402,6 +409,28 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+#: a solution folder's manifest (dsa_bench.solution reads it)
+SOLUTION_MANIFEST = "solution.yaml"
+
+#: the project's input folders (beside each other at its root), which no command writes into
+INPUT_FOLDERS = ("workloads", "traces")
+
+
+def protected_folder(path: Path) -> str | None:
+    """Why no output may be written at ``path``, or None: it lies inside a solution folder (a file
+    there changes the solution's content hash, so --resume and compare would see new code) or
+    under the project's workloads/ or traces/ (the files runs read)."""
+    for folder in path.parents:
+        try:
+            if (folder / SOLUTION_MANIFEST).is_file():
+                return f"{folder}, a solution folder (a file written there changes the solution's content hash)"
+            if folder.name in INPUT_FOLDERS and (folder.parent / "workloads").is_dir():
+                return f"{folder}, the project's {folder.name}/ folder"
+        except OSError:
+            continue
+    return None
+
+
 def check_output_path(
     path: Path,
     option: str,
@@ -426,6 +455,9 @@ def check_output_path(
     for folder in input_folders:
         if resolved.is_relative_to(folder.resolve()):
             raise DsaBenchError(f"{option}: lies inside {folder}, an input folder of the command (choose a path outside it)", where)
+    protected = protected_folder(resolved)
+    if protected is not None:
+        raise DsaBenchError(f"{option}: lies inside {protected} (choose a path outside it)", where)
     try:
         if path.is_dir():
             raise DsaBenchError(f"{option}: expected a {kind} file path, got a folder", where)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dsa_bench.errors import DsaBenchError
+from dsa_bench.errors import DsaBenchError, did_you_mean, name_list
 from dsa_bench.solution import MANIFEST, REFERENCE_SOLUTION, Solution, discover, load_solution
 from dsa_bench.workloads import Workload, load_workload
 
@@ -37,8 +37,9 @@ def resolve_workload(name_or_path: str, root: Path) -> Workload:
         return load_workload(path)
     candidate = root / "workloads" / f"{name_or_path}.yaml"
     if not candidate.is_file():
-        known = ", ".join(workload_names(root)) or "(none)"
-        raise DsaBenchError(f"unknown workload {name_or_path!r}; workloads in {root / 'workloads'}: {known}")
+        known = workload_names(root)
+        hint = did_you_mean(name_or_path, known)
+        raise DsaBenchError(f"unknown workload {name_or_path!r}{hint}; the workloads in {root / 'workloads'}:\n{name_list(known)}")
     return load_workload(candidate)
 
 
@@ -49,8 +50,9 @@ def resolve_solution(name_or_path: str, root: Path) -> Solution:
         return load_solution(path)
     candidate = root / "solutions" / name_or_path
     if not (candidate / MANIFEST).is_file():
-        known = ", ".join(s.name for s in discover(root / "solutions")) or "(none)"
-        raise DsaBenchError(f"unknown solution {name_or_path!r}; solutions in {root / 'solutions'}: {known}")
+        known = [s.name for s in discover(root / "solutions")]
+        hint = did_you_mean(name_or_path, known)
+        raise DsaBenchError(f"unknown solution {name_or_path!r}{hint}; the solutions in {root / 'solutions'}:\n{name_list(known)}")
     return load_solution(candidate)
 
 

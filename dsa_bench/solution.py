@@ -38,10 +38,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, ValidationInfo, field_validator
 
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.files import check_document, field_sentence, read_yaml
+from dsa_bench.files import SOLUTION_MANIFEST, check_document, field_sentence, read_yaml
 from dsa_bench.models import ClosedModel, Name
 
-MANIFEST = "solution.yaml"
+MANIFEST = SOLUTION_MANIFEST
 
 
 #: The name reserved for the project's reference solution (see project.check_run_solutions).

@@ -7,6 +7,7 @@ fault) run where CUDA is present.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -39,6 +40,7 @@ def run_with(tmp_path, workload: str, cases: list[str], names: list[str], *extra
     return proc.returncode, json.loads(save.read_text()), proc.stdout + proc.stderr
 
 
+@pytest.mark.slow  # over 10 s on 2 CPU cores: make test-all (make test stays under 5 min)
 def test_cpu_adversaries_on_the_indexer(tmp_path):
     names = ["writes_nothing", "caches_by_shape", "sleeps", "kills_itself", "wrong_dtype", "permuted_topk"]
     code, doc, output = run_with(tmp_path, "indexer_smoke", ["smoke_boundary", "smoke_scored"], names, "--case-timeout", "8")
@@ -123,16 +125,55 @@ def _processes_named(token: str) -> list[int]:
     return found
 
 
-def _worker_pids() -> set[int]:
+def _parent(pid: int) -> int | None:
+    try:
+        return int((Path("/proc") / str(pid) / "stat").read_text().split(")")[-1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _worker_pids(harness: int) -> set[int]:
+    """The workers among ``harness``'s descendants: other dsa-bench runs on the machine (another
+    test session, a user's run) are not this test's business."""
     found = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if b"dsa_bench.run.worker" in (entry / "cmdline").read_bytes():
-                    found.add(int(entry.name))
+                if b"dsa_bench.run.worker" not in (entry / "cmdline").read_bytes():
+                    continue
             except OSError:
-                pass
+                continue
+            pid: int | None = int(entry.name)
+            while pid is not None and pid > 1:
+                pid = _parent(pid)
+                if pid == harness:
+                    found.add(int(entry.name))
+                    break
     return found
+
+
+def test_worker_lists_hold_only_the_harness_descendants():
+    """The SIGTERM/SIGKILL test counts its own harness's workers only: a worker of another run on
+    the machine (here: a stand-in that is not the harness's descendant) is not among them."""
+    import os
+    import subprocess
+    import sys
+
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "dsa_bench.run.worker"])
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline and stranger.pid not in _worker_pids(os.getpid()):
+            time.sleep(0.05)  # until its command line is in /proc
+        assert stranger.pid in _worker_pids(os.getpid()), "a descendant is found"
+        unrelated = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            assert stranger.pid not in _worker_pids(unrelated.pid), "another harness's list leaves it out"
+        finally:
+            unrelated.kill()
+            unrelated.wait()
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 @pytest.fixture
@@ -193,6 +234,7 @@ def test_unprivileged_workers_cannot_kill_the_harness_or_leave_processes(tmp_pat
     assert not _processes_named(f"dsa-bench-child-{token}"), "a child in a session of its own outlived the run"
 
 
+@pytest.mark.slow  # over 10 s on 2 CPU cores: make test-all (make test stays under 5 min)
 def test_sigterm_and_sigkill_of_the_harness_end_its_workers(tmp_path):
     """SIGTERM stops a run as Ctrl-C does (finished records kept, exit 143, workers ended); after
     SIGKILL of the harness its workers end on their own."""
@@ -207,7 +249,6 @@ def test_sigterm_and_sigkill_of_the_harness_end_its_workers(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     for sig, expected_code in ((signal.SIGTERM, 143), (signal.SIGKILL, -9)):
         save = tmp_path / f"run-{sig.name}.json"
-        before = _worker_pids()
         proc = subprocess.Popen(
             [sys.executable, "-m", "dsa_bench", "run", "-w", "indexer_smoke", "-s", "reference", "-s", str(ADVERSARIAL / "sleeps"),
              "--case-timeout", "120", "--save", str(save)],
@@ -217,7 +258,7 @@ def test_sigterm_and_sigkill_of_the_harness_end_its_workers(tmp_path):
         while time.time() < deadline and not (save.exists() and json.loads(save.read_text())["records"]):
             time.sleep(0.2)  # the reference's first record is in: the sleeping solution runs next
         time.sleep(3)
-        workers = _worker_pids() - before
+        workers = _worker_pids(proc.pid)
         assert workers, "the run started workers"
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=60)

@@ -147,14 +147,37 @@ def test_baseline_update_file_format(tmp_path, baseline):
         update_baseline(baseline, [incomplete])
 
 
-def test_untimed_results_compare_statuses_only(tmp_path):
+def test_untimed_results_compare_statuses_only_and_say_nothing_was_timed(tmp_path, baseline):
     path = tmp_path / "cpu.json"
     update_baseline(path, [write_results(tmp_path / "cpu-base.json", WORKLOAD, latencies(), timed=False)])
     comparison = _compare(tmp_path, path, latencies=latencies(), timed=False)
-    assert comparison.ok and {c.verdict for c in comparison.cases} == {Verdict.UNTIMED}
-    assert "only their statuses were compared" in render_comparison(comparison)
+    assert comparison.nothing_timed and {c.verdict for c in comparison.cases} == {Verdict.UNTIMED}
+    assert "NOTHING TIMED" in render_comparison(comparison) and "OK:" not in render_comparison(comparison)
     broken = _compare(tmp_path, path, latencies=latencies(), timed=False, failures={("b1_p10", "reference"): Status.TIMEOUT})
     assert not broken.ok
+    # a CPU run against a GPU baseline: no speed was compared, so no OK and exit 2
+    cpu_run = write_results(tmp_path / "cpu-run.json", WORKLOAD, latencies(), timed=False)
+    proc = cli("compare", str(cpu_run), "--baseline", str(baseline))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "NOTHING TIMED" in proc.stdout and "the results hold no timing" in proc.stdout and "OK:" not in proc.stdout
+    assert "Cases that changed" not in proc.stdout, "an untimed case with the same status is no change"
+
+
+def test_skipped_and_unmatched_cases_are_one_line_per_solution(tmp_path, baseline):
+    """A peer skipped on every case, or a solution the baseline lacks, is listed once, not case by case."""
+    more = {case: {**per, "peer": per["reference"]} for case, per in latencies().items()}
+    results = write_results(tmp_path / "skips.json", WORKLOAD, more, failures={(c, "other"): Status.SKIPPED for c in more})
+    text = render_comparison(compare_results([load_results(results)], load_baseline(baseline)))
+    assert "Skipped (a solution that cannot run where one side ran: nothing to compare):\n  indexer_h64 [other]: 4 case(s): " in text
+    assert "Not in the baseline (4):\n  indexer_h64 [peer]: 4 case(s): b1_p10, b4_p36, b16_p40, ..." in text
+    assert not re.search(r"indexer_h64 +b1_p10 +other +untimed", text), "no row per skipped case"
+
+
+def test_changed_code_is_named_in_a_warning(tmp_path, baseline):
+    comparison = _compare(tmp_path, baseline, latencies=latencies(), hashes={"triton": "0123456789abcdef"})
+    assert f"{WORKLOAD}: solution 'triton' is not the baseline's code (content hash hash-triton there, 0123456789ab now)" in " ".join(
+        comparison.warnings
+    )
 
 
 def test_solution_wide_slowdown_is_caught_through_a_noisy_reference(tmp_path):
@@ -257,13 +280,11 @@ def test_a_tolerance_mismatch_is_a_warning(tmp_path):
     assert not any("tolerance" in w for w in compare_results([load_results(same)], load_baseline(path)).warnings)
     loose = _with_tolerance(write_results(tmp_path / "loose.json", WORKLOAD, latencies()), atol=0.05, score_rtol=0.001)
     comparison = compare_results([load_results(loose)], load_baseline(path))
-    assert [w for w in comparison.warnings if "tolerance" in w] == [
-        f"{WORKLOAD}: tolerance atol was 0.01 in the baseline, 0.05 now; statuses are judged differently "
-        "(run --atol/--rtol/--lse-atol/--score-rtol set them)",
+    assert [w for w in comparison.warnings if "tolerance" in w] == [  # atol cannot change an indexer status: no warning
         f"{WORKLOAD}: tolerance score_rtol was 0.0001 in the baseline, 0.001 now; statuses are judged differently "
         "(run --atol/--rtol/--lse-atol/--score-rtol set them)",
     ]
-    assert "warning: indexer_h64: tolerance atol was 0.01 in the baseline" in render_comparison(comparison)
+    assert "warning: indexer_h64: tolerance score_rtol was 0.0001 in the baseline" in render_comparison(comparison)
 
     from dsa_bench.results.report import _environment_rows
 

@@ -53,6 +53,7 @@ def test_two_cpu_devices_give_the_plain_run_statuses_and_seeds(tmp_path, plain_r
     assert [(r["case"], r["solution"]) for r in document["records"]] == list(plain_run), "records in the plain run's order"
 
 
+@pytest.mark.slow  # over 10 s on 2 CPU cores: make test-all (make test stays under 5 min)
 def test_adversaries_on_two_devices_get_their_statuses_and_the_run_goes_on(tmp_path):
     out = tmp_path / "results.json"
     proc = run_cli(
@@ -98,9 +99,10 @@ def test_ray_executor_without_ray_is_a_clear_error():
 @pytest.fixture(scope="module")
 def ray_cluster():
     if os.environ.get("CI") and not _has_ray():
-        pytest.fail("Ray is required in CI (make install adds the ray extra) but is not installed")
+        pytest.fail("Ray is required in CI (make test installs the ray extra) but is not installed")
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    # address "local": this test's own cluster, never one another run left on the machine
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
 
@@ -130,3 +132,19 @@ def test_ray_local_cluster_runs_the_smoke_workload_with_adversaries(tmp_path, ra
     assert len(document["environment"]["gpus"]) == 2, "one actor per logical GPU"
     assert {r["gpu"] for r in records.values()} == {0, 1}
     assert document["complete"] is True
+
+
+@pytest.mark.slow
+def test_ray_on_cpu_starts_a_local_cluster_without_gpus_and_keeps_rays_notices_out(tmp_path, plain_run):
+    """`--executor ray --device cpu` with no cluster running: a local Ray with CPU actors, the plain
+    run's statuses and seeds, and none of Ray's own notices in the output."""
+    if os.environ.get("CI") and not _has_ray():
+        pytest.fail("Ray is required in CI (make test installs the ray extra) but is not installed")
+    pytest.importorskip("ray")
+    out = tmp_path / "results.json"
+    proc = run_cli("run", "-w", "indexer_smoke", *CASES, "-s", "reference", "-s", "triton", "--executor", "ray", "--device", "cpu",
+                   "--gpus", "2", "--save", str(out))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "on 2 Ray CPU actor(s), correctness only" in proc.stdout
+    _same_statuses_and_seeds(plain_run, _records(out))
+    assert "Token authentication" not in proc.stdout + proc.stderr and "Ray" not in proc.stderr, proc.stderr

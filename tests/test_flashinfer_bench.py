@@ -1,7 +1,7 @@
 """dsa-bench as a flashinfer-bench citizen: packed solutions imported as flashinfer-bench imports them,
 results exported as traces its own models accept, the statuses and fields its schema cannot hold.
 
-Where flashinfer-bench's package is installed (``make install`` adds it without its GPU
+Where flashinfer-bench's package is installed (``make test`` adds it without its GPU
 dependencies), its own ``Solution`` and ``Trace`` models and its Python/Triton builders are the
 judges; CI sets DSA_BENCH_REQUIRE_FLASHINFER_BENCH so that these checks cannot be skipped there.
 """
@@ -305,3 +305,13 @@ def test_unpack_and_run_refuse_a_tvm_ffi_cuda_solution_and_a_wrong_json(tmp_path
     assert proc.returncode == 2 and f"implements {ATTENTION!r}, but the workload runs {INDEXER!r}" in proc.stderr
     proc = cli("run", "-w", "indexer_smoke", "-s", str(tmp_path / "missing.json"), "--no-save", "--device", "cpu")
     assert proc.returncode == 2 and "missing.json: packed solution file does not exist" in proc.stderr
+
+
+def test_export_warns_once_per_skipped_solution(tmp_path):
+    """A peer skipped on every case is one warning, not one per case."""
+    records = [_record(case, name, status) for case in ("smoke_passthrough", "smoke_boundary")
+               for name, status in (("reference", Status.PASSED), ("triton", Status.SKIPPED))]  # fmt: skip
+    proc = cli("export", str(_results(tmp_path, records, timer=None)), "-o", str(tmp_path / "t.jsonl"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    warnings = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: no trace for 2 cases (smoke_passthrough, ...) [triton]: SKIPPED, not run, so there is no evaluation"]

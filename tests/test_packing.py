@@ -178,6 +178,7 @@ def relative_copy(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow  # over 10 s on 2 CPU cores: make test-all (make test stays under 5 min)
 def test_pack_verify_unpack_run_round_trip(tmp_path):
     out = tmp_path / "packed"
     proc = cli("pack", str(MULTI), "--out", str(out), "--verify", "--device", "cpu")
@@ -194,6 +195,11 @@ def test_pack_verify_unpack_run_round_trip(tmp_path):
     assert "warning" not in proc.stderr
     assert f"verified multi_file_{INDEXER}.json on indexer_smoke: every case passed" in proc.stdout
     assert f"verified multi_file_{ATTENTION}.json on sparse_attention_smoke: every case passed" in proc.stdout
+    progress = [line for line in proc.stdout.splitlines() if " verifying " in line]  # a line before each run
+    assert [line.split(" (")[0] for line in progress] == [
+        f"[1/2] verifying multi_file_{INDEXER}.json on indexer_smoke",
+        f"[2/2] verifying multi_file_{ATTENTION}.json on sparse_attention_smoke",
+    ], proc.stdout
 
     folder = tmp_path / "restored"
     proc = cli("unpack", str(out / f"multi_file_{INDEXER}.json"), str(out / f"multi_file_{ATTENTION}.json"), str(folder))
@@ -203,6 +209,7 @@ def test_pack_verify_unpack_run_round_trip(tmp_path):
     assert "multi_file" in proc.stdout and "4/4" in proc.stdout
 
 
+@pytest.mark.slow  # over 10 s on 2 CPU cores: make test-all (make test stays under 5 min)
 def test_verify_fails_when_the_packed_solution_misses_a_file(tmp_path):
     folder = shutil.copytree(FIXTURES / "pack" / "dynamic_import", tmp_path / "dynamic_import")
     proc = run_cli("pack", str(folder), "--out", str(tmp_path / "out"), "--verify", "--device", "cpu")

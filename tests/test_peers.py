@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import FIXTURES, cli, run_cli
 
+from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.run import runner
-from dsa_bench.definitions.status import Status
 from dsa_bench.run.requirements import unmet
 from dsa_bench.solution import Requirements, load_solution
 

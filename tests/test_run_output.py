@@ -130,3 +130,40 @@ def test_a_timed_log_and_its_breakdown(tmp_path):
         mine = breakdown["by_solution"][solution]
         assert mine["warmup"] > 0 and mine["timed_calls"] > 0 and mine["encode"] > 0 and mine["decode"] > 0, mine
     assert sum(breakdown["phases_s"].values()) == pytest.approx(breakdown["wall_s"], rel=1e-9)
+
+
+def test_a_skipped_peer_is_one_line_in_a_log_and_one_row_in_the_table(tmp_path):
+    """On CPU a peer is skipped on every case: one log line (and a note) for it, not one per case."""
+    from dsa_bench.definitions.status import Status
+    from dsa_bench.results.records import CaseRecord
+    from dsa_bench.results.tables import records_table
+
+    proc = cli("run", "-w", "indexer_smoke", "-s", "reference", "-s", "deepgemm_sglang", "--no-save")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = [m for m in map(LINE.match, proc.stdout.splitlines()) if m]
+    assert [m[5] for m in lines if m[4] == "deepgemm_sglang"] == ["SKIPPED"], proc.stdout
+    assert len([m for m in lines if m[4] == "reference"]) == 4
+    assert "the other cases of deepgemm_sglang are skipped for the same reason and not listed" in proc.stdout
+    skipped = [CaseRecord(f"c{i}", "peer", {"L": i}, Status.SKIPPED, "needs an SM90 GPU") for i in range(5)]
+    table = records_table([CaseRecord("c0", "reference", {"L": 0}, Status.PASSED), *skipped], ("L",))
+    assert len(table.splitlines()) == 4 and "(5 cases)" in table, table
+
+
+def test_a_long_log_says_how_far_it_is_and_how_long_the_rest_takes():
+    from dsa_bench.results.tables import progress_every, progress_line
+
+    assert progress_every(8) == 10 and progress_every(512) == 52
+    assert progress_line(52, 512, 130.0) == "progress: 52/512 records in 2 min 10 s; about 19 min 10 s left at this pace"
+
+
+def test_a_root_harness_says_what_unisolated_workers_mean(monkeypatch):
+    from dsa_bench.cli import _unisolated
+    from dsa_bench.run.isolation import WorkerIdentity
+
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    fallback = WorkerIdentity(None, None, "the harness's user: an unprivileged worker could not read /root (mode drwx------)")
+    assert _unisolated(fallback) == " (so solutions run as root, not isolated from the harness: docs/trust.md)"
+    assert _unisolated(WorkerIdentity(None, None, "the harness's user (--worker-user harness)")) == ""  # asked for
+    assert _unisolated(WorkerIdentity(61234, 61234, "unprivileged uid/gid 61234")) == ""
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    assert _unisolated(fallback) == ""

@@ -258,7 +258,8 @@ def test_manifest_model_messages(tmp_path):
         return str(info.value).removeprefix(f"{folder / 'solution.yaml'}: ")
 
     entry = f"entries:\n  {idx.NAME}:\n"
-    assert refused(f"name: s\nauthors: me\n{entry}    entry_point: k.py::kernel\n    language: python\n") == "authors: unknown field"
+    manifest = f"name: s\nauthors: me\n{entry}    entry_point: k.py::kernel\n    language: python\n"
+    assert refused(manifest) == "authors: unknown field (did you mean 'author'?)"
     assert (
         refused(f"{entry}    entry_point: k.py::kernel\n    language: cuda\n")
         == f"entries.{idx.NAME}.entry_point: a cuda entry must be a .cu or .cpp file, got 'k.py'"

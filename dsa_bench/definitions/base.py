@@ -185,6 +185,11 @@ class Definition:
     #: this definition's own tolerance defaults, for every tolerance a workload's settings leave out
     #: (None: Tolerance's); the decode's lse is a natural log and has its own derived lse_atol
     tolerance: Tolerance | None = None
+    #: ``redraw`` takes the case's generator parameters as a third argument, so the values a timed
+    #: call redraws follow the case's distribution (e.g. the indexer's scaled head weights)
+    redraw_takes_params: bool = False
+    #: the Tolerance fields its check reads (the others cannot change a status of this definition)
+    tolerance_fields: tuple[str, ...] = ("atol", "rtol", "lse_atol", "score_rtol")
 
     @property
     def checked_outputs(self) -> tuple[TensorSpec, ...]:
@@ -194,9 +199,6 @@ class Definition:
     def observed_values(self, inputs: Mapping[str, Value]) -> dict[str, torch.Tensor]:
         """``observe(inputs)`` after a call (nothing for a definition without observed outputs)."""
         return self.observe(inputs) if self.observe is not None else {}
-    #: ``redraw`` takes the case's generator parameters as a third argument, so the values a timed
-    #: call redraws follow the case's distribution (e.g. the indexer's scaled head weights)
-    redraw_takes_params: bool = False
 
     def axes(self, var_values: Mapping[str, int]) -> dict[str, int]:
         return {**self.const_axes, **var_values}

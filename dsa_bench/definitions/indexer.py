@@ -824,6 +824,7 @@ def make_definition(topk: int) -> Definition:
         expect=bind(expect, topk=topk),
         check=bind(check, topk=topk),
         key_axes=("batch_size", "max_num_pages"),
+        tolerance_fields=("score_rtol",),
         notes=(
             "Order inside a row is free; the checker compares the selected set's sorted scores with the reference's, "
             "within a per-row tie tolerance derived from an FP8 kernel's rounding errors.",

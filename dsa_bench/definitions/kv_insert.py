@@ -339,6 +339,7 @@ def _definition(fmt: KvRecordFormat, name: str) -> Definition:
         expect=lambda inputs: expected_records(fmt, inputs),
         check=family.check,
         key_axes=("num_tokens", "block_size"),
+        tolerance_fields=(),
         notes=(
             f"Scale convention 'source': amax clamped at 1e-4, exponent ceil(log2(amax/448)) ({fmt.kv_format}).",
             f"The harness pre-fills kv_cache with byte {CACHE_POISON_BYTE} (0xA5); the check is byte-exact over the whole "

@@ -592,6 +592,7 @@ def _definition(fmt: KvRecordFormat, name: str) -> Definition:
         expect=lambda given: expect(fmt, *(given[n] for n in names)),
         check=check,
         key_axes=("b", "h_q", "s_q", "topk"),
+        tolerance_fields=("atol", "rtol", "lse_atol"),
         notes=(
             "lse is the natural log; a row with no counted index has out exactly 0 and lse exactly +inf.",
             f"V is the first {D_V} dims of the dequantized record: {value}.",

@@ -368,6 +368,7 @@ DEFINITION = Definition(
     expect=expect,
     check=check,
     key_axes=("num_tokens",),
+    tolerance_fields=("atol", "rtol", "lse_atol"),
     notes=(
         "lse is base 2.",
         "output is compared element-wise with atol/rtol (an element fails only when |diff| > atol and |diff| > rtol·|ref|) "

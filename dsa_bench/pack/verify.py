@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +40,13 @@ def smoke_workloads(definition: str, root: Path) -> list[str]:
     return found
 
 
-def verify_packed(packed: list[Path], root: Path, device: str = "auto", timeout_s: float = 1800.0) -> list[VerifyResult]:
+def verify_packed(
+    packed: list[Path],
+    root: Path,
+    device: str = "auto",
+    timeout_s: float = 1800.0,
+    on_start: Callable[[str], None] = lambda text: None,
+) -> list[VerifyResult]:
     """Check each JSON's imports as flashinfer-bench resolves them, then run it on its definition's smoke workloads.
 
     A Python or Triton source that imports a packed module by its absolute name fails at once,
@@ -49,9 +57,13 @@ def verify_packed(packed: list[Path], root: Path, device: str = "auto", timeout_
     packer missed, or an import only the folder loader resolves, fails the import (or build)
     exactly as it would for whoever receives the JSON. On a GPU the run also times, briefly (1
     trial of 1 call): verification is about completeness, not speed. CUDA sources are compiled
-    from scratch, as the recipient would.
+    from scratch, as the recipient would. ``on_start`` hears, before each run, what runs now and
+    how far verification is (a run can take minutes: a CUDA build, the interpreter on a CPU).
     """
     results: list[VerifyResult] = []
+    started = time.monotonic()
+    runs = sum(len(smoke_workloads(read_solution_document(path)["definition"], root)) for path in packed)
+    done = 0
     for path in packed:
         document = read_solution_document(path)
         definition = document["definition"]
@@ -64,6 +76,8 @@ def verify_packed(packed: list[Path], root: Path, device: str = "auto", timeout_
             continue
         with tempfile.TemporaryDirectory(prefix="dsa-bench-verify-") as tmp:
             for workload in workloads:
+                done += 1
+                on_start(f"[{done}/{runs}] verifying {path.name} on {workload} ({time.monotonic() - started:.0f} s so far)")
                 command = [
                     sys.executable, "-m", "dsa_bench", "run", "--workload", workload, "--solution", str(path.resolve()),
                     "--device", device, "--warmup", "0", "--iterations", "1", "--trials", "1", "--no-save",

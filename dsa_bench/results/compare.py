@@ -41,6 +41,7 @@ Baseline file (``baselines/<gpu>.json``)::
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
 import statistics
@@ -164,6 +165,12 @@ class Comparison:
     warnings: list[str] = field(default_factory=list)
     code_changed: dict[tuple[str, str], bool | None] = field(default_factory=dict)  # (workload, solution)
     solutions: list[SolutionComparison] = field(default_factory=list)
+    timed: bool = False  # some results file holds timings (a CPU run holds none)
+
+    @property
+    def nothing_timed(self) -> bool:
+        """No speedup was compared: the results (or the baseline) hold no timing, so only statuses were."""
+        return not any(c.ratio is not None for c in self.cases)
 
     @property
     def slower(self) -> list[CaseComparison]:
@@ -203,7 +210,8 @@ def compare_results(
         seen_workloads.add(res.workload)
         refuse_redacted(res, "compare")
         refuse_secret_mix(res, block, f"{baseline_name}'s entry for {res.workload!r}")
-        comparison.warnings += _environment_warnings(res, block)
+        comparison.warnings += _environment_warnings(res, block) + _code_warnings(res, block)
+        comparison.timed = comparison.timed or res.timer is not None
         gpu = res.environment.get("gpu")
         same_gpu = gpu is not None and gpu == (block.get("environment") or {}).get("gpu")
         new = measures_of(res)
@@ -224,8 +232,9 @@ def compare_results(
         summary = summarize_solution(workload, solution, items, threshold)
         if summary is not None:
             comparison.solutions.append(summary)
-    untimed = sum(1 for c in comparison.cases if c.verdict is Verdict.UNTIMED)
-    if untimed:
+    skipped = Status.SKIPPED.value
+    untimed = sum(1 for c in comparison.cases if c.verdict is Verdict.UNTIMED and skipped not in (c.new.status, c.baseline.status))
+    if untimed and not comparison.nothing_timed:
         comparison.warnings.append(
             f"{untimed} case(s) have no speedup on one side (a CPU run, or the reference failed): only their statuses were compared"
         )
@@ -254,11 +263,45 @@ def _environment_warnings(results: LoadedResults, block: dict[str, Any]) -> list
                 f"{results.workload}: setting {key} was {old_settings.get(key)!r} in the baseline, {new_settings.get(key)!r} now"
             )
     old_tolerance, new_tolerance = old_settings.get("tolerance") or {}, new_settings.get("tolerance") or {}
-    for key in sorted(set(old_tolerance) | set(new_tolerance)):
+    for key in sorted((set(old_tolerance) | set(new_tolerance)) & set(_tolerances_read(results.definition))):
         if old_tolerance.get(key) != new_tolerance.get(key):
             warnings.append(
                 f"{results.workload}: tolerance {key} was {old_tolerance.get(key)!r} in the baseline, {new_tolerance.get(key)!r} now; "
                 "statuses are judged differently (run --atol/--rtol/--lse-atol/--score-rtol set them)"
+            )
+    return warnings
+
+
+def _by_solution(keys: list[Key], shown: int = 3) -> list[str]:
+    """One line per (workload, solution): its cases, the first few named."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for workload, case, solution in keys:
+        groups.setdefault((workload, solution), []).append(case)
+    return [
+        f"{workload} [{solution}]: {len(cases)} case(s): {', '.join(cases[:shown])}{', ...' if len(cases) > shown else ''}"
+        for (workload, solution), cases in groups.items()
+    ]
+
+
+def _tolerances_read(definition: str) -> tuple[str, ...]:
+    """The tolerances that can change a status of this definition (a dataset's unknown one: all)."""
+    from dsa_bench.definitions import all_definitions
+    from dsa_bench.definitions.base import Tolerance
+
+    known = all_definitions().get(definition)
+    return known.tolerance_fields if known is not None else tuple(f.name for f in dataclasses.fields(Tolerance))
+
+
+def _code_warnings(results: LoadedResults, block: dict[str, Any]) -> list[str]:
+    """Solutions whose code is not the baseline's: a change in speed may be the code's, not the machine's."""
+    warnings = []
+    hashes = block.get("solutions") or {}
+    for name, meta in (results.document.get("solutions") or {}).items():
+        old, now = (hashes.get(name) or {}).get("content_hash"), meta.get("content_hash")
+        if old is not None and now is not None and old != now:
+            warnings.append(
+                f"{results.workload}: solution {name!r} is not the baseline's code (content hash {old[:12]} there, {now[:12]} now); "
+                "refresh the baseline with `dsa-bench baseline update` once the new code is the one to beat"
             )
     return warnings
 
@@ -331,7 +374,13 @@ def render_comparison(comparison: Comparison, fmt: str = "table", show_all: bool
     out.append(heading(f"Speedup vs baseline (threshold {_pct(comparison.threshold, signed=False)})"))
     out.append(tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True))
 
-    shown = [c for c in comparison.cases if show_all or c.verdict is not Verdict.SAME]
+    skipped = [c for c in comparison.cases if c.verdict is Verdict.UNTIMED and Status.SKIPPED.value in (c.new.status, c.baseline.status)]
+    # an untimed case whose status did not change is no change (a CPU run would list every case)
+    unchanged = {Verdict.SAME} | ({Verdict.UNTIMED} if not show_all else set())
+    shown = [
+        c for c in comparison.cases
+        if c not in skipped and (show_all or c.verdict not in unchanged or c.baseline.status != c.new.status)
+    ]  # fmt: skip
     if shown:
         out.append("")
         out.append(heading("Cases" if show_all else "Cases that changed"))
@@ -352,17 +401,27 @@ def render_comparison(comparison: Comparison, fmt: str = "table", show_all: bool
         ]  # fmt: skip
         out.append(tabulate(detail, headers=headers, tablefmt=tablefmt, disable_numparse=True))
 
+    if skipped:
+        out.append("")
+        out.append("Skipped (a solution that cannot run where one side ran: nothing to compare):")
+        out += [f"  {line}" for line in _by_solution([c.key for c in skipped])]
     for title, keys in (("In the baseline but not run", comparison.only_in_baseline), ("Not in the baseline", comparison.only_in_results)):
         if keys:
             out.append("")
-            listed = ", ".join(f"{w}/{c} [{s}]" for w, c, s in keys[:20]) + (f", ... ({len(keys)} in all)" if len(keys) > 20 else "")
-            out.append(f"{title} ({len(keys)}): {listed}")
+            out.append(f"{title} ({len(keys)}):")
+            out += [f"  {line}" for line in _by_solution(keys)]
     for warning in comparison.warnings:
         out.append("")
         out.append(f"warning: {warning}")
     out.append("")
     slower, new_fail, overall_slower = len(comparison.slower), len(comparison.newly_failing), comparison.slower_solutions
-    if comparison.ok:
+    if comparison.ok and comparison.nothing_timed:
+        why = "the baseline holds none" if comparison.timed else "the results hold no timing: a run without CUDA checks correctness only"
+        out.append(
+            f"NOTHING TIMED: no case has a speedup on both sides ({why}); the statuses of {len(comparison.cases)} cases were compared, "
+            "none newly failing. Compare a timed run (on a GPU) to judge speed."
+        )
+    elif comparison.ok:
         out.append(f"OK: {len(comparison.cases)} cases compared, none slower beyond the noise band, none newly failing")
     else:
         names = ", ".join(f"{s.workload}/{s.solution}" for s in overall_slower) or "none"

@@ -4,6 +4,7 @@ the wall-time breakdown, sagged clocks, failures.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
@@ -95,10 +96,34 @@ def record_line(record: CaseRecord, done: int, total: int) -> str:
     return f"{line}: {one_line(record.message)}" if record.message and not record.passed else line
 
 
+def progress_every(total: int) -> int:
+    """A log's progress line comes after every tenth of the run's records, and never more often than every 10th."""
+    return max(10, math.ceil(total / 10))
+
+
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    return f"{seconds} s" if seconds < 60 else f"{seconds // 60} min {seconds % 60:02d} s"
+
+
+def progress_line(done: int, total: int, elapsed_s: float) -> str:
+    """How far a run is and, at its pace so far, how long the rest takes (a log has no progress bar)."""
+    left = elapsed_s / done * (total - done) if done else 0.0
+    return f"progress: {done}/{total} records in {_duration(elapsed_s)}; about {_duration(left)} left at this pace"
+
+
 def records_table(records: list[CaseRecord], key_axes: tuple[str, ...]) -> str:
     """One row per (case, solution): key axes, status, error figures and, when timed, latency,
-    speedup over the reference and (where a peer ran) over the peer it is measured against."""
+    speedup over the reference and (where a peer ran) over the peer it is measured against.
+    A skipped solution's records are one row (its cases share one reason)."""
     from tabulate import tabulate
+
+    skipped = {r.solution: sum(s.solution == r.solution for s in records if s.status is Status.SKIPPED)
+               for r in records if r.status is Status.SKIPPED}  # fmt: skip
+    records = [r for r in records if r.status is not Status.SKIPPED] + [
+        dataclasses.replace(next(r for r in records if r.solution == name and r.status is Status.SKIPPED), case=f"({n} cases)", axes={})
+        for name, n in skipped.items()
+    ]
 
     timed = any(r.timing is not None for r in records)
     spread = any(r.gpu is not None for r in records)  # a multi-device run: say where each ran

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from dsa_bench.errors import DsaBenchError
+from dsa_bench.errors import DsaBenchError, did_you_mean
 from dsa_bench.paths import safe_file_name
 from dsa_bench.project import check_run_solutions, reference_solution, relative_to_root, resolve_solution, resolve_workload
 from dsa_bench.results.environment import environment
@@ -143,6 +143,7 @@ class RunPlan:
     executor: str = "local"
     ray_address: str | None = None
     ray_gpus: int | None = None  # at most this many Ray actors (None: every GPU of the cluster)
+    ray_cpu: bool = False  # --device cpu: CPU actors (no GPU needed), correctness only
     timer_request: str = "auto"  # what a Ray actor resolves on its own device
     planning_s: float = 0.0  # wall time spent planning, counted in the run's wall-time breakdown
     resumed: Resumed | None = None
@@ -160,6 +161,8 @@ class RunPlan:
 
     @property
     def mode(self) -> str:
+        if self.executor == "ray" and self.ray_cpu:
+            return "correctness only (--device cpu: nothing is timed)"
         if self.executor == "ray":
             return "on a Ray cluster (each actor picks its GPU's timer)"
         if self.options.timer is None:
@@ -307,7 +310,8 @@ def select_cases(workload: Workload, patterns: list[str]) -> list[Case]:
         return list(workload.cases)
     chosen = [c for c in workload.cases if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
     if not chosen:
-        raise DsaBenchError(f"no case of workload {workload.name!r} matches {', '.join(patterns)}")
+        hint = did_you_mean(patterns[0], [c.id for c in workload.cases]) if len(patterns) == 1 else ""
+        raise DsaBenchError(f"no case of workload {workload.name!r} matches {', '.join(patterns)}{hint}")
     return chosen
 
 
@@ -502,7 +506,7 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     plan = RunPlan(
         workload, cases, solutions, device_options[0], device_identities[0], save_path, root, warnings,
         device_options=device_options, device_identities=device_identities, executor=request.executor,
-        ray_address=request.ray_address, ray_gpus=gpus, timer_request=request.timer,
+        ray_address=request.ray_address, ray_gpus=gpus, ray_cpu=on_ray and request.device == "cpu", timer_request=request.timer,
     )  # fmt: skip
     if request.resume is not None:
         plan.resumed = resume_state(request.resume, plan)
@@ -608,12 +612,14 @@ class RunOutcome:
 
 @contextlib.contextmanager
 def _stopped_by_signals() -> Iterator[None]:
-    """SIGTERM and SIGHUP stop a run as Ctrl-C does: workers are ended, finished records kept."""
+    """SIGINT, SIGTERM and SIGHUP stop a run: workers are ended, finished records kept. SIGINT's
+    handler is set here too, because a job started in the background by a non-interactive shell
+    (`dsa-bench run ... &` in a script) inherits SIGINT ignored, and `kill -INT` would do nothing."""
 
     def stop(signum: int, frame: Any) -> None:
         raise Interrupted(signum)
 
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
@@ -672,7 +678,7 @@ def _run(plan: RunPlan, results: ResultsFile, on_record: Callable[[CaseRecord], 
 
         return run_on_ray(
             plan.workload, plan.pending_cases, plan.solutions, plan.options, plan.timer_request, plan.root, results, on_record,
-            address=plan.ray_address, max_actors=plan.ray_gpus, on_start=record_actors,
+            address=plan.ray_address, max_actors=plan.ray_gpus, on_start=record_actors, cpu=plan.ray_cpu,
         )  # fmt: skip
     if len(plan.device_options) > 1:
         from dsa_bench.run.executor import run_on_devices

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import socket
@@ -49,7 +50,15 @@ class CaseActor:
     """The body of one Ray actor: a device's runner. Made remote by :func:`run_on_ray`."""
 
     def __init__(
-        self, workload: Workload, cases: list[Case], solutions: list[Solution], options: RunOptions, timer: str, root: str, slot: int
+        self,
+        workload: Workload,
+        cases: list[Case],
+        solutions: list[Solution],
+        options: RunOptions,
+        timer: str,
+        root: str,
+        slot: int,
+        cpu: bool = False,
     ) -> None:
         import torch
 
@@ -59,8 +68,9 @@ class CaseActor:
 
         if Path(root).is_dir():
             os.chdir(root)  # the project's relative paths (caches, logs) as on the driver
-        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        chosen, warning = choose_timer(timer, device)
+        on_gpu = torch.cuda.is_available() and not cpu
+        device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        chosen, warning = choose_timer("auto" if cpu else timer, device)
         copy = measure_copy_bandwidth(device) if chosen is not None else None
         self.options = dataclasses.replace(options, device=device, timer=chosen, copy_bytes_per_s=copy, timer_fallback=warning)
         if chosen is not None and self.options.settings.input_sets < 2:
@@ -98,25 +108,42 @@ def run_on_ray(
     address: str | None = None,
     max_actors: int | None = None,
     on_start: Callable[[list[dict[str, Any]]], None] = lambda descriptions: None,
+    cpu: bool = False,
 ) -> list[CaseRecord]:
-    """Run every case on the cluster's GPUs (at most ``max_actors``); records reach ``results`` as they arrive."""
+    """Run every case on the cluster's GPUs (at most ``max_actors``), or with ``cpu`` on
+    ``max_actors`` (default 1) CPU actors, correctness only; records reach ``results`` as they arrive."""
     ray = ray_module()
     if not ray.is_initialized():
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage-statistics notice
         if address is not None:
             check_reachable(address)
         try:
+            # Ray's notices (token authentication and the like) are warnings of its "ray" logger, which
+            # ray.init resets: at level ERROR they stay out of the run's output, and errors still show.
+            # "local": a new cluster for this run, as --ray-address's help says, never one that
+            # `ray start` left running on the machine (ray.init's default would join that one)
             with _time_limit(RAY_INIT_TIMEOUT_S, f"--executor ray: the Ray cluster at {address or 'a new local one'} did not come up"):
-                ray.init(address=address, log_to_driver=False, configure_logging=False)
+                ray.init(address=address or "local", log_to_driver=False, configure_logging=True, logging_level=logging.ERROR,
+                         include_dashboard=False)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             raise DsaBenchError(f"--executor ray: cannot reach the Ray cluster at {address or 'a new local one'}: {exc}") from None
-    gpus = int(ray.cluster_resources().get("GPU", 0))
-    if gpus == 0:
-        raise DsaBenchError("--executor ray: the Ray cluster offers no GPUs (start its nodes with --num-gpus, or ray.init(num_gpus=N))")
-    count = max(1, min(gpus, max_actors or gpus, len(cases)))
-    actor_class = ray.remote(num_gpus=1, max_restarts=0, max_task_retries=0)(CaseActor)
+    if cpu:
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        if cpus == 0:
+            raise DsaBenchError("--executor ray --device cpu: the Ray cluster offers no CPUs")
+        count = max(1, min(cpus, max_actors or 1, len(cases)))
+        actor_class = ray.remote(num_cpus=1, num_gpus=0, max_restarts=0, max_task_retries=0)(CaseActor)
+    else:
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if gpus == 0:
+            raise DsaBenchError(
+                "--executor ray: the Ray cluster offers no GPUs (start its nodes with --num-gpus, or run on its CPUs with --device cpu)"
+            )
+        count = max(1, min(gpus, max_actors or gpus, len(cases)))
+        actor_class = ray.remote(num_gpus=1, max_restarts=0, max_task_retries=0)(CaseActor)
 
     def start(slot: int) -> Any:
-        return actor_class.remote(workload, cases, solutions, options, timer, str(root), slot)
+        return actor_class.remote(workload, cases, solutions, options, timer, str(root), slot, cpu)
 
     actors = [start(slot) for slot in range(count)]
     try:

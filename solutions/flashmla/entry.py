@@ -8,8 +8,8 @@ count: ``h_q`` 64 and 128 run as they are; 16 and 32 (a TP8 or TP4 GPU's share o
 to 64 the way serving engines do (:mod:`heads`: zero queries and -inf sinks for the padded heads, the
 first ``h_q`` heads of out and lse returned as views), so the padding copy and the 4x (2x) work are
 inside the timed call, as they are in serving. On a GPU a padded call's copies and FlashMLA call are replayed
-as one CUDA graph per argument set (:class:`PaddedGraphs`), as a serving engine's decode graph holds them. V3.2 gets no ``topk_length`` (the definition has none:
-short rows are -1 padding).
+as one CUDA graph per argument set (:class:`PaddedGraphs`), as a serving engine's decode graph holds them.
+V3.2 gets no ``topk_length`` (the definition has none: short rows are -1 padding).
 
 Schedule metadata: ``flash_mla.get_mla_metadata()`` returns an empty schedule that FlashMLA fills during
 the first call that uses it; it may be reused only while the shapes and the ``topk_length`` values stay

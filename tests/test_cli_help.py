@@ -1,0 +1,38 @@
+"""The command line's help and --version: what a new user reads first."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from dsa_bench import __version__
+from dsa_bench.cli import app
+
+COMMANDS = [[], ["run"], ["list"], ["validate"], ["pack"], ["unpack"], ["compare"], ["export"], ["layout"], ["report"],
+            ["baseline"], ["baseline", "update"], ["results"], ["results", "merge"]]  # fmt: skip
+
+
+def _help(*command: str) -> str:
+    result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "250"}, terminal_width=250)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c) or "dsa-bench")
+def test_help_shows_plain_metavars_and_flags_bare(command):
+    text = _help(*command)
+    assert not re.search(r"<(bool|str|int|float|Path|list\[\w+\])>", text), text
+    assert not re.search(r"--help +\S+ +Show", text) and not re.search(r"--no-save +\S+ +Do not", text), text
+
+
+def test_run_help_keeps_the_ray_extra_and_validate_names_only_real_options():
+    assert "pip install 'dsa-bench[ray]'" in _help("run")
+    assert re.search(r"--seed +INTEGER +Base seed", _help("run")) and re.search(r"--no-save +Do not write", _help("run"))
+    assert "--definition" not in _help("validate")
+
+
+def test_version():
+    result = CliRunner().invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output == f"dsa-bench {__version__}\n"
