@@ -58,9 +58,9 @@ INDEX_HEADS = indexer.NUM_HEADS
 INDEX_DIM = indexer.HEAD_DIM
 INDEX_PAGE_BYTES = INDEXER_KEY_PAGE.packed_page_bytes()
 #: The selection size of each definition is a constant of it (one definition per format and k, as the indexer's
-#: are). V4 models also select 512 (V4-Flash) and 1024 (V4-Pro): ``name_of`` names those definitions, and they
-#: are registered once the indexer definition takes k (its functions are then called with ``topk``); until
-#: then every step selects 2048.
+#: are): V3.2 selects 2048; V4 models also 512 (V4-Flash) and 1024 (V4-Pro), which ``name_of`` names and the
+#: reference computes (the indexer's functions take ``topk``), registered once the shipped step and the
+#: production peer are tested with them; until then every registered step selects 2048.
 REGISTERED_TOPKS: dict[str, tuple[int, ...]] = {"V32": (indexer.TOPK,), "V4": (indexer.TOPK,)}
 #: The scale convention of every record in the MLA cache: the insert's, so context and new records come from
 #: one writer (power-of-two scales; FlashMLA's SM90 kernel reads V3.2's fp32 scales as bf16, exact for them).
@@ -134,16 +134,10 @@ def insert(fmt: KvRecordFormat, inputs: Mapping[str, Value], kv_cache: torch.Ten
     INDEXER_KEY_PAGE.write(index_cache, BLOCK_SIZE, slots, INDEXER_KEY_PAGE.quantize(keys, KEY_CONVENTION))
 
 
-def _topk_arguments(topk: int) -> dict[str, Any]:
-    """Keyword arguments that select ``topk`` in the indexer's functions (none for its default 2048; other
-    sizes need the k-parametrized indexer, which REGISTERED_TOPKS admits only once it is there)."""
-    return {} if topk == indexer.TOPK else {"topk": topk}
-
-
 def select(inputs: Mapping[str, Value], index_cache: torch.Tensor, topk: int) -> torch.Tensor:
     """Stages 2 and 3, the reference: the indexer's reference on every query row, ``[b, s_q, topk]`` int32."""
     b, s_q = inputs["q_index_fp8"].shape[:2]
-    ids = indexer.reference(**indexer_inputs(inputs, index_cache), **_topk_arguments(topk))["topk_indices"]
+    ids = indexer.reference(**indexer_inputs(inputs, index_cache), topk=topk)["topk_indices"]
     return ids.reshape(b, s_q, topk)
 
 
@@ -416,7 +410,7 @@ class _Step:
         decoded = mla_decode.expect(self.fmt, inputs["q"], kv_cache, ids, inputs["sm_scale"], inputs["attn_sink"])
         observed = observe_pages({**inputs, "kv_cache": kv_cache, "index_cache": index_cache})
         return StepExpected(observed["kv_pages"], observed["index_pages"], ids, decoded["out"], decoded["lse"],
-                            indexer.expect(rows, **_topk_arguments(topk)), rows, kv_cache, decoded["out_noise"])
+                            indexer.expect(rows, topk=topk), rows, kv_cache, decoded["out_noise"])
 
     def check(self, inputs: Mapping[str, Value], outputs: Mapping[str, torch.Tensor], expected: Any, tol: Tolerance) -> CheckResult:
         """Records byte-exact, then the ids modulo ties, then out/lse against the decode of the solution's ids."""
@@ -427,7 +421,7 @@ class _Step:
         ids = outputs["topk_indices"]
         b, s_q, topk = ids.shape
         verdict = indexer.check(expected.rows, {"topk_indices": ids.reshape(b * s_q, topk)}, expected.indexer, tol,
-                                **_topk_arguments(topk))
+                                topk=topk)
         if not verdict.passed:
             return replace(verdict, message=f"topk_indices (indexer row = b x s_q + s): {verdict.message}")
         same = torch.equal(torch.sort(ids.long(), dim=-1).values, torch.sort(expected.ids.long(), dim=-1).values)
