@@ -42,6 +42,15 @@ class _Commands(typer.core.TyperGroup):
 _METAVARS = {"str": "TEXT", "int": "INTEGER", "float": "FLOAT", "Path": "PATH"}
 
 
+def _type_label(param) -> str:
+    """TEXT, INTEGER, FLOAT or PATH for an option's value: from typer's own parameter classes (newer typer
+    releases) or from click's types (older ones, such as the GPU machine's)."""
+    if hasattr(param, "bare_type"):
+        label = param.bare_type().removeprefix("list[").removesuffix("]")
+        return _METAVARS.get(label, label.upper())
+    return str(getattr(getattr(param, "type", None), "name", "value")).upper()
+
+
 def _plain_metavars(command) -> None:
     """Help shows a flag bare (``--no-save``, not typer's ``--no-save <bool>``), an option's value
     as TEXT, INTEGER, FLOAT or PATH, and an argument by its name alone, for every command and
@@ -53,8 +62,7 @@ def _plain_metavars(command) -> None:
         elif param.metavar is None and (getattr(param, "is_flag", False) or getattr(param, "count", False)):
             param.metavar = ""
         elif param.metavar is None:
-            label = param.bare_type().removeprefix("list[").removesuffix("]")
-            param.metavar = _METAVARS.get(label, label.upper())
+            param.metavar = _type_label(param)
     make_help_option = command.get_help_option
 
     def bare_help_option(ctx):
