@@ -168,7 +168,8 @@ class WorkerHandle:
         from_worker_r, from_worker_w = os.pipe()
         identity = self.identity  # uid and gid None: the harness's own user, with its groups
         launcher = [sys.executable, "-m", "dsa_bench.run.sandbox", "--harness-pid", str(os.getpid()),
-                    "--fds", f"{to_worker_r},{from_worker_w}", *(f"--write={p}" for p in self.writable), "--"]  # fmt: skip
+                    "--fds", f"{to_worker_r},{from_worker_w}", *(f"--write={p}" for p in self.writable),
+                    *(["--no-landlock"] if self.options.device.type == "cuda" else []), "--"]  # fmt: skip
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
                 [*launcher, sys.executable, "-m", "dsa_bench.run.worker", str(to_worker_r), str(from_worker_w)],
