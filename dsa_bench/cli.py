@@ -608,20 +608,21 @@ def profile(
 ) -> None:
     """Profile one case of one solution under Nsight Compute (or --nsys: Nsight Systems): one call, with
     the run's inputs, in an isolated process; the report goes to results/profile/ (docs/roofline.md)."""
-    from dsa_bench.project import find_root
+    from dsa_bench.project import find_root, relative_to_root
     from dsa_bench.run.profile import ProfileFailed, ProfileRequest, run_profile
 
     if warmup < 0 or input_set < 0:
         raise DsaBenchError("--warmup and --input-set must be >= 0")
     request = ProfileRequest(workload=workload, solution=solution, case=case, nsys=nsys, input_set=input_set, warmup=warmup, seed=seed,
                              device=device)  # fmt: skip
+    root = find_root()
     try:
-        outcome = run_profile(request, find_root())
+        outcome = run_profile(request, root)
     except ProfileFailed as exc:
         _err(f"profile failed: {exc}")
         raise typer.Exit(EXIT_FAILED_CASES) from None
     typer.echo(outcome.table)
-    typer.echo(f"report: {outcome.report} (parsed: {outcome.csv_path})")
+    typer.echo(f"report: {relative_to_root(outcome.report, root)} (parsed: {relative_to_root(outcome.csv_path, root)})")
 
 
 @app.command()
