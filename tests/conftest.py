@@ -22,10 +22,10 @@ if not torch.cuda.is_available():
 HAS_CUDA = torch.cuda.is_available()
 
 
-def load_script(name: str) -> types.ModuleType:
-    """A script of benchmarks/kernels/ imported from its file (the folder is no package and stays
-    off sys.path), registered in sys.modules so its dataclasses resolve their module."""
-    spec = importlib.util.spec_from_file_location(f"kernel_script_{name}", ROOT / "benchmarks" / "kernels" / f"{name}.py")
+def load_script(name: str, folder: str = "benchmarks/kernels") -> types.ModuleType:
+    """A script of ``folder`` (benchmarks/kernels/, tools/) imported from its file (the folder is no
+    package and stays off sys.path), registered in sys.modules so its dataclasses resolve their module."""
+    spec = importlib.util.spec_from_file_location(f"script_{folder.replace('/', '_')}_{name}", ROOT / folder / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module

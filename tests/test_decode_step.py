@@ -278,21 +278,6 @@ def test_shipped_workloads_load_and_cover_the_production_grid():
             assert workload.cases
 
 
-def test_decode_step_traces_are_what_make_traces_writes(tmp_path):
-    spec = importlib.util.spec_from_file_location("make_traces_step", ROOT / "tools" / "make_traces.py")
-    assert spec is not None and spec.loader is not None
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    tool.main(out=tmp_path)
-    written = sorted(p.name for p in tmp_path.glob("*.jsonl"))
-    assert {f"decode_step_{f}_{k}.jsonl" for f in ("v32", "v4") for k in ("h128", "tp8", "smoke", "mix")} <= set(written)
-    for name in written:
-        assert (tmp_path / name).read_bytes() == (ROOT / "traces" / name).read_bytes(), f"rerun tools/make_traces.py ({name})"
-
-
-# --------------------------------------------------------------------------- solutions
-
-
 def _solution_module(folder: str, module: str):
     package = f"dsa_test_step_{folder}"
     if package not in sys.modules:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import types
 
-from conftest import ROOT, cli
+from conftest import ROOT, cli, load_script
 from test_flashinfer_bench import flashinfer_bench
 
 EXAMPLE = ROOT / "examples" / "flashinfer_dataset"
@@ -14,11 +13,7 @@ INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
 
 
 def make_example_dataset() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("make_example_dataset", ROOT / "tools" / "make_example_dataset.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_example_dataset", "tools")
 
 
 def test_the_tool_writes_the_shipped_example_byte_for_byte(tmp_path):

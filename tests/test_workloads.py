@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, load_script
 from safetensors.torch import save_file
 
 from dsa_bench.definitions import get_definition
@@ -273,3 +273,12 @@ def test_manifest_model_messages(tmp_path):
         == f"entries.{idx.NAME}.language: expected one of 'python', 'triton' or 'cuda', got 'rust'"
     )
     assert refused("entries: {}\n") == "entries: expected at least 1 item(s), got an object"
+
+
+def test_every_shipped_trace_is_what_make_traces_writes(tmp_path):
+    """tools/make_traces.py rewrites every trace of traces/ byte for byte, and writes no other."""
+    load_script("make_traces", "tools").main(out=tmp_path)
+    written = sorted(p.name for p in tmp_path.glob("*.jsonl"))
+    assert written == sorted(p.name for p in (ROOT / "traces").glob("*.jsonl"))
+    for name in written:
+        assert (tmp_path / name).read_bytes() == (ROOT / "traces" / name).read_bytes(), f"rerun tools/make_traces.py ({name})"

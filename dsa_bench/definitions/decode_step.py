@@ -49,7 +49,7 @@ from dsa_bench.definitions.base import (
     integer_param,
     unknown_params,
 )
-from dsa_bench.definitions.kv_records import INDEXER_KEY_PAGE, INT32_MAX, V4, V32, KvRecordFormat, ScaleConvention
+from dsa_bench.definitions.kv_records import INDEXER_KEY_PAGE, V4, V32, KvRecordFormat, ScaleConvention
 from dsa_bench.definitions.status import CheckResult, Status
 
 #: Tokens per page of both caches: the indexer's page, so its physical ids are the decode's.
@@ -203,12 +203,7 @@ class _Step:
     def generate(self, axes: Mapping[str, int], given: Mapping[str, Value], params: Mapping[str, dict], rng: InputRng) -> dict[str, Value]:
         fmt, device = self.fmt, rng.device
         b, s_q, max_pages, blocks = axes["b"], axes["s_q"], axes["max_num_pages"], axes["num_blocks"]
-        if "seq_lens" in given:
-            seq_lens = given["seq_lens"].to(device)
-        else:
-            p = params.get("seq_lens", {})
-            lo, hi = int(p.get("min", 1)), int(p.get("max", max_pages * BLOCK_SIZE))
-            seq_lens = torch.from_numpy(rng.structure.integers(lo, hi + 1, b)).to(torch.int32).to(device)
+        seq_lens = indexer.given_or_drawn_seq_lens(given, params, b, max_pages * BLOCK_SIZE, rng)
         lens = seq_lens.tolist()
         if "block_table" in given:
             block_table = given["block_table"].to(device)
@@ -268,13 +263,7 @@ class _Step:
             problems.append(f"axes.h_q = {h_q} must be one of {', '.join(map(str, mla_decode.HEAD_COUNTS))}")
         if not 1 <= s_q <= mla_decode.MAX_S_Q:
             problems.append(f"axes.s_q = {s_q} must be in [1, {mla_decode.MAX_S_Q}] (the next token and MTP drafts)")
-        packed = fmt.packed_page_bytes(BLOCK_SIZE)
-        if page < packed:
-            problems.append(f"axes.page_bytes = {page} is below the packed {fmt.kv_format} page of {BLOCK_SIZE} tokens ({packed} B)")
-        if page % fmt.tma_stride:
-            problems.append(f"axes.page_bytes = {page} must be a multiple of the {fmt.kv_format} TMA stride {fmt.tma_stride} B")
-        elif blocks * (page // fmt.tma_stride) > INT32_MAX:
-            problems.append(f"axes.num_blocks = {blocks} pages of {page // fmt.tma_stride} TMA rows exceed the int32 bound {INT32_MAX}")
+        problems += mla_decode.page_problems(fmt, page, blocks, BLOCK_SIZE)
         capacity = max_pages * BLOCK_SIZE
         if self.rotates and axes["max_position"] < capacity:
             problems.append(f"axes.max_position = {axes['max_position']} must cover every position: at least max_num_pages x "

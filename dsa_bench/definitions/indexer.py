@@ -390,15 +390,21 @@ def draw_queries(axes: Mapping[str, int], rng: InputRng, params: Mapping[str, di
     return {"q_index_fp8": q, "weights": weights}
 
 
+def given_or_drawn_seq_lens(given: Mapping[str, Value], params: Mapping[str, dict], rows: int, max_tokens: int,
+                            rng: InputRng) -> torch.Tensor:
+    """``seq_lens [rows]`` int32 on the generator's device: the trace's, else uniform in the trace's
+    ``seq_lens.params`` ``[min, max]`` (default ``[1, max_tokens]``)."""
+    if "seq_lens" in given:
+        return given["seq_lens"].to(rng.device)
+    p = params.get("seq_lens", {})
+    lo, hi = int(p.get("min", 1)), int(p.get("max", max_tokens))
+    return torch.from_numpy(rng.structure.integers(lo, hi + 1, rows)).to(torch.int32).to(rng.device)
+
+
 def generate(axes: Mapping[str, int], given: Mapping[str, Value], params: Mapping[str, dict], rng: InputRng) -> dict[str, Value]:
     batch, max_pages, num_pages = axes["batch_size"], axes["max_num_pages"], axes["num_pages"]
     device = rng.device
-    if "seq_lens" in given:
-        seq_lens = given["seq_lens"].to(device)
-    else:
-        p = params.get("seq_lens", {})
-        lo, hi = int(p.get("min", 1)), int(p.get("max", max_pages * PAGE_SIZE))
-        seq_lens = torch.from_numpy(rng.structure.integers(lo, hi + 1, batch)).to(torch.int32).to(device)
+    seq_lens = given_or_drawn_seq_lens(given, params, batch, max_pages * PAGE_SIZE, rng)
     lens = seq_lens.tolist()
     if "block_table" in given:
         block_table = given["block_table"].to(device)

@@ -129,6 +129,20 @@ def counted(indices: torch.Tensor, topk_length: torch.Tensor | None) -> torch.Te
     return mask
 
 
+def page_problems(fmt: KvRecordFormat, page: int, blocks: int, block_size: int) -> list[str]:
+    """What is wrong with a cache of ``blocks`` pages of ``page`` bytes holding ``block_size`` records each, by
+    FlashMLA's SM90 asserts: at least the packed page, a multiple of the TMA stride, and an int32 row count."""
+    problems = []
+    packed = fmt.packed_page_bytes(block_size)
+    if page < packed:
+        problems.append(f"axes.page_bytes = {page} is below the packed {fmt.kv_format} page of block size {block_size} ({packed} B)")
+    if page % fmt.tma_stride:
+        problems.append(f"axes.page_bytes = {page} must be a multiple of the {fmt.kv_format} TMA stride {fmt.tma_stride} B")
+    elif blocks * (page // fmt.tma_stride) > INT32_MAX:
+        problems.append(f"axes.num_blocks = {blocks} pages of {page // fmt.tma_stride} TMA rows exceed the int32 bound {INT32_MAX}")
+    return problems
+
+
 class _ExactFloat32Matmul:
     """float32 matmuls without TF32 while the reference runs (a caller may have enabled it)."""
 
@@ -373,13 +387,7 @@ class _Decode:
             problems.append(f"axes.s_q = {s_q} must be in [1, {MAX_S_Q}] (the next token and up to {MAX_S_Q - 1} MTP drafts)")
         if topk % TOPK_MULTIPLE:
             problems.append(f"axes.topk = {topk} must be a multiple of {TOPK_MULTIPLE}")
-        packed = fmt.packed_page_bytes(bs)
-        if page < packed:
-            problems.append(f"axes.page_bytes = {page} is below the packed {fmt.kv_format} page of block size {bs} ({packed} B)")
-        if page % fmt.tma_stride:
-            problems.append(f"axes.page_bytes = {page} must be a multiple of the {fmt.kv_format} TMA stride {fmt.tma_stride} B")
-        elif blocks * (page // fmt.tma_stride) > INT32_MAX:
-            problems.append(f"axes.num_blocks = {blocks} pages of {page // fmt.tma_stride} TMA rows exceed the int32 bound {INT32_MAX}")
+        problems += page_problems(fmt, page, blocks, bs)
         problems += self._param_problems(axes, params)
         capacity = blocks * bs
         if "indices" in given:
@@ -395,8 +403,9 @@ class _Decode:
             if "indices" not in given:
                 problems.append("inputs.kv_cache is given explicitly, so inputs.indices must be too (generated indices point at slots "
                                 "the given cache may not hold)")
-            if page != packed:
-                problems.append(f"inputs.kv_cache is given explicitly (packed pages), so axes.page_bytes must be {packed}")
+            if page != fmt.packed_page_bytes(bs):
+                problems.append(f"inputs.kv_cache is given explicitly (packed pages), so axes.page_bytes must be "
+                                f"{fmt.packed_page_bytes(bs)}")
         if "topk_length" in given:
             lengths = given["topk_length"].long()
             bad = (lengths < 0) | (lengths > topk)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import HAS_CUDA
-from test_triton_indexer import DEVICE, NUM_PAGES, TOPK_CSRC, assert_passes, entry_module, make_inputs, run
+from test_triton_indexer import DEVICE, NUM_PAGES, TOPK_CSRC, assert_exact_topk, assert_passes, entry_module, make_inputs, run
 
 from dsa_bench.definitions import indexer
 from dsa_bench.definitions.base import INT_POISON, InputRng
@@ -30,26 +30,6 @@ SCRATCH_INTS = topk_long.SCRATCH_INTS
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def assert_exact_topk(scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor, k: int) -> None:
-    """Each row holds min(k, L) distinct reachable ids whose scores are exactly torch.topk's, then -1
-    (a row of L <= k lists positions 0..L-1 in order)."""
-    scores, out, block_table = scores.cpu(), out.cpu(), block_table.cpu()
-    for b, n in enumerate(seq_lens.tolist()):
-        ids = indexer.token_ids(block_table[b], n)
-        row = out[b]
-        want = min(k, n)
-        assert int((row >= 0).sum()) == want and not bool((row < -1).any()), f"row {b}: wrong count of ids or unwritten slots"
-        if n <= k:
-            assert torch.equal(row[:n].long(), ids) and row[n:].eq(-1).all(), f"row {b}: passthrough must list positions 0..L-1"
-            continue
-        position_of = {int(i): p for p, i in enumerate(ids.tolist())}
-        positions = torch.tensor([position_of[int(i)] for i in row.tolist()])  # KeyError: id not reachable
-        assert positions.unique().numel() == want, f"row {b}: duplicate ids"
-        chosen = torch.sort(scores[b, positions], descending=True).values
-        best = torch.topk(scores[b, :n], want).values
-        assert torch.equal(chosen, best), f"row {b}: not the exact top-{want} (max gap {float((best - chosen).max()):.3g})"
 
 
 def hard_rows(seed: int, max_pages: int = 400):
