@@ -107,7 +107,7 @@ REFERENCE_CHUNK_BYTES = 256 * 2**20
 #: Records quantized and written per step while building a cache.
 WRITE_CHUNK_TOKENS = 65536
 PADDINGS = ("tail", "scattered")
-#: The largest softmax scale a case may give. A head of d dims is scaled by d^-0.5 (0.042 for V3.2's 576,
+#: The largest softmax scale a case may give. A head of d dims is scaled by d^-0.5 (0.042 for V3.2's 512 + 64,
 #: 0.044 for V4's 512); 1.0 already makes unit-variance logits 24 times wider. Far above, float32 logits
 #: overflow (from about 1e37 the lse is +inf) and no tolerance tells rounding from a defect.
 MAX_SM_SCALE = 1.0
