@@ -16,14 +16,19 @@ _BUILTIN_MODULES = ("indexer", "sparse_attention", "kv_insert", "mla_decode", "d
 _extra: dict[str, Definition] = {}
 
 
-def all_definitions() -> dict[str, Definition]:
+def builtin_definitions() -> dict[str, Definition]:
+    """The definitions dsa-bench ships (not those a dataset registered in this process)."""
     found: dict[str, Definition] = {}
     for module in _BUILTIN_MODULES:
         loaded = importlib.import_module(f"dsa_bench.definitions.{module}")
         for definition in getattr(loaded, "DEFINITIONS", None) or (loaded.DEFINITION,):
             found[definition.name] = definition
-    found.update(_extra)
     return found
+
+
+def all_definitions() -> dict[str, Definition]:
+    """The shipped definitions and those registered from datasets in this process."""
+    return {**builtin_definitions(), **_extra}
 
 
 def get_definition(name: str) -> Definition:
