@@ -134,9 +134,10 @@ def test_html_report_renders_in_chromium(timed_results, tmp_path):
     assert rendered.returncode == 0, rendered.stderr
     dom = _Page()
     dom.feed(rendered.stdout)
-    # overview + per results file: summary, cases, environment
-    assert dom.tables == 1 + 3 + 3
-    for header in ("results file", "solution", "passed", "geomean speedup", "triton µs", "triton speedup", "reference status"):
+    # overview + per results file: summary, cases, environment; the timed file also its roofline and timer summary
+    assert dom.tables == 1 + 4 + 3
+    for header in ("results file", "solution", "passed", "geomean speedup", "triton µs", "triton speedup", "reference status",
+                   "mean of roofline", "timer"):
         assert header in dom.headers, header
     text = " ".join(dom.text)
     assert "Nothing was timed in this run" in text and "sparse_attention_smoke" in text
