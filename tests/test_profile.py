@@ -129,10 +129,9 @@ sys.exit(rc)
 """
 
 
-@pytest.mark.slow
-def test_profile_runs_the_case_in_its_own_process_and_prints_each_kernel(tmp_path, monkeypatch):
-    """The whole path with a stand-in ncu: the target process builds the case's inputs and calls the
-    solution (on the CPU here; profile refuses a CPU, so the device choice is replaced)."""
+def _project_with_a_fake_ncu(tmp_path: Path, monkeypatch, shared: tuple[str, ...]) -> Path:
+    """A project root linking ``shared`` folders of this one, a stand-in ``ncu`` first on PATH, and
+    the CPU as the profiled device (profile refuses a CPU, so the device choice is replaced)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     fake = bin_dir / "ncu"
@@ -140,11 +139,19 @@ def test_profile_runs_the_case_in_its_own_process_and_prints_each_kernel(tmp_pat
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     project = tmp_path / "project"
     project.mkdir()
-    for folder in ("workloads", "traces", "solutions"):
+    for folder in shared:
         (project / folder).symlink_to(ROOT / folder)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("DSA_BENCH_ROOT", str(project))
     monkeypatch.setattr(profile, "profile_device", lambda name: torch.device("cpu"))
+    return project
+
+
+@pytest.mark.slow
+def test_profile_runs_the_case_in_its_own_process_and_prints_each_kernel(tmp_path, monkeypatch):
+    """The whole path with a stand-in ncu: the target process builds the case's inputs and calls the
+    solution (on the CPU here; profile refuses a CPU, so the device choice is replaced)."""
+    project = _project_with_a_fake_ncu(tmp_path, monkeypatch, ("workloads", "traces", "solutions"))
     result = CliRunner().invoke(app, ["profile", "-w", "indexer_smoke", "-s", "reference", "-c", "smoke_scored", "--warmup", "0"])
     assert result.exit_code == 0, result.output
     assert "decode_kernel" in result.output and "long_scoreboard 3.87" in result.output
@@ -157,24 +164,13 @@ def test_profile_runs_the_case_in_its_own_process_and_prints_each_kernel(tmp_pat
 
 @pytest.mark.slow
 def test_a_failing_solution_fails_the_profile_with_its_error(tmp_path, monkeypatch):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "ncu"
-    fake.write_text(FAKE_NCU.format(python=sys.executable, fixture=str(PROFILE_FIXTURES / "ncu_raw.csv")))
-    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
-    project = tmp_path / "project"
-    project.mkdir()
-    for folder in ("workloads", "traces"):
-        (project / folder).symlink_to(ROOT / folder)
+    project = _project_with_a_fake_ncu(tmp_path, monkeypatch, ("workloads", "traces"))
     broken = project / "solutions" / "broken"
     broken.mkdir(parents=True)
     (broken / "solution.yaml").write_text(
         "name: broken\nentries:\n  dsa_topk_indexer_fp8_h64_d128_topk2048_ps64:\n    entry_point: kernel.py::run\n    language: python\n"
     )
     (broken / "kernel.py").write_text("def run(*args):\n    raise RuntimeError('kernel exploded')\n")
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    monkeypatch.setenv("DSA_BENCH_ROOT", str(project))
-    monkeypatch.setattr(profile, "profile_device", lambda name: torch.device("cpu"))
     result = CliRunner().invoke(app, ["profile", "-w", "indexer_smoke", "-s", "broken", "-c", "smoke_scored", "--warmup", "0"])
     assert result.exit_code == 1, result.output
     assert "profile failed" in result.stderr and "kernel exploded" in result.stderr

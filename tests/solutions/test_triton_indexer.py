@@ -366,18 +366,23 @@ def test_triton_kernels_compile_for_sm90():
 # --------------------------------------------------------------------------- CUDA top-k, emulated on CPU
 
 
-@pytest.fixture(scope="module")
-def emulator(tmp_path_factory) -> Path:
+def build_emulator(tmp_path_factory, source: Path) -> Path:
+    """``source`` (a host emulator of the CUDA top-k's kernels) compiled with the host C++ compiler."""
     compiler = shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         pytest.skip("no C++ compiler for the top-k emulator")
-    exe = tmp_path_factory.mktemp("topk_emulator") / "topk_emulator"
+    exe = tmp_path_factory.mktemp(source.stem) / source.stem
     proc = subprocess.run(
-        [compiler, "-O2", "-std=c++17", "-DDSA_TOPK_HOST_EMULATION", f"-I{TOPK_CSRC}", str(EMULATOR_SOURCE), "-o", str(exe)],
+        [compiler, "-O2", "-std=c++17", "-DDSA_TOPK_HOST_EMULATION", f"-I{TOPK_CSRC}", str(source), "-o", str(exe)],
         capture_output=True, text=True, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return exe
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory) -> Path:
+    return build_emulator(tmp_path_factory, EMULATOR_SOURCE)
 
 
 def emulate_topk(

@@ -18,7 +18,16 @@ import numpy as np
 import pytest
 import torch
 from conftest import HAS_CUDA
-from test_triton_indexer import DEVICE, NUM_PAGES, TOPK_CSRC, assert_exact_topk, assert_passes, entry_module, make_inputs, run
+from test_triton_indexer import (
+    DEVICE,
+    NUM_PAGES,
+    assert_exact_topk,
+    assert_passes,
+    build_emulator,
+    entry_module,
+    make_inputs,
+    run,
+)
 
 from dsa_bench.definitions import indexer
 from dsa_bench.definitions.base import INT_POISON, InputRng
@@ -76,16 +85,7 @@ def test_dispatch_keeps_short_tables_on_the_filtered_topk():
 
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory) -> Path:
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        pytest.skip("no C++ compiler for the top-k emulator")
-    exe = tmp_path_factory.mktemp("topk_long_emulator") / "topk_long_emulator"
-    proc = subprocess.run(
-        [compiler, "-O2", "-std=c++17", "-DDSA_TOPK_HOST_EMULATION", f"-I{TOPK_CSRC}", str(EMULATOR_SOURCE), "-o", str(exe)],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    return exe
+    return build_emulator(tmp_path_factory, EMULATOR_SOURCE)
 
 
 def emulate_long_topk(exe: Path, scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, k: int, blocks_per_row: int = 0):
