@@ -173,6 +173,20 @@ struct ChunkEntries {
       positions[i] = static_cast<int>(x[i].y);
     }
   }
+
+  // Bit masks of the member slots whose level-kLevel bin is above the threshold bin, and in it.
+  template <int kLevel>
+  __device__ __forceinline__ void classify(int threshold_bin, uint32_t& above, uint32_t& tie) const {
+    above = 0u;
+    tie = 0u;
+#pragma unroll
+    for (int i = 0; i < kLongSlots; ++i) {
+      const bool member = (members >> i) & 1u;
+      const int bin = level_bin<kLevel>(keys[i]);
+      if (member && bin > threshold_bin) above |= 1u << i;
+      if (member && bin == threshold_bin) tie |= 1u << i;
+    }
+  }
 };
 
 // The row of a block of any pass: -1 when the row needs no selection (L <= topk).
@@ -280,14 +294,8 @@ __device__ void finish_in_block(const ChunkEntries& e, int need, int* scratch, i
                                 LongShared& s) {
   constexpr int kBins = kLevel == kLongLevels - 1 ? kLongLastBins : kLongBins;
   const Threshold t = find_threshold<kThreads, kBins, true>(scratch + level_hist<kLevel>(), need, s.warp_totals, &s.threshold);
-  uint32_t above = 0u, tie = 0u;
-#pragma unroll
-  for (int i = 0; i < kLongSlots; ++i) {
-    const bool member = (e.members >> i) & 1u;
-    const int bin = level_bin<kLevel>(e.keys[i]);
-    if (member && bin > t.bin) above |= 1u << i;
-    if (member && bin == t.bin) tie |= 1u << i;
-  }
+  uint32_t above, tie;
+  e.template classify<kLevel>(t.bin, above, tie);
   emit_block<kThreads>(above, e, scratch + kLongOutCount, table_row, out_row, s);
   if (kLevel == kLongLevels - 1) {
     ticket_block<kThreads>(tie, e, need - t.above, topk, table_row, out_row, s);
@@ -398,14 +406,8 @@ __global__ void __launch_bounds__(kThreads) long_level_kernel(LongTopkArgs a) {
     } else {
       chunk.load_candidates(buffer_of(a, row, kLevel - 1), at, count);
     }
-    uint32_t above_mask = 0u, tie_mask = 0u;
-#pragma unroll
-    for (int i = 0; i < kLongSlots; ++i) {
-      const bool member = (chunk.members >> i) & 1u;
-      const int bin = level_bin<kLevel>(chunk.keys[i]);
-      if (member && bin > t.bin) above_mask |= 1u << i;
-      if (member && bin == t.bin) tie_mask |= 1u << i;
-    }
+    uint32_t above_mask, tie_mask;
+    chunk.template classify<kLevel>(t.bin, above_mask, tie_mask);
     // Both counts packed in one int: one block scan gives every thread its offsets, and the last
     // thread takes the block's runs from the row's counters.
     const int packed = __popc(above_mask) | (__popc(tie_mask) << 16);
