@@ -276,6 +276,14 @@ def test_shipped_workloads_load_and_cover_the_production_grid():
         for kind in ("smoke", "mix"):
             workload = load_workload(ROOT / "workloads" / f"decode_step_{fmt}_{kind}.yaml")
             assert workload.cases
+    for topk in (512, 1024):  # V4's other selection sizes: MTP at 128 and 16 heads, and CPU-sized rows around k
+        workload = load_workload(ROOT / "workloads" / f"decode_step_v4_topk{topk}.yaml")
+        assert workload.definition.name == f"dsa_decode_step_v4_topk{topk}"
+        assert {c.axes["h_q"] for c in workload.cases} == {128, 16} and {c.axes["s_q"] for c in workload.cases} == {2}
+        assert max(c.axes["max_num_pages"] for c in workload.cases) * 64 == 131072
+        smoke = load_workload(ROOT / "workloads" / f"decode_step_v4_topk{topk}_smoke.yaml")
+        lengths = {n for c in smoke.cases for n in c.inputs["seq_lens"].values}
+        assert {topk - 1, topk, topk + 1, 0} <= lengths, lengths
 
 
 def _solution_module(folder: str, module: str):
@@ -322,7 +330,7 @@ def test_production_peer_is_skipped_naming_what_is_missing():
 
 
 @pytest.mark.slow  # a harness run of the reference and the interpreted Triton step (~30 s on two cores)
-@pytest.mark.parametrize("fmt", ["v32", "v4"])
+@pytest.mark.parametrize("fmt", ["v32", "v4", "v4_topk512"])
 def test_reference_and_triton_pass_the_smoke_workload_on_cpu(fmt):
     proc = run_cli("run", "-w", f"decode_step_{fmt}_smoke", "-c", "smoke_b[12]_*", "-s", "reference", "-s", "triton", "--device", "cpu",
                    "--no-save")
@@ -331,11 +339,11 @@ def test_reference_and_triton_pass_the_smoke_workload_on_cpu(fmt):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["v32", "v4"])
+@pytest.mark.parametrize("fmt", ["v32", "v4", "v4_topk512", "v4_topk1024"])
 def test_triton_and_production_pass_the_cpu_sized_workloads_on_a_gpu(fmt):
     """On the GPU: the Triton step (CUDA top-k, CUDA decode for 64/128 heads) and the production peer (where its
     modules are installed; otherwise SKIPPED) against the reference, smoke and mix cases, timed."""
-    for kind, count in (("smoke", 3), ("mix", 3)):
+    for kind, count in (("smoke", 3), ("mix", 3)) if "topk" not in fmt else (("smoke", 3),):
         proc = run_cli("run", "-w", f"decode_step_{fmt}_{kind}", "-s", "reference", "-s", "triton", "-s", "production", "--no-save")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert f"triton      {count}/{count}" in proc.stdout, proc.stdout
