@@ -40,7 +40,7 @@ class CuptiTimer(Timer):
     default) a GPU activity belongs to the window its own start falls in. Both attribute the
     same work, because the device is idle at every window's start and synchronised at its end;
     API tracing, however, slows every launch on the host, which widens the gaps between the
-    kernels of a multi-kernel solution (measured: benchmarks/README.md, "Timers").
+    kernels of a multi-kernel solution (measured: benchmarks/README.md, "The harness, comparing and the checks").
     """
 
     name = "cupti"
