@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -174,3 +175,32 @@ def test_the_guard_allows_the_build_and_refuses_the_rest(guard, tmp_path):
         with pytest.raises(Refused, match=named):
             guard(event, args)
     assert len(guard.refused) == len(refusals)
+
+
+def test_the_guard_allows_what_a_gpu_build_does_and_nothing_beside_it(guard, tmp_path, monkeypatch):
+    """What Triton's GPU compile and the peers' imports do (seen on a GPU machine): ``file -b`` on the
+    interpreter, ``os.removedirs`` climbing from a cache temp folder into its parents, and a library of a package
+    installed with ``pip --target`` on PYTHONPATH."""
+    from dsa_bench.run.guard import Guard, Refused
+
+    file_tool = shutil.which("file")
+    if file_tool is not None:
+        guard("subprocess.Popen", (None, [file_tool, "-b", sys.executable], None, None))
+        for argv in ([file_tool, "-C", "-m", "x"], [file_tool, "-b", "-C"], [file_tool, sys.executable]):
+            with pytest.raises(Refused, match="starting a program"):
+                guard("subprocess.Popen", (None, argv, None, None))
+    guard("os.rmdir", (str(tmp_path),))  # above the build folder: the OS refuses it (not empty)
+    for folder in (tmp_path / "solution", tmp_path / "elsewhere"):  # holds no writable folder: refused as before
+        folder.mkdir(exist_ok=True)
+        with pytest.raises(Refused, match="os.rmdir"):
+            guard("os.rmdir", (str(folder),))
+    site = tmp_path / "site"  # pip install --target: a sys.path folder outside the project
+    (site / "pkg").mkdir(parents=True)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.syspath_prepend(str(tmp_path / "scratch"))  # writable: never a library root
+    monkeypatch.syspath_prepend(str(tmp_path))  # holds the solution: never a library root
+    fresh = Guard([str(tmp_path / "build"), str(tmp_path / "scratch")], str(tmp_path / "solution"), builds=[str(tmp_path / "build")])
+    fresh("ctypes.dlopen", (str(site / "pkg" / "ext.so"),))
+    for payload in (tmp_path / "scratch" / "p.so", tmp_path / "solution" / "p.so", tmp_path / "p.so"):
+        with pytest.raises(Refused, match="loading the shared library"):
+            fresh("ctypes.dlopen", (str(payload),))
