@@ -10,12 +10,12 @@ import torch
 from conftest import cli, run_cli
 from safetensors.torch import save_file
 
-from dsa_bench.dataset import load_dataset_workload
 from dsa_bench.definitions import get_definition
 from dsa_bench.definitions.base import DTYPE_NAMES, Definition, Tolerance
 from dsa_bench.definitions.checks import judge
 from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
+from dsa_bench.flashinfer_bench.dataset import load_dataset_workload
 from dsa_bench.workloads import build_inputs
 
 INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"

@@ -12,7 +12,7 @@ import pytest
 from conftest import run_cli
 from test_dataset import RMSNORM, RMSNORM_DEFINITION, RMSNORM_SOLUTION, _jsonl, _line
 
-from dsa_bench.dataset import load_dataset_workload
+from dsa_bench.flashinfer_bench.dataset import load_dataset_workload
 
 
 def _dataset(root: Path, reference: str) -> Path:

@@ -19,11 +19,11 @@ from safetensors.torch import save_file
 from typer.testing import CliRunner
 
 from dsa_bench import cli
-from dsa_bench.dataset import load_dataset_workload
 from dsa_bench.definitions import get_definition
 from dsa_bench.definitions import indexer as idx
 from dsa_bench.definitions import sparse_attention as attn
 from dsa_bench.errors import DsaBenchError
+from dsa_bench.flashinfer_bench.dataset import load_dataset_workload
 from dsa_bench.pack.pack import pack_solution, unpack_solutions
 from dsa_bench.paths import MAX_FILE_NAME, safe_file_name
 from dsa_bench.project import check_run_solutions

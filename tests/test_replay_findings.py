@@ -91,7 +91,7 @@ def test_resume_of_a_file_with_a_case_the_workload_lacks_is_refused(tmp_path):
 def test_export_never_overwrites_a_dataset_workload_file(tmp_path):
     from test_dataset_isolation import _dataset
 
-    from dsa_bench.dataset import load_dataset_workload
+    from dsa_bench.flashinfer_bench.dataset import load_dataset_workload
 
     root = _dataset(tmp_path / "dataset", "def run(hidden_states, weight, eps):\n    return hidden_states\n")
     lines = root / "workloads" / "rmsnorm_h64.jsonl"

@@ -12,7 +12,7 @@ One JSON document per definition a solution implements::
 - Python imports (parsed with :mod:`ast`): relative imports, and absolute imports that resolve to
   a module inside the solution folder (the folder is on ``sys.path`` when dsa-bench imports a
   solution folder; flashinfer-bench's loader does not resolve them, see
-  :func:`dsa_bench.pack.flashinfer.import_problems`); the ``__init__.py`` of every package a packed
+  :func:`dsa_bench.flashinfer_bench.packed.import_problems`); the ``__init__.py`` of every package a packed
   module lives in;
 - string literals in Python sources that name an existing C/C++/CUDA file of the folder (how a
   Python loader hands ``foo.cu`` to ``torch.utils.cpp_extension.load``);
