@@ -108,7 +108,7 @@ def pack_entry(solution: Solution, definition: str) -> PackedEntry:
 def pack_solution(folder: Path, out_dir: Path | None = None, definitions: list[str] | None = None) -> list[PackedEntry]:
     """Pack every entry (or the named ones) of a solution folder into ``out_dir/<name>.json``
     (default ``out_dir``: ``packed/<solution name>/``). Names become file names through
-    :func:`~dsa_bench.files.safe_file_name`, so no name can place a file outside ``out_dir``."""
+    :func:`~dsa_bench.paths.safe_file_name`, so no name can place a file outside ``out_dir``."""
     solution = load_solution(folder)
     chosen = definitions or [d for d, entry in solution.entries.items() if entry.unsupported is None]
     for name in chosen:
