@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, ROOT, cli
-from test_dataset import definition_json
-from test_packing import relative_copy
+from conftest import FIXTURES, ROOT, cli, relative_copy
+from dataset_files import definition_json
 
 from dsa_bench.definitions import get_definition
 from dsa_bench.definitions.status import Status
