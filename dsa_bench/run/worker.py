@@ -144,7 +144,7 @@ def main(argv: list[str]) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if config.dataset_root is not None:  # dataset definitions are registered per process
-        from dsa_bench.dataset import register_dataset_definition
+        from dsa_bench.definitions.from_dataset import register_dataset_definition
 
         register_dataset_definition(Path(config.dataset_root), config.definition)
     definition = get_definition(config.definition)

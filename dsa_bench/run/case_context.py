@@ -1,4 +1,4 @@
-"""The judging side of a case: the harness's own input sets and expectations, the seeds,
+"""A case as the harness holds it (CaseContext): its own input sets and expectations, the seeds,
 decoding a worker's replies against the definition, and the plausibility of reported times.
 """
 
@@ -72,7 +72,7 @@ class CaseContext:
         inputs, expected = self.get(seed)
         definition = self.workload.definition
         if redrawn:
-            if self.isolated_expectation is not None:  # generic definitions redraw nothing (dataset.generic_definition)
+            if self.isolated_expectation is not None:  # generic definitions redraw nothing (from_dataset.generic_definition)
                 raise ProtocolError("the worker redrew inputs of a definition that redraws none")
             inputs = {**inputs, **{k: v.to(self.device) for k, v in redrawn.items()}}
             with self.clock.phase("expectations"):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import read_yaml
+from dsa_bench.flashinfer_bench.packed import import_problems
 from dsa_bench.pack.document import read_solution_document
-from dsa_bench.pack.flashinfer import import_problems
 
 
 @dataclass
@@ -50,10 +50,10 @@ def verify_packed(
     """Check each JSON's imports as flashinfer-bench resolves them, then run it on its definition's smoke workloads.
 
     A Python or Triton source that imports a packed module by its absolute name fails at once,
-    naming the file, line and import (:func:`~dsa_bench.pack.flashinfer.import_problems`): it runs
+    naming the file, line and import (:func:`~dsa_bench.flashinfer_bench.packed.import_problems`): it runs
     under dsa-bench's folder loader but not where flashinfer-bench imports it. Otherwise the JSON
     runs with ``dsa-bench run -s FILE.json`` in a fresh process, which lays it out and imports it
-    as flashinfer-bench does (:func:`~dsa_bench.pack.flashinfer.materialize`), so a file the
+    as flashinfer-bench does (:func:`~dsa_bench.flashinfer_bench.packed.materialize`), so a file the
     packer missed, or an import only the folder loader resolves, fails the import (or build)
     exactly as it would for whoever receives the JSON. On a GPU the run also times, briefly (1
     trial of 1 call): verification is about completeness, not speed. CUDA sources are compiled

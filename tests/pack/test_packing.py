@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, cli, run_cli
+from conftest import FIXTURES, cli, relative_copy, run_cli
 
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.pack.document import check_solution_document, read_solution_document
@@ -163,19 +163,6 @@ def test_bad_solution_folders_give_clear_errors(tmp_path):
         pack_solution(no_hardware, tmp_path / "out")
     proc = cli("pack", str(FIXTURES / "pack" / "outside"), "--out", str(tmp_path / "out"))
     assert proc.returncode == 2 and "lies outside the solution folder" in proc.stderr and "Traceback" not in proc.stderr
-
-
-def relative_copy(folder: Path) -> Path:
-    """MULTI with its absolute sibling imports made relative, as flashinfer-bench needs them."""
-    shutil.copytree(MULTI, folder)
-    for rel, old, new in (
-        ("indexer_kernel.py", "from common import constants", "from .common import constants"),
-        ("attn/entry.py", "from common.constants import PAGE_SIZE", "from ..common.constants import PAGE_SIZE"),
-    ):
-        text = (folder / rel).read_text()
-        assert old in text
-        (folder / rel).write_text(text.replace(old, new))
-    return folder
 
 
 @pytest.mark.slow  # over 10 s on 2 CPU cores: make test-all (make test stays under 5 min)

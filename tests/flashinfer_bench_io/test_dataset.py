@@ -8,77 +8,19 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import cli, run_cli
+from dataset_files import RMSNORM, RMSNORM_DEFINITION, RMSNORM_SOLUTION, _jsonl, _line, definition_json
 from safetensors.torch import save_file
 
-from dsa_bench.dataset import load_dataset_workload
 from dsa_bench.definitions import get_definition
-from dsa_bench.definitions.base import DTYPE_NAMES, Definition, Tolerance
+from dsa_bench.definitions.base import Tolerance
 from dsa_bench.definitions.checks import judge
 from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
+from dsa_bench.flashinfer_bench.dataset import load_dataset_workload
 from dsa_bench.workloads import build_inputs
 
 INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
-RMSNORM = "rmsnorm_h64"
 CPU = torch.device("cpu")
-
-RMSNORM_DEFINITION = {
-    "name": RMSNORM,
-    "op_type": "rmsnorm",
-    "description": "RMSNorm over 64 features (a definition dsa-bench has no implementation of).",
-    "axes": {"batch_size": {"type": "var"}, "hidden_size": {"type": "const", "value": 64}},
-    "inputs": {
-        "hidden_states": {"shape": ["batch_size", "hidden_size"], "dtype": "bfloat16"},
-        "weight": {"shape": ["hidden_size"], "dtype": "bfloat16"},
-        "eps": {"shape": None, "dtype": "float32"},
-    },
-    "outputs": {"output": {"shape": ["batch_size", "hidden_size"], "dtype": "bfloat16"}},
-    "reference": (
-        "import torch\n\n"
-        "def run(hidden_states, weight, eps):\n"
-        "    x = hidden_states.float()\n"
-        "    scale = torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)\n"
-        "    return (x * scale * weight.float()).to(torch.bfloat16)\n"
-    ),
-}
-
-RMSNORM_SOLUTION = {
-    "solution.yaml": (
-        "name: rms_user\nauthor: tests\ntarget_hardware: [cpu]\nentries:\n"
-        f"  {RMSNORM}:\n    entry_point: kernel.py::kernel\n    language: python\n"
-    ),
-    "kernel.py": (
-        "def kernel(hidden_states, weight, eps, output):\n"
-        "    x = hidden_states.float()\n"
-        "    norm = (x.square().sum(-1, keepdim=True) / x.shape[-1] + eps).sqrt()\n"
-        "    output.copy_((x / norm * weight.float()).bfloat16())\n"
-    ),
-}
-
-
-def definition_json(definition: Definition, op_type: str) -> dict:
-    """A dataset definition JSON describing one of dsa-bench's own definitions."""
-    return {
-        "name": definition.name,
-        "op_type": op_type,
-        "axes": {
-            **{a: {"type": "var"} for a in definition.var_axes},
-            **{a: {"type": "const", "value": v} for a, v in definition.const_axes.items()},
-        },
-        "inputs": {s.name: {"shape": list(s.shape) or None, "dtype": DTYPE_NAMES[s.dtype]} for s in definition.inputs},
-        "outputs": {s.name: {"shape": list(s.shape) or None, "dtype": DTYPE_NAMES[s.dtype]} for s in definition.outputs},
-        "reference": "def run(*inputs):\n    raise NotImplementedError('dsa-bench uses its own reference')\n",
-    }
-
-
-def _jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-
-def _line(definition: str, uuid: str, axes: dict, inputs: dict) -> dict:
-    return {"definition": definition, "solution": None, "workload": {"uuid": uuid, "axes": axes, "inputs": inputs}}
-
 
 @pytest.fixture
 def dataset(tmp_path) -> Path:

@@ -6,21 +6,12 @@ from __future__ import annotations
 
 import builtins
 import json
-from pathlib import Path
 
 import pytest
 from conftest import run_cli
-from test_dataset import RMSNORM, RMSNORM_DEFINITION, RMSNORM_SOLUTION, _jsonl, _line
+from dataset_files import RMSNORM, RMSNORM_SOLUTION, _dataset
 
-from dsa_bench.dataset import load_dataset_workload
-
-
-def _dataset(root: Path, reference: str) -> Path:
-    (root / "definitions").mkdir(parents=True)
-    (root / "definitions" / f"{RMSNORM}.json").write_text(json.dumps({**RMSNORM_DEFINITION, "reference": reference}))
-    inputs = {"hidden_states": {"type": "random"}, "weight": {"type": "random"}, "eps": {"type": "scalar", "value": 1e-6}}
-    _jsonl(root / "workloads" / f"{RMSNORM}.jsonl", [_line(RMSNORM, "r0", {"batch_size": 2}, inputs)])
-    return root
+from dsa_bench.flashinfer_bench.dataset import load_dataset_workload
 
 
 def test_loading_a_dataset_runs_none_of_its_reference(tmp_path):

@@ -7,12 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, cli
 
 from dsa_bench.definitions import kv_records as kr
 from dsa_bench.errors import DsaBenchError
-from tests.conftest import cli
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(("fmt", "bpt", "tma", "slot", "bs", "data", "scales", "rope"), [
@@ -158,8 +156,8 @@ def test_record_widths_live_only_in_the_descriptor_module():
     # (512 ckv + 64 kpe), in the recorded solution's source, left as measured (its content hash).
     # Two more spell 576 as a block size (records per page) of the insert traces, not a record's bytes.
     other_quantities = {(ROOT / "solutions/triton/attention/csrc/attention_sm90.cu", "constexpr int kDQk = kDCkv + kDKpe;"),
-                        (ROOT / "tests/test_kv_insert.py", 'assert {c.axes["block_size"] for c in small.cases} =='),
-                        (ROOT / "tests/test_new_edge_cases.py", "sizes that are not powers of two (3, 61, 576).")}
+                        (ROOT / "tests/definitions/test_kv_insert.py", 'assert {c.axes["block_size"] for c in small.cases} =='),
+                        (ROOT / "tests/test_edge_workloads.py", "sizes that are not powers of two (3, 61, 576).")}
     offenders = []
     for folder in ("dsa_bench", "solutions", "tests", "benchmarks/kernels"):
         for path in (ROOT / folder).rglob("*"):

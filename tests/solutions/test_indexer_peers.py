@@ -1,8 +1,11 @@
-"""The indexer peers (solutions/deepgemm_sglang, solutions/deepgemm_flashinfer) and tools/carry_peers.py, on a CPU.
+"""The indexer peers (solutions/deepgemm_sglang, solutions/deepgemm_flashinfer) and tools/carry_peers.py.
 
-Their kernels need an H200 (tests/solutions/test_peer_solutions_gpu.py runs them); here: their
-manifests, their skip on a machine without the GPU or the packages, the per-batch state they
-keep outside the timed calls, and the pruning of the wheels carried to the device.
+On a CPU: their manifests, their skip on a machine without the GPU or the packages, the per-batch
+state they keep outside the timed calls, and the pruning of the wheels carried to the device.
+
+On the GPU (``-m gpu``): each one whose packages import passes the cases a run gives it. That needs
+an SM90 GPU and the peers' packages (tools/carry_peers.py, docs/peers.md); a peer whose package is
+missing is SKIPPED by the run with its reason, and the test skips it too.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from conftest import ROOT, run_cli
 
 from dsa_bench.definitions import indexer
 from dsa_bench.solution import load_solution
+
+# --------------------------------------------------------------------------- on a CPU
+
 
 PEER_FOLDERS = [ROOT / "solutions" / "deepgemm_sglang", ROOT / "solutions" / "deepgemm_flashinfer"]
 
@@ -180,3 +186,45 @@ def test_the_toolkit_is_found_through_nvcc_itself():
     toolkit, library_dirs = carry.cuda_toolkit()  # /usr/local/bin/nvcc may be a wrapper script
     assert (toolkit / "include" / "cuda_runtime.h").is_file()
     assert any((d / "libcudart.so").exists() for d in library_dirs)
+
+
+# --------------------------------------------------------------------------- on the GPU
+
+
+PEERS = ("deepgemm_sglang", "deepgemm_flashinfer")
+CASES = {
+    # a passthrough batch, one case of each scored band, the largest case; and L = 0, 2048, 2049, 1, 63, 2112
+    "indexer_h64": ["indexer_000_b1_p1", "indexer_068_b31_p32", "indexer_069_b1_p33", "indexer_107_b31_p45", "indexer_127_b31_p91"],
+    "indexer_smoke": ["smoke_passthrough", "smoke_boundary", "smoke_scored", "smoke_edges"],
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("workload", list(CASES))
+def test_importable_peers_pass_and_get_compared(tmp_path, workload):
+    out = tmp_path / "results.json"
+    cases = [arg for case in CASES[workload] for arg in ("-c", case)]
+    peers = [arg for peer in PEERS for arg in ("-s", peer)]
+    proc = run_cli(
+        "run", "-w", workload, *cases, "-s", "reference", "-s", "triton", *peers,
+        "--warmup", "3", "--iterations", "10", "--trials", "2", "--save", str(out), "--compile-timeout", "3600",
+    )  # fmt: skip
+    document = json.loads(out.read_text())
+    records = document["records"]
+    ran = []
+    for peer in PEERS:
+        mine = [r for r in records if r["solution"] == peer]
+        assert len(mine) == len(CASES[workload])
+        if all(r["status"] == "SKIPPED" and "cannot be imported" in r["message"] for r in mine):
+            continue  # its package is not installed here
+        assert [r["status"] for r in mine] == ["PASSED"] * len(mine), [r["message"] for r in mine]
+        assert set(document["solution_packages"][peer]) >= {"sgl-deep-gemm", "apache-tvm-ffi"}
+        assert "outside the timed calls" in document["solution_notes"][peer]
+        ran.append(peer)
+    if not ran:
+        pytest.skip("no peer's packages import here: " + "; ".join({r["message"] for r in records if r["status"] == "SKIPPED"}))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for r in records:
+        if r["solution"] == "triton":
+            assert r["status"] == "PASSED" and r["peer"] in ran and r["peer_speedup"] > 0
+    assert "vs peer" in proc.stdout

@@ -40,9 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dsa_bench.dataset import load_dataset_workload
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import check_output_path, read_jsonl, write_atomic
+from dsa_bench.flashinfer_bench.dataset import load_dataset_workload
 from dsa_bench.results.records import CaseRecord, LoadedResults, load_results
 from dsa_bench.solution import REFERENCE_SOLUTION
 from dsa_bench.workloads import TOLERANCES, Case, Workload, load_workload

@@ -12,7 +12,7 @@ from synthetic_results import write_results
 
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.results.records import load_results, redact_document
-from dsa_bench.run.judge import correctness_seeds
+from dsa_bench.run.case_context import correctness_seeds
 from dsa_bench.run.plan import RunRequest, execute, plan_run, secret_seed
 from dsa_bench.workloads import derive_seed
 

@@ -14,14 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, ROOT, cli
-from test_dataset import definition_json
-from test_packing import relative_copy
+from conftest import FIXTURES, ROOT, cli, relative_copy
+from dataset_files import definition_json
 
 from dsa_bench.definitions import get_definition
 from dsa_bench.definitions.status import Status
-from dsa_bench.export import FLASHINFER_STATUS
-from dsa_bench.pack.flashinfer import flashinfer_hash, import_problems, materialize, package_name
+from dsa_bench.flashinfer_bench.packed import flashinfer_hash, import_problems, materialize, package_name
+from dsa_bench.flashinfer_bench.traces import FLASHINFER_STATUS
 from dsa_bench.pack.pack import pack_solution
 from dsa_bench.results.records import CaseRecord, ResultsFile, Timing
 from dsa_bench.run.loader import import_entry

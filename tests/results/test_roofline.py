@@ -135,7 +135,7 @@ def test_place_without_math_or_peak_uses_the_bandwidth_alone():
 def test_the_runner_places_a_timed_record_with_the_work_of_its_timed_calls(monkeypatch):
     """The work is averaged over the timed calls' input sets; the peak is that of the device's GPU."""
     from dsa_bench.run import runner
-    from dsa_bench.run.judge import CaseContext, trial_seeds
+    from dsa_bench.run.case_context import CaseContext, trial_seeds
     from dsa_bench.run.protocol import TimingJob
 
     workload = load_workload(ROOT / "workloads" / "indexer_smoke.yaml")
@@ -245,7 +245,7 @@ def test_compare_markdown_adds_the_roofline_of_the_new_results(tmp_path):
 
 
 def test_export_puts_the_roofline_in_correctness_extras(tmp_path):
-    from dsa_bench.export import _log, _timing_extras
+    from dsa_bench.flashinfer_bench.traces import _log, _timing_extras
 
     record = placed_record("c1", "triton", 0.010, 0.03, 0.79, fallback="CUPTI is unavailable (x)")
     extras = _timing_extras(record)
@@ -273,7 +273,7 @@ def test_report_plots_the_fraction_of_the_roofline(tmp_path):
 
 def test_the_worker_records_the_host_time_of_each_timed_call_without_the_flush():
     """Host times cover the call (and its synchronisation), not the flush and re-poisoning before it."""
-    from dsa_bench.run.judge import CaseContext, decode_timing, trial_seeds
+    from dsa_bench.run.case_context import CaseContext, decode_timing, trial_seeds
     from dsa_bench.run.protocol import TimingJob, parse_reply
     from dsa_bench.run.worker import _CaseRunner
     from dsa_bench.timing.base import Timer
@@ -306,7 +306,7 @@ def test_the_worker_records_the_host_time_of_each_timed_call_without_the_flush()
 
 
 def test_host_times_that_do_not_match_the_calls_are_refused():
-    from dsa_bench.run.judge import CaseContext, decode_timing, trial_seeds
+    from dsa_bench.run.case_context import CaseContext, decode_timing, trial_seeds
     from dsa_bench.run.protocol import ProtocolError, TimingJob, parse_reply
     from dsa_bench.run.worker import _CaseRunner
     from dsa_bench.timing.events import HostClockTimer

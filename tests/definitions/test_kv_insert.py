@@ -158,7 +158,7 @@ def test_reference_passes_the_smoke_workload(fmt):
 
 def _time_insert(fn):
     """The timing protocol on the CPU (host clock): re-poisoning, redrawn KV rows and sampled checks."""
-    from dsa_bench.run.judge import CaseContext, decode_timing, trial_seeds
+    from dsa_bench.run.case_context import CaseContext, decode_timing, trial_seeds
     from dsa_bench.run.protocol import TimingJob, parse_reply
     from dsa_bench.run.worker import _CaseRunner
     from dsa_bench.timing.events import HostClockTimer

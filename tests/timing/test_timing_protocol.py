@@ -11,7 +11,7 @@ import torch
 from conftest import ROOT
 
 from dsa_bench.definitions import indexer
-from dsa_bench.run.judge import CaseContext, decode_timing, trial_seeds
+from dsa_bench.run.case_context import CaseContext, decode_timing, trial_seeds
 from dsa_bench.run.protocol import TimingJob, parse_reply
 from dsa_bench.run.worker import _CaseRunner
 from dsa_bench.timing.events import HostClockTimer

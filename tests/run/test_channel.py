@@ -10,7 +10,7 @@ import torch
 from conftest import ROOT
 
 from dsa_bench.run import channel
-from dsa_bench.run.judge import CaseContext, implausible_timing, trial_seeds
+from dsa_bench.run.case_context import CaseContext, implausible_timing, trial_seeds
 from dsa_bench.run.protocol import ProtocolError, TimingJob, TimingResult, parse_reply, rebuild
 from dsa_bench.workloads import load_workload
 
