@@ -452,7 +452,7 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     compiled = cuda_build.compile_library(*build, root=tmp_path, extra_flags=("-Xptxas", "-v"))
     assert "spill stores" in compiled.log and not re.search(r"[1-9]\d* bytes spill stores", compiled.log), compiled.log
     assert "C7512" not in compiled.log, "wgmma serialized for lack of registers"
-    # Both formats with the halves schedule, V3.2 also with the scorer schedule (decode_sm90.cu, Role).
+    # Both formats with the halves schedule, V3.2 also with the scorer schedule (csrc/config.cuh, Role).
     entries = re.findall(r"Compiling entry function '\w*?(decode_kernelILi[01]ELb[01]E|combine_kernel)\w*'", compiled.log)
     assert sorted(entries) == ["combine_kernel", "decode_kernelILi0ELb0E", "decode_kernelILi0ELb1E", "decode_kernelILi1ELb0E"], compiled.log
     library = cuda_build.CudaLibrary(compiled, cuda_mod.WHAT, cuda_mod.PREFIX, cuda_mod.SIGNATURES)  # opens without a GPU
@@ -604,8 +604,8 @@ def test_benchmark_variant_sources_from_a_revision_or_a_folder(tmp_path):
         shown = subprocess.run(["git", "-C", str(ROOT), "show", f"HEAD:{file}"], capture_output=True, check=True)
         assert (folder / file.removeprefix("solutions/triton/")).read_bytes() == shown.stdout
     name, copied_dir = bench.variant_sources(f"copy={ROOT / 'solutions' / 'triton'}", tmp_path / "dir")
-    shipped = ROOT / "solutions" / "triton" / "decode" / "csrc" / "decode_sm90.cu"
-    assert (copied_dir / "decode" / "csrc" / "decode_sm90.cu").read_bytes() == shipped.read_bytes()
+    shipped = ROOT / "solutions" / "triton" / "decode" / "csrc" / "launch_sm90.cu"
+    assert (copied_dir / "decode" / "csrc" / "launch_sm90.cu").read_bytes() == shipped.read_bytes()
     refused = [("noequals", "expected NAME=REV or NAME=DIR"), ("1x=HEAD", "expected NAME=REV"),
                ("x=no-such-revision-here", "neither a folder nor a git revision"), (f"x={tmp_path}", "has no decode/entry.py")]  # fmt: skip
     for bad, why in refused:
@@ -701,7 +701,7 @@ def test_gpu_cuda_kernel_is_the_default_and_matches_on_every_split(name):
     _, _, used = check(fmt, case)
     assert used.kernel == "cuda" and used.splits > 1 and used.combine == "two_launch"
     # V3.2: 1, 2 and 4 splits (at least 8 tiles a program) run the consumers' scorer schedule, the
-    # default 16 and 32 the halves schedule (decode_sm90.cu, Role); V4 always the halves.
+    # default 16 and 32 the halves schedule (csrc/config.cuh, Role); V4 always the halves.
     for splits in (1, 2, 4, 32):
         _, _, used = check(fmt, case, replace(config_mod.CUDA_CONFIG, splits=splits))
         assert (used.kernel, used.splits) == ("cuda", splits)

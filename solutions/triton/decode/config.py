@@ -93,7 +93,7 @@ class DecodeConfig:
             raise ValueError(f"{self}: the CUDA kernel combines splits in a second launch ('two_launch'), one split needs none")
 
 
-#: The hand-written SM90 kernel (cuda.py, csrc/decode_sm90.cu): 64 heads x 64 records per step,
+#: The hand-written SM90 kernel (cuda.py, csrc/): 64 heads x 64 records per step,
 #: three warpgroups (12 warps: a producer and two consumers), two dequantized stages, fp16
 #: partials with a per-thread fp32 scale merged by the library's own combine kernel
 #: (csrc/decode_sm90.h). Only the split count is chosen per call.

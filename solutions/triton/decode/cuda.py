@@ -1,4 +1,4 @@
-"""The hand-written SM90 decode (``csrc/decode_sm90.cu``): its build and a checked launch.
+"""The hand-written SM90 decode (``csrc/``, launched from ``launch_sm90.cu``): its build and a checked launch.
 
 The kernel and a small C ABI (``csrc/decode_capi.cpp``: device pointers, strides, the record
 geometry in bytes, the stream and the device) are one shared library, built by
@@ -23,9 +23,15 @@ from ..common.cuda_build import SM90_KERNEL_HEADERS, CudaLibrary, load_checked_l
 from .geometry import D_V, RecordGeometry
 
 HERE = Path(__file__).resolve().parent
-#: compiled sources (relative to this folder): the C ABI and the kernel with its launcher
-SOURCES = ("csrc/decode_capi.cpp", "csrc/decode_sm90.cu")
-HEADERS = ("csrc/decode_sm90.h", *SM90_KERNEL_HEADERS)
+#: compiled sources (relative to this folder): the C ABI and the launcher, which includes the kernels
+SOURCES = ("csrc/decode_capi.cpp", "csrc/launch_sm90.cu")
+#: the kernels split by role, as FlashMLA's csrc/: the host interface, the device config and
+#: layout, the instruction wrappers, producer, softmax, consumer, kernel and combine
+KERNEL_HEADERS = (
+    "csrc/decode_sm90.h", "csrc/config.cuh", "csrc/instructions.cuh", "csrc/producer.cuh", "csrc/softmax.cuh",
+    "csrc/consumer_m64.cuh", "csrc/kernel_m64.cuh", "csrc/combine.cuh",
+)  # fmt: skip
+HEADERS = (*KERNEL_HEADERS, *SM90_KERNEL_HEADERS)
 #: the C ABI's exports are named dsa_decode_<name>
 PREFIX = "dsa_decode_"
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int

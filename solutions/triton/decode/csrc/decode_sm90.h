@@ -1,5 +1,5 @@
 // Host-side interface of the hand-written SM90 sparse MLA decode over FP8 KV records (plain
-// C++; no kernels, no torch). Shared by decode_sm90.cu (kernels and launcher) and
+// C++; no kernels, no torch). Shared by the kernels (config.cuh, launch_sm90.cu) and
 // decode_capi.cpp (the C ABI that decode/cuda.py calls through ctypes).
 #pragma once
 
