@@ -84,6 +84,44 @@ __device__ __forceinline__ Fragment partial_fragment(int mt, int j) {
   const int t = mt % kWarpgroupThreads, lane = t % kWarpSize;
   return {16 * (t / kWarpSize) + lane / 4, (mt / kWarpgroupThreads) * (kDv / kMathWarpgroups) + 8 * j + 2 * (lane % 4)};
 }
+// The split partials' format, which the combine reads (combine.cuh): a unit is kHeads heads of one
+// query token; each of kOwners threads owns kFragments / kOwners 8-byte fragments (fragment
+// j * kOwners + owner) and one fp32 scale; writes_lse names the owners that write each head's lse once.
+struct PartialsM64 {
+  static constexpr int kHeads = kHeadsPerProgram;
+  static constexpr int kOwners = kMathThreads;
+  static constexpr int kFragments = kPartialFragments;
+  __device__ __forceinline__ static Fragment fragment(int owner, int j) { return partial_fragment(owner, j); }
+  __device__ __forceinline__ static bool writes_lse(int owner) { return owner < kWarpgroupThreads && owner % 4 == 0; }  // warpgroup 0, quad 0
+};
+// The 16/32-head kernel (kernel_m16.cuh): the producer warpgroup and kM16Warps consumer warps;
+// 16 heads are one m16 tile (mma.sync's M), 32 two over the same records. Warp w scores records
+// 16w .. 16w + 15 of a tile and owns value columns 128w .. 128w + 127 of O.
+constexpr int kMmaM = 16;
+constexpr int kM16Warps = 4;
+constexpr int kM16ConsumerThreads = kM16Warps * kWarpSize;
+constexpr int kM16Threads = kProducerThreads + kM16ConsumerThreads;
+constexpr int kM16RecordsPerWarp = kTileTokens / kM16Warps;
+constexpr int kM16ColsPerWarp = kDv / kM16Warps;
+// Its partials: owner mi * kM16ConsumerThreads + t is consumer thread t's accumulators of m16 tile
+// mi (heads 16 mi + lane / 4 and + 8, columns 128 (t / 32) + 8 j + 2 (lane % 4) + {0, 1}).
+template <int kMTiles>
+struct PartialsM16 {
+  static constexpr int kHeads = kMmaM * kMTiles;
+  static constexpr int kOwners = kM16ConsumerThreads * kMTiles;
+  static constexpr int kFragments = kHeads * kDv / 4;
+  __device__ __forceinline__ static Fragment fragment(int owner, int j) {
+    const int t = owner % kM16ConsumerThreads, lane = t % kWarpSize;
+    return {kMmaM * (owner / kM16ConsumerThreads) + lane / 4, (t / kWarpSize) * kM16ColsPerWarp + 8 * j + 2 * (lane % 4)};
+  }
+  __device__ __forceinline__ static bool writes_lse(int owner) {  // warp 0 of each m16 tile, quad 0
+    return owner % kM16ConsumerThreads < kWarpSize && owner % 4 == 0;
+  }
+};
+static_assert(PartialsM16<1>::kOwners == kSmallPartialScalesPer16 && kSmallHeads[0] == kMmaM && kSmallHeads[1] == 2 * kMmaM,
+              "decode_sm90.h's description of the 16/32-head kernel");
+static_assert(kM16Threads == 2 * kWarpgroupThreads && kM16RecordsPerWarp == 16 && kM16ColsPerWarp == 128,
+              "a producer warpgroup and four consumer warps");
 // Registers per thread before the warpgroups rebalance them (Layout sets the split per format).
 constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
 

@@ -34,6 +34,13 @@
 namespace dsa_decode {
 namespace {
 
+// The 64-head kernel's combine.
+constexpr int kCombineThreads = PartialsM64::kOwners;
+constexpr int kCombinePrograms = combine_programs<PartialsM64>();
+__global__ void __launch_bounds__(kCombineThreads, 1) combine_kernel(const __grid_constant__ DecodeArgs a) {
+  combine_unit<PartialsM64>(a);
+}
+
 template <int kFormat, bool kScorerSchedule>
 cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
   constexpr int bytes = shared_bytes<kFormat>();
@@ -66,6 +73,7 @@ bool takes_scorer_schedule(const DecodeArgs& args) {
 }  // namespace
 
 cudaError_t launch_decode(const DecodeArgs& args, cudaStream_t stream) {
+  if (args.h_q == kSmallHeads[0] || args.h_q == kSmallHeads[1]) return launch_decode_m16(args, stream);
   if (args.format != kFormatV32) return launch<kFormatV4, false>(args, stream);
   return takes_scorer_schedule(args) ? launch<kFormatV32, true>(args, stream) : launch<kFormatV32, false>(args, stream);
 }

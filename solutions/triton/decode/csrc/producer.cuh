@@ -39,9 +39,11 @@ __device__ __forceinline__ Row program_row(const DecodeArgs& a) {
   return row;
 }
 
-// Warpgroup 0: gathers and dequantizes every tile of the program into the stages.
-template <int kFormat>
-__device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, Tiles<kFormat>& tiles, Small& sm) {
+// Warpgroup 0: gathers and dequantizes every tile of the program into the stages. StageTiles holds
+// kv[kStages][records in kFormat's Layout], Barriers bias[kStages][kTileTokens] and the stages'
+// full / empty mbarriers (Tiles and Small here; the 16/32-head kernel's own structs).
+template <int kFormat, class StageTiles, class Barriers>
+__device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, StageTiles& tiles, Barriers& sm) {
   using L = Layout<kFormat>;
   constexpr int R = L::kRecordThreads;
   constexpr int kRecordsPerPass = kProducerThreads / R;
