@@ -23,13 +23,11 @@ __global__ void __launch_bounds__(kM16Threads, 1) decode_kernel_m16(const __grid
     fence_mbarrier_init();
   }
   __syncthreads();
-  // 256 threads of up to 255 registers fit the register file; the producer is held to its m64
-  // budget (Layout), within which it does not spill (unbounded, ptxas's scheduling of its loads
-  // spilled). The row is computed after that, in each role: a value kept across setmaxnreg spilled.
+  // 256 threads of up to 255 registers fit the register file: no rebalancing. The row is computed
+  // in each role (computed once before the branch, V3.2's producer spilled a value of it).
   if (threadIdx.x >= kProducerThreads) {
     consume_m16<kFormat, kMTiles>(a, program_row(a), tiles, sm);
   } else {
-    set_registers_down<Layout<kFormat>::kProducerRegisters>();
     produce<kFormat>(a, program_row(a), tiles, sm);
   }
 }
