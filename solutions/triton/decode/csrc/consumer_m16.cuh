@@ -126,24 +126,36 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
     mbarrier_wait(&sm.full[stage], (i / kStages) & 1);
     const uint32_t kv_base = smem_addr(tiles.kv[stage]);
 
-    // S [heads, records 16w ..] per m16 tile: fragment j (n8 tile j) as softmax.cuh reads it.
-    float s[kMTiles][8];
+    // S [heads, records 16w ..] per m16 tile: fragment j (n8 tile j) as softmax.cuh reads it. The
+    // even and odd k-steps accumulate apart (s, s_odd), so each warp has twice the independent mma
+    // chains in flight (one chain per n8 tile would wait on mma's latency at every k-step).
+    float s[kMTiles][8], s_odd[kMTiles][8];
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) s[mi][j] = 0.0f;
-#pragma unroll(kMTiles == 1 ? 4 : 2)  // (4 with two m16 tiles spilled for V3.2)
-    for (int k = 0; k < L::kDqk; k += kMmaK) {
-      uint32_t b[4];
-      ldmatrix_x4(kv_base + swizzled(s_record, k + s_col), b);
+      for (int j = 0; j < 8; ++j) s[mi][j] = 0.0f, s_odd[mi][j] = 0.0f;
+    static_assert(L::kDqk % (2 * kMmaK) == 0, "an even number of k-steps");
+#pragma unroll(kMTiles == 1 ? 2 : 1)
+    for (int k = 0; k < L::kDqk; k += 2 * kMmaK) {
 #pragma unroll
-      for (int mi = 0; mi < kMTiles; ++mi) {
-        uint32_t qa[4];
-        ldmatrix_x4(q_base + swizzled_rows<kHeads>(kMmaM * mi + a_row, k + a_col), qa);
-        mma_m16n8k16(&s[mi][0], qa, b[0], b[1]);
-        mma_m16n8k16(&s[mi][4], qa, b[2], b[3]);
+      for (int half = 0; half < 2; ++half) {
+        const int kk = k + half * kMmaK;
+        uint32_t b[4];
+        ldmatrix_x4(kv_base + swizzled(s_record, kk + s_col), b);
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+          uint32_t qa[4];
+          ldmatrix_x4(q_base + swizzled_rows<kHeads>(kMmaM * mi + a_row, kk + a_col), qa);
+          float* d = half == 0 ? s[mi] : s_odd[mi];
+          mma_m16n8k16(d, qa, b[0], b[1]);
+          mma_m16n8k16(d + 4, qa, b[2], b[3]);
+        }
       }
     }
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) s[mi][j] += s_odd[mi][j];
     float max[kMTiles][2];
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi) {
