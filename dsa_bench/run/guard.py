@@ -43,6 +43,9 @@ _PATH_EVENTS = {  # event -> positions of the path arguments it changes
     "os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.rename": (0, 1), "os.link": (0, 1), "os.symlink": (1,),
     "os.truncate": (0,), "os.chmod": (0,), "os.chown": (0,), "os.utime": (0,), "shutil.rmtree": (0,),
 }  # fmt: skip
+#: event -> position of the dir_fd a relative path argument is resolved against (``shutil.rmtree`` unlinks so)
+_DIR_FD_AT = {"os.remove": {0: 1}, "os.rmdir": {0: 1}, "os.mkdir": {0: 2}, "os.rename": {0: 2, 1: 3}, "os.link": {0: 2, 1: 3},
+              "os.symlink": {1: 2}, "os.chmod": {0: 2}, "os.chown": {0: 3}, "os.utime": {0: 3}, "shutil.rmtree": {0: 1}}  # fmt: skip
 
 
 class Refused(PermissionError):
@@ -145,8 +148,10 @@ class Guard:
             if event == "os.rmdir" and args and self._holds_writable(args[0]):
                 return  # it holds a writable folder, so the OS refuses it (not empty): Triton's os.removedirs climbs so
             for i in _PATH_EVENTS[event]:
-                if i < len(args) and args[i] is not None and not self._may_write(args[i]):
-                    self.refuse(f"{event} on {os.fsdecode(args[i]) if not isinstance(args[i], int) else args[i]}")
+                if i < len(args) and args[i] is not None:
+                    path = _resolved(args[i], args, _DIR_FD_AT.get(event, {}).get(i))
+                    if not self._may_write(path):
+                        self.refuse(f"{event} on {os.fsdecode(path) if not isinstance(path, int) else path}")
         elif event == "subprocess.Popen":
             executable, popen_args, _cwd, env = args
             if self._tool(executable, popen_args, env) is None:
@@ -166,6 +171,18 @@ class Guard:
         elif event == "ctypes.dlopen":
             if not self._library_allowed(args[0]):
                 self.refuse(f"loading the shared library {os.fsdecode(args[0])}")
+
+
+def _resolved(path: Any, args: tuple[Any, ...], dir_fd_at: int | None) -> Any:
+    """``path`` made absolute against the call's ``dir_fd`` when it has one and the path is relative (the
+    folder an open descriptor names, read from /proc); otherwise ``path`` as given (relative: the cwd's)."""
+    dir_fd = args[dir_fd_at] if dir_fd_at is not None and dir_fd_at < len(args) else None
+    if isinstance(path, int) or not isinstance(dir_fd, int) or dir_fd < 0 or os.path.isabs(os.fsdecode(path)):
+        return path
+    try:
+        return os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), os.fsdecode(path))
+    except OSError:
+        return path  # no /proc: judged against the cwd, as before
 
 
 def _is_file_query(args: Any) -> bool:

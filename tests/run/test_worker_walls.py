@@ -177,6 +177,27 @@ def test_the_guard_allows_the_build_and_refuses_the_rest(guard, tmp_path):
     assert len(guard.refused) == len(refusals)
 
 
+def test_a_temporary_folder_removed_below_a_writable_one_is_allowed(tmp_path):
+    """shutil.rmtree (a TemporaryDirectory's cleanup, Triton's launcher build on a GPU) unlinks names relative to a
+    folder descriptor: the guard resolves them against that folder, not the cwd."""
+    code = (
+        "import os, sys, tempfile; from dsa_bench.run.guard import install, Refused\n"
+        f"guard = install([{str(tmp_path / 'scratch')!r}], {str(tmp_path / 'solution')!r})\n"
+        f"with tempfile.TemporaryDirectory(dir={str(tmp_path / 'scratch')!r}) as d:\n"
+        "    open(os.path.join(d, 'main.c'), 'w').close(); os.mkdir(os.path.join(d, 'sub'))\n"
+        f"fd = os.open({str(tmp_path)!r}, os.O_RDONLY)\n"
+        "try:\n    os.remove('outside.txt', dir_fd=fd)\nexcept Refused as e:\n    print('REFUSED', e)\n"
+        "print('refused:', guard.refused)\n"
+    )
+    (tmp_path / "scratch").mkdir()
+    (tmp_path / "outside.txt").write_text("keep")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path / "scratch", timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert f"refused: ['os.remove on {tmp_path / 'outside.txt'}']" in proc.stdout, proc.stdout
+    assert (tmp_path / "outside.txt").read_text() == "keep"
+
+
 def test_the_guard_allows_what_a_gpu_build_does_and_nothing_beside_it(guard, tmp_path, monkeypatch):
     """What Triton's GPU compile and the peers' imports do (seen on a GPU machine): ``file -b`` on the
     interpreter, ``os.removedirs`` climbing from a cache temp folder into its parents, and a library of a package
