@@ -138,7 +138,7 @@ def check(definition, axes, inputs, expected, out: torch.Tensor, device) -> str 
 def serial_pipeline(module) -> Callable:
     """The solution's own kernels with the CUDA top-k launched after the score kernel has ended
     (no programmatic dependent launch): what the dependent launch buys."""
-    topk = solution_part(module, "topk")
+    topk = solution_part(module, "cuda_topk")
     select = topk.filtered_topk if module.USE_CUDA_TOPK else module.portable_topk
     return functools.partial(module.run_pipeline, module.scored_pipeline(select, dependent=False))
 
@@ -151,7 +151,7 @@ def plain_pipeline(module) -> Callable:
 
 
 def solution_part(module, name: str):
-    """A sibling module of the indexer entry ``module`` (e.g. ``score``, ``topk``)."""
+    """A sibling module of the indexer entry ``module`` (e.g. ``triton_kernels``, ``cuda_topk``)."""
     return importlib.import_module(f"{module.__package__}.{name}")
 
 
@@ -184,7 +184,7 @@ def score_variants(kernels) -> dict[str, Any]:
 
 def run_variants(module, time_trial: TimeTrial, definition, axes, sets_inputs, expected0, device) -> dict[str, Any]:
     """Score kernel alone per tile variant: latency, worst score error, and checker verdict."""
-    kernels, topk = solution_part(module, "score"), solution_part(module, "topk")
+    kernels, topk = solution_part(module, "triton_kernels"), solution_part(module, "cuda_topk")
     results = {}
     first = sets_inputs[0]
     batch, max_pages = first["block_table"].shape
@@ -397,7 +397,7 @@ def main() -> int:
     variant_rows = [r for r in records if "score_variants" in r]
     if variant_rows:
         print("\nscore kernel alone, mean over scored cases (µs), worst relative score error, checker passes:")
-        for name in score_variants(solution_part(module, "score")):
+        for name in score_variants(solution_part(module, "triton_kernels")):
             ok = [r["score_variants"][name] for r in variant_rows if "us" in r["score_variants"].get(name, {})]
             if not ok:
                 print(f"  {name:24s} failed: {variant_rows[0]['score_variants'][name].get('error')}")

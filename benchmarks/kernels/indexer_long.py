@@ -53,7 +53,7 @@ def import_solution():
         package.__path__ = [str(ROOT / "solutions" / "triton")]
         sys.modules[name] = package
     entry = importlib.import_module(f"{name}.indexer.entry")
-    modules = ("indexer.score", "indexer.topk", "indexer.topk_long", "common.launch_graphs")
+    modules = ("indexer.triton_kernels", "indexer.cuda_topk", "indexer.cuda_topk_long", "common.launch_graphs")
     return entry, *(importlib.import_module(f"{name}.{module}") for module in modules)
 
 

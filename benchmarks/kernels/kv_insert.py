@@ -213,7 +213,7 @@ def main() -> int:
         fmt = kvi.FORMAT_OF[definition.name]
         entry, module = import_entry(solution, definition.name)
         notes = module.solution_notes()
-        kernels = importlib.import_module(f"{module.__package__}.kernel")
+        kernels = importlib.import_module(f"{module.__package__}.triton_kernels")
         for tokens in token_counts:
             axes, inputs = build_case(definition, fmt, tokens, args.block_size, args.max_position, args.seed, device)
             call_args = definition.input_args(inputs)

@@ -39,8 +39,8 @@ NUM_PAGES = 2000  # cache pages for synthetic cases (the contest's 11923 only in
 
 _solution = load_solution(SOLUTION_DIR)
 kernel, entry_module = import_entry(_solution, indexer.NAME)  # indexer/entry.py
-kernels = importlib.import_module(f"{entry_module.__package__}.score")  # the Triton kernels
-topk_ext = importlib.import_module(f"{entry_module.__package__}.topk")  # the CUDA top-k
+kernels = importlib.import_module(f"{entry_module.__package__}.triton_kernels")  # the Triton kernels
+cuda_topk = importlib.import_module(f"{entry_module.__package__}.cuda_topk")  # the CUDA top-k
 shapes = importlib.import_module(f"{entry_module.__package__}.shapes")
 cuda_build = importlib.import_module(f"{entry_module.__package__.rsplit('.', 1)[0]}.common.cuda_build")
 
@@ -271,20 +271,20 @@ def test_topk_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     if cuda_build.nvcc_path() is None:
         pytest.skip("nvcc is not installed")
     compiled = cuda_build.compile_library(
-        topk_ext.STEM, topk_ext.WHAT, topk_ext.HERE, topk_ext.SOURCES, topk_ext.HEADERS, "sm_90a", root=tmp_path
+        cuda_topk.STEM, cuda_topk.WHAT, cuda_topk.HERE, cuda_topk.SOURCES, cuda_topk.HEADERS, "sm_90a", root=tmp_path
     )
     assert compiled.path.is_file() and compiled.path.parent == tmp_path / compiled.name
     assert "arch=compute_90a,code=sm_90a" in compiled.command
-    library = cuda_build.CudaLibrary(compiled, topk_ext.WHAT, topk_ext.PREFIX, topk_ext.SIGNATURES)  # opens without a GPU
-    assert library.mismatched(topk_ext.EXPECTED_CONSTANTS) == []
-    assert library.mismatched(dict(topk_ext.EXPECTED_CONSTANTS, MAX_CANDIDATES=4096)) == ["MAX_CANDIDATES"]
+    library = cuda_build.CudaLibrary(compiled, cuda_topk.WHAT, cuda_topk.PREFIX, cuda_topk.SIGNATURES)  # opens without a GPU
+    assert library.mismatched(cuda_topk.EXPECTED_CONSTANTS) == []
+    assert library.mismatched(dict(cuda_topk.EXPECTED_CONSTANTS, MAX_CANDIDATES=4096)) == ["MAX_CANDIDATES"]
     assert library.error_message(1) == "invalid argument"
     # argument errors come back before any CUDA call: a misaligned score row, a bad test hook
     args = [0, None, 4, 64, 0, 0, 1, 0, 2048, 1, 64, -1, -1, 0, 2048]  # ..., candidate_capacity, fast_candidates, dependent_launch, topk
     with pytest.raises(RuntimeError, match="dsa_topk_filtered failed: score rows must be 16-byte aligned"):
         library.call("filtered", *args)
     with pytest.raises(RuntimeError, match="fast_candidates must be -1 or 0..FAST_CANDIDATES"):
-        library.call("filtered", *[*args[:2], 16, *args[3:-3], topk_ext.FAST_CANDIDATES + 1, 0, 2048])
+        library.call("filtered", *[*args[:2], 16, *args[3:-3], cuda_topk.FAST_CANDIDATES + 1, 0, 2048])
     for topk in (0, 2049):
         with pytest.raises(RuntimeError, match=r"topk must be in 1\.\.TOPK"):
             library.call("filtered", *[*args[:2], 16, *args[3:-1], topk])
@@ -293,7 +293,7 @@ def test_topk_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     if nm:
         proc = subprocess.run([nm, "-D", "--defined-only", str(compiled.path)], capture_output=True, text=True, check=True)
         exported = {line.split()[-1] for line in proc.stdout.splitlines() if line.strip()}
-        wanted = {topk_ext.PREFIX + name for name in [*topk_ext.SIGNATURES, "error_string", *topk_ext.EXPECTED_CONSTANTS]}
+        wanted = {cuda_topk.PREFIX + name for name in [*cuda_topk.SIGNATURES, "error_string", *cuda_topk.EXPECTED_CONSTANTS]}
         assert exported == wanted
 
 
@@ -304,7 +304,7 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    import indexer.score as K
+    import indexer.triton_kernels as K
     import indexer.shapes as shapes
 
     def compile_kernel(fn, signature, constexprs, num_warps):
@@ -542,8 +542,8 @@ def test_emulated_cuda_topk_on_triton_scores_passes_checker(emulator):
 
 
 def _cuda_topk():
-    topk_ext.load_topk_extension()
-    return topk_ext.filtered_topk
+    cuda_topk.load_topk_extension()
+    return cuda_topk.filtered_topk
 
 
 @pytest.mark.gpu

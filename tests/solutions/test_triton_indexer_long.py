@@ -1,4 +1,4 @@
-"""The triton indexer's long-row top-k (indexer/topk_long.py, csrc/topk_long.cuh) and its dispatch.
+"""The triton indexer's long-row top-k (indexer/cuda_topk_long.py, csrc/topk_long.cuh) and its dispatch.
 
 On CPU the kernels' exact selection runs on a host emulator (topk_long_emulator.cpp: the CUDA
 source compiled as host C++ over topk_emulator.cpp's fiber-based SIMT layer, the four kernels run
@@ -32,7 +32,7 @@ from test_triton_indexer import (
 from dsa_bench.definitions import indexer
 from dsa_bench.definitions.base import INT_POISON, InputRng
 
-topk_long = importlib.import_module(f"{entry_module.__package__}.topk_long")
+topk_long = importlib.import_module(f"{entry_module.__package__}.cuda_topk_long")
 cuda_build = importlib.import_module(f"{entry_module.__package__.rsplit('.', 1)[0]}.common.cuda_build")
 EMULATOR_SOURCE = Path(__file__).resolve().parent / "topk_long_emulator.cpp"  # includes csrc/topk_long.cuh
 SCRATCH_INTS = topk_long.SCRATCH_INTS

@@ -28,7 +28,7 @@ DEVICE = torch.device("cuda") if HAS_CUDA else torch.device("cpu")
 SOLUTION = load_solution(ROOT / "solutions" / "triton")
 ENTRIES = {d.name: import_entry(SOLUTION, d.name) for d in kvi.DEFINITIONS}
 _, _entry_module = ENTRIES["dsa_kv_insert_v4_fp8"]
-K = importlib.import_module(f"{_entry_module.__package__}.kernel")
+K = importlib.import_module(f"{_entry_module.__package__}.triton_kernels")
 NAMES = tuple(ENTRIES)
 
 

@@ -15,7 +15,7 @@ Entry point (destination-passing style)::
 
 On a GPU the entry runs the hand-written kernel of ``csrc/attention_sm90.cu`` (built just in time
 by ``cuda.py``): strided split-K over the slots in tiles of 64 with bulk-copy (TMA) gathers
-and mma.sync, bf16 partials, and the combine in the same launch, in one of two ways (``plan.cuda_plan``):
+and mma.sync, bf16 partials, and the combine in the same launch, in one of two ways (``policy.cuda_plan``):
 path ``cuda`` behind a per-token ticket barrier in global memory whenever the grid is
 co-resident (else a second launch), or path ``cuda_cluster`` with each token's programs forming
 one thread-block cluster that combines through distributed shared memory. On an H200: T <= 2
@@ -23,7 +23,7 @@ takes 32 splits with the barrier, T <= 7 (clusters of 16 resident at once) the c
 16 splits with the barrier. Its design is described at the top of that file.
 
 Under the Triton interpreter (``TRITON_INTERPRET=1``, CPU tensors), where the CUDA kernel cannot
-run, the Triton kernels of ``triton_kernels.py`` do (``plan.interpreter_plan``). The shapes and
+run, the Triton kernels of ``triton_kernels.py`` do (``policy.interpreter_plan``). The shapes and
 constants of the contract are in ``shapes.py``.
 """
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from . import cuda, triton_kernels
-from .plan import CUDA_COMBINES, CUDA_PATHS, DSPLIT_MAX_TOKENS_INTERPRETER, Plan, default_plan
+from .policy import CUDA_COMBINES, CUDA_PATHS, DSPLIT_MAX_TOKENS_INTERPRETER, Plan, default_plan
 from .shapes import check_io
 
 

@@ -4,9 +4,9 @@ They run under ``TRITON_INTERPRET=1`` on CPU tensors, where the CUDA kernel cann
 CUDA kernel runs (``cuda.py``) and ``launch`` refuses. They have the numerics of the CUDA
 kernel (log2-domain online softmax with the scale pre-multiplied by log2 e, fp32 accumulation,
 the q_nope·ckv and q_pe·kpe products as two separate ``tl.dot``, P rounded to bf16 for the P·V
-product), in two paths (``plan.interpreter_plan`` picks one):
+product), in two paths (``policy.interpreter_plan`` picks one):
 
-* ``dsplit`` (the brief's short path, T <= plan.DSPLIT_MAX_TOKENS_INTERPRETER): one launch, grid
+* ``dsplit`` (the brief's short path, T <= policy.DSPLIT_MAX_TOKENS_INTERPRETER): one launch, grid
   (value slices, T). Every program scores all of its token's slots but multiplies by V only for
   its own slice of the 512 value columns, so no combine is needed. Loops stop after the row's
   last valid slot.
@@ -32,7 +32,7 @@ from ..common.triton_math import to_storage as _to_storage
 from .shapes import D_CKV, D_KPE, LOG2_E, NUM_HEADS, PAGE_SIZE, TOPK
 
 if TYPE_CHECKING:
-    from .plan import Plan
+    from .policy import Plan
 
 
 # --------------------------------------------------------------------------- device code

@@ -1,6 +1,6 @@
 """The long-row CUDA top-k (``csrc/topk_long.cuh``): its build, its per-shape scratch, a checked Python entry.
 
-Rows of up to 8192 tokens are the filtered top-k's (``topk.py``: one block per row, the row
+Rows of up to 8192 tokens are the filtered top-k's (``cuda_topk.py``: one block per row, the row
 cached in registers). Past that, that block falls to a radix select that re-reads the row from
 global memory digit by digit; this one splits each row over many blocks (a histogram pass, then
 up to three level passes, each over fewer candidates; docs/kernels/indexer.md, "Long rows").
@@ -14,8 +14,8 @@ import ctypes
 import torch
 
 from ..common.cuda_build import CudaLibrary, load_checked_library
+from .cuda_topk import HERE, check_topk_tensors
 from .shapes import PAGE_SIZE, TOPK
-from .topk import HERE, check_topk_tensors
 
 #: compiled sources (relative to this folder): the C ABI and the launcher with its kernels
 SOURCES = ("csrc/topk_long_capi.cpp", "csrc/topk_long.cu")
@@ -60,7 +60,7 @@ def uses_long_path(batch: int, max_num_pages: int) -> bool:
 def load_long_topk_extension(verbose: bool | None = None) -> CudaLibrary:
     """The compiled library (built on first use); raises cuda_build.CudaBuildError with the reason."""
     return load_checked_library(STEM, WHAT, HERE, SOURCES, HEADERS, PREFIX, SIGNATURES, EXPECTED_CONSTANTS,
-                                "indexer/topk_long.py and shapes.py disagree with csrc/topk_long.h", verbose)  # fmt: skip
+                                "indexer/cuda_topk_long.py and shapes.py disagree with csrc/topk_long.h", verbose)  # fmt: skip
 
 
 #: Scratch per (device, batch, max_len): the histograms, counters and thresholds (zeroed once here;
@@ -92,7 +92,7 @@ def long_topk(
 ) -> None:
     """Write the top-k physical ids (k = ``topk_indices.shape[1]``, at most 2048) of every row.
 
-    Tensors as for ``topk.filtered_topk``. ``dependent_launch``: the first kernel is a
+    Tensors as for ``cuda_topk.filtered_topk``. ``dependent_launch``: the first kernel is a
     programmatic dependent of the stream's previous kernel, which must be the one that writes
     ``scores``.
     """
