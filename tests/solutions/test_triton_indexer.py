@@ -201,7 +201,7 @@ def test_gpu_score_tile_policy(monkeypatch):
     # The GPU policy (checked with the interpreter switched off in the policy only), whatever its
     # tuned thresholds: larger calls are matched first, every tile is a one-page tile with the GPU dot, the
     # smallest scored call gets no loop, and more programs never get fewer pages per program.
-    monkeypatch.setattr(kernels, "INTERPRETING", False)
+    monkeypatch.setattr(kernels, "INTERPRETED", False)
     thresholds = [t for t, _ in kernels.GPU_LOOP_TILES]
     assert thresholds == sorted(thresholds, reverse=True), "larger calls first"
     assert kernels.default_score_tile(33, 1).loop_pages == 1

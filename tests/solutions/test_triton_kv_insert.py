@@ -242,7 +242,7 @@ def test_one_launch_and_no_other_device_work_per_call(name, monkeypatch):
             return func(*args, **(kwargs or {}))
 
     monkeypatch.setattr(K, "kv_insert_kernel", Recorder())
-    monkeypatch.setattr(K, "INTERPRETING", False)  # the GPU's tile
+    monkeypatch.setattr(K, "INTERPRETED", False)  # the GPU's tile
     for tokens in (1, 17, 4096, 262144):
         axes = _axes(definition, tokens, 64, 0, blocks=tokens // 64 + 1)
         args = []

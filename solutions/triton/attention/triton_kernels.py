@@ -19,21 +19,16 @@ product), in two paths (``policy.interpreter_plan`` picks one):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
+from ..common.interpreter import interpreted
 from ..common.triton_math import dot as _dot
 from ..common.triton_math import online_softmax_step as _online_softmax_step
 from ..common.triton_math import to_storage as _to_storage
+from .policy import Plan
 from .shapes import D_CKV, D_KPE, LOG2_E, NUM_HEADS, PAGE_SIZE, TOPK
-
-if TYPE_CHECKING:
-    from .policy import Plan
-
 
 # --------------------------------------------------------------------------- device code
 
@@ -367,23 +362,6 @@ def _combine_kernel(
 
 
 # --------------------------------------------------------------------------- host side
-
-#: Whether these kernels run under the Triton interpreter. That is decided when ``@triton.jit``
-#: runs (TRITON_INTERPRET=1 at import), so the kernel object says, not the environment.
-INTERPRETED = isinstance(_split_kernel, InterpretedFunction)
-
-
-def interpreted(device: torch.device) -> bool:
-    """Whether the kernels run under the Triton interpreter; CPU tensors without it are an error."""
-    if INTERPRETED:
-        return True
-    if device.type != "cuda":
-        raise RuntimeError(
-            f"tensors on {device}: compiled Triton kernels need CUDA tensors; "
-            "set TRITON_INTERPRET=1 before triton is imported to run them on the CPU"
-        )
-    return False
-
 
 def launch(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse) -> None:
     """The Triton launches of ``plan`` (a validated ``dsplit`` or ``two_launch`` plan) for T >= 1

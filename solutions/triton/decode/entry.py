@@ -35,6 +35,7 @@ import torch
 
 from dsa_bench.definitions.kv_records import V4, V32, V41, KvRecordFormat
 
+from ..common.interpreter import INTERPRETED, interpreted
 from . import cuda, triton_kernels
 from .policy import DecodeConfig, auto_splits, cuda_config, interpreter_config, resolve_combine, select_config
 from .shapes import D_V, RecordGeometry
@@ -92,18 +93,6 @@ def check_io(fmt: KvRecordFormat, q, kv_cache, indices, attn_sink, topk_length, 
         if tensor is not None and tensor.device != q.device:
             raise ValueError(f"{name} is on {tensor.device}, q on {q.device}")
     return b, s_q, h_q, topk
-
-
-def interpreted(device: torch.device) -> bool:
-    """Whether the kernels run under the Triton interpreter; CPU tensors without it are an error."""
-    if triton_kernels.INTERPRETED:
-        return True
-    if device.type != "cuda":
-        raise RuntimeError(
-            f"tensors on {device}: compiled Triton kernels need CUDA tensors; "
-            "set TRITON_INTERPRET=1 before triton is imported to run them on the CPU"
-        )
-    return False
 
 
 @functools.cache
@@ -263,7 +252,7 @@ SMALL_HEADS_NOTE = (
 
 
 def solution_notes() -> str:
-    if triton_kernels.INTERPRETED:
+    if INTERPRETED:
         return ("MLA decode under the Triton interpreter: one program per (query token, block of min(64, h_q) heads), "
                 f"no splits. {SMALL_HEADS_NOTE}")
     return (

@@ -43,14 +43,14 @@ import functools
 
 import torch
 
+from ..common.interpreter import INTERPRETED, device_problem
 from ..common.launch_graphs import LaunchGraphs
 from . import cuda_topk, cuda_topk_long, triton_kernels
 from .shapes import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, TOPK
-from .triton_kernels import INTERPRETING
 
 #: The CUDA top-k is used whenever Triton compiles for a GPU; it is built at import so that the
 #: harness reports a missing nvcc or a build failure as this solution's compile error.
-USE_CUDA_TOPK = not INTERPRETING and torch.cuda.is_available()
+USE_CUDA_TOPK = not INTERPRETED and torch.cuda.is_available()
 _cuda_topk = cuda_topk.load_topk_extension() if USE_CUDA_TOPK else None
 _cuda_long_topk = cuda_topk_long.load_long_topk_extension() if USE_CUDA_TOPK else None
 
@@ -81,7 +81,7 @@ def solution_notes() -> str:
             f"({'triggered when its programs start' if triton_kernels.CAN_LAUNCH_DEPENDENTS else 'triggered when its programs end'}); "
             f"scores: Triton, {triton_kernels.DOTS[triton_kernels.GPU_SCORE_TILE.dot]}; {graphs}"
         )
-    if INTERPRETING:
+    if INTERPRETED:
         return (
             "top-k: portable path, torch.topk on the Triton-computed scores (Triton interpreter on CPU, "
             "TRITON_INTERPRET=1); the CUDA filtered top-k is not used on this machine"
@@ -109,8 +109,8 @@ def _check_inputs(q, cache, weights, seq_lens, block_table, topk_indices, topk: 
     devices = {t.device for t in (q, cache, weights, seq_lens, block_table, topk_indices)}
     if len(devices) != 1:
         problems.append(f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    elif not INTERPRETING and next(iter(devices)).type != "cuda":
-        problems.append("CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 before this module is imported")
+    elif problem := device_problem(next(iter(devices))):
+        problems.append(problem)
     if problems:
         raise ValueError("; ".join(problems))
 
@@ -154,7 +154,7 @@ def scored_pipeline(select_topk, dependent: bool = False):
     and from the CUDA top-k launched after the score kernel has ended.
     """
     scored = functools.partial(scored_path, select_topk, dependent)
-    return LaunchGraphs(scored) if torch.cuda.is_available() and not INTERPRETING else scored
+    return LaunchGraphs(scored) if torch.cuda.is_available() and not INTERPRETED else scored
 
 
 #: The entry's scored path: the CUDA top-k on a GPU, torch.topk under the interpreter.

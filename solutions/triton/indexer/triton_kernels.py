@@ -9,13 +9,13 @@ also run the GPU tiles under the interpreter.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from ..common.interpreter import INTERPRETED
 from .shapes import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, PAGE_VALUE_BYTES, SCALE_BYTES, TOPK
 
 #: Score of a position at or beyond seq_len. Every real score is finite (masked loads keep the
@@ -23,12 +23,10 @@ from .shapes import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, PAGE_VALUE_BYTES
 #: over a row with L > TOPK never picks it.
 SENTINEL_SCORE = float("-inf")
 
-INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
 #: Whether this Triton can end a program's part in a programmatic dependent launch early
 #: (``griddepcontrol.launch_dependents``): the top-k launched after the score kernel then starts
 #: while the score kernel's last programs run. Without it the trigger is each program's exit.
-CAN_LAUNCH_DEPENDENTS = not INTERPRETING and hasattr(getattr(tl.extra, "cuda", None), "gdc_launch_dependents")
+CAN_LAUNCH_DEPENDENTS = not INTERPRETED and hasattr(getattr(tl.extra, "cuda", None), "gdc_launch_dependents")
 
 
 # --------------------------------------------------------------------------- tiles
@@ -133,7 +131,7 @@ GPU_LOOP_TILES = (
 
 def default_score_tile(max_num_pages: int, batch: int = 1) -> ScoreTile:
     """The score tile for ``batch`` rows of block tables of ``max_num_pages`` columns."""
-    if INTERPRETING:
+    if INTERPRETED:
         return ScoreTile(pages=min(INTERPRETER_MAX_PAGES, triton.next_power_of_2(max_num_pages)), num_warps=4, dot="fp32")
     for min_pages, tile in GPU_LOOP_TILES:
         if batch * max_num_pages >= min_pages:
@@ -424,7 +422,7 @@ def launch_emit_ids(
         raise ValueError(f"positions must be [{batch}, {TOPK}] with contiguous rows, got {tuple(positions.shape)}")
     if batch == 0:
         return
-    block = INTERPRETER_EMIT_BLOCK if INTERPRETING else GPU_EMIT_BLOCK
+    block = INTERPRETER_EMIT_BLOCK if INTERPRETED else GPU_EMIT_BLOCK
     pos_arg = positions if positions is not None else topk_indices  # never read without HAS_POSITIONS
     _emit_ids_kernel[(batch, TOPK // block)](
         block_table, seq_lens, pos_arg, topk_indices,

@@ -25,8 +25,9 @@ import torch
 
 from dsa_bench.definitions.kv_records import V4, V32, V41, KvRecordFormat
 
+from ..common.interpreter import INTERPRETED, device_problem
 from . import triton_kernels
-from .triton_kernels import INTERPRETING, LATENT_DIMS, ROPE_DIMS
+from .triton_kernels import LATENT_DIMS, ROPE_DIMS
 
 #: the cache is also read as int16 / int32 words: its page stride and base keep 16-byte alignment
 CACHE_ALIGNMENT = 16
@@ -34,7 +35,7 @@ CACHE_ALIGNMENT = 16
 
 def solution_notes() -> str:
     rounding = ("integer round-to-nearest-even code (the Triton interpreter's own casts do not round to nearest even)"
-                if INTERPRETING else "the GPU's e4m3 / bf16 conversions")
+                if INTERPRETED else "the GPU's e4m3 / bf16 conversions")
     tile, small = triton_kernels.GPU_TILE, triton_kernels.SMALL_CALL_TILE
     return (f"KV insert: one Triton launch, {tile.tokens} tokens on {tile.num_warps} warp(s) per program on a GPU "
             f"({small.tokens} on {small.num_warps} up to {triton_kernels.SMALL_CALL_TOKENS} tokens), grid cdiv(T, tokens), "
@@ -67,8 +68,8 @@ def _check(fmt: KvRecordFormat, tensors: dict[str, tuple[torch.Tensor, torch.dty
     devices = {t.device for t, _, _ in tensors.values()} | {kv_cache.device}
     if len(devices) != 1:
         problems.append(f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    elif not INTERPRETING and next(iter(devices)).type != "cuda":
-        problems.append("CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 before this module is imported")
+    elif problem := device_problem(next(iter(devices))):
+        problems.append(problem)
     if problems:
         raise ValueError(f"{fmt.kv_format} insert: " + "; ".join(problems))
 

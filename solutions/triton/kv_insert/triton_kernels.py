@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 from dataclasses import dataclass
 
 import torch
@@ -43,7 +42,8 @@ import triton.language as tl
 from dsa_bench.definitions.kv_insert import LATENT_DIMS, ROPE_DIMS  # the kv / kv_c row; RoPE dims (last of kv, or k_pe)
 from dsa_bench.definitions.kv_records import FP8_E4M3_MAX, MIN_FP8_SCALE, UE8M0_BIAS, KvRecordFormat
 
-INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+from ..common.interpreter import INTERPRETED
+
 _FP32_MANTISSA_BITS = 23
 
 
@@ -79,7 +79,7 @@ INTERPRETER_MAX_TOKENS = 256
 
 
 def default_tile(num_tokens: int) -> LaunchTile:
-    if INTERPRETING:
+    if INTERPRETED:
         return LaunchTile(min(INTERPRETER_MAX_TOKENS, triton.next_power_of_2(max(num_tokens, 1))), 4)
     return SMALL_CALL_TILE if num_tokens <= SMALL_CALL_TOKENS else GPU_TILE
 
@@ -357,7 +357,7 @@ def launch(fmt: KvRecordFormat, latent: torch.Tensor, rope: torch.Tensor, positi
     rotate = positions is not None
     layout = kernel_layout(fmt, rotate, block_size)
     tile = tile or default_tile(num_tokens)
-    soft_round = INTERPRETING if soft_round is None else soft_round
+    soft_round = INTERPRETED if soft_round is None else soft_round
     page = kv_cache.shape[1]
     latent_bits = latent.view(torch.int16)
     rope_words = (latent if rotate else rope).view(torch.int32)
