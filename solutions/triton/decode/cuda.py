@@ -17,9 +17,8 @@ from pathlib import Path
 
 import torch
 
-from dsa_bench.definitions.kv_records import V4, V32, KvRecordFormat
-
 from ..common.cuda_build import SM90_KERNEL_HEADERS, CudaLibrary, load_checked_library
+from ..common.kv_records import V4, V32, KvRecordFormat
 from .shapes import D_V, RecordGeometry
 
 HERE = Path(__file__).resolve().parent

@@ -33,9 +33,8 @@ from dataclasses import replace
 
 import torch
 
-from dsa_bench.definitions.kv_records import V4, V32, V41, KvRecordFormat
-
 from ..common.interpreter import INTERPRETED, interpreted
+from ..common.kv_records import V4, V32, V41, KvRecordFormat
 from . import cuda, triton_kernels
 from .policy import DecodeConfig, auto_splits, cuda_config, interpreter_config, resolve_combine, select_config
 from .shapes import D_V, RecordGeometry

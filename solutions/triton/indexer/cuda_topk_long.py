@@ -4,7 +4,7 @@ Rows of up to 8192 tokens are the filtered top-k's (``cuda_topk.py``: one block 
 cached in registers). Past that, that block falls to a radix select that re-reads the row from
 global memory digit by digit; this one splits each row over many blocks (a histogram pass, then
 up to three level passes, each over fewer candidates; docs/kernels/indexer.md, "Long rows").
-The entry picks it by shape: ``uses_long_path(batch, max_num_pages)``.
+The entry picks it by shape: ``policy.uses_long_path(batch, max_num_pages)``.
 """
 
 from __future__ import annotations
@@ -36,26 +36,6 @@ SIGNATURES = {
 SCRATCH_INTS = 2 * 4096 + 256 + 20  # per row: the three levels' histograms, then the row's counters and thresholds
 EXPECTED_CONSTANTS = {"TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "SCRATCH_INTS": SCRATCH_INTS}
 STEM, WHAT = "dsa_topk_long", "the CUDA long-row top-k"
-
-#: Block tables of more than this many tokens may take the long-row top-k (up to 8192 the
-#: filtered top-k caches the whole row in its block's registers, its fast path; from 8193 to
-#: 16384 its radix select was as fast as the long path on the H100, benchmarks/kernels/indexer_long.py).
-LONG_PATH_MIN_TOKENS = 16384
-#: Large batches keep one block per row (up to 132 rows are one wave of blocks, each row's time
-#: growing with its length) where the long path's passes over every row cost more: measured on the
-#: H100 (docs/kernels/indexer.md, "Long rows") the long path won at B <= 32 (32K-128K tokens) and at
-#: B = 64 with 128K tokens, and lost at B = 64 with 32K tokens and at B = 128.
-LONG_PATH_MAX_BATCH = 32
-LONG_PATH_WIDE_BATCH, LONG_PATH_WIDE_TOKENS = 64, 65536
-
-
-def uses_long_path(batch: int, max_num_pages: int) -> bool:
-    """Whether a call of ``batch`` rows of block tables of ``max_num_pages`` pages takes the long-row top-k."""
-    tokens = max_num_pages * PAGE_SIZE
-    if tokens <= LONG_PATH_MIN_TOKENS:
-        return False
-    return batch <= LONG_PATH_MAX_BATCH or (batch <= LONG_PATH_WIDE_BATCH and tokens >= LONG_PATH_WIDE_TOKENS)
-
 
 def load_long_topk_extension(verbose: bool | None = None) -> CudaLibrary:
     """The compiled library (built on first use); raises cuda_build.CudaBuildError with the reason."""

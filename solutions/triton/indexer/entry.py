@@ -45,7 +45,7 @@ import torch
 
 from ..common.interpreter import INTERPRETED, device_problem
 from ..common.launch_graphs import LaunchGraphs
-from . import cuda_topk, cuda_topk_long, triton_kernels
+from . import cuda_topk, cuda_topk_long, policy, triton_kernels
 from .shapes import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, TOPK
 
 #: The CUDA top-k is used whenever Triton compiles for a GPU; it is built at import so that the
@@ -57,8 +57,8 @@ _cuda_long_topk = cuda_topk_long.load_long_topk_extension() if USE_CUDA_TOPK els
 
 def cuda_topk(scores, seq_lens, block_table, topk_indices, dependent_launch: bool = False) -> None:
     """The CUDA top-k for this call's shape: the multi-block long-row top-k for long block tables
-    (``cuda_topk_long.uses_long_path``), else the one-block-per-row filtered top-k."""
-    select = cuda_topk_long.long_topk if cuda_topk_long.uses_long_path(*block_table.shape) else cuda_topk.filtered_topk
+    (``policy.uses_long_path``), else the one-block-per-row filtered top-k."""
+    select = cuda_topk_long.long_topk if policy.uses_long_path(*block_table.shape) else cuda_topk.filtered_topk
     select(scores, seq_lens, block_table, topk_indices, dependent_launch=dependent_launch)
 
 
@@ -72,14 +72,14 @@ def solution_notes() -> str:
         )
         return (
             "top-k: CUDA filtered select on 32-bit score keys (range-binned fast path, radix select fallback) with page-table emit "
-            f"(library {_cuda_topk.name}); long block tables (cuda_topk_long.uses_long_path: more than "
-            f"{cuda_topk_long.LONG_PATH_MIN_TOKENS} tokens, batch <= {cuda_topk_long.LONG_PATH_MAX_BATCH}, "
-            f"or <= {cuda_topk_long.LONG_PATH_WIDE_BATCH} from "
-            f"{cuda_topk_long.LONG_PATH_WIDE_TOKENS} tokens): rows split over many "
+            f"(library {_cuda_topk.name}); long block tables (policy.uses_long_path: more than "
+            f"{policy.LONG_PATH_MIN_TOKENS} tokens, batch <= {policy.LONG_PATH_MAX_BATCH}, "
+            f"or <= {policy.LONG_PATH_WIDE_BATCH} from "
+            f"{policy.LONG_PATH_WIDE_TOKENS} tokens): rows split over many "
             f"blocks (a histogram pass and three level passes; library {_cuda_long_topk.name}); "
             "launched as the score kernel's programmatic dependent "
             f"({'triggered when its programs start' if triton_kernels.CAN_LAUNCH_DEPENDENTS else 'triggered when its programs end'}); "
-            f"scores: Triton, {triton_kernels.DOTS[triton_kernels.GPU_SCORE_TILE.dot]}; {graphs}"
+            f"scores: Triton, {policy.DOTS[policy.GPU_SCORE_TILE.dot]}; {graphs}"
         )
     if INTERPRETED:
         return (
@@ -215,7 +215,7 @@ def other_topk_scored_path(k: int, q_index_fp8, k_index_cache_fp8, weights, seq_
     batch, max_pages = block_table.shape
     scores = torch.empty((batch, max_pages * PAGE_SIZE), dtype=torch.float32, device=q_index_fp8.device)
     triton_kernels.launch_scores(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, scores, skip_short_rows=False)
-    if _cuda_topk is not None and cuda_topk_long.uses_long_path(batch, max_pages):
+    if _cuda_topk is not None and policy.uses_long_path(batch, max_pages):
         cuda_topk_long.long_topk(scores, seq_lens, block_table, topk_indices)  # k: the output's width
     elif _cuda_topk is not None:
         cuda_topk.filtered_topk(scores, seq_lens, block_table, topk_indices, topk=k)

@@ -14,8 +14,9 @@ Entry points (destination-passing style; the cache is written in place)::
     block_size      int
     kv_cache        [num_blocks, page] uint8  page >= block_size x the record's bytes, page % 16 == 0
 
-The record layouts are the descriptors of ``dsa_bench.definitions.kv_records``; the kernel
-(``triton_kernels.py``) is one source specialised per format. The entries check metadata only (no
+The record layouts are the descriptors of ``common/kv_records.py`` (dsa-bench's, vendored); the
+kernel (``triton_kernels.py``) is one source specialised per format (``shapes.kernel_layout``), its
+tile chosen by ``policy.py``. The entries check metadata only (no
 device work besides the one launch, no host synchronisation), so a call can be graph-captured.
 """
 
@@ -23,11 +24,10 @@ from __future__ import annotations
 
 import torch
 
-from dsa_bench.definitions.kv_records import V4, V32, V41, KvRecordFormat
-
 from ..common.interpreter import INTERPRETED, device_problem
-from . import triton_kernels
-from .triton_kernels import LATENT_DIMS, ROPE_DIMS
+from ..common.kv_records import V4, V32, V41, KvRecordFormat
+from . import policy, triton_kernels
+from .shapes import LATENT_DIMS, ROPE_DIMS
 
 #: the cache is also read as int16 / int32 words: its page stride and base keep 16-byte alignment
 CACHE_ALIGNMENT = 16
@@ -36,9 +36,9 @@ CACHE_ALIGNMENT = 16
 def solution_notes() -> str:
     rounding = ("integer round-to-nearest-even code (the Triton interpreter's own casts do not round to nearest even)"
                 if INTERPRETED else "the GPU's e4m3 / bf16 conversions")
-    tile, small = triton_kernels.GPU_TILE, triton_kernels.SMALL_CALL_TILE
+    tile, small = policy.GPU_TILE, policy.SMALL_CALL_TILE
     return (f"KV insert: one Triton launch, {tile.tokens} tokens on {tile.num_warps} warp(s) per program on a GPU "
-            f"({small.tokens} on {small.num_warps} up to {triton_kernels.SMALL_CALL_TOKENS} tokens), grid cdiv(T, tokens), "
+            f"({small.tokens} on {small.num_warps} up to {policy.SMALL_CALL_TOKENS} tokens), grid cdiv(T, tokens), "
             f"rows read beside their slots; e4m3 / bf16 rounding by {rounding}")
 
 

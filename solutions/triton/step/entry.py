@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from dsa_bench.definitions.kv_records import INDEXER_KEY_PAGE
-
+from ..common.kv_records import INDEXER_KEY_PAGE
 from ..decode import entry as decode_entry
 from ..indexer import entry as indexer_entry
 from ..kv_insert import entry as kv_insert_entry
