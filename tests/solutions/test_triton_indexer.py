@@ -300,14 +300,16 @@ def test_topk_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
 
 _TRITON_SM90_COMPILE = textwrap.dedent(
     """
-    import json, re, sys
-    sys.path.insert(0, sys.argv[1])
+    import json, re, sys, types
+    solution = types.ModuleType("triton_solution")  # a package rooted at the solution folder, as the harness imports it
+    solution.__path__ = [sys.argv[1]]
+    sys.modules["triton_solution"] = solution
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    import indexer.triton_kernels as K
-    import indexer.policy as policy
-    import indexer.shapes as shapes
+    import triton_solution.indexer.triton_kernels as K
+    import triton_solution.indexer.policy as policy
+    import triton_solution.indexer.shapes as shapes
 
     def compile_kernel(fn, signature, constexprs, num_warps):
         names = list(fn.arg_names)
