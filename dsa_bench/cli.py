@@ -488,9 +488,9 @@ def pack(
     """Package a solution folder as flashinfer-bench Solution JSON, one file per definition."""
     from tabulate import tabulate
 
-    from dsa_bench.pack.flashinfer import import_problems
+    from dsa_bench.flashinfer_bench.packed import import_problems
+    from dsa_bench.flashinfer_bench.verify import verify_packed
     from dsa_bench.pack.pack import pack_solution
-    from dsa_bench.pack.verify import verify_packed
     from dsa_bench.project import find_root
 
     packed = pack_solution(folder, out, definition or None)
@@ -579,7 +579,7 @@ def export(
     output: Path | None = typer.Option(None, "--output", "-o", help="File to write (default: the results file with .traces.jsonl)."),
 ) -> None:
     """Export a results file as flashinfer-bench traces (what the format cannot hold: docs/flashinfer_bench.md)."""
-    from dsa_bench.export import check_traces_path, export_traces, write_traces
+    from dsa_bench.flashinfer_bench.traces import check_traces_path, export_traces, write_traces
     from dsa_bench.project import find_root
 
     if output_format != "flashinfer-bench":

@@ -89,7 +89,7 @@ class Solution:
     dependencies: tuple[str, ...] = ()
     entries: dict[str, SolutionEntry] = field(default_factory=dict)
     requires: Requirements = field(default_factory=Requirements)
-    #: the packed Solution JSON this folder was laid out from (pack.flashinfer.materialize): its
+    #: the packed Solution JSON this folder was laid out from (flashinfer_bench.packed.materialize): its
     #: entries are imported as flashinfer-bench imports them, not with the folder on ``sys.path``
     packed_from: Path | None = None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import types
@@ -81,3 +82,16 @@ def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
+
+
+def relative_copy(folder: Path) -> Path:
+    """tests/fixtures/pack/multi_file with its absolute sibling imports made relative, as flashinfer-bench needs them."""
+    shutil.copytree(FIXTURES / "pack" / "multi_file", folder)
+    for rel, old, new in (
+        ("indexer_kernel.py", "from common import constants", "from .common import constants"),
+        ("attn/entry.py", "from common.constants import PAGE_SIZE", "from ..common.constants import PAGE_SIZE"),
+    ):
+        text = (folder / rel).read_text()
+        assert old in text
+        (folder / rel).write_text(text.replace(old, new))
+    return folder

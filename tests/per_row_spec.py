@@ -2,7 +2,7 @@
 
 These are the references as they were before they were batched (dsa_bench/definitions/indexer.py
 and sparse_attention.py now compute every row at once on the device). They stay here, written
-straight from the contract text with a Python loop, so tests/test_references.py can cross-check
+straight from the contract text with a Python loop, so tests/definitions/test_references.py can cross-check
 the batched references against them on fresh random inputs and edge cases.
 """
 

@@ -25,7 +25,8 @@ The contest's real traces are not public. These follow their published distribut
   tiny cases of those and of extreme sinks (issue 46).
 - decode_step_{v32,v4}_{h128,tp8}: one DSA decode step (insert, indexer, top-k, sparse decode) at production
   shapes (h_q 128 / 16, s_q 1 and 2, b 1..128, contexts 8K-128K); decode_step_{v32,v4}_{smoke,mix}: CPU-sized
-  cases with rows longer and shorter than the top-k, empty rows and -1 slots (issue 51).
+  cases with rows longer and shorter than the top-k, empty rows and -1 slots (issue 51);
+  decode_step_v4_topk{512,1024}[_smoke]: V4's selection sizes, MTP at h_q 128 and 16 (and CPU-sized).
 
 Usage: python tools/make_traces.py [--out traces]
 """
@@ -594,6 +595,23 @@ def decode_step_smoke(fmt: KvRecordFormat) -> list[dict]:
     ]
 
 
+def decode_step_v4_topk(topk: int) -> list[dict]:
+    """V4 steps at a V4 model's selection size (512: V4-Flash, 1024: V4-Pro): MTP (s_q 2) at h_q 128 and 16,
+    (b, context) from STEP_SHAPES."""
+    return [_step_case(f"b{b}_sq2_ctx{ctx // 1024}k_h{h_q}_k{topk}", V4, 2, h_q, [ctx] * b)
+            for h_q in STEP_HEADS.values() for b, ctx in STEP_SHAPES]  # fmt: skip
+
+
+def decode_step_v4_topk_smoke(topk: int) -> list[dict]:
+    """CPU-sized V4 steps at a smaller selection size: rows just above and below k, an empty sequence with a -1
+    slot, a one-token sequence at s_q 2."""
+    return [
+        _step_case(f"smoke_b2_sq1_h16_k{topk}_around_k", V4, 1, 16, [topk + 1, topk - 1]),
+        _step_case(f"smoke_b3_sq2_h32_k{topk}_empty_skip", V4, 2, 32, [3 * topk, 0, topk], skip=1),
+        _step_case(f"smoke_b1_sq2_h16_k{topk}_one_token", V4, 2, 16, [1], max_len=128),
+    ]
+
+
 def decode_step_mix(fmt: KvRecordFormat) -> list[dict]:
     """Small mixes for CPU or GPU: ragged lengths around the top-k and page boundaries, padded page strides,
     h_q 64 and 128, -1 slots."""
@@ -645,6 +663,9 @@ def main(out: Path = typer.Option(TRACES, help="Folder to write the traces into.
             write(out / f"decode_step_{name}_{heads}.jsonl", decode_step_production(fmt, h_q))
         write(out / f"decode_step_{name}_smoke.jsonl", decode_step_smoke(fmt))
         write(out / f"decode_step_{name}_mix.jsonl", decode_step_mix(fmt))
+    for topk in MLA_V4_TOPKS:
+        write(out / f"decode_step_v4_topk{topk}.jsonl", decode_step_v4_topk(topk))
+        write(out / f"decode_step_v4_topk{topk}_smoke.jsonl", decode_step_v4_topk_smoke(topk))
 
 
 if __name__ == "__main__":

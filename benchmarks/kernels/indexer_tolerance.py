@@ -60,7 +60,7 @@ from tabulate import tabulate
 from dsa_bench.definitions import indexer
 from dsa_bench.definitions.base import Tolerance
 from dsa_bench.definitions.status import Status
-from dsa_bench.run.judge import correctness_seeds
+from dsa_bench.run.case_context import correctness_seeds
 from dsa_bench.workloads import build_inputs, load_workload
 
 ROOT = Path(__file__).resolve().parents[2]

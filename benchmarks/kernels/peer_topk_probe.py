@@ -184,7 +184,7 @@ def wrapper_probe(spec: str, seed: int | None, device: torch.device) -> Verdict:
     """Probe 2 on one ``workload:case``."""
     import deep_gemm
 
-    from dsa_bench.run.judge import correctness_seeds
+    from dsa_bench.run.case_context import correctness_seeds
     from dsa_bench.run.loader import import_entry
     from dsa_bench.solution import load_solution
     from dsa_bench.workloads import build_inputs, load_workload

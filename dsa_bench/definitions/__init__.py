@@ -2,7 +2,8 @@
 
 Each definition lives in its own module and exposes ``DEFINITION``; adding one means adding its
 module name here (a module defining a family exposes ``DEFINITIONS``, a tuple).
-Definitions read from a flashinfer-bench dataset are registered at run time.
+Definitions read from a flashinfer-bench dataset (:mod:`dsa_bench.definitions.from_dataset`) are
+registered at run time.
 """
 
 from __future__ import annotations

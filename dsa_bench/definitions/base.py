@@ -48,7 +48,7 @@ class Tolerance:
     |diff| > lse_atol, with no relative part (|lse| is about 20 on a full row, so any relative
     allowance would hide a softmax denominator several percent off). The default sits between
     the worst error of correct kernels (2.1e-5 at the contest's sm_scale, 1.7e-4 with logits
-    seven times larger; benchmarks/h200/lse_error) and the 7.0e-4 of leaving out one of 2048
+    seven times larger; benchmarks/lse_error.log) and the 7.0e-4 of leaving out one of 2048
     equal-weight slots.
 
     ``score_rtol`` sets the top-k tie tolerance of index outputs to a fixed fraction of the row's

@@ -58,10 +58,8 @@ INDEX_HEADS = indexer.NUM_HEADS
 INDEX_DIM = indexer.HEAD_DIM
 INDEX_PAGE_BYTES = INDEXER_KEY_PAGE.packed_page_bytes()
 #: The selection size of each definition is a constant of it (one definition per format and k, as the indexer's
-#: are): V3.2 selects 2048; V4 models also 512 (V4-Flash) and 1024 (V4-Pro), which ``name_of`` names and the
-#: reference computes (the indexer's functions take ``topk``), registered once the shipped step and the
-#: production peer are tested with them; until then every registered step selects 2048.
-REGISTERED_TOPKS: dict[str, tuple[int, ...]] = {"V32": (indexer.TOPK,), "V4": (indexer.TOPK,)}
+#: are): V3.2 selects 2048; V4 models 2048, 512 (V4-Flash) and 1024 (V4-Pro), named by ``name_of``.
+REGISTERED_TOPKS: dict[str, tuple[int, ...]] = {"V32": (indexer.TOPK,), "V4": (indexer.TOPK, 512, 1024)}
 #: The scale convention of every record in the MLA cache: the insert's, so context and new records come from
 #: one writer (power-of-two scales; FlashMLA's SM90 kernel reads V3.2's fp32 scales as bf16, exact for them).
 MLA_CONVENTION = kv_insert.CONVENTION

@@ -12,7 +12,7 @@ One JSON document per definition a solution implements::
 - Python imports (parsed with :mod:`ast`): relative imports, and absolute imports that resolve to
   a module inside the solution folder (the folder is on ``sys.path`` when dsa-bench imports a
   solution folder; flashinfer-bench's loader does not resolve them, see
-  :func:`dsa_bench.pack.flashinfer.import_problems`); the ``__init__.py`` of every package a packed
+  :func:`dsa_bench.flashinfer_bench.packed.import_problems`); the ``__init__.py`` of every package a packed
   module lives in;
 - string literals in Python sources that name an existing C/C++/CUDA file of the folder (how a
   Python loader hands ``foo.cu`` to ``torch.utils.cpp_extension.load``);
@@ -108,7 +108,7 @@ def pack_entry(solution: Solution, definition: str) -> PackedEntry:
 def pack_solution(folder: Path, out_dir: Path | None = None, definitions: list[str] | None = None) -> list[PackedEntry]:
     """Pack every entry (or the named ones) of a solution folder into ``out_dir/<name>.json``
     (default ``out_dir``: ``packed/<solution name>/``). Names become file names through
-    :func:`~dsa_bench.files.safe_file_name`, so no name can place a file outside ``out_dir``."""
+    :func:`~dsa_bench.paths.safe_file_name`, so no name can place a file outside ``out_dir``."""
     solution = load_solution(folder)
     chosen = definitions or [d for d, entry in solution.entries.items() if entry.unsupported is None]
     for name in chosen:

@@ -9,7 +9,7 @@ make the harness refuse the message.
 - harness -> worker: the header names the request; the blob is a pickle of the job. The worker
   trusts the harness, so unpickling there is safe.
 - worker -> harness: the header is plain JSON that the harness validates field by field
-  (:mod:`dsa_bench.worker_messages`); tensors travel as one safetensors blob (raw bytes behind a
+  (:mod:`dsa_bench.run.protocol`); tensors travel as one safetensors blob (raw bytes behind a
   JSON header, parsed without executing anything) whose names, dtypes and shapes the harness
   checks against the definition before use.
 """

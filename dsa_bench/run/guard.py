@@ -6,9 +6,11 @@ remembering it so the case fails as RUNTIME_ERROR even if the solution catches t
 
 - starting programs (``subprocess``, ``os.system``, ``os.exec*``, ``os.posix_spawn``, ``os.fork``),
   except the compilers a build needs (``nvcc``, ``ptxas``, the C/C++ compiler, ``ninja``,
-  ``ldconfig``), found outside every folder the worker may write and outside the solution;
+  ``ldconfig``, and ``file -b PATH`` as ``platform.architecture()`` runs it), found outside every
+  folder the worker may write and outside the solution;
 - sockets other than UNIX ones, and every ``connect`` or ``bind``;
-- ``ctypes`` loads of shared libraries other than the Python environment's, CUDA's, the
+- ``ctypes`` loads of shared libraries other than the Python environment's (its installation and the
+  ``sys.path`` folders that neither hold the solution nor are writable by the worker), CUDA's, the
   solution's own builds (its build and Triton cache folders) and those already loaded;
 - opening a file for writing, or creating, removing, renaming or changing one, outside the
   worker's build, cache, home and scratch folders and ``/dev``.
@@ -32,7 +34,7 @@ from typing import Any
 #: programs a declared build may start (by file name; the file must lie outside what the worker can write)
 BUILD_TOOLS = frozenset({
     "nvcc", "ptxas", "cuobjdump", "nvdisasm", "fatbinary", "nvlink", "cc", "c++", "gcc", "g++", "clang", "clang++",
-    "ninja", "ldconfig", "ldconfig.real",
+    "ninja", "ldconfig", "ldconfig.real", "file",
 })  # fmt: skip
 #: file names of the CUDA libraries a kernel may load wherever the driver installed them
 CUDA_LIBRARY_PREFIXES = ("libcuda", "libcudart", "libnvrtc", "libcupti", "libnvidia-ml", "libcublas", "libnvJitLink", "libnvToolsExt")
@@ -61,6 +63,12 @@ class Guard:
         self.library_roots = [os.path.realpath(p) for p in (prefixes | installed) if p]
         cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
         self.library_roots += [os.path.realpath(cuda_home), *(os.path.realpath(p) for p in builds)]
+        # packages installed beside the environment (a PYTHONPATH folder such as pip's --target) are part of it;
+        # a sys.path entry holding the solution (the project's checkout) or writable by the worker is not
+        for entry in filter(os.path.isdir, filter(None, sys.path)):
+            real = os.path.realpath(entry)
+            if not self._under(self.solution, [real]) and not self._under(real, self.writable):
+                self.library_roots.append(real)
         self.refused: list[str] = []
 
     # ------------------------------------------------------------------ the policy
@@ -76,6 +84,16 @@ class Guard:
         except (TypeError, ValueError):
             return False
         return self._under(real, self.writable)
+
+    def _holds_writable(self, path: Any) -> bool:
+        """Whether ``path`` is a folder above one the worker may write (so never empty)."""
+        if isinstance(path, int):
+            return False
+        try:
+            real = os.path.realpath(os.fsdecode(path))
+        except (TypeError, ValueError):
+            return False
+        return any(w != real and self._under(w, [real]) for w in self.writable if os.path.isdir(w))
 
     def _tool(self, executable: Any, args: Any, env: Any) -> str | None:
         """The build tool this program is, or None."""
@@ -93,6 +111,8 @@ class Guard:
             return None
         if self._under(real, [*self.writable, self.solution]):
             return None  # a "compiler" the solution could have written
+        if os.path.basename(real) == "file" and not _is_file_query(args):
+            return None
         return real
 
     def _library_allowed(self, name: Any) -> bool:
@@ -122,6 +142,8 @@ class Guard:
         elif event in _PATH_EVENTS:
             if event == "os.mkdir" and args and not isinstance(args[0], int) and os.path.isdir(args[0]):
                 return  # makedirs(..., exist_ok=True) of a folder that exists changes nothing
+            if event == "os.rmdir" and args and self._holds_writable(args[0]):
+                return  # it holds a writable folder, so the OS refuses it (not empty): Triton's os.removedirs climbs so
             for i in _PATH_EVENTS[event]:
                 if i < len(args) and args[i] is not None and not self._may_write(args[i]):
                     self.refuse(f"{event} on {os.fsdecode(args[i]) if not isinstance(args[i], int) else args[i]}")
@@ -144,6 +166,12 @@ class Guard:
         elif event == "ctypes.dlopen":
             if not self._library_allowed(args[0]):
                 self.refuse(f"loading the shared library {os.fsdecode(args[0])}")
+
+
+def _is_file_query(args: Any) -> bool:
+    """``file -b PATH``, as ``platform.architecture()`` runs it: the only ``file`` call allowed (it reads one
+    file and prints; other options, such as ``-C``, write)."""
+    return isinstance(args, (list, tuple)) and len(args) == 3 and args[1] == "-b" and not os.fsdecode(args[2]).startswith("-")
 
 
 def _shown(value: Any, limit: int = 200) -> str:

@@ -28,7 +28,7 @@ def import_entry(solution: Solution, definition: str) -> tuple[Callable[..., Any
     folder, so relative imports between the solution's files work; the folder is also put on
     ``sys.path`` for absolute sibling imports. A packed solution (``solution.packed_from``) is
     imported as flashinfer-bench imports it instead: its folder is the package of that name, only
-    the folder's parent goes on ``sys.path`` (see :mod:`dsa_bench.pack.flashinfer`), so an absolute
+    the folder's parent goes on ``sys.path`` (see :mod:`dsa_bench.flashinfer_bench.packed`), so an absolute
     sibling import fails here as it would there. CUDA entries are compiled with
     ``torch.utils.cpp_extension.load`` into torch's extension cache (``TORCH_EXTENSIONS_DIR``).
     Any exception propagates: the caller reports it as a compile error.

@@ -323,7 +323,7 @@ def _solutions(request: RunRequest, workload: Workload, root: Path, timing: bool
     reference_folders = [root / "solutions" / REFERENCE_SOLUTION]
     warnings: list[str] = []
     if request.dataset is not None and (reference is None or definition not in reference.entries):
-        from dsa_bench.dataset import reference_solution_folder
+        from dsa_bench.flashinfer_bench.dataset import reference_solution_folder
 
         # a dataset definition dsa-bench has no reference solution of: run the JSON's own reference
         reference = load_solution(reference_solution_folder(workload.definition, cache))
@@ -356,9 +356,9 @@ def _solutions(request: RunRequest, workload: Workload, root: Path, timing: bool
 
 def _packed_solution(path: Path, definition: str, cache: Path) -> Solution:
     """A packed Solution JSON (``-s FILE.json``, a dataset's solution), laid out and imported as
-    flashinfer-bench does (:func:`dsa_bench.pack.flashinfer.materialize`)."""
+    flashinfer-bench does (:func:`dsa_bench.flashinfer_bench.packed.materialize`)."""
+    from dsa_bench.flashinfer_bench.packed import materialize
     from dsa_bench.pack.document import read_solution_document
-    from dsa_bench.pack.flashinfer import materialize
 
     if not path.is_file():
         raise DsaBenchError("packed solution file does not exist", str(path))
@@ -371,8 +371,8 @@ def _packed_solution(path: Path, definition: str, cache: Path) -> Solution:
 def _dataset_solution_files(dataset: Path, wanted: list[str], definition: str) -> tuple[list[Path], list[str]]:
     """The dataset's solution JSONs for ``definition`` that ``--dataset-solutions`` names (``all``:
     every one dsa-bench can run; the others are named in the warnings)."""
-    from dsa_bench.dataset import dataset_solution_files
     from dsa_bench.files import read_json
+    from dsa_bench.flashinfer_bench.dataset import dataset_solution_files
     from dsa_bench.pack.document import check_solution_document
     from dsa_bench.pack.pack import runnable_problem
 
@@ -439,7 +439,7 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     if request.dataset is None:
         workload = resolve_workload(request.workload, root)
     else:
-        from dsa_bench.dataset import load_dataset_workload
+        from dsa_bench.flashinfer_bench.dataset import load_dataset_workload
 
         workload = load_dataset_workload(request.dataset, request.workload)
     cases = select_cases(workload, request.cases)

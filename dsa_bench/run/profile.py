@@ -291,7 +291,7 @@ def run_profile(request: ProfileRequest, root: Path, which: Callable[[str], str 
     if refusal is not None:
         raise DsaBenchError(refusal)
     from dsa_bench.project import resolve_solution, resolve_workload
-    from dsa_bench.run.judge import correctness_seeds
+    from dsa_bench.run.case_context import correctness_seeds
     from dsa_bench.run.plan import select_cases
 
     workload = resolve_workload(request.workload, root)

@@ -58,7 +58,7 @@ def profile_call(job: ProfileJob) -> None:
     if on_gpu:
         torch.cuda.set_device(device)
     if job.dataset_root is not None:
-        from dsa_bench.dataset import register_dataset_definition
+        from dsa_bench.definitions.from_dataset import register_dataset_definition
 
         register_dataset_definition(Path(job.dataset_root), job.definition)
     definition = get_definition(job.definition)

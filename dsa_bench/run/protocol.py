@@ -78,6 +78,7 @@ class TimingResult:
     clocks: list[dict[str, Any]] = field(default_factory=list)  # per trial: clocks after warm-up and after timing
     phase_s: dict[str, float] = field(default_factory=dict)  # worker wall time per phase, summed over trials
     host_samples_ms: list[list[float]] = field(default_factory=list)  # per trial, each timed call's host wall time
+    kernel_ms: list[dict[str, float]] = field(default_factory=list)  # per trial, each GPU activity name's median ms per call
 
 
 # --------------------------------------------------------------------------- the JSON headers
@@ -87,6 +88,8 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     name: value for name in dir(torch) if isinstance(value := getattr(torch, name), torch.dtype)
 }
 _MAX_TEXT = 256 * 1024
+#: at most this many GPU activity names are reported per trial (the worker sums the rest as "[other]")
+MAX_KERNEL_NAMES = 24
 
 
 class _Strict(BaseModel):
@@ -178,6 +181,8 @@ class Timing(_Strict):
     checked: list[CheckedCallMeta]
     #: per trial, the host's wall time of each timed call (from before the call to after its synchronisation)
     host_samples_ms: list[list[float]] = []
+    #: per trial, per GPU activity name (kernel, [memcpy], [memset]), the median ms it ran in one timed call (CUPTI only)
+    kernel_ms: list[dict[Annotated[str, Field(max_length=200)], float]] = Field(default=[], max_length=64)
 
 
 Reply = Annotated[Ready | RefusedAtImport | CompileError | Unavailable | Failure | Outputs | Timing, Field(discriminator="type")]

@@ -31,7 +31,7 @@ from dsa_bench.results.records import CaseRecord, ResultsFile, Timing
 from dsa_bench.results.roofline import Roofline, device_peak, place
 from dsa_bench.run import channel, isolation, sandbox
 from dsa_bench.run.breakdown import HARNESS, PhaseClock
-from dsa_bench.run.judge import (
+from dsa_bench.run.case_context import (
     CaseContext,
     correctness_seeds,
     decode_outputs,
@@ -550,7 +550,8 @@ ORACLE_NAME = "dataset-reference-expectations"
 def _reference_oracle(workload: Workload, options: RunOptions, gpu: int | None) -> WorkerHandle | None:
     """A worker that runs a dataset definition's own reference (its JSON source) to give the
     harness its expectations, for a definition whose reference must not run in the harness."""
-    from dsa_bench.dataset import reference_solution_folder, runs_untrusted_reference
+    from dsa_bench.definitions.from_dataset import runs_untrusted_reference
+    from dsa_bench.flashinfer_bench.dataset import reference_solution_folder
     from dsa_bench.solution import load_solution
 
     if not runs_untrusted_reference(workload.definition):

@@ -27,6 +27,7 @@ import os
 import pickle
 import random
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -143,7 +144,7 @@ def main(argv: list[str]) -> None:
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if config.dataset_root is not None:  # dataset definitions are registered per process
-        from dsa_bench.dataset import register_dataset_definition
+        from dsa_bench.definitions.from_dataset import register_dataset_definition
 
         register_dataset_definition(Path(config.dataset_root), config.definition)
     definition = get_definition(config.definition)
@@ -215,11 +216,24 @@ def _refusals(refused: list[str]) -> str:
     return f"refused by dsa-bench's worker guard: {shown}{more}"[:100_000]
 
 
-def _bind_measurement(config: WorkerConfig, device: Any) -> tuple[Any, Any, Any, str | None]:
-    """(time_iterations, flush, read_clocks, timer name): bound methods taken before the solution
-    is imported, so later patches of their classes or modules do not reach the timing path."""
+def kernel_medians_ms(per_call_ms: dict[str, list[float]]) -> dict[str, float]:
+    """Per GPU activity name, the median over a trial's calls of the ms it ran in one call; the
+    names after the :data:`MAX_KERNEL_NAMES` busiest are summed as ``[other]``, and each name is
+    cut to 200 characters (names come from the solution's code)."""
+    from dsa_bench.run.protocol import MAX_KERNEL_NAMES
+
+    medians = sorted(((statistics.median(ms), name[:200]) for name, ms in per_call_ms.items()), reverse=True)
+    kept = {name: ms for ms, name in medians[:MAX_KERNEL_NAMES]}
+    rest = sum(ms for ms, _ in medians[MAX_KERNEL_NAMES:])
+    return {**kept, "[other]": rest} if rest else kept
+
+
+def _bind_measurement(config: WorkerConfig, device: Any) -> tuple[Any, Any, Any, str | None, Any]:
+    """(time_iterations, flush, read_clocks, timer name, kernel_times or None): bound methods taken
+    before the solution is imported, so later patches of their classes or modules do not reach the
+    timing path."""
     if config.timer is None:
-        return None, None, None, None
+        return None, None, None, None, None
     import torch
 
     from dsa_bench.timing import make_timer
@@ -229,7 +243,7 @@ def _bind_measurement(config: WorkerConfig, device: Any) -> tuple[Any, Any, Any,
     timer = make_timer(config.timer)
     flusher = L2Flusher(device, config.l2_flush)
     clocks = ClockReader(device.index if device.index is not None else torch.cuda.current_device())
-    return timer.time_iterations, flusher.flush, clocks.read, timer.name
+    return timer.time_iterations, flusher.flush, clocks.read, timer.name, getattr(timer, "kernel_times", None)
 
 
 class _CaseRunner:
@@ -285,7 +299,7 @@ class _CaseRunner:
         return {"type": "outputs", "sets": sets, "phase_s": phases}, blob
 
     def time(
-        self, job: TimingJob, time_iterations: Any, flush: Any, read_clocks: Any, timer_name: str | None
+        self, job: TimingJob, time_iterations: Any, flush: Any, read_clocks: Any, timer_name: str | None, kernel_times: Any = None
     ) -> tuple[dict[str, Any], bytes]:
         """Time the solution: per trial, fresh input sets rotating call by call, queries redrawn,
         outputs re-poisoned and L2 flushed before every call (all untimed)."""
@@ -294,9 +308,11 @@ class _CaseRunner:
         reply = _Reply(self._output_specs(job.case))
         header: dict[str, Any] = {"type": "timing", "timer": timer_name, "samples_ms": [], "clocks": [], "checked": [],
                                   "phase_s": {"build_inputs": 0.0, "warmup": 0.0, "timed_calls": 0.0, "encode": 0.0},
-                                  "host_samples_ms": []}  # fmt: skip
+                                  "host_samples_ms": [], "kernel_ms": []}  # fmt: skip
         for trial, seeds in enumerate(job.trial_seeds):  # each trial's input sets die with it
             self._time_trial(job, trial, seeds, time_iterations, flush, read_clocks, header, reply)
+            if kernel_times is not None:
+                header["kernel_ms"].append(kernel_medians_ms(kernel_times()))
         encoded = _now()
         blob = reply.blob()
         header["phase_s"]["encode"] += _now() - encoded

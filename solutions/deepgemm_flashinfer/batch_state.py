@@ -14,7 +14,7 @@ the call's tensors: a replay re-reads their memory, so it computes afresh on wha
 queries, weights and cache hold; only the launch sequence and the batch's metadata are kept.
 
 This file is the same in solutions/deepgemm_sglang and solutions/deepgemm_flashinfer
-(tests/test_peer_solutions.py checks it).
+(tests/solutions/test_indexer_peers.py checks it).
 """
 
 from __future__ import annotations

@@ -45,11 +45,11 @@ def solution_notes() -> str:
             f"[{indexer_peer.solution_notes()}]; decode [{decode_peer.solution_notes()}]")
 
 
-def _batch_of(s_q: int, seq_lens: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _batch_of(s_q: int, topk: int, seq_lens: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A batch's indexer rows (lengths and block table, one row per query row) and its ids buffer: made once per
     (seq_lens, block_table) pair, so the indexer peer's CUDA graphs see the same addresses call after call."""
     b = block_table.shape[0]
-    ids = torch.empty(b, s_q, TOPK, dtype=torch.int32, device=block_table.device)
+    ids = torch.empty(b, s_q, topk, dtype=torch.int32, device=block_table.device)
     if s_q == 1:
         return seq_lens, block_table, ids
     shift = torch.arange(s_q, device=seq_lens.device) - (s_q - 1)
@@ -57,19 +57,19 @@ def _batch_of(s_q: int, seq_lens: torch.Tensor, block_table: torch.Tensor) -> tu
     return lens, block_table.repeat_interleave(s_q, dim=0).contiguous(), ids
 
 
-_batches: dict[int, BatchCache] = {}
+_batches: dict[tuple[int, int], BatchCache] = {}
 
 
 def _step(fmt: KvRecordFormat, decode, rows: dict, index_k, slot_mapping, kv_cache, index_cache, q, q_index_fp8, weights, seq_lens,
-          block_table, sm_scale, attn_sink) -> dict[str, torch.Tensor]:  # fmt: skip
+          block_table, sm_scale, attn_sink, topk: int = TOPK) -> dict[str, torch.Tensor]:  # fmt: skip
     b, s_q = slot_mapping.shape
     slots = slot_mapping.reshape(b * s_q)
     write_records(fmt, kv_cache, slots, expected_records(fmt, {**rows, "slot_mapping": slots, "block_size": BLOCK_SIZE}).parts)
     write_records(INDEXER_KEY_PAGE, index_cache, slots, INDEXER_KEY_PAGE.quantize(index_k.reshape(b * s_q, -1).float(), "raw"))
-    cache = _batches.setdefault(s_q, BatchCache(functools.partial(_batch_of, s_q)))
+    cache = _batches.setdefault((s_q, topk), BatchCache(functools.partial(_batch_of, s_q, topk)))
     lens, table, ids = cache.get(seq_lens, block_table).data
     indexer_peer.kernel(q_index_fp8.reshape(b * s_q, INDEX_HEADS, -1), index_cache, weights.reshape(b * s_q, INDEX_HEADS), lens, table,
-                        ids.view(b * s_q, TOPK))
+                        ids.view(b * s_q, topk))
     out, lse = decode(q, kv_cache, ids, sm_scale, attn_sink)
     return {"out": out, "lse": lse, "topk_indices": ids}
 
@@ -83,7 +83,8 @@ def step_v32(q, kv_c, k_pe, index_k, slot_mapping, kv_cache, index_cache, q_inde
 
 
 def step_v4(q, kv, positions, cos_sin_cache, index_k, slot_mapping, kv_cache, index_cache, q_index_fp8, weights, seq_lens, block_table,
-            sm_scale, attn_sink) -> dict[str, torch.Tensor]:  # fmt: skip
+            sm_scale, attn_sink, topk: int = TOPK) -> dict[str, torch.Tensor]:  # fmt: skip
+    """dsa_decode_step_v4 (and, with ``topk`` 512 or 1024, the V4 models' other selection sizes)."""
     t = slot_mapping.numel()
     rows = {"kv": kv.reshape(t, -1), "positions": positions.reshape(t), "cos_sin_cache": cos_sin_cache}
 
@@ -91,4 +92,8 @@ def step_v4(q, kv, positions, cos_sin_cache, index_k, slot_mapping, kv_cache, in
         return decode_peer.decode_v4(q, kv_cache, ids, sm_scale, attn_sink, None)
 
     return _step(V4, decode, rows, index_k, slot_mapping, kv_cache, index_cache, q, q_index_fp8, weights, seq_lens, block_table,
-                 sm_scale, attn_sink)
+                 sm_scale, attn_sink, topk)
+
+
+step_v4_topk512 = functools.partial(step_v4, topk=512)
+step_v4_topk1024 = functools.partial(step_v4, topk=1024)

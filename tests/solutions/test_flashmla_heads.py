@@ -1,7 +1,7 @@
 """The flashmla peer's head padding (solutions/flashmla/heads.py, entry.py) on a CPU: 16 and 32 heads are
 padded to 64 for FlashMLA and sliced back, as serving engines do. FlashMLA itself needs an SM90 GPU, so the
 entry runs here against a stand-in ``flash_mla`` module that holds FlashMLA's head assert and lse layout and
-computes with the definition's reference; the GPU test in tests/test_mla_decode.py runs the real one."""
+computes with the definition's reference; the GPU test in tests/definitions/test_mla_decode.py runs the real one."""
 
 from __future__ import annotations
 

@@ -122,7 +122,8 @@ def cuda_residency(device_index: int) -> tuple[int, int]:
         return cuda.resident_programs(), cuda.resident_clusters(CUDA_POLICY_CLUSTER_SPLITS)
 
 
-#: The GPU policy's split counts, measured on the H200 (benchmarks/h200/attention_variants.json).
+#: The GPU policy's split counts, the fastest on the H200 (docs/kernels/attention.md, "Policy";
+#: benchmarks/h200/attention_variants.json).
 #: T <= CUDA_POLICY_WIDE_TOKENS: 32 splits with the global-memory barrier (more SMs share a full
 #: row's gather; a cluster holds at most 16 programs). Up to one cluster per token resident at
 #: once: clusters of 16 with the cluster combine. Beyond: the barrier with the most splits up
@@ -130,9 +131,8 @@ def cuda_residency(device_index: int) -> tuple[int, int]:
 #: reads S partials), and past that the fewest splits and two launches.
 #: Gather lags (SM cycles), measured where a program has two tiles (16 splits): the cluster
 #: combine's CUDA_POLICY_CLUSTER_LAG and the barrier's CUDA_POLICY_BARRIER_LAG (T = 8) let the
-#: first tile take the bandwidth first, so its math overlaps the second tile's gather
-#: (git tag experiments/attention-lag-flagged). With 32 splits a program has one tile, and
-#: 8 splits (T > 8, four tiles) were not measured: lag 0 there.
+#: first tile take the bandwidth first, so its math overlaps the second tile's gather. With 32
+#: splits a program has one tile, and 8 splits (T > 8, four tiles) were not measured: lag 0 there.
 CUDA_POLICY_WIDE_TOKENS = 2
 CUDA_POLICY_WIDE_SPLITS = 32
 CUDA_POLICY_CLUSTER_SPLITS = 16

@@ -1,8 +1,8 @@
 """Replaying a short multi-kernel launch sequence as one CUDA graph per argument set.
 
-The indexer's scored path is two short kernels (a few µs each). Launched from Python, the GPU
-idles between them while the host prepares the second launch (Triton's launcher alone takes
-~10-20 µs), and that gap is most of the time. A graph submits both at once.
+The indexer's scored path is two short kernels. Launched from Python, the GPU idles between
+them while the host prepares the second launch (Triton's launcher alone takes longer than either
+kernel), and that gap is most of the time. A graph submits both at once.
 """
 
 from __future__ import annotations

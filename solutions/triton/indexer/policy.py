@@ -85,7 +85,7 @@ class ScoreTile:
 GPU_SCORE_TILE = ScoreTile(pages=1, num_warps=4, dot="fp8")
 #: Interpreter tile: up to 32 pages (2048 tokens) per program. The interpreter runs programs one
 #: after another, so big numpy-vectorised tiles are fast; 32 pages bounds the work wasted on the
-#: overhang of a row's last tile (FP8 decoding costs the interpreter ~20 ns per element).
+#: overhang of a row's last tile (FP8 decoding is slow per element in the interpreter).
 INTERPRETER_MAX_PAGES = 32
 
 #: Emit kernel tiles: on a GPU 512 output slots per program (4 programs per row), under the
@@ -98,16 +98,13 @@ assert TOPK % GPU_EMIT_BLOCK == 0
 #: Large calls (batch x max_num_pages one-page programs at least this many) loop over two
 #: pages per program instead: several waves of one-page programs each pay the full chain of
 #: dependent loads, while a looping program loads the query once and overlaps the next page's
-#: keys with this page's dot. Measured on the H200 with the FP8 dot (score kernel alone, cold L2,
-#: benchmarks/h200/indexer_variants.json): 31 x 91 pages 7.84 µs one page per program, 7.02 with
-#: two, 8.03 with four; 23 x 83 pages 5.46 with one, 5.94 with two (with the fp16 dot four pages
-#: had won at 31 x 91 and two at 23 x 84: the FP8 MMA shortened each page's dot). The looping
-#: tile launches rows first (benchmarks/h200/indexer_score_rows_first.log: 31 x 91 pages 6.78
-#: against 7.10 µs, 30 x 89 6.26 against 6.72); the one-page tile was slower that way.
-#: Production contexts (8K-128K tokens, batches up to 128: 16384 or more one-page programs) loop
-#: over 16 pages with 3 stages: on the H200 (benchmarks/kernels/indexer_long.py, the score kernel
-#: alone, clean L2) B = 64 x 128K took 305 µs against 352 with the two-page tile, a ragged
-#: B = 32 batch of 4K-128K rows 69 against 101 (one run, CUDA events).
+#: keys with this page's dot. The page counts and thresholds are the fastest tiles of the score
+#: kernel timed alone on the H200 (docs/kernels/indexer.md, "Score kernel";
+#: benchmarks/h200/indexer_variants.json). The looping tile launches rows first, so that every
+#: long row spreads over the whole launch instead of sitting in its last programs; the one-page
+#: tile is slower that way. Production contexts (8K-128K tokens, batches up to 128: 16384 or more
+#: one-page programs) loop over 16 pages with 3 stages, the fastest there
+#: (benchmarks/kernels/indexer_long.py).
 GPU_LOOP_TILES = (
     (16384, ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=16, num_stages=3, rows_first=True)),
     (2400, ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=2, rows_first=True)),

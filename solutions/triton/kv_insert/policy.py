@@ -23,17 +23,15 @@ class LaunchTile:
             raise ValueError(f"{self}: num_warps must be 1, 2, 4, 8 or 16")
 
 
-#: GPU: 8 tokens (8 KiB of bf16 rows, ~4.5 KiB of records) per 1-warp program, for every format.
-#: The H200 sweeps at T = 16384, 65536 and 262144 (benchmarks/h200/kv_insert.json) put 8x1 within
-#: 4 % of each sweep's best tile for V3.2, V4 and V4.1. Against the tiles it replaced, all reading
-#: rows beside their slots: 1.5-3 % faster than 16x4 for V3.2, within 1.3 % of it for V4, and 3-7 %
-#: faster than 16x2 for V4.1, whose 18 scale tiles per token make it the most compute-heavy.
+#: GPU: 8 tokens (8 KiB of bf16 rows, ~4.5 KiB of records) per 1-warp program, for every format:
+#: many small programs keep more independent loads in flight per SM. The H200 sweeps at large T
+#: put 8x1 at or near each sweep's best tile for V3.2, V4 and V4.1 (docs/kernels/kv_insert.md,
+#: "Grid and tiles"; benchmarks/h200/kv_insert.json).
 GPU_TILE = LaunchTile(tokens=8, num_warps=1)
 #: Calls of at most SMALL_CALL_TOKENS tokens (decode-time inserts: latency, not bandwidth) take 4
 #: tokens on 4 warps: a program's masked-off token rows still cost it their instructions, and
-#: more warps per token shorten its chain. The H200 sweep at T = 1, 64, 1024 and 4096
-#: (benchmarks/h200/kv_insert_tiles_small.json) put 4x4 first, or within 8 % of 1x4, for every format:
-#: 1.05-1.6x faster than 16x4 and 8x1 (T = 1: 1.45 / 1.80 / 2.19 µs for V3.2 / V4 / V4.1).
+#: more warps per token shorten its chain. The H200 sweep of small T put 4x4 first or near it for
+#: every format (benchmarks/h200/kv_insert_tiles_small.json).
 SMALL_CALL_TOKENS = 4096
 SMALL_CALL_TILE = LaunchTile(tokens=4, num_warps=4)
 #: The interpreter runs programs one after another: few large numpy-vectorised programs.

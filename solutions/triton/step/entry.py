@@ -79,8 +79,9 @@ def _step(insert_mla, decode, q, index_k, slot_mapping, kv_cache, index_cache, q
     insert_keys(index_k.reshape(b * s_q, -1), slots, index_cache)
     lens, table = _scratch.rows(seq_lens, block_table, s_q)
     topk = topk_indices.shape[-1]
-    indexer_entry.kernel(q_index_fp8.reshape(b * s_q, INDEX_HEADS, -1), index_cache, weights.reshape(b * s_q, INDEX_HEADS), lens,
-                         table, topk_indices.view(b * s_q, topk))
+    select = indexer_entry.kernel if topk == indexer_entry.TOPK else indexer_entry.other_topk_kernel  # V4's 512 and 1024
+    select(q_index_fp8.reshape(b * s_q, INDEX_HEADS, -1), index_cache, weights.reshape(b * s_q, INDEX_HEADS), lens, table,
+           topk_indices.view(b * s_q, topk))
     decode(q, kv_cache, topk_indices, sm_scale, attn_sink, out, lse)
 
 

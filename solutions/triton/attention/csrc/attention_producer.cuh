@@ -9,7 +9,7 @@ namespace {
 // Issues one tile's gather into stage `stage`. The kThreadsPerRow threads of row tid / 4 share
 // it: for a valid slot the first one bulk-copies the ckv row (1024 B) and the kpe row (128 B)
 // (bulk copies keep far more bytes in flight per SM than 16-byte cp.async, which capped the
-// random gather at about 2.8 TB/s); for padding they zero the row's value part instead (P is 0
+// random gather well below the copy bandwidth); for padding they zero the row's value part instead (P is 0
 // there, but 0 * NaN from stale bits would not be; the key part only feeds masked logits).
 // Every thread then arrives on the stage's mbarrier, so its phase completes when all rows,
 // zeroed or copied, are in place.

@@ -68,9 +68,9 @@ constexpr int kLongRowMaxLen = 8192;
 // Fast path: bins over [min key, max key]; a threshold bin of up to kFastDirectRank keys is
 // ranked directly (each key compared with all, c^2 / threads comparisons per thread), a larger
 // one (up to kFastCandidates) is binned once more first. A row's few largest scores stretch its
-// key range, so 2048 bins left 130-350 keys in the threshold bin of most contest rows and the
-// sub-binning (five barriers; a sixth of a 5824-token row's time in a clock64 phase profile on
-// the H200) ran on nearly every row; 8192 bins leave 9-93, which the direct rank takes.
+// key range, so with 2048 bins the threshold bin of most contest rows held more keys than the
+// direct rank takes and the sub-binning (five more barriers) ran on nearly every row; 8192 bins
+// leave few enough for the direct rank.
 constexpr int kFastBinBits = 13;
 constexpr int kFastDirectRank = 128;
 constexpr int kFastBins = 1 << kFastBinBits;
@@ -356,7 +356,7 @@ __device__ __forceinline__ void fast_threshold(FastState& f, int need) {
     for (int b = 0; b < kBinsPerThread; ++b) counts[b] = f.hist[first + b];  // independent loads
     // Branch-free walk from this thread's highest bin down: selects, then one store each. A walk
     // with a store per tested bin compiled to a branch per bin, and the other warps waited at the
-    // barrier below for all of it (about 600 cycles a row in an ncu warp-state profile).
+    // barrier below for all of it.
     int running = above_run;
     int at = 0, above_at = 0, in_at = 0;
 #pragma unroll

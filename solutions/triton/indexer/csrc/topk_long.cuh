@@ -2,7 +2,7 @@
 //
 // topk_filtered.cuh gives each row one block; past its register cache (8192 scores) that block
 // runs a radix select that re-reads the row from global memory digit by digit, and a 128K-token
-// row then takes over 100 µs in one SM. Here a row of L > topk scores is selected in three levels
+// row then keeps one SM busy long after the others are done. Here a row of L > topk scores is selected in three levels
 // of its 32-bit order keys (bits 31..20, 19..8, 7..0), four launches chained as programmatic
 // dependent launches, every one a grid of (chunks of kLongChunk entries) x rows:
 //

@@ -1,0 +1,49 @@
+"""Per-kernel times of a timed call: CUPTI activity attributed to its call window, summarised per trial."""
+
+from __future__ import annotations
+
+import pytest
+
+from dsa_bench.errors import DsaBenchError
+from dsa_bench.run.protocol import MAX_KERNEL_NAMES
+from dsa_bench.run.worker import kernel_medians_ms
+from dsa_bench.timing.cupti import attribute_activity
+
+WINDOWS = [(1_000, 2_000), (3_000, 4_000)]
+
+
+def test_activity_is_charged_to_its_window_and_name() -> None:
+    gpu = [
+        (1_100, 1_300, 1, "insert"), (1_300, 1_800, 2, "score"), (1_800, 1_900, 3, "score"),  # call 0: score twice
+        (2_500, 2_600, 4, "flush"),  # between the windows: counts nowhere
+        (3_200, 3_700, 5, "score"),  # call 1 has no insert
+    ]  # fmt: skip
+    latencies, busy = attribute_activity(gpu, {}, WINDOWS)
+    assert latencies == pytest.approx([800 / 1e6, 500 / 1e6])
+    assert set(busy) == {"insert", "score"}
+    assert busy["score"] == pytest.approx([600 / 1e6, 500 / 1e6])
+    assert busy["insert"] == pytest.approx([200 / 1e6, 0.0])
+
+
+def test_a_kernel_launched_inside_a_window_belongs_to_it_even_when_it_starts_after() -> None:
+    # With API correlation a kernel that starts after its window closed still belongs to the call that launched it.
+    gpu = [(1_100, 1_200, 1, "a"), (2_100, 2_400, 2, "b"), (3_100, 3_200, 3, "a")]
+    latencies, busy = attribute_activity(gpu, {2: 1_900}, WINDOWS)
+    assert latencies[0] == pytest.approx(1_300 / 1e6)
+    assert busy["b"] == pytest.approx([300 / 1e6, 0.0])
+
+
+def test_a_call_without_gpu_work_is_refused() -> None:
+    with pytest.raises(DsaBenchError, match="timed call 1"):
+        attribute_activity([(1_100, 1_200, 1, "a")], {}, WINDOWS)
+
+
+def test_trial_summary_keeps_the_busiest_names_and_sums_the_rest() -> None:
+    per_call = {f"k{i}": [float(i), float(i) + 2, float(i) + 1] for i in range(MAX_KERNEL_NAMES + 3)}
+    per_call["x" * 300] = [0.5, 0.5, 0.5]
+    summary = kernel_medians_ms(per_call)
+    assert len(summary) == MAX_KERNEL_NAMES + 1
+    busiest = MAX_KERNEL_NAMES + 2
+    assert summary[f"k{busiest}"] == busiest + 1  # the median of i, i + 2, i + 1
+    assert summary["[other]"] == pytest.approx(1 + 2 + 3 + 0.5)  # k0, k1, k2 and the long name: the four least busy
+    assert all(len(name) <= 200 for name in summary)
