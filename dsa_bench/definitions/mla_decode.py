@@ -614,7 +614,7 @@ def _definition(fmt: KvRecordFormat, name: str) -> Definition:
         tolerance=Tolerance(lse_atol=LSE_ATOL),
         useful_flops=family.useful_flops,
         # the FP8 records are dequantized to bf16 in shared memory and both products run as bf16
-        # MMA (solutions/triton/decode/csrc/decode_sm90.cu, FlashMLA's sparse decode likewise)
+        # MMA (solutions/triton/decode/csrc/consumer_m64.cuh, FlashMLA's sparse decode likewise)
         math_precision="bf16",
     )
 

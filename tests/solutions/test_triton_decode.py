@@ -311,8 +311,8 @@ def test_gpu_policy_on_the_production_shapes():
 
 @pytest.mark.parametrize("h_q", [16, 32])
 def test_gpu_policy_for_16_and_32_heads(h_q):
-    """16 and 32 heads run the Triton kernel with one head block of h_q (the CUDA kernel needs 64s), split
-    so that the few programs of a small batch still fill the SMs."""
+    """Off SM90 (the Triton table), 16 and 32 heads run the Triton kernel with one head block of h_q, split
+    so that the few programs of a small batch still fill the SMs (on SM90: cuda_config, tested below)."""
     sms = 132
     for b, s_q in ((1, 1), (8, 2), (128, 2)):
         for fmt in ("V32", "V4"):
@@ -332,7 +332,7 @@ def test_16_and_32_heads_and_mtp_query_tokens(name, h_q, s_q):
     _, _, used = check(fmt, case)
     assert used.block_h == h_q
     check(fmt, case, DecodeConfig(block_h=16, block_n=16, splits=2, combine="two_launch", num_warps=4, num_stages=1))
-    assert "h_q 16 and 32" in entry.solution_notes() and "not written yet" in entry.solution_notes()
+    assert "h_q 16 and 32" in entry.solution_notes() and "mma.sync m16n8k16" in entry.solution_notes()
 
 
 def test_cuda_kernel_config_and_policy():
@@ -363,6 +363,31 @@ def test_cuda_kernel_config_and_policy():
     out = torch.empty(*case["q"].shape[:3], 512, dtype=torch.bfloat16)
     assert cuda_mod.unsupported_reason(kvr.V41, case["q"], case["kv_cache"], out).startswith("V41 records")
     assert cuda_mod.unsupported_reason(fmt, case["q"], case["kv_cache"], out) == "not an SM90 GPU"
+
+
+@pytest.mark.parametrize("h_q", [16, 32])
+def test_cuda_16_and_32_head_kernel_config_and_policy(h_q):
+    """16 and 32 heads on SM90: the 16/32-head CUDA kernel, one program per query token and split,
+    split until the SMs have work (b = 8, s_q = 1: 8 rows x 16 splits on 132 SMs)."""
+    sms = 132
+    for (b, s_q), splits in {(1, 1): 32, (8, 1): 16, (8, 2): 8, (32, 1): 4, (128, 2): 1}.items():
+        config = policy_mod.cuda_config(b * s_q, h_q, 2048, sms)
+        assert (config.kernel, config.block_h, config.num_warps, config.splits) == ("cuda", h_q, 8, splits), (b, s_q, config)
+        assert config.combine == ("none" if splits == 1 else "two_launch")
+        config.validate(h_q, 2048)
+    with pytest.raises(ValueError, match="tiling is fixed"):  # the 64-head kernel's tiling at 16/32 heads
+        replace(policy_mod.CUDA_CONFIG, splits=1, combine="none").validate(h_q, 2048)
+    assert policy_mod.cuda_base_config(h_q).block_h == h_q and policy_mod.cuda_base_config(64) == policy_mod.CUDA_CONFIG
+    # partials: a unit is the h_q heads of one query token, 128 scales per 16 heads
+    parts, cpu = 5, torch.device("cpu")
+    partials = cuda_mod.SplitPartials.allocate(parts, cpu, h_q)
+    assert partials.out.numel() == parts * h_q * 512 and partials.lse.numel() == parts * h_q
+    assert partials.scale.numel() == parts * h_q // 16 * 128 == parts * cuda_mod.partial_scales(h_q)
+    partials.check(parts, cpu, h_q)
+    with pytest.raises(ValueError, match="partials.out"):
+        partials.check(parts + 1, cpu, h_q)
+    with pytest.raises(ValueError, match="partials.out"):
+        cuda_mod.SplitPartials.allocate(parts, cpu, h_q).check(parts, cpu)  # sized for 16/32 heads, checked for 64
 
 
 def test_cuda_split_partials_scratch_is_checked_by_name():
@@ -452,9 +477,14 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     compiled = cuda_build.compile_library(*build, root=tmp_path, extra_flags=("-Xptxas", "-v"))
     assert "spill stores" in compiled.log and not re.search(r"[1-9]\d* bytes spill stores", compiled.log), compiled.log
     assert "C7512" not in compiled.log, "wgmma serialized for lack of registers"
-    # Both formats with the halves schedule, V3.2 also with the scorer schedule (decode_sm90.cu, Role).
-    entries = re.findall(r"Compiling entry function '\w*?(decode_kernelILi[01]ELb[01]E|combine_kernel)\w*'", compiled.log)
-    assert sorted(entries) == ["combine_kernel", "decode_kernelILi0ELb0E", "decode_kernelILi0ELb1E", "decode_kernelILi1ELb0E"], compiled.log
+    # Both formats with the halves schedule, V3.2 also with the scorer schedule (csrc/config.cuh, Role).
+    # The 16/32-head kernel (launch_m16.cu): both formats at one and two m16 tiles, and its combines.
+    entries = re.findall(r"Compiling entry function '\w*?(decode_kernel_m16ILi[01]ELi[12]E|decode_kernelILi[01]ELb[01]E|"
+                         r"combine_kernel_forINS0_11PartialsM16ILi[12]E|combine_kernelE)\w*'", compiled.log)  # fmt: skip
+    assert sorted(entries) == sorted(["combine_kernelE", "decode_kernelILi0ELb0E", "decode_kernelILi0ELb1E", "decode_kernelILi1ELb0E",
+                                      "decode_kernel_m16ILi0ELi1E", "decode_kernel_m16ILi0ELi2E", "decode_kernel_m16ILi1ELi1E",
+                                      "decode_kernel_m16ILi1ELi2E", "combine_kernel_forINS0_11PartialsM16ILi1E",
+                                      "combine_kernel_forINS0_11PartialsM16ILi2E"]), compiled.log  # fmt: skip
     library = cuda_build.CudaLibrary(compiled, cuda_mod.WHAT, cuda_mod.PREFIX, cuda_mod.SIGNATURES)  # opens without a GPU
     assert library.mismatched(cuda_mod.EXPECTED_CONSTANTS) == []
     assert library.mismatched(dict(cuda_mod.EXPECTED_CONSTANTS, V4_QUANT_DIMS=512)) == ["V4_QUANT_DIMS"]
@@ -467,8 +497,10 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
 
     with pytest.raises(RuntimeError, match="format must be 0"):
         library.call("launch", *launch_args(fmt=2))
-    with pytest.raises(RuntimeError, match="h_q must be a positive multiple"):
+    with pytest.raises(RuntimeError, match="h_q must be 16, 32 or a positive multiple"):
         library.call("launch", *launch_args(h_q=96))
+    with pytest.raises(RuntimeError, match="h_q must be 16, 32 or a positive multiple"):
+        library.call("launch", *launch_args(h_q=48))
     with pytest.raises(RuntimeError, match="splits must be in"):
         library.call("launch", *launch_args(splits=33))
     with pytest.raises(RuntimeError, match="null tensor pointer"):
@@ -604,8 +636,8 @@ def test_benchmark_variant_sources_from_a_revision_or_a_folder(tmp_path):
         shown = subprocess.run(["git", "-C", str(ROOT), "show", f"HEAD:{file}"], capture_output=True, check=True)
         assert (folder / file.removeprefix("solutions/triton/")).read_bytes() == shown.stdout
     name, copied_dir = bench.variant_sources(f"copy={ROOT / 'solutions' / 'triton'}", tmp_path / "dir")
-    shipped = ROOT / "solutions" / "triton" / "decode" / "csrc" / "decode_sm90.cu"
-    assert (copied_dir / "decode" / "csrc" / "decode_sm90.cu").read_bytes() == shipped.read_bytes()
+    shipped = ROOT / "solutions" / "triton" / "decode" / "csrc" / "launch_sm90.cu"
+    assert (copied_dir / "decode" / "csrc" / "launch_sm90.cu").read_bytes() == shipped.read_bytes()
     refused = [("noequals", "expected NAME=REV or NAME=DIR"), ("1x=HEAD", "expected NAME=REV"),
                ("x=no-such-revision-here", "neither a folder nor a git revision"), (f"x={tmp_path}", "has no decode/entry.py")]  # fmt: skip
     for bad, why in refused:
@@ -701,7 +733,7 @@ def test_gpu_cuda_kernel_is_the_default_and_matches_on_every_split(name):
     _, _, used = check(fmt, case)
     assert used.kernel == "cuda" and used.splits > 1 and used.combine == "two_launch"
     # V3.2: 1, 2 and 4 splits (at least 8 tiles a program) run the consumers' scorer schedule, the
-    # default 16 and 32 the halves schedule (decode_sm90.cu, Role); V4 always the halves.
+    # default 16 and 32 the halves schedule (csrc/config.cuh, Role); V4 always the halves.
     for splits in (1, 2, 4, 32):
         _, _, used = check(fmt, case, replace(policy_mod.CUDA_CONFIG, splits=splits))
         assert (used.kernel, used.splits) == ("cuda", splits)
@@ -719,6 +751,40 @@ def test_gpu_cuda_kernel_on_small_pages_short_rows_and_padded_page_strides(name,
     for splits in (1, 2):
         _, _, used = check(fmt, case, replace(policy_mod.CUDA_CONFIG, splits=splits))
         assert used.kernel == "cuda"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["V32", "V4"])
+@pytest.mark.parametrize("h_q", [16, 32])
+def test_gpu_cuda_16_and_32_heads_on_every_split_and_query_count(name, h_q):
+    """The 16/32-head CUDA kernel (mma.sync): the default config, every split count, s_q 1..4, with
+    an empty row, sinks (some heads without) and V4's topk_length (a short row, a zero-length row)."""
+    fmt = FORMATS[name]
+    for b, s_q in ((2, 1), (2, 2), (3, 3), (1, 4)):
+        lengths = [2048, 0, 1000][:b] if fmt is kvr.V4 else None
+        case, _, _ = _gpu_case(fmt, b, s_q, h_q, valid_frac=0.9, empty_rows=(b * s_q - 1,), sink=True, topk_length=lengths,
+                               seed=b * 10 + s_q)  # fmt: skip
+        _, _, used = check(fmt, case)
+        assert (used.kernel, used.block_h) == ("cuda", h_q), used
+        if (b, s_q) == (2, 2):
+            for splits in (1, 2, 3, 4, 8, 16, 32):
+                _, _, used = check(fmt, case, replace(policy_mod.cuda_base_config(h_q), splits=splits))
+                assert (used.kernel, used.splits, used.block_h) == ("cuda", splits, h_q)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["V32", "V4"])
+@pytest.mark.parametrize("h_q", [16, 32])
+@pytest.mark.parametrize("block_size,topk,page_pad", [(64, 64, 0), (16, 600, 48), (61, 130, 16), (2, 100, 0)])
+def test_gpu_cuda_16_and_32_heads_on_small_pages_short_rows_and_padded_page_strides(name, h_q, block_size, topk, page_pad):
+    fmt = FORMATS[name]
+    lengths = [topk - 7, 0, topk] if fmt is kvr.V4 else None
+    blocks = -(-3 * 2 * topk // block_size) + 2
+    case, _, _ = make_case(fmt, b=3, s_q=2, h_q=h_q, topk=topk, block_size=block_size, num_blocks=blocks, page_pad=page_pad,
+                           empty_rows=(2,), sink=True, topk_length=lengths, device=GPU)  # fmt: skip
+    for splits in (1, 2, 5):
+        _, _, used = check(fmt, case, replace(policy_mod.cuda_base_config(h_q), splits=splits))
+        assert (used.kernel, used.block_h) == ("cuda", h_q)
 
 
 @pytest.mark.gpu
@@ -782,18 +848,20 @@ def test_gpu_16_and_32_heads_and_v4_topks_pass_the_definitions_check(name):
     for case_id in TP_GPU_CASES[name]:
         used = _check_workload_case(workload, by_id[case_id], GPU)
         h_q = by_id[case_id].axes["h_q"]
-        assert used.kernel == ("cuda" if h_q % 64 == 0 else "triton") and (h_q >= 64 or used.block_h == h_q), (case_id, used)
+        # every case here is V3.2 or V4: the CUDA kernels on SM90 (the 16/32-head one below 64 heads)
+        assert used.kernel == "cuda" and (h_q >= 64 or used.block_h == h_q), (case_id, used)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["v32", "v4", "v41"])
 def test_gpu_tiny_mix_cases_with_extreme_sinks(name):
-    """The mixes' tiny cases on the GPU: 16/32 heads on the Triton kernel, s_q 4, top-512/1024, and every
-    extreme sink (3e38 at h_q 64 on the CUDA kernel for V3.2 and V4) with empty rows exact."""
+    """The mixes' tiny cases on the GPU: 16/32 heads (the 16/32-head CUDA kernel for V3.2 and V4), s_q 4,
+    top-512/1024, and every extreme sink (3e38 at h_q 64 on the CUDA kernel for V3.2 and V4) with empty rows exact."""
     workload = load_workload(ROOT / "workloads" / f"mla_decode_{name}_mix.yaml")
     tiny = [c for c in workload.cases if c.id.startswith("tiny_")]
     assert len(tiny) == 11
     for case in tiny:
         used = _check_workload_case(workload, case, GPU)
-        if case.axes["h_q"] == 64:
+        if case.axes["h_q"] in (16, 32, 64):
             assert used.kernel == ("cuda" if name != "v41" else "triton"), (case.id, used)
+            assert case.axes["h_q"] == 64 or used.block_h == case.axes["h_q"], (case.id, used)

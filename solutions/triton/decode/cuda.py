@@ -1,4 +1,4 @@
-"""The hand-written SM90 decode (``csrc/decode_sm90.cu``): its build and a checked launch.
+"""The hand-written SM90 decode (``csrc/``, launched from ``launch_sm90.cu``): its build and a checked launch.
 
 The kernel and a small C ABI (``csrc/decode_capi.cpp``: device pointers, strides, the record
 geometry in bytes, the stream and the device) are one shared library, built by
@@ -22,9 +22,15 @@ from ..common.kv_records import V4, V32, KvRecordFormat
 from .shapes import D_V, RecordGeometry
 
 HERE = Path(__file__).resolve().parent
-#: compiled sources (relative to this folder): the C ABI and the kernel with its launcher
-SOURCES = ("csrc/decode_capi.cpp", "csrc/decode_sm90.cu")
-HEADERS = ("csrc/decode_sm90.h", *SM90_KERNEL_HEADERS)
+#: compiled sources (relative to this folder): the C ABI and the launcher, which includes the kernels
+SOURCES = ("csrc/decode_capi.cpp", "csrc/launch_sm90.cu", "csrc/launch_m16.cu")
+#: the kernels split by role, as FlashMLA's csrc/: the host interface, the device config and
+#: layout, the instruction wrappers, producer, softmax, consumer, kernel and combine
+KERNEL_HEADERS = (
+    "csrc/decode_sm90.h", "csrc/config.cuh", "csrc/instructions.cuh", "csrc/producer.cuh", "csrc/softmax.cuh",
+    "csrc/consumer_m64.cuh", "csrc/kernel_m64.cuh", "csrc/combine.cuh", "csrc/consumer_m16.cuh", "csrc/kernel_m16.cuh",
+)  # fmt: skip
+HEADERS = (*KERNEL_HEADERS, *SM90_KERNEL_HEADERS)
 #: the C ABI's exports are named dsa_decode_<name>
 PREFIX = "dsa_decode_"
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -47,15 +53,29 @@ TILE_TOKENS = 64  # records gathered and attended together
 STAGES = 2
 MAX_SPLITS = 32
 PARTIAL_SCALES = 256  # fp16 scales per split partial: one per consumer thread
+#: h_q the 16/32-head kernel takes (mma.sync m16n8k16: one m16 tile per 16 heads); its unit is all
+#: h_q heads of a query token, with SMALL_PARTIAL_SCALES_PER_16 scales per 16 heads of a partial
+SMALL_HEADS = (16, 32)
+SMALL_PARTIAL_SCALES_PER_16 = 128
 CAPABILITY = (9, 0)  # wgmma and setmaxnreg are sm_90a features
 EXPECTED_CONSTANTS = {
     "HEADS_PER_PROGRAM": HEADS_PER_PROGRAM, "TILE_TOKENS": TILE_TOKENS, "D_V": D_V, "STAGES": STAGES, "MAX_SPLITS": MAX_SPLITS,
-    "PARTIAL_SCALES": PARTIAL_SCALES,
+    "PARTIAL_SCALES": PARTIAL_SCALES, "SMALL_PARTIAL_SCALES_PER_16": SMALL_PARTIAL_SCALES_PER_16,
     "V32_D_QK": V32.d_qk, "V32_QUANT_DIMS": V32.quant_dims, "V32_SCALE_TILE": V32.scale_tile,
     "V4_D_QK": V4.d_qk, "V4_QUANT_DIMS": V4.quant_dims, "V4_SCALE_TILE": V4.scale_tile,
 }  # fmt: skip
 STEM, WHAT = "dsa_mla_decode_sm90", "the CUDA MLA decode"
 LOG2_E = 1.4426950408889634
+
+def unit_heads(h_q: int) -> int:
+    """Heads of one unit (a program's heads, and one partial's): h_q itself at 16 and 32, else 64."""
+    return h_q if h_q in SMALL_HEADS else HEADS_PER_PROGRAM
+
+
+def partial_scales(h_q: int) -> int:
+    """fp32 scales per split partial (one per consumer thread and m16 tile at 16 and 32 heads)."""
+    return h_q // 16 * SMALL_PARTIAL_SCALES_PER_16 if h_q in SMALL_HEADS else PARTIAL_SCALES
+
 
 @dataclass(frozen=True)
 class SplitPartials:
@@ -69,19 +89,22 @@ class SplitPartials:
     lse: torch.Tensor
 
     @classmethod
-    def allocate(cls, parts: int, device: torch.device) -> SplitPartials:
+    def allocate(cls, parts: int, device: torch.device, h_q: int = HEADS_PER_PROGRAM) -> SplitPartials:
+        """Scratch for ``parts`` partials of a call with ``h_q`` heads (a unit: ``unit_heads(h_q)``)."""
+        heads = unit_heads(h_q)
         return cls(
-            torch.empty(parts * HEADS_PER_PROGRAM * D_V, dtype=torch.float16, device=device),
-            torch.empty(parts * PARTIAL_SCALES, dtype=torch.float32, device=device),
-            torch.empty(parts * HEADS_PER_PROGRAM, dtype=torch.float32, device=device),
+            torch.empty(parts * heads * D_V, dtype=torch.float16, device=device),
+            torch.empty(parts * partial_scales(h_q), dtype=torch.float32, device=device),
+            torch.empty(parts * heads, dtype=torch.float32, device=device),
         )
 
-    def check(self, parts: int, device: torch.device) -> None:
+    def check(self, parts: int, device: torch.device, h_q: int = HEADS_PER_PROGRAM) -> None:
         """ValueError naming the tensor when one is too small, not contiguous, of another dtype or device."""
+        heads = unit_heads(h_q)
         need = {
-            "out": (self.out, torch.float16, parts * HEADS_PER_PROGRAM * D_V),
-            "scale": (self.scale, torch.float32, parts * PARTIAL_SCALES),
-            "lse": (self.lse, torch.float32, parts * HEADS_PER_PROGRAM),
+            "out": (self.out, torch.float16, parts * heads * D_V),
+            "scale": (self.scale, torch.float32, parts * partial_scales(h_q)),
+            "lse": (self.lse, torch.float32, parts * heads),
         }
         for name, (tensor, dtype, size) in need.items():
             if tensor.dtype != dtype or not tensor.is_contiguous() or tensor.numel() < size:
@@ -112,8 +135,8 @@ def unsupported_reason(fmt: KvRecordFormat, q: torch.Tensor, kv_cache: torch.Ten
         return f"{fmt.kv_format} records (the CUDA kernel reads {', '.join(FORMATS)})"
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != CAPABILITY:
         return f"not an SM{CAPABILITY[0]}{CAPABILITY[1]} GPU"
-    if q.shape[2] % HEADS_PER_PROGRAM:
-        return f"h_q = {q.shape[2]} is not a multiple of {HEADS_PER_PROGRAM}"
+    if q.shape[2] not in SMALL_HEADS and q.shape[2] % HEADS_PER_PROGRAM:
+        return f"h_q = {q.shape[2]} is neither 16, 32 nor a multiple of {HEADS_PER_PROGRAM}"
     if not _rows_aligned(q):
         return "q's rows are not 16-byte aligned"
     if kv_cache.data_ptr() % 16 or kv_cache.stride(0) % 16:
@@ -143,7 +166,7 @@ def run(fmt: KvRecordFormat, geometry: RecordGeometry, q: torch.Tensor, kv_cache
     if splits > 1:
         if partials is None:
             raise ValueError(f"{splits} splits need the partials' scratch (SplitPartials.allocate)")
-        partials.check(b * s_q * (h_q // HEADS_PER_PROGRAM) * splits, q.device)
+        partials.check(b * s_q * (h_q // unit_heads(h_q)) * splits, q.device, h_q)
     if any(t.device != q.device for t in (kv_cache, indices, out, lse)):
         raise ValueError("every tensor must be on q's device")
 

@@ -181,7 +181,7 @@ def mla_decode(fmt: KvRecordFormat, q, kv_cache, indices, sm_scale, attn_sink, t
     splits = config.splits
     cache = kv_cache if kv_cache.dtype == torch.uint8 else kv_cache.view(torch.uint8)
     if config.kernel == "cuda":
-        partials = cuda.SplitPartials.allocate(units * splits, device) if splits > 1 else None
+        partials = cuda.SplitPartials.allocate(units * splits, device, h_q) if splits > 1 else None
         cuda.run(fmt, geometry, q, cache, indices, sm_scale, attn_sink, topk_length, out, lse, splits, partials)
         return config
     mode = {"none": triton_kernels.MODE_DIRECT, "two_launch": triton_kernels.MODE_PARTIAL, "barrier": triton_kernels.MODE_BARRIER,
@@ -244,9 +244,9 @@ def kernel_v41(q, kv_cache, indices, sm_scale, attn_sink, topk_length, out, lse)
 
 #: What runs for 16 and 32 heads (a TP8 / TP4 GPU's share of 128), on every device.
 SMALL_HEADS_NOTE = (
-    "h_q 16 and 32 (TP8 / TP4): the Triton kernel with one head block of h_q (tl.dot M = 16 or 32) on every GPU, "
-    "the SM90 CUDA kernel included, which takes multiples of 64 heads only; a native 16/32-head CUDA kernel is not "
-    "written yet (docs/kernels/mla_decode.md, '16 and 32 heads: plan')"
+    "h_q 16 and 32 (TP8 / TP4): on SM90 for V3.2 and V4 a native 16/32-head CUDA kernel (the same producer "
+    "warpgroup, four consumer warps on mma.sync m16n8k16, one m16 tile per 16 heads, split over the topk positions "
+    "until the SMs have work); elsewhere the Triton kernel with one head block of h_q (tl.dot M = 16 or 32)"
 )
 
 

@@ -82,9 +82,9 @@ class DecodeConfig:
             raise ValueError(f"{self}: num_warps in 1..16 (a power of two), num_stages >= 1")
 
     def _validate_cuda(self, h_q: int) -> None:
-        fixed = replace(CUDA_CONFIG, splits=self.splits, combine=self.combine)
-        if self != fixed:
-            raise ValueError(f"{self}: the CUDA kernel's tiling is fixed ({CUDA_CONFIG}); only splits and combine vary")
+        base = cuda_base_config(h_q)
+        if self != replace(base, splits=self.splits, combine=self.combine):
+            raise ValueError(f"{self}: the CUDA kernel's tiling is fixed ({base}); only splits and combine vary")
         if h_q % self.block_h:
             raise ValueError(f"{self}: h_q = {h_q} must be a multiple of {self.block_h}")
         if not 1 <= self.splits <= MAX_SPLITS:
@@ -93,7 +93,7 @@ class DecodeConfig:
             raise ValueError(f"{self}: the CUDA kernel combines splits in a second launch ('two_launch'), one split needs none")
 
 
-#: The hand-written SM90 kernel (cuda.py, csrc/decode_sm90.cu): 64 heads x 64 records per step,
+#: The hand-written SM90 kernel (cuda.py, csrc/): 64 heads x 64 records per step,
 #: three warpgroups (12 warps: a producer and two consumers), two dequantized stages, fp16
 #: partials with a per-thread fp32 scale merged by the library's own combine kernel
 #: (csrc/decode_sm90.h). Only the split count is chosen per call.
@@ -101,11 +101,24 @@ CUDA_CONFIG = DecodeConfig(block_h=64, block_n=64, splits=0, num_warps=12, num_s
                            l2_prefetch=True, kernel="cuda")  # fmt: skip
 
 
+#: The 16/32-head CUDA kernel (csrc/kernel_m16.cuh): all h_q heads of a query token x 64 records
+#: per step (mma.sync m16n8k16, one m16 tile per 16 heads), 8 warps (the same producer warpgroup and
+#: four consumer warps), two stages, the same fp16 partials and combine. Only the split count varies.
+CUDA_SMALL_HEADS = (16, 32)
+
+
+def cuda_base_config(h_q: int) -> DecodeConfig:
+    """The CUDA kernel's fixed tiling for ``h_q`` heads (splits 0: chosen per call)."""
+    return replace(CUDA_CONFIG, block_h=h_q, num_warps=8) if h_q in CUDA_SMALL_HEADS else CUDA_CONFIG
+
+
 def cuda_config(tokens: int, h_q: int, topk: int, sm_count: int) -> DecodeConfig:
-    """The CUDA kernel's config of a call: auto_splits over its one-program-per-SM grid, the
+    """The CUDA kernel's config of a call: auto_splits over its one-program-per-SM grid (at 16 and
+    32 heads one program per query token and split, e.g. b = 8, s_q = 1: 8 x 16 programs), the
     second-launch combine when split."""
-    splits = auto_splits(tokens * (h_q // CUDA_CONFIG.block_h), topk, CUDA_CONFIG.block_n, sm_count)
-    return replace(CUDA_CONFIG, splits=splits, combine="none" if splits == 1 else "two_launch")
+    base = cuda_base_config(h_q)
+    splits = auto_splits(tokens * (h_q // base.block_h), topk, base.block_n, sm_count)
+    return replace(base, splits=splits, combine="none" if splits == 1 else "two_launch")
 
 
 @dataclass(frozen=True)
@@ -156,7 +169,7 @@ def select_config(
 ) -> DecodeConfig:
     """The GPU config of a call: the first matching rule, its split count and block_n fitted to
     ``topk`` (block_n halved while it exceeds the split), block_h to ``h_q`` (16 or 32 heads: one head
-    block of h_q, a tl.dot M of 16 or 32; the SM90 CUDA kernel takes multiples of 64 only), validated."""
+    block of h_q, a tl.dot M of 16 or 32; on SM90 the CUDA kernels take these calls: ``cuda_config``), validated."""
     for rule in table:
         if rule.kv_format in (None, kv_format) and rule.h_q in (None, h_q) and tokens <= rule.max_tokens:
             config = rule.config

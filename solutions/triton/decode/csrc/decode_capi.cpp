@@ -36,6 +36,7 @@ DSA_EXPORT const int64_t dsa_decode_D_V = dsa_decode::kDv;
 DSA_EXPORT const int64_t dsa_decode_STAGES = dsa_decode::kStages;
 DSA_EXPORT const int64_t dsa_decode_MAX_SPLITS = dsa_decode::kMaxSplits;
 DSA_EXPORT const int64_t dsa_decode_PARTIAL_SCALES = dsa_decode::kPartialScales;
+DSA_EXPORT const int64_t dsa_decode_SMALL_PARTIAL_SCALES_PER_16 = dsa_decode::kSmallPartialScalesPer16;
 DSA_EXPORT const int64_t dsa_decode_V32_D_QK = dsa_decode::kV32Dims.d_qk;
 DSA_EXPORT const int64_t dsa_decode_V32_QUANT_DIMS = dsa_decode::kV32Dims.quant_dims;
 DSA_EXPORT const int64_t dsa_decode_V32_SCALE_TILE = dsa_decode::kV32Dims.scale_tile;
@@ -46,7 +47,7 @@ DSA_EXPORT const int64_t dsa_decode_V4_SCALE_TILE = dsa_decode::kV4Dims.scale_ti
 DSA_EXPORT const char* dsa_decode_error_string(int code) {
   switch (code) {
     case kBadFormat: return "format must be 0 (V3.2) or 1 (V4)";
-    case kBadHeads: return "h_q must be a positive multiple of HEADS_PER_PROGRAM";
+    case kBadHeads: return "h_q must be 16, 32 or a positive multiple of HEADS_PER_PROGRAM";
     case kBadSplits: return "splits must be in [1, MAX_SPLITS]";
     case kTooLarge: return "problem too large for the grid or 32-bit indexing";
     case kMisaligned: return "q, the cache, its page stride and the record rows must be 16-byte aligned, the scales 8-byte";
@@ -70,7 +71,8 @@ DSA_EXPORT int dsa_decode_launch(int device, void* stream, int format,
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
   constexpr int64_t kGridMax = 65535;
   if (format != dsa_decode::kFormatV32 && format != dsa_decode::kFormatV4) return kBadFormat;
-  if (h_q <= 0 || h_q % dsa_decode::kHeadsPerProgram != 0 || h_q / dsa_decode::kHeadsPerProgram > kGridMax) return kBadHeads;
+  const bool small_heads = h_q == dsa_decode::kSmallHeads[0] || h_q == dsa_decode::kSmallHeads[1];
+  if (!small_heads && (h_q <= 0 || h_q % dsa_decode::kHeadsPerProgram != 0 || h_q / dsa_decode::kHeadsPerProgram > kGridMax)) return kBadHeads;
   if (splits < 1 || splits > dsa_decode::kMaxSplits) return kBadSplits;
   if (batch < 0 || s_q < 0 || topk < 0 || topk > kIntMax || batch * s_q > kGridMax || block_size < 1 || block_size > kIntMax ||
       data_slot_bytes > kIntMax || scale_base > kIntMax || scale_slot_bytes > kIntMax || rope_offset > kIntMax)

@@ -1,5 +1,5 @@
 // Host-side interface of the hand-written SM90 sparse MLA decode over FP8 KV records (plain
-// C++; no kernels, no torch). Shared by decode_sm90.cu (kernels and launcher) and
+// C++; no kernels, no torch). Shared by the kernels (config.cuh, launch_sm90.cu) and
 // decode_capi.cpp (the C ABI that decode/cuda.py calls through ctypes).
 #pragma once
 
@@ -14,6 +14,8 @@ constexpr int kTileTokens = 64;       // records gathered, dequantized and atten
 constexpr int kDv = 512;              // value and output width of every format
 constexpr int kStages = 2;            // dequantized record tiles in shared memory
 constexpr int kMaxSplits = 32;        // programs sharing one (query token, head block)
+constexpr int kSmallHeads[] = {16, 32};  // the head counts of the 16/32-head kernel (mma.sync, M = 16)
+constexpr int kSmallPartialScalesPer16 = 128;  // its part_scale entries per 16 heads: one per consumer thread
 constexpr int kPartialScales = 256;   // part_scale entries per split partial: one per consumer thread
 
 // Record formats this kernel reads (the dims; the byte geometry comes from DecodeArgs).
@@ -52,6 +54,8 @@ struct DecodeArgs {
   int64_t out_stride_b, out_stride_s, out_stride_h;
   float* lse;  // [b, s_q, h_q] natural log
   int64_t lse_stride_b, lse_stride_s, lse_stride_h;
+  // (h_q 16 and 32: one unit of h_q heads per query token, h_q / 16 * kSmallPartialScalesPer16 scales
+  // per partial, in the 16/32-head consumers' fragment order: config.cuh, PartialsM16.)
   // splits > 1: partial (unit * splits + split) of unit (token * head_blocks + head block):
   // part_out [.., kHeadsPerProgram, kDv] fp16 bits in the consumers' fragment order = output / l
   // / part_scale, part_scale [.., kPartialScales] fp32 (per consumer thread: its largest |output / l| over
@@ -80,5 +84,8 @@ inline void block_magic_for(int d, uint32_t* magic, int* shift) {
 // Launches the decode on `stream` (with splits > 1 followed by its combine); returns the first
 // launch error (cudaSuccess when fine).
 cudaError_t launch_decode(const DecodeArgs& args, cudaStream_t stream);
+// The same for h_q 16 or 32 (kSmallHeads): the 16/32-head kernel (launch_m16.cu); launch_decode
+// calls it for those head counts.
+cudaError_t launch_decode_m16(const DecodeArgs& args, cudaStream_t stream);
 
 }  // namespace dsa_decode

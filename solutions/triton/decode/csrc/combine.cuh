@@ -1,0 +1,107 @@
+// The combine kernel: merges a unit's split partials (config.cuh, the partials' format) into out and lse.
+#pragma once
+
+#include "config.cuh"
+
+namespace dsa_decode {
+namespace {
+
+// Grid (units, kCombinePrograms), P::kOwners threads (P: the partials' format, config.cuh): program
+// (u, c) merges the splits' partials of unit u (kHeads heads of a query token) for fragments
+// j = c * kCombineFragRows .. (P::fragment): thread mt takes fragment j * kOwners + mt of every split.
+// With M = max_s lse2_s (0 when every split is empty) and w_s = 2^(lse2_s - M),
+// out = sum_s w_s out_s / sum_s w_s, lse = (M + log2 sum_s w_s) ln 2, then the sink factor.
+constexpr int kCombineFragRows = 2;  // 16 programs a unit of 64 heads: 128 at b = 2
+template <class P>
+constexpr int combine_programs() {
+  return P::kFragments / P::kOwners / kCombineFragRows;
+}
+// Splits whose partials one thread loads before it adds them up.
+constexpr int kCombineSplitsInFlight = 4;
+
+template <class P>
+__device__ __forceinline__ void combine_unit(const DecodeArgs& a) {
+  static_assert(P::kFragments % (P::kOwners * kCombineFragRows) == 0, "whole fragment rows per program");
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the decode grid's partials are complete and visible
+  const int unit = blockIdx.x;
+  const int head_blocks = a.h_q / P::kHeads;
+  const int t = unit / head_blocks, hb = unit - t * head_blocks;
+  const int bi = t / a.s_q, si = t - bi * a.s_q;
+  const int mt = threadIdx.x;
+  const Fragment at = P::fragment(mt, 0);
+  const int r1 = at.r0 + 8;
+  const int64_t first = static_cast<int64_t>(unit) * a.splits;
+  float top0 = neg_inf(), top1 = neg_inf();
+  for (int s = 0; s < a.splits; ++s) {
+    top0 = fmaxf(top0, __ldcg(a.part_lse + (first + s) * P::kHeads + at.r0));
+    top1 = fmaxf(top1, __ldcg(a.part_lse + (first + s) * P::kHeads + r1));
+  }
+  const float ref0 = top0 == neg_inf() ? 0.0f : top0, ref1 = top1 == neg_inf() ? 0.0f : top1;
+  float4 acc[kCombineFragRows];
+#pragma unroll
+  for (int f = 0; f < kCombineFragRows; ++f) acc[f] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  float total0 = 0.0f, total1 = 0.0f;
+  const uint2* frags = reinterpret_cast<const uint2*>(a.part_out) + blockIdx.y * kCombineFragRows * P::kOwners + mt;
+  // kCombineSplitsInFlight splits' loads issued together, then their sums. (Loads interleaved
+  // with the multiply-adds split by split waited on L2 once per split. The launch bounds of one
+  // block per SM let ptxas keep a whole batch in registers.)
+  for (int s0 = 0; s0 < a.splits; s0 += kCombineSplitsInFlight) {
+    uint2 v[kCombineSplitsInFlight][kCombineFragRows];
+    float w0[kCombineSplitsInFlight], w1[kCombineSplitsInFlight], d[kCombineSplitsInFlight];
+#pragma unroll
+    for (int k = 0; k < kCombineSplitsInFlight; ++k) {
+      // Past the count, the last split is loaded again (no branch around the loads) at weight 0.
+      const bool present = s0 + k < a.splits;
+      const int64_t part = first + min(s0 + k, a.splits - 1);
+      const float lse0 = __ldcg(a.part_lse + part * P::kHeads + at.r0), lse1 = __ldcg(a.part_lse + part * P::kHeads + r1);
+      w0[k] = present ? lse0 : neg_inf();
+      w1[k] = present ? lse1 : neg_inf();
+      d[k] = __ldcg(a.part_scale + part * P::kOwners + mt);  // the owner mt's fp16 scale
+#pragma unroll
+      for (int f = 0; f < kCombineFragRows; ++f) v[k][f] = __ldcg(frags + part * P::kFragments + f * P::kOwners);
+    }
+#pragma unroll
+    for (int k = 0; k < kCombineSplitsInFlight; ++k) {
+      const float weight0 = fast_exp2(w0[k] - ref0), weight1 = fast_exp2(w1[k] - ref1);  // 0 for an absent or empty split
+      total0 += weight0;
+      total1 += weight1;
+      const float unit0 = weight0 * d[k], unit1 = weight1 * d[k];  // the split's weight times its fp16 scale
+#pragma unroll
+      for (int f = 0; f < kCombineFragRows; ++f) {
+        const float2 top = half2_floats(v[k][f].x), bottom = half2_floats(v[k][f].y);
+        acc[f].x = fmaf(unit0, top.x, acc[f].x);
+        acc[f].y = fmaf(unit0, top.y, acc[f].y);
+        acc[f].z = fmaf(unit1, bottom.x, acc[f].z);
+        acc[f].w = fmaf(unit1, bottom.y, acc[f].w);
+      }
+    }
+  }
+  const int head0 = hb * P::kHeads + at.r0, head1 = head0 + 8;
+  const bool empty0 = total0 == 0.0f, empty1 = total1 == 0.0f;
+  const float lse0 = (ref0 + fast_log2(empty0 ? 1.0f : total0)) * kLn2, lse1 = (ref1 + fast_log2(empty1 ? 1.0f : total1)) * kLn2;
+  const float factor0 = a.sink != nullptr ? 1.0f / (1.0f + expf(__ldg(a.sink + head0) - lse0)) : 1.0f;
+  const float factor1 = a.sink != nullptr ? 1.0f / (1.0f + expf(__ldg(a.sink + head1) - lse1)) : 1.0f;
+  const float scale0 = empty0 ? 0.0f : factor0 / total0, scale1 = empty1 ? 0.0f : factor1 / total1;
+  uint16_t* out0 = a.out + bi * a.out_stride_b + si * a.out_stride_s + head0 * a.out_stride_h;
+  uint16_t* out1 = out0 + 8 * a.out_stride_h;
+#pragma unroll
+  for (int f = 0; f < kCombineFragRows; ++f) {
+    const int col = P::fragment(mt, blockIdx.y * kCombineFragRows + f).col;
+    *reinterpret_cast<__nv_bfloat162*>(out0 + col) = __floats2bfloat162_rn(acc[f].x * scale0, acc[f].y * scale0);
+    *reinterpret_cast<__nv_bfloat162*>(out1 + col) = __floats2bfloat162_rn(acc[f].z * scale1, acc[f].w * scale1);
+  }
+  if (blockIdx.y == 0 && P::writes_lse(mt)) {  // each head once
+    float* lse = a.lse + bi * a.lse_stride_b + si * a.lse_stride_s;
+    lse[head0 * a.lse_stride_h] = empty0 ? pos_inf() : lse0;
+    lse[head1 * a.lse_stride_h] = empty1 ? pos_inf() : lse1;
+  }
+}
+
+// The combine of a kernel whose partials have the format P (the 16/32-head kernel's: PartialsM16).
+template <class P>
+__global__ void __launch_bounds__(P::kOwners, 1) combine_kernel_for(const __grid_constant__ DecodeArgs a) {
+  combine_unit<P>(a);
+}
+
+}  // namespace
+}  // namespace dsa_decode

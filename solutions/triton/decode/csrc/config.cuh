@@ -1,0 +1,218 @@
+// Device-side configuration of the SM90 decode: the thread roles, the shared-memory tile geometry
+// (128-byte-swizzled atoms), the split partials' format, the per-format record Layout (its dims
+// read from the one FormatDims descriptor of decode_sm90.h) and the shared-memory structs. Every
+// constant a kernel relies on is named here and asserted. Included by the kernels' translation units.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "../../common/csrc/fast_math.cuh"
+#include "../../common/csrc/sm90_sync.cuh"
+#include "decode_sm90.h"
+
+namespace dsa_decode {
+namespace {
+
+using dsa_fast_math::fast_exp2;
+using dsa_fast_math::fast_log2;
+using dsa_fast_math::neg_inf;
+using dsa_fast_math::pos_inf;
+using dsa_sm90::fence_mbarrier_init;
+using dsa_sm90::fence_proxy_async;
+using dsa_sm90::mbarrier_arrive;
+using dsa_sm90::mbarrier_init;
+using dsa_sm90::mbarrier_wait;
+using dsa_sm90::named_barrier;
+using dsa_sm90::named_barrier_arrive;
+using dsa_sm90::smem_addr;
+
+constexpr int kWarpSize = 32;
+constexpr int kWarpgroupThreads = 128;
+constexpr int kMathWarpgroups = 2;
+constexpr int kThreads = (1 + kMathWarpgroups) * kWarpgroupThreads;  // producer + consumers
+constexpr int kMathThreads = kMathWarpgroups * kWarpgroupThreads;
+static_assert(kPartialScales == kMathThreads, "one fp16 scale per consumer thread");
+// Named barriers of the two consumer warpgroups: both, at Q's load, inside a tile of the halves
+// schedule and at the end; the scorer schedule's handoff of a tile's P and row scales to the
+// second warpgroup, and that warpgroup's release of them.
+constexpr int kMathBarrier = 1;
+constexpr int kPReadyBarrier = 2;
+constexpr int kPFreeBarrier = 3;
+// Shared tiles are 128-byte-swizzled atoms: 64 rows of 64 bf16 (128 B), 8 KB, the 16-byte chunk
+// c of row r stored at chunk c ^ (r % 8); a row of d_qk dims spans d_qk / 64 atoms.
+constexpr int kAtomCols = 64;
+constexpr int kAtomRowBytes = kAtomCols * 2;
+constexpr int kAtomRows = 64;
+constexpr int kAtomBytes = kAtomRows * kAtomRowBytes;
+constexpr int kSwizzleGroupBytes = 8 * kAtomRowBytes;  // 8 rows: the swizzle period, wgmma's SBO
+constexpr int kChunkCols = 8;                          // bf16 per 16-byte chunk
+constexpr int kMmaK = 16;                              // k of one wgmma
+constexpr int kProducerThreads = kWarpgroupThreads;
+constexpr int kQkTokens = kTileTokens / kMathWarpgroups;  // records each consumer scores
+constexpr int kPvCols = kDv / kMathWarpgroups;            // value columns each consumer owns
+constexpr int kAccRegs = kHeadsPerProgram * kPvCols / kWarpgroupThreads;
+constexpr int kLogitRegs = kHeadsPerProgram * kQkTokens / kWarpgroupThreads;
+constexpr int kScorerLogitRegs = kHeadsPerProgram * kTileTokens / kWarpgroupThreads;  // the scorer's S [64, 64]
+constexpr int kPRegs = kScorerLogitRegs / 2;  // the scorer's P as bf16 pairs: wgmma's A fragments, 4 per k-step
+constexpr uint32_t kL2Line = 128;
+constexpr float kLn2 = 0.6931471805599453f;
+// A split's partial O / l [64 heads, kDv] is stored in the consumers' fragment order, 8-byte
+// fragment number j * kMathThreads + mt holding thread mt's accumulators 4j .. 4j + 3 as fp16:
+// heads r0 and r0 + 8, columns c and c + 1 (partial_fragment names them); the combine reads the same order.
+constexpr int kPartialFragments = kHeadsPerProgram * kDv / 4;
+// A partial's elements are fp16 times part_scale: each consumer thread's largest |value| is
+// stored as 2^14 (fp16 reaches 65504, so the RNE rounding of the largest cannot overflow).
+constexpr float kPartialTop = 16384.0f;
+__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ float2 half2_floats(uint32_t bits) {
+  __half2 h;
+  *reinterpret_cast<uint32_t*>(&h) = bits;
+  return __half22float2(h);
+}
+struct Fragment {
+  int r0, col;  // the fragment is (r0, col), (r0, col + 1), (r0 + 8, col), (r0 + 8, col + 1)
+};
+__device__ __forceinline__ Fragment partial_fragment(int mt, int j) {
+  const int t = mt % kWarpgroupThreads, lane = t % kWarpSize;
+  return {16 * (t / kWarpSize) + lane / 4, (mt / kWarpgroupThreads) * (kDv / kMathWarpgroups) + 8 * j + 2 * (lane % 4)};
+}
+// The split partials' format, which the combine reads (combine.cuh): a unit is kHeads heads of one
+// query token; each of kOwners threads owns kFragments / kOwners 8-byte fragments (fragment
+// j * kOwners + owner) and one fp32 scale; writes_lse names the owners that write each head's lse once.
+struct PartialsM64 {
+  static constexpr int kHeads = kHeadsPerProgram;
+  static constexpr int kOwners = kMathThreads;
+  static constexpr int kFragments = kPartialFragments;
+  __device__ __forceinline__ static Fragment fragment(int owner, int j) { return partial_fragment(owner, j); }
+  __device__ __forceinline__ static bool writes_lse(int owner) { return owner < kWarpgroupThreads && owner % 4 == 0; }  // warpgroup 0, quad 0
+};
+// The 16/32-head kernel (kernel_m16.cuh): the producer warpgroup and kM16Warps consumer warps;
+// 16 heads are one m16 tile (mma.sync's M), 32 two over the same records. Warp w scores records
+// 16w .. 16w + 15 of a tile and owns value columns 128w .. 128w + 127 of O.
+constexpr int kMmaM = 16;
+constexpr int kM16Warps = 4;
+constexpr int kM16ConsumerThreads = kM16Warps * kWarpSize;
+constexpr int kM16Threads = kProducerThreads + kM16ConsumerThreads;
+constexpr int kM16RecordsPerWarp = kTileTokens / kM16Warps;
+constexpr int kM16ColsPerWarp = kDv / kM16Warps;
+// Its partials: owner mi * kM16ConsumerThreads + t is consumer thread t's accumulators of m16 tile
+// mi (heads 16 mi + lane / 4 and + 8, columns 128 (t / 32) + 8 j + 2 (lane % 4) + {0, 1}).
+template <int kMTiles>
+struct PartialsM16 {
+  static constexpr int kHeads = kMmaM * kMTiles;
+  static constexpr int kOwners = kM16ConsumerThreads * kMTiles;
+  static constexpr int kFragments = kHeads * kDv / 4;
+  __device__ __forceinline__ static Fragment fragment(int owner, int j) {
+    const int t = owner % kM16ConsumerThreads, lane = t % kWarpSize;
+    return {kMmaM * (owner / kM16ConsumerThreads) + lane / 4, (t / kWarpSize) * kM16ColsPerWarp + 8 * j + 2 * (lane % 4)};
+  }
+  __device__ __forceinline__ static bool writes_lse(int owner) {  // warp 0 of each m16 tile, quad 0
+    return owner % kM16ConsumerThreads < kWarpSize && owner % 4 == 0;
+  }
+};
+static_assert(PartialsM16<1>::kOwners == kSmallPartialScalesPer16 && kSmallHeads[0] == kMmaM && kSmallHeads[1] == 2 * kMmaM,
+              "decode_sm90.h's description of the 16/32-head kernel");
+static_assert(kM16Threads == 2 * kWarpgroupThreads && kM16RecordsPerWarp == 16 && kM16ColsPerWarp == 128,
+              "a producer warpgroup and four consumer warps");
+// Registers per thread before the warpgroups rebalance them (Layout sets the split per format).
+constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+
+static_assert(kHeadsPerProgram == 64 && kAtomRows == kHeadsPerProgram && kAtomRows == kTileTokens,
+              "Q, the record tiles and P are 64-row atoms; 64 is wgmma's M for one warpgroup");
+static_assert(kQkTokens == 32 && kAccRegs == 128 && kLogitRegs == 16, "wgmma m64n32 for S, m64n256 for O");
+static_assert(kScorerLogitRegs == 32 && kPRegs == 4 * (kTileTokens / kMmaK), "the scorer: wgmma m64n64 for S");
+
+// How the two consumer warpgroups share a tile (docs/kernels/mla_decode.md, "Two consumer schedules"):
+//   halves  each scores 32 of the 64 records (S = Q K^T, both reading Q), the row maxima exchanged
+//           through shared memory, then each adds P V into its 256 value columns, P from shared memory;
+//   scorer  warpgroup 1 scores all 64 records, runs the softmax alone and hands P (stmatrix) and the
+//           rows' rescale factors to warpgroup 2 by a named barrier; both add P V into their columns,
+//           warpgroup 1 with P from its registers. Q is read once per tile and warpgroup 1's next S
+//           overlaps warpgroup 2's P V, but a tile's chain is longer: faster where a program has many
+//           tiles (V3.2 b >= 64), slower for the two-tile split programs of b = 2 and for V4.
+enum class Role { kHalf, kScorer, kSecond };
+// The launcher takes the scorer schedule for V3.2 programs with at least this many tiles.
+constexpr int kScorerMinTiles = 8;
+static_assert(kPvCols % kAtomCols == 0 && kTileTokens % kMmaK == 0, "P.V in whole atoms and k-steps");
+static_assert(kStages == 2, "the producer's and consumers' phase parities assume two stages");
+
+// Format traits: the K row's dims (decode_sm90.h), how the producer splits a tile's records
+// over its threads, and the registers each warpgroup keeps.
+template <int kFormat>
+struct Layout {
+  static constexpr FormatDims kDims = kFormat == kFormatV32 ? kV32Dims : kV4Dims;
+  static constexpr int kDqk = kDims.d_qk;
+  static constexpr int kQuantDims = kDims.quant_dims;
+  static constexpr int kRopeDims = kDims.rope_dims;
+  static constexpr int kScaleTile = kDims.scale_tile;
+  static constexpr bool kFp32Scales = kDims.fp32_scales;
+  static constexpr bool kScalesInRow = kFormat == kFormatV32;  // per-token records: scales inside the data row
+  static constexpr int kAtoms = kDqk / kAtomCols;
+  // Threads per record: R threads take its 16-byte vectors R v + part, so one load of a warp
+  // reads 16 R contiguous bytes of each of 32 / R records; each thread fills kPasses records of
+  // a tile, all their loads issued before any is used. V3.2 is fastest at 4 (its 512 FP8 dims
+  // split in 8 vectors a thread), V4 at 2 (docs/kernels/mla_decode.md).
+  static constexpr int kRecordThreads = kFormat == kFormatV32 ? 4 : 2;
+  static constexpr int kPasses = kTileTokens * kRecordThreads / kWarpgroupThreads;  // records per producer thread
+  static constexpr int kFp8PerThread = kQuantDims / kRecordThreads;
+  static constexpr int kFp8Vecs = kFp8PerThread / 16;             // 16-byte vectors of FP8 values
+  static constexpr int kRopePerThread = kRopeDims / kRecordThreads;
+  static constexpr int kRopeVecs = kRopePerThread / kChunkCols;   // 16-byte vectors of bf16 RoPE
+  static constexpr int kScaleWords = kFp32Scales ? 4 : 2;         // one 16-byte or 8-byte load
+  // After setmaxnreg: the producer gives up what the consumers' accumulators take. The
+  // producer of V3.2 holds two records' vectors; other splits spilled under nvcc 13.0.
+  static constexpr int kProducerRegisters = kFormat == kFormatV32 ? 152 : 136;
+  static constexpr int kConsumerRegisters = kFormat == kFormatV32 ? 176 : 184;
+  // The scorer schedule (V3.2 only): the scorer holds S beside O, the second warpgroup O alone.
+  static constexpr int kScorerRegisters = 192;
+  static constexpr int kSecondRegisters = 160;
+  // Where the producer reads the ids two tiles on: V3.2's two records of vectors leave no
+  // registers for them during the gathers, so after the stores; V4 before its L2 prefetch.
+  // Each placement is the faster one for its format.
+  static constexpr bool kIdsAfterStores = kFormat == kFormatV32;
+  // Whether only a query token's first head block prefetches the next tile's records into L2: its
+  // other head blocks gather the same records side by side and find them there (faster for V3.2
+  // at b = 128); V4's producer spilled the head block it needs for the test, so V4 keeps the prefetch in every head block.
+  static constexpr bool kFirstHeadBlockPrefetches = kFormat == kFormatV32;
+  static_assert(kDqk % kAtomCols == 0 && kDqk >= kDv, "whole atoms; V is the first kDv dims");
+  static_assert(kPasses >= 1 && kPasses * kWarpgroupThreads == kTileTokens * kRecordThreads, "whole records per producer thread");
+  static_assert(kFp8PerThread % 16 == 0 && kRopePerThread % kChunkCols == 0, "whole vectors per producer thread");
+  static_assert(kFp32Scales ? kDims.num_scales == kScaleWords : kDims.num_scales <= 4 * kScaleWords,
+                "scales in one 16-byte (fp32) or 8-byte (UE8M0) load");
+  static_assert(kScaleTile % (16 * kRecordThreads) == 0, "vectors R v .. R v + R - 1 share a scale tile");
+  static_assert(kWarpgroupThreads * (kLaunchRegisters - kProducerRegisters) >= kMathThreads * (kConsumerRegisters - kLaunchRegisters),
+                "the consumers take only what the producer released");
+  static_assert(kProducerRegisters + kScorerRegisters + kSecondRegisters <= 3 * kLaunchRegisters,
+                "the scorer takes only what the producer and the second warpgroup released");
+};
+
+template <int kFormat>
+struct Tiles {
+  alignas(1024) uint8_t q[Layout<kFormat>::kAtoms * kAtomBytes];             // Q [64 heads, d_qk]
+  alignas(1024) uint8_t kv[kStages][Layout<kFormat>::kAtoms * kAtomBytes];   // records [64, d_qk], bf16
+  alignas(1024) uint8_t p[kAtomBytes];                                       // P [64 heads, 64 records]
+};
+struct Small {
+  float bias[kStages][kTileTokens];             // 0 or -inf per record of a stage
+  float row_max[kMathWarpgroups][kHeadsPerProgram];  // halves: each warpgroup's; scorer: its final m in [0]
+  float row_sum[kMathWarpgroups][kHeadsPerProgram];  // halves: each warpgroup's; scorer: its final l in [0]
+  float row_scale[kHeadsPerProgram];                 // scorer: the factor for the old O, per tile
+  uint64_t full[kStages];   // producer -> consumers: the stage's tile is stored
+  uint64_t empty[kStages];  // consumers -> producer: the stage's tile has been read
+};
+template <int kFormat>
+constexpr int shared_bytes() {
+  return static_cast<int>(sizeof(Tiles<kFormat>) + sizeof(Small)) + 1024;  // + the base's alignment
+}
+static_assert(shared_bytes<kFormatV32>() <= 227 * 1024, "V3.2 tiles fit Hopper's 227 KB per block");
+
+}  // namespace
+}  // namespace dsa_decode

@@ -1,0 +1,45 @@
+// The launcher of the 16/32-head decode (kernel_m16.cuh; docs/kernels/mla_decode.md, "16 and 32
+// heads"): grid (1, S splits, b * s_q query tokens), 256 threads, one program per SM; with S > 1
+// its partials (PartialsM16) are merged by the combine kernel (combine.cuh), launched next as a
+// programmatic dependent as for 64 heads. Its own translation unit, so the 64-head kernels'
+// code (launch_sm90.cu) does not change with it.
+#include "combine.cuh"
+#include "decode_sm90.h"
+#include "kernel_m16.cuh"
+
+namespace dsa_decode {
+namespace {
+
+template <int kFormat, int kMTiles>
+cudaError_t launch_m16(const DecodeArgs& a, cudaStream_t stream) {
+  constexpr int bytes = shared_bytes_m16<kFormat, kMTiles>();
+  cudaError_t err = cudaFuncSetAttribute(decode_kernel_m16<kFormat, kMTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(1, a.splits, a.batch * a.s_q);
+  decode_kernel_m16<kFormat, kMTiles><<<grid, kM16Threads, bytes, stream>>>(a);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || a.splits == 1) return err;
+  using P = PartialsM16<kMTiles>;
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(a.batch * a.s_q), combine_programs<P>());
+  config.blockDim = dim3(P::kOwners);
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = 1;
+  err = cudaLaunchKernelEx(&config, combine_kernel_for<P>, a);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_decode_m16(const DecodeArgs& args, cudaStream_t stream) {
+  if (args.h_q == 2 * kMmaM) {
+    return args.format == kFormatV32 ? launch_m16<kFormatV32, 2>(args, stream) : launch_m16<kFormatV4, 2>(args, stream);
+  }
+  return args.format == kFormatV32 ? launch_m16<kFormatV32, 1>(args, stream) : launch_m16<kFormatV4, 1>(args, stream);
+}
+
+}  // namespace dsa_decode

@@ -1,0 +1,81 @@
+// FlashMLA-style sparse MLA decode over FP8 KV records for Hopper, hand-written (wgmma): the
+// launcher of the 64-head kernel (kernel_m64.cuh) and of its combine (combine.cuh).
+// Pure CUDA (no torch); nvcc links it with decode_capi.cpp, the C ABI, into one shared library
+// (common/cuda_build.py). docs/kernels/mla_decode.md explains the design.
+//
+// Grid (h_q / 64 head blocks, S splits, b * s_q query tokens); 384 threads = three warpgroups,
+// one program per SM (the dequantized tiles fill shared memory). Program (hb, s, t) attends the
+// 64 heads hb*64.. of query token t over the positions s, s + S, s + 2S, ... of its index row,
+// in tiles of 64 records:
+//   producer   warpgroup 0: the index row into L2 first; then R threads per record (V3.2 4,
+//              V4 2: Layout) gather its FP8 bytes, scales and RoPE into registers, taking its
+//              16-byte vectors in turn (one load of a warp reads 16 R contiguous bytes of each of
+//              32 / R records; meanwhile the next tile's lines are prefetched into L2, by ids
+//              read a tile earlier), wait for a free stage, dequantize (e4m3 x scale -> bf16,
+//              RNE) and store the tile [64, d_qk] into shared memory in the 128-byte-swizzled
+//              layout wgmma reads; then arrive on the stage's `full` mbarrier. Invalid ids (-1, or past topk_length) store zeros and a
+//              -inf logit bias, never touching the cache.
+//   consumers  warpgroups 1 and 2 (m = 0, 1) in one of two schedules (Role, below). Halves: S =
+//              Q K^T for records 32m..32m+31 (wgmma m64n32k16, Q and K both from shared memory),
+//              the online softmax in the log2 domain with the row maxima exchanged through shared
+//              memory (both warpgroups keep the same running max), P (bf16) for their 32 records
+//              stored into one shared [64, 64] tile, then O[:, 256m..256m+255] += P V (wgmma
+//              m64n256k16, V the same tile read transposed). Scorer: warpgroup 1 scores all 64
+//              records (m64n64k16) and hands P to warpgroup 2 through shared memory. Both release
+//              the stage on its `empty` mbarrier.
+// The output is O / l (times the sink factor) with lse = (m + log2 l) ln 2, or with S > 1 a
+// partial (O / l, m + log2 l) per split that combine_kernel, launched next as a programmatic
+// dependent (its launch overlaps the decode's tail), merges.
+#include "decode_sm90.h"
+
+#include "kernel_m64.cuh"
+#include "combine.cuh"
+
+namespace dsa_decode {
+namespace {
+
+// The 64-head kernel's combine.
+constexpr int kCombineThreads = PartialsM64::kOwners;
+constexpr int kCombinePrograms = combine_programs<PartialsM64>();
+__global__ void __launch_bounds__(kCombineThreads, 1) combine_kernel(const __grid_constant__ DecodeArgs a) {
+  combine_unit<PartialsM64>(a);
+}
+
+template <int kFormat, bool kScorerSchedule>
+cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
+  constexpr int bytes = shared_bytes<kFormat>();
+  cudaError_t err = cudaFuncSetAttribute(decode_kernel<kFormat, kScorerSchedule>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(a.h_q / kHeadsPerProgram, a.splits, a.batch * a.s_q);
+  decode_kernel<kFormat, kScorerSchedule><<<grid, kThreads, bytes, stream>>>(a);
+  err = cudaGetLastError();
+  if (err != cudaSuccess || a.splits == 1) return err;
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(a.batch * a.s_q * (a.h_q / kHeadsPerProgram)), kCombinePrograms);
+  config.blockDim = dim3(kCombineThreads);
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = 1;
+  err = cudaLaunchKernelEx(&config, combine_kernel, a);
+  return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+// Whether the consumers take the scorer schedule (Role): V3.2 programs of at least
+// kScorerMinTiles tiles of the index row.
+bool takes_scorer_schedule(const DecodeArgs& args) {
+  const int64_t positions = (static_cast<int64_t>(args.topk) + args.splits - 1) / args.splits;  // a program's share
+  return args.format == kFormatV32 && positions >= static_cast<int64_t>(kScorerMinTiles) * kTileTokens;
+}
+
+}  // namespace
+
+cudaError_t launch_decode(const DecodeArgs& args, cudaStream_t stream) {
+  if (args.h_q == kSmallHeads[0] || args.h_q == kSmallHeads[1]) return launch_decode_m16(args, stream);
+  if (args.format != kFormatV32) return launch<kFormatV4, false>(args, stream);
+  return takes_scorer_schedule(args) ? launch<kFormatV32, true>(args, stream) : launch<kFormatV32, false>(args, stream);
+}
+
+}  // namespace dsa_decode

@@ -1,0 +1,155 @@
+// The producer warpgroup: a program's share of the index row, then every tile's records gathered
+// into registers, dequantized and stored into the shared-memory stages.
+#pragma once
+
+#include "instructions.cuh"
+
+namespace dsa_decode {
+namespace {
+
+// The page of a valid id (n >= 0) by the launcher's magic multiplier (DecodeArgs): a division by
+// the run-time block size was about 16 instructions, four times a tile in the producer.
+__device__ __forceinline__ int page_of(const DecodeArgs& a, int n) {
+  return static_cast<int>((static_cast<uint64_t>(static_cast<uint32_t>(n)) * a.block_magic) >> a.block_shift);
+}
+
+struct Row {
+  int bi, si, hb, split, n_pos, n_tiles;
+  const int32_t* ids;  // the query token's index row
+};
+
+__device__ __forceinline__ int record_id(const DecodeArgs& a, const Row& row, int tile, int token) {
+  const int k = tile * kTileTokens + token;
+  return k < row.n_pos ? __ldg(row.ids + row.split + static_cast<int64_t>(k) * a.splits) : -1;
+}
+
+// The program's query token, head block, split and its share of the index row.
+__device__ __forceinline__ Row program_row(const DecodeArgs& a) {
+  Row row;
+  row.hb = blockIdx.x;
+  row.split = blockIdx.y;
+  const int t = blockIdx.z;
+  row.bi = t / a.s_q;
+  row.si = t - row.bi * a.s_q;
+  row.ids = a.indices + row.bi * a.idx_stride_b + row.si * a.idx_stride_s;
+  int length = a.topk;
+  if (a.topk_length != nullptr) length = min(length, max(__ldg(a.topk_length + row.bi), 0));
+  row.n_pos = length > row.split ? (length - row.split + a.splits - 1) / a.splits : 0;
+  row.n_tiles = (row.n_pos + kTileTokens - 1) / kTileTokens;
+  return row;
+}
+
+// Warpgroup 0: gathers and dequantizes every tile of the program into the stages. StageTiles holds
+// kv[kStages][records in kFormat's Layout], Barriers bias[kStages][kTileTokens] and the stages'
+// full / empty mbarriers (Tiles and Small here; the 16/32-head kernel's own structs).
+template <int kFormat, class StageTiles, class Barriers>
+__device__ __forceinline__ void produce(const DecodeArgs& a, const Row& row, StageTiles& tiles, Barriers& sm) {
+  using L = Layout<kFormat>;
+  constexpr int R = L::kRecordThreads;
+  constexpr int kRecordsPerPass = kProducerThreads / R;
+  const int part = threadIdx.x % R;  // its vectors R v + part of each record
+  // The records it fills: token[p] of every tile.
+  int token[L::kPasses];
+#pragma unroll
+  for (int p = 0; p < L::kPasses; ++p) token[p] = threadIdx.x / R + p * kRecordsPerPass;
+  // The index row into L2 first, and the ids read a tile ahead of the L2 prefetch of their
+  // records: otherwise each tile's chain is a DRAM round trip for the next ids (the cache is
+  // cold after a flush), then another for the records they name, then the gathers.
+  if (row.n_pos > 0) {  // (an empty row has no line to prefetch, not even the byte before it)
+    const int64_t bytes = (static_cast<int64_t>(row.n_pos - 1) * a.splits + 1) * 4;
+    const char* first = reinterpret_cast<const char*>(row.ids + row.split);
+    for (int64_t at = threadIdx.x * static_cast<int64_t>(kL2Line); at < bytes + kL2Line - 1; at += kProducerThreads * kL2Line)
+      prefetch_l2(first + min(at, bytes - 1));
+  }
+  int id[L::kPasses], next[L::kPasses];
+#pragma unroll
+  for (int p = 0; p < L::kPasses; ++p) {
+    id[p] = row.n_tiles > 0 ? record_id(a, row, 0, token[p]) : -1;
+    next[p] = row.n_tiles > 1 ? record_id(a, row, 1, token[p]) : -1;
+  }
+  for (int i = 0; i < row.n_tiles; ++i) {
+    const int stage = i % kStages;
+    uint4 raw[L::kPasses][L::kFp8Vecs];
+    uint4 rope[L::kPasses][L::kRopeVecs];
+    uint32_t scale_words[L::kPasses][L::kScaleWords];
+#pragma unroll
+    for (int p = 0; p < L::kPasses; ++p) {
+      if (id[p] >= 0) {
+        const int block = page_of(a, id[p]);
+        const int slot = id[p] - block * a.block_size;
+        const uint8_t* page = a.cache + static_cast<int64_t>(block) * a.page_stride;
+        const uint8_t* data = page + static_cast<int64_t>(slot) * a.data_slot_bytes;
+        const uint4* values = reinterpret_cast<const uint4*>(data) + part;
+#pragma unroll
+        for (int v = 0; v < L::kFp8Vecs; ++v) raw[p][v] = __ldg(values + R * v);
+        const uint4* rope_src = reinterpret_cast<const uint4*>(data + a.rope_offset) + part;
+#pragma unroll
+        for (int v = 0; v < L::kRopeVecs; ++v) rope[p][v] = __ldg(rope_src + R * v);
+        const uint8_t* scale_src = page + a.scale_base + static_cast<int64_t>(slot) * a.scale_slot_bytes;
+        if constexpr (L::kFp32Scales) {
+          const uint4 all = __ldg(reinterpret_cast<const uint4*>(scale_src));
+          scale_words[p][0] = all.x, scale_words[p][1] = all.y, scale_words[p][2] = all.z, scale_words[p][3] = all.w;
+        } else {
+          const uint2 all = __ldg(reinterpret_cast<const uint2*>(scale_src));
+          scale_words[p][0] = all.x, scale_words[p][1] = all.y;
+        }
+      } else {  // zeros (scale 0 too: an invalid record's values must not be NaN, P is 0 there)
+#pragma unroll
+        for (int v = 0; v < L::kFp8Vecs; ++v) raw[p][v] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int v = 0; v < L::kRopeVecs; ++v) rope[p][v] = make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int w = 0; w < L::kScaleWords; ++w) scale_words[p][w] = 0;
+      }
+    }
+    // The ids two tiles on (here or after the stores: Layout), and the next tile's records into
+    // L2 while this one's loads are in flight (for V3.2 by the token's first head block only: Layout).
+    int after[L::kPasses];
+#pragma unroll
+    for (int p = 0; p < L::kPasses; ++p) {
+      if constexpr (!L::kIdsAfterStores) after[p] = i + 2 < row.n_tiles ? record_id(a, row, i + 2, token[p]) : -1;
+      if (next[p] >= 0 && (!L::kFirstHeadBlockPrefetches || row.hb == 0)) {
+        const int block = page_of(a, next[p]);
+        const int slot = next[p] - block * a.block_size;
+        const uint8_t* page = a.cache + static_cast<int64_t>(block) * a.page_stride;
+        const uint8_t* data = page + static_cast<int64_t>(slot) * a.data_slot_bytes;
+        const uint32_t span = static_cast<uint32_t>(a.data_slot_bytes);
+        for (uint32_t at = part * kL2Line; at < span + kL2Line - 1; at += R * kL2Line) prefetch_l2(data + min(at, span - 1));
+        if (!L::kScalesInRow && part == R - 1) prefetch_l2(page + a.scale_base + static_cast<int64_t>(slot) * a.scale_slot_bytes);
+      }
+    }
+    if (i >= kStages) mbarrier_wait(&sm.empty[stage], ((i / kStages) - 1) & 1);
+    uint8_t* tile = tiles.kv[stage];
+#pragma unroll
+    for (int p = 0; p < L::kPasses; ++p) {
+#pragma unroll
+      for (int v = 0; v < L::kFp8Vecs; ++v) {
+        const int col = 16 * (R * v + part);
+        const int scale_tile = (16 * R * v) / L::kScaleTile;  // the same for every part (Layout)
+        float scale;
+        if constexpr (L::kFp32Scales) {
+          scale = __uint_as_float(scale_words[p][scale_tile]);
+        } else {
+          scale = ue8m0((scale_words[p][scale_tile / 4] >> (8 * (scale_tile % 4))) & 0xff);
+        }
+        *reinterpret_cast<uint4*>(tile + swizzled(token[p], col)) = dequant8(raw[p][v].x, raw[p][v].y, scale);
+        *reinterpret_cast<uint4*>(tile + swizzled(token[p], col + kChunkCols)) = dequant8(raw[p][v].z, raw[p][v].w, scale);
+      }
+#pragma unroll
+      for (int v = 0; v < L::kRopeVecs; ++v)
+        *reinterpret_cast<uint4*>(tile + swizzled(token[p], L::kQuantDims + kChunkCols * (R * v + part))) = rope[p][v];
+      if (part == 0) sm.bias[stage][token[p]] = id[p] >= 0 ? 0.0f : neg_inf();
+    }
+    fence_proxy_async();  // the stores above are read by wgmma (the async proxy)
+    mbarrier_arrive(&sm.full[stage]);
+#pragma unroll
+    for (int p = 0; p < L::kPasses; ++p) {
+      if constexpr (L::kIdsAfterStores) after[p] = i + 2 < row.n_tiles ? record_id(a, row, i + 2, token[p]) : -1;
+      id[p] = next[p];
+      next[p] = after[p];
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dsa_decode
