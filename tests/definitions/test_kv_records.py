@@ -157,7 +157,7 @@ def test_record_widths_live_only_in_the_descriptor_module():
     # One line spells 576 for another quantity: the sparse-attention kernel's gathered row
     # (512 ckv + 64 kpe), in the recorded solution's source, left as measured (its content hash).
     # Two more spell 576 as a block size (records per page) of the insert traces, not a record's bytes.
-    other_quantities = {(ROOT / "solutions/triton/attention/csrc/attention_config.cuh", "constexpr int kDQk = kDCkv + kDKpe;"),
+    other_quantities = {(ROOT / "solutions/triton/attention/csrc/config.cuh", "constexpr int kDQk = kDCkv + kDKpe;"),
                         (ROOT / "tests/definitions/test_kv_insert.py", 'assert {c.axes["block_size"] for c in small.cases} =='),
                         (ROOT / "tests/test_edge_workloads.py", "sizes that are not powers of two (3, 61, 576).")}
     offenders = []

@@ -27,12 +27,12 @@
 //   split_kernel + combine_kernel   the same partials, the combine in a second launch
 //   cluster_kernel         the token's S <= 16 programs form one thread-block cluster: partials are
 //                          bulk-copied into their owners' shared memory and combined there (see
-//                          "cluster combine" in attention_combine.cuh).
+//                          "cluster combine" in combine.cuh).
 //
 // The sources by role: attention_sm90.h (the constants and arguments shared with the C ABI),
-// attention_config.cuh (the tiling and the shared-memory layout), attention_primitives.cuh (PTX
-// wrappers), attention_producer.cuh (the gather), attention_consumer.cuh (logits, softmax, P.V
-// and a program's loop over its tiles), attention_combine.cuh (the partials and their combine);
+// config.cuh (the tiling and the shared-memory layout), instructions.cuh (PTX
+// instructions and small helpers), producer.cuh (the gather), consumer.cuh (logits, softmax, P.V
+// and a program's loop over its tiles), combine.cuh (the partials and their combine);
 // this file holds the three kernels and their launcher, attention_capi.cpp the C ABI.
 #include "attention_sm90.h"
 
@@ -44,11 +44,11 @@
 
 #include "../../common/csrc/fast_math.cuh"
 #include "../../common/csrc/sm90_sync.cuh"
-#include "attention_combine.cuh"
-#include "attention_config.cuh"
-#include "attention_consumer.cuh"
-#include "attention_primitives.cuh"
-#include "attention_producer.cuh"
+#include "combine.cuh"
+#include "config.cuh"
+#include "consumer.cuh"
+#include "instructions.cuh"
+#include "producer.cuh"
 
 namespace dsa_attention {
 namespace {

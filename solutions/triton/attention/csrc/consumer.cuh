@@ -2,7 +2,7 @@
 // attend_split, the program's loop over its split's tiles (issuing their gathers, consuming them).
 #pragma once
 
-#include "attention_producer.cuh"
+#include "producer.cuh"
 
 namespace dsa_attention {
 namespace {

@@ -3,7 +3,7 @@
 // shared-memory copies.
 #pragma once
 
-#include "attention_consumer.cuh"
+#include "consumer.cuh"
 
 namespace dsa_attention {
 namespace {

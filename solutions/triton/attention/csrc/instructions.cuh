@@ -1,5 +1,5 @@
-// Device primitives of the sparse attention kernels: profiling stamps, cp.async and bulk (TMA)
-// copies, ldmatrix, the bf16 mma, bf16 packing and quad reductions.
+// The instructions the sparse attention kernels are built from: profiling stamps, cp.async and bulk
+// (TMA) copies, ldmatrix, the bf16 mma, bf16 packing and quad reductions.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,7 +9,7 @@
 
 #include "../../common/csrc/fast_math.cuh"
 #include "../../common/csrc/sm90_sync.cuh"
-#include "attention_config.cuh"
+#include "config.cuh"
 
 namespace dsa_attention {
 namespace {

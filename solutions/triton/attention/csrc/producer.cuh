@@ -1,7 +1,7 @@
 // The producer side of a program: one tile's gather of slot rows into a shared-memory stage.
 #pragma once
 
-#include "attention_primitives.cuh"
+#include "instructions.cuh"
 
 namespace dsa_attention {
 namespace {
