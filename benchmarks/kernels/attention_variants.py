@@ -18,7 +18,7 @@ to None where it does not apply.
 The table shows microseconds per case and variant; below it, per variant, the mean over all
 cases, over T <= 2 and T >= 3, and the T = 8 full-row cases, against the targets (mean <= 10 us,
 T = 8 full <= 12 us). The last lines name the fastest variant per case and overall: use them to
-set the defaults in solutions/triton/attention/plan.py (cuda_plan and its CUDA_POLICY_* constants).
+set the defaults in solutions/triton/attention/policy.py (cuda_plan and its CUDA_POLICY_* constants).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ TARGET_T8_FULL_US = 12.0
 def load_solution():
     """The solution's sparse-attention entry, plan and cuda modules, imported the way the harness imports them."""
     entry = import_entry(load_solution_folder(ROOT / "solutions" / "triton"), attn.NAME)[1]
-    return entry, importlib.import_module(f"{entry.__package__}.plan"), importlib.import_module(f"{entry.__package__}.cuda")
+    return entry, importlib.import_module(f"{entry.__package__}.policy"), importlib.import_module(f"{entry.__package__}.cuda")
 
 
 #: The CUDA kernel's fixed plans listed by default (cuda_variant_plan builds any other such name).

@@ -138,7 +138,7 @@ def check(definition, axes, inputs, expected, out: torch.Tensor, device) -> str 
 def serial_pipeline(module) -> Callable:
     """The solution's own kernels with the CUDA top-k launched after the score kernel has ended
     (no programmatic dependent launch): what the dependent launch buys."""
-    topk = solution_part(module, "topk")
+    topk = solution_part(module, "cuda_topk")
     select = topk.filtered_topk if module.USE_CUDA_TOPK else module.portable_topk
     return functools.partial(module.run_pipeline, module.scored_pipeline(select, dependent=False))
 
@@ -151,45 +151,45 @@ def plain_pipeline(module) -> Callable:
 
 
 def solution_part(module, name: str):
-    """A sibling module of the indexer entry ``module`` (e.g. ``score``, ``topk``)."""
+    """A sibling module of the indexer entry ``module`` (e.g. ``triton_kernels``, ``cuda_topk``)."""
     return importlib.import_module(f"{module.__package__}.{name}")
 
 
-def score_variants(kernels) -> dict[str, Any]:
+def score_variants(policy) -> dict[str, Any]:
     """Score-kernel tiles worth comparing on the GPU ("policy": the solution's choice per call)."""
     return {
         "policy": None,
-        "p1_w4": kernels.GPU_SCORE_TILE,
-        "p2_w4": kernels.ScoreTile(pages=2, num_warps=4, dot="fp8"),
-        "loop2_st2": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=2),
-        "loop3_st2": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=3, num_stages=2),
-        "loop3_st3": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=3, num_stages=3),
-        "loop4_st2": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=4, num_stages=2),
-        "loop5_st2": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=5, num_stages=2),
-        "loop4_st3": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=4, num_stages=3),
-        "loop8_st3": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=8, num_stages=3),
-        "loop4_st3_w8": kernels.ScoreTile(pages=1, num_warps=8, dot="fp8", loop_pages=4, num_stages=3),
+        "p1_w4": policy.GPU_SCORE_TILE,
+        "p2_w4": policy.ScoreTile(pages=2, num_warps=4, dot="fp8"),
+        "loop2_st2": policy.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=2),
+        "loop3_st2": policy.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=3, num_stages=2),
+        "loop3_st3": policy.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=3, num_stages=3),
+        "loop4_st2": policy.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=4, num_stages=2),
+        "loop5_st2": policy.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=5, num_stages=2),
+        "loop4_st3": policy.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=4, num_stages=3),
+        "loop8_st3": policy.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=8, num_stages=3),
+        "loop4_st3_w8": policy.ScoreTile(pages=1, num_warps=8, dot="fp8", loop_pages=4, num_stages=3),
         # rows first in launch order
-        "p1_w4_rf": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", rows_first=True),
-        "loop2_st2_rf": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=2, rows_first=True),
-        "loop2_st3_rf": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=3, rows_first=True),
-        "loop3_st3_rf": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=3, num_stages=3, rows_first=True),
-        "loop3_st2_rf": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=3, num_stages=2, rows_first=True),
-        "loop4_st3_rf": kernels.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=4, num_stages=3, rows_first=True),
+        "p1_w4_rf": policy.ScoreTile(pages=1, num_warps=4, dot="fp8", rows_first=True),
+        "loop2_st2_rf": policy.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=2, rows_first=True),
+        "loop2_st3_rf": policy.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=3, rows_first=True),
+        "loop3_st3_rf": policy.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=3, num_stages=3, rows_first=True),
+        "loop3_st2_rf": policy.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=3, num_stages=2, rows_first=True),
+        "loop4_st3_rf": policy.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=4, num_stages=3, rows_first=True),
         # the exact fp16 dot of the earlier policy, beside the FP8 one
-        "p1_w4_fp16": kernels.ScoreTile(pages=1, num_warps=4, dot="fp16"),
-        "loop4_st2_fp16": kernels.ScoreTile(pages=1, num_warps=4, dot="fp16", loop_pages=4, num_stages=2),
+        "p1_w4_fp16": policy.ScoreTile(pages=1, num_warps=4, dot="fp16"),
+        "loop4_st2_fp16": policy.ScoreTile(pages=1, num_warps=4, dot="fp16", loop_pages=4, num_stages=2),
     }
 
 
 def run_variants(module, time_trial: TimeTrial, definition, axes, sets_inputs, expected0, device) -> dict[str, Any]:
     """Score kernel alone per tile variant: latency, worst score error, and checker verdict."""
-    kernels, topk = solution_part(module, "score"), solution_part(module, "topk")
+    kernels, topk = solution_part(module, "triton_kernels"), solution_part(module, "cuda_topk")
     results = {}
     first = sets_inputs[0]
     batch, max_pages = first["block_table"].shape
     ref_rows = {b: s for b, s in enumerate(expected0) if s is not None}  # ScoredRow: reference scores, tie tolerance
-    for name, tile in score_variants(kernels).items():
+    for name, tile in score_variants(solution_part(module, "policy")).items():
         buffers = [torch.empty((batch, max_pages * 64), dtype=torch.float32, device=device) for _ in sets_inputs]
         args = [[inp[spec.name] for spec in definition.inputs] for inp in sets_inputs]
 
@@ -397,7 +397,7 @@ def main() -> int:
     variant_rows = [r for r in records if "score_variants" in r]
     if variant_rows:
         print("\nscore kernel alone, mean over scored cases (µs), worst relative score error, checker passes:")
-        for name in score_variants(solution_part(module, "score")):
+        for name in score_variants(solution_part(module, "policy")):
             ok = [r["score_variants"][name] for r in variant_rows if "us" in r["score_variants"].get(name, {})]
             if not ok:
                 print(f"  {name:24s} failed: {variant_rows[0]['score_variants'][name].get('error')}")

@@ -53,7 +53,7 @@ def import_solution():
         package.__path__ = [str(ROOT / "solutions" / "triton")]
         sys.modules[name] = package
     entry = importlib.import_module(f"{name}.indexer.entry")
-    modules = ("indexer.score", "indexer.topk", "indexer.topk_long", "common.launch_graphs")
+    modules = ("indexer.triton_kernels", "indexer.cuda_topk", "indexer.cuda_topk_long", "common.launch_graphs")
     return entry, *(importlib.import_module(f"{name}.{module}") for module in modules)
 
 
@@ -196,7 +196,7 @@ def run_case(case: str, entry, score, topk_long, graphs, old, args: argparse.Nam
     if case in args.variants.split(","):
         variants = {}
         for pages, stages, rows_first in TILES:
-            tile = score.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=pages, num_stages=stages, rows_first=rows_first)
+            tile = entry.policy.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=pages, num_stages=stages, rows_first=rows_first)
             tiled = graphs.LaunchGraphs(lambda *x, tile=tile: score.launch_scores(*x, skip_short_rows=True, tile=tile))
             t = us(bench(lambda i, tiled=tiled: tiled(*a[:5], scores), **timed))
             variants[f"loop{pages}_s{stages}{'_rf' if rows_first else ''}"] = round(t, 1)

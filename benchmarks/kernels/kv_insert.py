@@ -213,7 +213,8 @@ def main() -> int:
         fmt = kvi.FORMAT_OF[definition.name]
         entry, module = import_entry(solution, definition.name)
         notes = module.solution_notes()
-        kernels = importlib.import_module(f"{module.__package__}.kernel")
+        kernels = importlib.import_module(f"{module.__package__}.triton_kernels")
+        policy = importlib.import_module(f"{module.__package__}.policy")
         for tokens in token_counts:
             axes, inputs = build_case(definition, fmt, tokens, args.block_size, args.max_position, args.seed, device)
             call_args = definition.input_args(inputs)
@@ -247,7 +248,7 @@ def main() -> int:
             if tokens in args.sweep_tokens and args.tiles:
                 sweep = {}
                 for text in args.tiles.split(","):
-                    tile, speculative = parse_tile(text, kernels.LaunchTile)
+                    tile, speculative = parse_tile(text, policy.LaunchTile)
                     rope = call_args[0] if fmt is not kvi.V32 else call_args[1]
                     pos, cs = (call_args[1], call_args[2]) if fmt is not kvi.V32 else (None, None)
 

@@ -39,7 +39,7 @@ for the check.
 / 128, num_stages 1 / 2, l2_prefetch, splits S/2, S, 2S and 1 with each combine that applies,
 partial dtype; ``--more-knobs`` adds 16 warps and 3 stages), keeping the best so far (coordinate
 descent: ~12 configs per shape, compiled kernels shared across shapes of one format), and
-prints the best per shape and CONFIG_TABLE rules to paste into solutions/triton/decode/config.py.
+prints the best per shape and CONFIG_TABLE rules to paste into solutions/triton/decode/policy.py.
 The whole default sweep is meant to fit one device call of < 4 minutes (short trials: 2 warm-up
 calls, 10 iterations, 1 trial); narrow it with --format / --hq / --batch.
 """
@@ -95,7 +95,7 @@ def load_decode():
     """The decode modules (entry, config) of the shipped solution, without importing the other
     families' entries (the attention's builds its CUDA extension at import)."""
     package = solution_package("dsa_bench_kernels_triton_solution", ROOT / "solutions" / "triton")
-    return importlib.import_module(f"{package}.decode.entry"), importlib.import_module(f"{package}.decode.config")
+    return importlib.import_module(f"{package}.decode.entry"), importlib.import_module(f"{package}.decode.policy")
 
 
 #: what a copy of solutions/triton must hold to be a variant: the decode's entry and the common helpers
@@ -335,7 +335,7 @@ def sweep(entry, config_mod, shape: Shape, candidates: Candidates, ref, args, sm
 
 
 def print_rules(best: dict[Shape, dict[str, Any]]) -> None:
-    print("\n# CONFIG_TABLE rules from this sweep (paste above the catch-all in solutions/triton/decode/config.py):")
+    print("\n# CONFIG_TABLE rules from this sweep (paste above the catch-all in solutions/triton/decode/policy.py):")
     for shape in sorted(best, key=lambda s: (s.kv_format, s.h_q, s.b)):
         fields = ", ".join(f"{k}={v!r}" for k, v in best[shape].items())
         print(f"    ConfigRule({shape.kv_format!r}, {shape.h_q}, {shape.b * shape.s_q}, DecodeConfig({fields})),")

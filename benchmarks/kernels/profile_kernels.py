@@ -74,7 +74,7 @@ def chosen_timer(device: torch.device) -> tuple[str, str]:
 
 def solution_module(definition_name: str, part: str = "entry"):
     """A module of the triton solution's folder for ``definition_name`` (``entry``, or a sibling
-    of the entry such as ``cuda`` or ``plan``), imported the way the harness imports it."""
+    of the entry such as ``cuda`` or ``policy``), imported the way the harness imports it."""
     entry = import_entry(load_solution(ROOT / "solutions" / "triton"), definition_name)[1]
     return entry if part == "entry" else importlib.import_module(f"{entry.__package__}.{part}")
 
@@ -104,7 +104,7 @@ def direct_call(definition, axes, inputs, device):
         entry = import_entry(load_solution(ROOT / "solutions" / "triton"), definition.name)[0]
         return lambda: entry(*args, *outputs.values())
     ix = solution_module(indexer.NAME)
-    topk = solution_module(indexer.NAME, "topk").filtered_topk if ix.USE_CUDA_TOPK else ix.portable_topk
+    topk = solution_module(indexer.NAME, "cuda_topk").filtered_topk if ix.USE_CUDA_TOPK else ix.portable_topk
     return lambda: (
         ix.scored_path(topk, ix.USE_CUDA_TOPK, *args, outputs["topk_indices"])  # dependent, as the entry
         if args[4].shape[1] * 64 > indexer.TOPK
@@ -201,7 +201,7 @@ def run_topk_costs(iterations: int, trials: int, device: torch.device) -> int:
     """The CUDA top-k alone on synthetic rows: in-kernel passthrough rows (no selection) against
     selected rows, with the default or no shared candidate buffer and with or without the fast
     path, so a fixed per-launch cost separates from the selection's own."""
-    topk = solution_module(indexer.NAME, "topk")
+    topk = solution_module(indexer.NAME, "cuda_topk")
     timer, timer_label = chosen_timer(device)
     print(f"CUDA top-k alone, {timer_label}, cold L2, {trials} trial(s) x {iterations} (harness statistic)")
     for batch, pages, length in ((1, 33, 2000), (1, 33, 2112), (31, 33, 2112), (1, 91, 5824), (31, 91, 5824)):
@@ -275,7 +275,7 @@ def run_attention_phases(cases: list[str], iterations: int, device: torch.device
     taken by thread 0 of each program, so a phase ends when that thread passes it.
     ``plan_spec`` (path, splits, gather lag in SM cycles; ``--plan``) replaces the default plan.
     """
-    plans, cuda_ext = solution_module(attn.NAME, "plan"), solution_module(attn.NAME, "cuda")
+    plans, cuda_ext = solution_module(attn.NAME, "policy"), solution_module(attn.NAME, "cuda")
     fixed_plan = None
     if plan_spec:
         try:

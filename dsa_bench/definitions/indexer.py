@@ -839,7 +839,7 @@ def make_definition(topk: int) -> Definition:
         ),
         min_traffic_bytes=bind(min_traffic_bytes, topk=topk),
         useful_flops=bind(useful_flops, topk=topk),
-        math_precision="fp8",  # the score products run as FP8 MMA (solutions/triton/indexer/score.py, DeepGEMM's peers)
+        math_precision="fp8",  # the score products run as FP8 MMA (solutions/triton/indexer/triton_kernels.py, DeepGEMM's peers)
     )
 
 

@@ -296,7 +296,7 @@ def _solution_module(folder: str, module: str):
 
 
 def test_triton_key_insert_is_byte_exact_with_the_reference_writer():
-    key_insert = _solution_module("triton", "step.key_insert")
+    key_insert = _solution_module("triton", "step.triton_kernels")
     keys = torch.randn(7, 128).to(torch.bfloat16)
     keys[1] = 0.0  # amax 0: the 1e-4 floor
     keys[2] *= 1e-3  # amax below 448e-4: the floor again

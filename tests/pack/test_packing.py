@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import FIXTURES, cli, relative_copy, run_cli
+from conftest import FIXTURES, ROOT, cli, relative_copy, run_cli
 
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.pack.document import check_solution_document, read_solution_document
@@ -63,6 +63,17 @@ def test_pack_holds_exactly_the_files_each_entry_needs(tmp_path):
     for source in doc["sources"]:
         original = (MULTI / source["path"]).read_text()
         assert source["content"] == (original or "\n")
+
+
+def test_the_shipped_solution_packs_without_dsa_bench(tmp_path):
+    """Every packed entry of solutions/triton runs where dsa-bench is not installed: no packed
+    module imports it, and no entry declares it (the record descriptors are vendored)."""
+    for item in pack_solution(ROOT / "solutions" / "triton", tmp_path):
+        assert "dsa_bench" not in item.external_modules, (item.definition, item.external_modules)
+        assert "dsa-bench" not in item.document["spec"]["dependencies"], item.definition
+        paths = [s["path"] for s in item.document["sources"]]
+        if item.definition.startswith(("dsa_kv_insert", "dsa_mla_decode", "dsa_decode_step")):
+            assert "common/kv_records.py" in paths, (item.definition, paths)
 
 
 def test_cuda_entry_follows_includes_and_records_torch_binding(tmp_path):

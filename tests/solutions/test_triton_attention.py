@@ -32,7 +32,7 @@ SOLUTION_DIR = ROOT / "solutions" / "triton"
 
 
 _, entry = import_entry(load_solution(SOLUTION_DIR), attn.NAME)  # attention/entry.py
-plans = importlib.import_module(f"{entry.__package__}.plan")  # attention/plan.py
+policy = importlib.import_module(f"{entry.__package__}.policy")  # attention/policy.py
 cuda_ext = importlib.import_module(f"{entry.__package__}.cuda")  # attention/cuda.py
 cuda_build = importlib.import_module(f"{entry.__package__.rsplit('.', 1)[0]}.common.cuda_build")
 CPU = torch.device("cpu")
@@ -83,7 +83,7 @@ INTERPRETER_CASES = [
 @pytest.mark.parametrize("counts,padding", INTERPRETER_CASES, ids=lambda v: str(v) if isinstance(v, str) else "-".join(map(str, v)))
 def test_default_path_under_interpreter(counts, padding):
     outputs, used = check(counts, padding, num_pages=160)
-    assert used.path == ("dsplit" if len(counts) <= plans.DSPLIT_MAX_TOKENS_INTERPRETER else "two_launch")
+    assert used.path == ("dsplit" if len(counts) <= policy.DSPLIT_MAX_TOKENS_INTERPRETER else "two_launch")
     if 0 in counts:
         row = counts.index(0)
         assert torch.isneginf(outputs["lse"][row]).all() and outputs["output"][row].eq(0).all()
@@ -94,18 +94,18 @@ def test_gpu_tilings_under_interpreter():
     """The GPU's block and split sizes (not just the interpreter's large ones) compute the same thing."""
     counts = [FULL, 0, 65, 2047]
     for plan in (
-        plans.Plan("two_launch", splits=64, block_n=32),
-        plans.Plan("two_launch", splits=16, block_n=128),
-        plans.Plan("two_launch", splits=8, block_n=64, partial_dtype=torch.bfloat16),  # two blocks per split
+        policy.Plan("two_launch", splits=64, block_n=32),
+        policy.Plan("two_launch", splits=16, block_n=128),
+        policy.Plan("two_launch", splits=8, block_n=64, partial_dtype=torch.bfloat16),  # two blocks per split
     ):
         check(counts, "scattered", num_pages=128, seed=3, plan=plan)
-    check([FULL, 64], "tail", num_pages=128, seed=4, plan=plans.Plan("dsplit", splits=16, block_n=64))
+    check([FULL, 64], "tail", num_pages=128, seed=4, plan=policy.Plan("dsplit", splits=16, block_n=64))
 
 
 def test_split_path_for_short_rows_and_dsplit_for_many_tokens():
     # Both kernels must be correct for any T, whatever the default dispatch.
-    check([1, FULL], "tail", num_pages=96, seed=5, plan=plans.Plan("two_launch", splits=4, block_n=256))
-    check([0, 1, 63, 64, 65], "scattered", num_pages=96, seed=6, plan=plans.Plan("dsplit", splits=4, block_n=256))
+    check([1, FULL], "tail", num_pages=96, seed=5, plan=policy.Plan("two_launch", splits=4, block_n=256))
+    check([0, 1, 63, 64, 65], "scattered", num_pages=96, seed=6, plan=policy.Plan("dsplit", splits=4, block_n=256))
 
 
 def test_strided_views_of_a_combined_cache():
@@ -129,15 +129,15 @@ def test_other_scale_and_large_logits():
 
 def test_plans_check_their_tiling():
     with pytest.raises(ValueError, match="unknown path 'fused'"):
-        plans.Plan("fused", splits=16, block_n=64).validate()  # a path of neither kernel
+        policy.Plan("fused", splits=16, block_n=64).validate()  # a path of neither kernel
     with pytest.raises(ValueError, match="read out of range"):
-        plans.Plan("two_launch", splits=32, block_n=128).validate()  # BLOCK_N > split size of 64
+        policy.Plan("two_launch", splits=32, block_n=128).validate()  # BLOCK_N > split size of 64
     with pytest.raises(ValueError, match="powers of two"):
-        plans.Plan("two_launch", splits=12, block_n=32).validate()
+        policy.Plan("two_launch", splits=12, block_n=32).validate()
     with pytest.raises(ValueError, match="value slices"):
-        plans.Plan("dsplit", splits=64, block_n=64).validate()  # 8-column slices are too narrow for tl.dot
+        policy.Plan("dsplit", splits=64, block_n=64).validate()  # 8-column slices are too narrow for tl.dot
     with pytest.raises(ValueError, match="at least 16"):
-        plans.Plan("two_launch", splits=4, block_n=8).validate()
+        policy.Plan("two_launch", splits=4, block_n=8).validate()
 
 
 def test_cuda_policy_keeps_grids_coresident():
@@ -149,7 +149,7 @@ def test_cuda_policy_keeps_grids_coresident():
     for resident, clusters in ((132, 7), (40, 2), (132, 0), (16, 0)):
         for tokens in range(1, 200):
             for forced in (False, True):
-                plan = plans.cuda_plan(tokens, resident, clusters, force_two_launch=forced)
+                plan = policy.cuda_plan(tokens, resident, clusters, force_two_launch=forced)
                 plan.validate()
                 where = (resident, clusters, tokens, forced, plan)
                 assert plan.block_n == cuda_ext.TILE_SLOTS and plan.num_stages == cuda_ext.STAGES, where
@@ -164,20 +164,20 @@ def test_cuda_policy_keeps_grids_coresident():
                 if plan.path != "cuda_cluster":  # the launcher takes two launches when even this is not co-resident
                     assert tokens * plan.splits <= resident or plan.splits == cuda_ext.MIN_SPLITS, where
     with pytest.raises(ValueError, match=r"power-of-two splits in \[8, 16\]"):
-        plans.cuda_kernel_plan("cuda_cluster", 32)  # a cluster holds at most 16 programs
+        policy.cuda_kernel_plan("cuda_cluster", 32)  # a cluster holds at most 16 programs
     with pytest.raises(ValueError, match="gather lag"):
-        plans.cuda_kernel_plan("cuda", 16, gather_lag=-1)
+        policy.cuda_kernel_plan("cuda", 16, gather_lag=-1)
     with pytest.raises(ValueError, match="only the CUDA kernel has a gather lag"):
-        plans.Plan("two_launch", 16, 64, 8, 2, gather_lag=1000).validate()
+        policy.Plan("two_launch", 16, 64, 8, 2, gather_lag=1000).validate()
     with pytest.raises(ValueError, match="bfloat16 partials"):
-        plans.Plan("cuda_cluster", 16, cuda_ext.TILE_SLOTS, 8, cuda_ext.STAGES, partial_dtype=torch.float32).validate()
-    assert plans.cuda_kernel_plan("cuda_cluster", 8, 1000).partial_dtype == torch.bfloat16
+        policy.Plan("cuda_cluster", 16, cuda_ext.TILE_SLOTS, 8, cuda_ext.STAGES, partial_dtype=torch.float32).validate()
+    assert policy.cuda_kernel_plan("cuda_cluster", 8, 1000).partial_dtype == torch.bfloat16
     with pytest.raises(ValueError, match="power-of-two splits"):
-        plans.Plan("cuda", splits=4, block_n=64, partial_dtype=torch.bfloat16).validate()
+        policy.Plan("cuda", splits=4, block_n=64, partial_dtype=torch.bfloat16).validate()
     with pytest.raises(ValueError, match=f"tile is {cuda_ext.TILE_SLOTS} slots"):
-        plans.Plan("cuda", splits=16, block_n=2 * cuda_ext.TILE_SLOTS, partial_dtype=torch.bfloat16).validate()
+        policy.Plan("cuda", splits=16, block_n=2 * cuda_ext.TILE_SLOTS, partial_dtype=torch.bfloat16).validate()
     with pytest.raises(ValueError, match=f"has {cuda_ext.STAGES} gather stages"):
-        plans.Plan("cuda", splits=16, block_n=cuda_ext.TILE_SLOTS, num_stages=1, partial_dtype=torch.bfloat16).validate()
+        policy.Plan("cuda", splits=16, block_n=cuda_ext.TILE_SLOTS, num_stages=1, partial_dtype=torch.bfloat16).validate()
 
 
 def test_ticket_barrier_arithmetic_releases_exactly_at_the_last_arrival():
@@ -213,7 +213,7 @@ def test_ticket_barrier_arithmetic_releases_exactly_at_the_last_arrival():
 def test_cuda_path_is_refused_under_interpreter():
     axes, inputs = make_inputs([3], num_pages=16)
     with pytest.raises(ValueError, match="not the Triton interpreter"):
-        plan = plans.Plan("cuda", splits=16, block_n=cuda_ext.TILE_SLOTS, num_stages=cuda_ext.STAGES, partial_dtype=torch.bfloat16)
+        plan = policy.Plan("cuda", splits=16, block_n=cuda_ext.TILE_SLOTS, num_stages=cuda_ext.STAGES, partial_dtype=torch.bfloat16)
         run_solution(axes, inputs, plan)
 
 
@@ -320,7 +320,7 @@ def cuda() -> torch.device:
 def test_gpu_refuses_triton_plans(cuda):
     """On a GPU the CUDA kernel runs: the Triton kernels are the interpreter's path only."""
     axes, inputs = make_inputs([FULL, 3], "scattered", 64, seed=16, device=cuda)
-    for plan in (plans.Plan("dsplit", 16, 64, 8, 2), plans.Plan("two_launch", 16, 64, 8, 2)):
+    for plan in (policy.Plan("dsplit", 16, 64, 8, 2), policy.Plan("two_launch", 16, 64, 8, 2)):
         with pytest.raises(ValueError, match="the Triton kernels are this solution's interpreter path"):
             run_solution(axes, inputs, plan, cuda)
 
@@ -329,7 +329,7 @@ def test_gpu_refuses_triton_plans(cuda):
 @pytest.mark.parametrize("counts,padding", GPU_CASES, ids=_ids)
 def test_gpu_default_plan(cuda, counts, padding):
     _, used = check(counts, padding, GPU_CONTEST_PAGES, seed=11, device=cuda)
-    assert used == plans.default_plan(len(counts), cuda)
+    assert used == policy.default_plan(len(counts), cuda)
     resident = cuda_ext.resident_programs() if used.path == "cuda" else cuda_ext.resident_clusters(used.splits) * used.splits
     assert len(counts) * used.splits <= resident, "T <= 8 fits one co-resident launch"
 
@@ -414,7 +414,7 @@ def cuda_barrier_plan(tokens: int, device: torch.device):
     splits = 16
     while tokens * splits > cuda_ext.resident_programs():
         splits //= 2
-    return plans.cuda_kernel_plan("cuda", splits)
+    return policy.cuda_kernel_plan("cuda", splits)
 
 
 BARRIER_ROWS = [[FULL] * 8, [1, 0, 2047], [FULL], [64, 65, 0, 1, 5, 7], [300] * 4, [0, 0, 0]]
@@ -436,7 +436,7 @@ def test_gpu_cuda_ticket_barrier_survives_many_calls_and_wraps(cuda):
     for call in range(600):
         axes, inputs = cases[call % len(cases)]
         T = axes["num_tokens"]
-        plan = cuda_barrier_plan(T, cuda) if call % 3 else plans.cuda_kernel_plan("cuda", 8)  # split counts change
+        plan = cuda_barrier_plan(T, cuda) if call % 3 else policy.cuda_kernel_plan("cuda", 8)  # split counts change
         before = words[:, 0].clone()
         outputs, _ = run_solution(axes, inputs, plan, cuda)
         assert words.data_ptr() == buffers.words.data_ptr(), "same words reused"
@@ -504,7 +504,7 @@ def test_gpu_side_stream_has_its_own_buffers(cuda):
 @pytest.mark.gpu
 def test_gpu_env_forces_two_launch(cuda, monkeypatch):
     monkeypatch.setenv("DSA_ATTN_TWO_LAUNCH", "1")
-    assert plans.default_plan(8, cuda).path == "cuda_two_launch"
+    assert policy.default_plan(8, cuda).path == "cuda_two_launch"
     check([FULL, 0, 1], "tail", 256, seed=32, device=cuda)
 
 
@@ -512,7 +512,7 @@ def test_gpu_env_forces_two_launch(cuda, monkeypatch):
 def test_gpu_many_tokens_fall_back_to_two_launch(cuda):
     counts = [FULL if t % 3 == 0 else (t * 37) % 2048 for t in range(48)]
     axes, inputs = make_inputs(counts, "tail", GPU_CONTEST_PAGES, seed=33, device=cuda)
-    plan = plans.default_plan(len(counts), cuda)
+    plan = policy.default_plan(len(counts), cuda)
     assert plan.splits == cuda_ext.MIN_SPLITS and len(counts) * plan.splits > cuda_ext.resident_programs()
     outputs, launch = run_cuda(axes, inputs, plan.splits, "barrier", cuda)
     assert launch == cuda_ext.TWO_LAUNCH

@@ -41,12 +41,12 @@ if _PACKAGE not in sys.modules:
     _package.__path__ = [str(SOLUTION_DIR)]
     sys.modules[_PACKAGE] = _package
 entry = importlib.import_module(f"{_PACKAGE}.decode.entry")
-config_mod = importlib.import_module(f"{_PACKAGE}.decode.config")
-kernels = importlib.import_module(f"{_PACKAGE}.decode.kernels")
-geometry_mod = importlib.import_module(f"{_PACKAGE}.decode.geometry")
+policy_mod = importlib.import_module(f"{_PACKAGE}.decode.policy")
+kernels = importlib.import_module(f"{_PACKAGE}.decode.triton_kernels")
+shapes_mod = importlib.import_module(f"{_PACKAGE}.decode.shapes")
 cuda_mod = importlib.import_module(f"{_PACKAGE}.decode.cuda")
 cuda_build = importlib.import_module(f"{_PACKAGE}.common.cuda_build")
-DecodeConfig = config_mod.DecodeConfig
+DecodeConfig = policy_mod.DecodeConfig
 
 FORMATS = {"V32": kvr.V32, "V4": kvr.V4, "V41": kvr.V41}
 CPU = torch.device("cpu")
@@ -108,7 +108,7 @@ def reference(fmt, case) -> tuple[torch.Tensor, torch.Tensor]:
 def run(fmt, case, config=None):
     """The solution on ``case``; outputs NaN-poisoned first. Returns (out, lse, config used)."""
     b, s_q, h_q, _ = case["q"].shape
-    out = torch.full((b, s_q, h_q, geometry_mod.D_V), float("nan"), dtype=torch.bfloat16, device=case["q"].device)
+    out = torch.full((b, s_q, h_q, shapes_mod.D_V), float("nan"), dtype=torch.bfloat16, device=case["q"].device)
     lse = torch.full((b, s_q, h_q), float("nan"), device=case["q"].device)
     used = entry.mla_decode(fmt, case["q"], case["kv_cache"], case["indices"], case["sm_scale"], case["attn_sink"],
                             case["topk_length"], out, lse, config)  # fmt: skip
@@ -216,7 +216,7 @@ def test_wrong_rope_offset_fails_the_reference():
     for fmt in (kvr.V32, kvr.V4):
         case, _, bs = make_case(fmt, seed=7)
         good = entry.record_geometry(fmt.kv_format, bs)
-        mutant = geometry_mod.RecordGeometry(**{**good.__dict__, "rope_offset": good.rope_offset + 16})
+        mutant = shapes_mod.RecordGeometry(**{**good.__dict__, "rope_offset": good.rope_offset + 16})
         entry.record_geometry.cache_clear()
         original = entry.record_geometry
         entry.record_geometry = lambda kv_format, block_size, _m=mutant: _m
@@ -258,7 +258,7 @@ def test_inputs_are_checked_and_left_unmodified():
         assert torch.equal(case[k], v), k
     assert torch.equal(backing, backing_before)
     b, s_q, h_q, _ = case["q"].shape
-    out = torch.empty(b, s_q, h_q, geometry_mod.D_V, dtype=torch.bfloat16)
+    out = torch.empty(b, s_q, h_q, shapes_mod.D_V, dtype=torch.bfloat16)
     lse = torch.empty(b, s_q, h_q)
     with pytest.raises(ValueError, match="q: expected bf16"):
         entry.kernel_v4(case["q"], case["kv_cache"], case["indices"], 1.0, None, None, out, lse)  # V3.2 q for V4
@@ -279,9 +279,9 @@ def test_configs_check_their_tiling_and_the_barrier_is_refused_here():
     with pytest.raises(ValueError, match="power of two"):
         DecodeConfig(splits=3).validate(64, 2048)
     with pytest.raises(ValueError, match="interpreter"):
-        config_mod.resolve_combine(DecodeConfig(splits=4, combine="barrier"), 8, 132, interpreted=True)
+        policy_mod.resolve_combine(DecodeConfig(splits=4, combine="barrier"), 8, 132, interpreted=True)
     with pytest.raises(ValueError, match="resident"):
-        config_mod.resolve_combine(DecodeConfig(splits=4, combine="barrier"), 200, 132, interpreted=False)
+        policy_mod.resolve_combine(DecodeConfig(splits=4, combine="barrier"), 200, 132, interpreted=False)
     fmt = kvr.V32
     case, _, _ = make_case(fmt, seed=10)
     with pytest.raises(ValueError, match="interpreter"):
@@ -295,16 +295,16 @@ def test_gpu_policy_on_the_production_shapes():
     cases = {(2, 128): 16, (2, 64): 32, (64, 128): 1, (128, 128): 1, (128, 64): 1}
     for (b, h_q), splits in cases.items():
         for fmt in ("V32", "V4"):
-            config = config_mod.select_config(fmt, h_q, b * 2, 2048, sms)
+            config = policy_mod.select_config(fmt, h_q, b * 2, 2048, sms)
             programs = b * 2 * (h_q // config.block_h) * config.splits
             assert config.splits == splits, (fmt, b, h_q, config)
             assert config.combine == ("barrier" if splits > 1 else "none") and (splits == 1 or programs <= sms), config
-    config = config_mod.select_config("V32", 128, 148, 2048, sms)  # b = 74: 296 units, waves 3 at S = 1
+    config = policy_mod.select_config("V32", 128, 148, 2048, sms)  # b = 74: 296 units, waves 3 at S = 1
     assert config.splits > 1 and config.combine == "two_launch"
-    assert config_mod.select_config("V4", 64, 2, 32, sms).block_n == 32  # a block never exceeds the row
+    assert policy_mod.select_config("V4", 64, 2, 32, sms).block_n == 32  # a block never exceeds the row
     os.environ["DSA_DECODE_TWO_LAUNCH"] = "1"
     try:
-        assert config_mod.select_config("V32", 128, 4, 2048, sms).combine == "two_launch"
+        assert policy_mod.select_config("V32", 128, 4, 2048, sms).combine == "two_launch"
     finally:
         del os.environ["DSA_DECODE_TWO_LAUNCH"]
 
@@ -316,11 +316,11 @@ def test_gpu_policy_for_16_and_32_heads(h_q):
     sms = 132
     for b, s_q in ((1, 1), (8, 2), (128, 2)):
         for fmt in ("V32", "V4"):
-            config = config_mod.select_config(fmt, h_q, b * s_q, 2048, sms)
+            config = policy_mod.select_config(fmt, h_q, b * s_q, 2048, sms)
             assert (config.kernel, config.block_h) == ("triton", h_q), config
             assert config.splits > 1 if b * s_q <= 16 else config.splits == 1, (b, s_q, config)
             config.validate(h_q, 2048)
-    assert config_mod.select_config("V4", h_q, 2, 512, sms).block_h == h_q  # V4's top-512
+    assert policy_mod.select_config("V4", h_q, 2, 512, sms).block_h == h_q  # V4's top-512
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -339,10 +339,10 @@ def test_cuda_kernel_config_and_policy():
     """The CUDA kernel's tiling is fixed; its split count follows auto_splits on one program per SM."""
     sms = 132
     for (b, h_q), splits in {(2, 128): 16, (2, 64): 32, (64, 128): 1, (128, 128): 1, (74, 128): 2}.items():
-        config = config_mod.cuda_config(b * 2, h_q, 2048, sms)
+        config = policy_mod.cuda_config(b * 2, h_q, 2048, sms)
         assert (config.kernel, config.splits, config.combine) == ("cuda", splits, "none" if splits == 1 else "two_launch"), (b, h_q)
         config.validate(h_q, 2048)
-    cuda = config_mod.CUDA_CONFIG
+    cuda = policy_mod.CUDA_CONFIG
     with pytest.raises(ValueError, match="tiling is fixed"):
         replace(cuda, splits=1, combine="none", block_n=32).validate(128, 2048)
     with pytest.raises(ValueError, match="second launch"):
@@ -371,13 +371,13 @@ def test_cuda_16_and_32_head_kernel_config_and_policy(h_q):
     split until the SMs have work (b = 8, s_q = 1: 8 rows x 16 splits on 132 SMs)."""
     sms = 132
     for (b, s_q), splits in {(1, 1): 32, (8, 1): 16, (8, 2): 8, (32, 1): 4, (128, 2): 1}.items():
-        config = config_mod.cuda_config(b * s_q, h_q, 2048, sms)
+        config = policy_mod.cuda_config(b * s_q, h_q, 2048, sms)
         assert (config.kernel, config.block_h, config.num_warps, config.splits) == ("cuda", h_q, 8, splits), (b, s_q, config)
         assert config.combine == ("none" if splits == 1 else "two_launch")
         config.validate(h_q, 2048)
     with pytest.raises(ValueError, match="tiling is fixed"):  # the 64-head kernel's tiling at 16/32 heads
-        replace(config_mod.CUDA_CONFIG, splits=1, combine="none").validate(h_q, 2048)
-    assert config_mod.cuda_base_config(h_q).block_h == h_q and config_mod.cuda_base_config(64) == config_mod.CUDA_CONFIG
+        replace(policy_mod.CUDA_CONFIG, splits=1, combine="none").validate(h_q, 2048)
+    assert policy_mod.cuda_base_config(h_q).block_h == h_q and policy_mod.cuda_base_config(64) == policy_mod.CUDA_CONFIG
     # partials: a unit is the h_q heads of one query token, 128 scales per 16 heads
     parts, cpu = 5, torch.device("cpu")
     partials = cuda_mod.SplitPartials.allocate(parts, cpu, h_q)
@@ -489,7 +489,7 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     assert library.mismatched(cuda_mod.EXPECTED_CONSTANTS) == []
     assert library.mismatched(dict(cuda_mod.EXPECTED_CONSTANTS, V4_QUANT_DIMS=512)) == ["V4_QUANT_DIMS"]
 
-    g = geometry_mod.RecordGeometry.of(kvr.V32, 64)
+    g = shapes_mod.RecordGeometry.of(kvr.V32, 64)
 
     def launch_args(fmt=0, h_q=128, splits=1, q=16):
         return [0, None, fmt, q, 0, 0, 0, 16, g.packed_page_bytes, 64, g.data_slot_bytes, g.scale_base, g.scale_slot_bytes,
@@ -516,12 +516,12 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
 def test_geometry_comes_from_the_descriptors():
     for fmt in FORMATS.values():
         for bs in (1, 2, 61, 64):
-            g = geometry_mod.RecordGeometry.of(fmt, bs)
+            g = shapes_mod.RecordGeometry.of(fmt, bs)
             at = fmt.offsets(bs - 1, bs)
             assert at["data"] == (bs - 1) * g.data_slot_bytes and at["scales"] == g.scale_base + (bs - 1) * g.scale_slot_bytes
-            assert g.quant_dims + g.v_rope_dims == geometry_mod.D_V and g.d_qk - geometry_mod.D_V == g.k_extra_dims
+            assert g.quant_dims + g.v_rope_dims == shapes_mod.D_V and g.d_qk - shapes_mod.D_V == g.k_extra_dims
     with pytest.raises(ValueError, match="e4m3 values"):
-        geometry_mod.RecordGeometry.of(kvr.V41_FP4, 64)
+        shapes_mod.RecordGeometry.of(kvr.V41_FP4, 64)
 
 
 _SM90_COMPILE = textwrap.dedent(
@@ -531,7 +531,7 @@ _SM90_COMPILE = textwrap.dedent(
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     pkg = types.ModuleType("decode_sol"); pkg.__path__ = [sys.argv[1]]; sys.modules["decode_sol"] = pkg
-    K = importlib.import_module("decode_sol.decode.kernels")
+    K = importlib.import_module("decode_sol.decode.triton_kernels")
     entry = importlib.import_module("decode_sol.decode.entry")
     from dsa_bench.definitions import kv_records as kvr
     block_h = int(sys.argv[2]) if len(sys.argv) > 2 else 64  # heads per program (16 and 32: the TP8 / TP4 path)
@@ -735,7 +735,7 @@ def test_gpu_cuda_kernel_is_the_default_and_matches_on_every_split(name):
     # V3.2: 1, 2 and 4 splits (at least 8 tiles a program) run the consumers' scorer schedule, the
     # default 16 and 32 the halves schedule (csrc/config.cuh, Role); V4 always the halves.
     for splits in (1, 2, 4, 32):
-        _, _, used = check(fmt, case, replace(config_mod.CUDA_CONFIG, splits=splits))
+        _, _, used = check(fmt, case, replace(policy_mod.CUDA_CONFIG, splits=splits))
         assert (used.kernel, used.splits) == ("cuda", splits)
 
 
@@ -749,7 +749,7 @@ def test_gpu_cuda_kernel_on_small_pages_short_rows_and_padded_page_strides(name,
     case, _, _ = make_case(fmt, b=3, s_q=2, h_q=64, topk=topk, block_size=block_size, num_blocks=blocks, page_pad=page_pad,
                            empty_rows=(2,), sink=True, topk_length=lengths, device=GPU)  # fmt: skip
     for splits in (1, 2):
-        _, _, used = check(fmt, case, replace(config_mod.CUDA_CONFIG, splits=splits))
+        _, _, used = check(fmt, case, replace(policy_mod.CUDA_CONFIG, splits=splits))
         assert used.kernel == "cuda"
 
 
@@ -768,7 +768,7 @@ def test_gpu_cuda_16_and_32_heads_on_every_split_and_query_count(name, h_q):
         assert (used.kernel, used.block_h) == ("cuda", h_q), used
         if (b, s_q) == (2, 2):
             for splits in (1, 2, 3, 4, 8, 16, 32):
-                _, _, used = check(fmt, case, replace(config_mod.cuda_base_config(h_q), splits=splits))
+                _, _, used = check(fmt, case, replace(policy_mod.cuda_base_config(h_q), splits=splits))
                 assert (used.kernel, used.splits, used.block_h) == ("cuda", splits, h_q)
 
 
@@ -783,7 +783,7 @@ def test_gpu_cuda_16_and_32_heads_on_small_pages_short_rows_and_padded_page_stri
     case, _, _ = make_case(fmt, b=3, s_q=2, h_q=h_q, topk=topk, block_size=block_size, num_blocks=blocks, page_pad=page_pad,
                            empty_rows=(2,), sink=True, topk_length=lengths, device=GPU)  # fmt: skip
     for splits in (1, 2, 5):
-        _, _, used = check(fmt, case, replace(config_mod.cuda_base_config(h_q), splits=splits))
+        _, _, used = check(fmt, case, replace(policy_mod.cuda_base_config(h_q), splits=splits))
         assert (used.kernel, used.block_h) == ("cuda", h_q)
 
 
@@ -794,7 +794,7 @@ def test_gpu_cuda_kernel_refuses_what_it_cannot_take():
     _, _, used = check(fmt, case)
     assert used.kernel == "triton"  # V4.1 records: no CUDA path on SM90
     with pytest.raises(ValueError, match="CUDA MLA decode cannot take this call"):
-        run(fmt, case, replace(config_mod.CUDA_CONFIG, splits=1))
+        run(fmt, case, replace(policy_mod.CUDA_CONFIG, splits=1))
 
 
 @pytest.mark.gpu
@@ -822,7 +822,7 @@ def _check_workload_case(workload, case, device):
     args = definition.input_args(inputs)
     topk_length = args[5] if len(args) > 5 else None
     b, s_q, h_q, _ = inputs["q"].shape
-    out = torch.full((b, s_q, h_q, geometry_mod.D_V), float("nan"), dtype=torch.bfloat16, device=device)
+    out = torch.full((b, s_q, h_q, shapes_mod.D_V), float("nan"), dtype=torch.bfloat16, device=device)
     lse = torch.full((b, s_q, h_q), float("nan"), device=device)
     used = entry.mla_decode(fmt, *args[:5], topk_length, out, lse)
     result = definition.check(inputs, {"out": out, "lse": lse}, definition.expect(inputs), workload.settings.tolerance)

@@ -39,8 +39,9 @@ NUM_PAGES = 2000  # cache pages for synthetic cases (the contest's 11923 only in
 
 _solution = load_solution(SOLUTION_DIR)
 kernel, entry_module = import_entry(_solution, indexer.NAME)  # indexer/entry.py
-kernels = importlib.import_module(f"{entry_module.__package__}.score")  # the Triton kernels
-topk_ext = importlib.import_module(f"{entry_module.__package__}.topk")  # the CUDA top-k
+kernels = importlib.import_module(f"{entry_module.__package__}.triton_kernels")  # the Triton kernels
+policy = importlib.import_module(f"{entry_module.__package__}.policy")  # their tiles
+cuda_topk = importlib.import_module(f"{entry_module.__package__}.cuda_topk")  # the CUDA top-k
 shapes = importlib.import_module(f"{entry_module.__package__}.shapes")
 cuda_build = importlib.import_module(f"{entry_module.__package__.rsplit('.', 1)[0]}.common.cuda_build")
 
@@ -168,12 +169,12 @@ def reference_scores(inputs, b: int) -> torch.Tensor:
 
 SCORE_TILES = {
     "default": None,  # what the launcher picks here (whole-row tiles under the interpreter)
-    "one_page": kernels.GPU_SCORE_TILE,  # the GPU tile (an id without "gpu", the marker's keyword)
-    "4pages": kernels.ScoreTile(pages=4, num_warps=4),
-    "loop4": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=4, num_stages=2),  # pipelined pages per program
-    "loop3": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=3, num_stages=2),  # not a power of two (91 = 30 x 3 + 1)
-    "loop3_rows_first": kernels.ScoreTile(pages=1, num_warps=4, loop_pages=3, num_stages=2, rows_first=True),
-    "one_page_rows_first": kernels.ScoreTile(pages=1, num_warps=4, rows_first=True),
+    "one_page": policy.GPU_SCORE_TILE,  # the GPU tile (an id without "gpu", the marker's keyword)
+    "4pages": policy.ScoreTile(pages=4, num_warps=4),
+    "loop4": policy.ScoreTile(pages=1, num_warps=4, loop_pages=4, num_stages=2),  # pipelined pages per program
+    "loop3": policy.ScoreTile(pages=1, num_warps=4, loop_pages=3, num_stages=2),  # not a power of two (91 = 30 x 3 + 1)
+    "loop3_rows_first": policy.ScoreTile(pages=1, num_warps=4, loop_pages=3, num_stages=2, rows_first=True),
+    "one_page_rows_first": policy.ScoreTile(pages=1, num_warps=4, rows_first=True),
 }
 
 
@@ -201,26 +202,26 @@ def test_gpu_score_tile_policy(monkeypatch):
     # The GPU policy (checked with the interpreter switched off in the policy only), whatever its
     # tuned thresholds: larger calls are matched first, every tile is a one-page tile with the GPU dot, the
     # smallest scored call gets no loop, and more programs never get fewer pages per program.
-    monkeypatch.setattr(kernels, "INTERPRETING", False)
-    thresholds = [t for t, _ in kernels.GPU_LOOP_TILES]
+    monkeypatch.setattr(policy, "INTERPRETED", False)
+    thresholds = [t for t, _ in policy.GPU_LOOP_TILES]
     assert thresholds == sorted(thresholds, reverse=True), "larger calls first"
-    assert kernels.default_score_tile(33, 1).loop_pages == 1
+    assert policy.default_score_tile(33, 1).loop_pages == 1
     calls = sorted((batch * pages, batch, pages) for batch in range(1, 32) for pages in range(33, 92))
     loops = []
     for _, batch, pages in calls:
-        tile = kernels.default_score_tile(pages, batch)
-        assert tile.pages == 1 and tile.dot == kernels.GPU_SCORE_TILE.dot, (batch, pages, tile)
+        tile = policy.default_score_tile(pages, batch)
+        assert tile.pages == 1 and tile.dot == policy.GPU_SCORE_TILE.dot, (batch, pages, tile)
         loops.append(tile.loop_pages)
     assert loops == sorted(loops), "more programs, never fewer pages per program"
 
 
 def test_score_tiles_and_launchers_check_their_arguments():
     with pytest.raises(ValueError, match="power of two"):
-        kernels.ScoreTile(pages=3, num_warps=4)
+        policy.ScoreTile(pages=3, num_warps=4)
     with pytest.raises(ValueError, match="one-page tiles"):
-        kernels.ScoreTile(pages=2, num_warps=4, loop_pages=2)
+        policy.ScoreTile(pages=2, num_warps=4, loop_pages=2)
     with pytest.raises(ValueError, match="num_warps"):
-        kernels.ScoreTile(pages=1, num_warps=3)
+        policy.ScoreTile(pages=1, num_warps=3)
     _, inputs = make_inputs([3000], max_pages=50, seed=1)
     with pytest.raises(ValueError, match=r"scores must be a contiguous float32 \[1, 3200\]"):
         kernels.launch_scores(*args_of(inputs), torch.empty((1, 3199), device=DEVICE))
@@ -271,20 +272,20 @@ def test_topk_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     if cuda_build.nvcc_path() is None:
         pytest.skip("nvcc is not installed")
     compiled = cuda_build.compile_library(
-        topk_ext.STEM, topk_ext.WHAT, topk_ext.HERE, topk_ext.SOURCES, topk_ext.HEADERS, "sm_90a", root=tmp_path
+        cuda_topk.STEM, cuda_topk.WHAT, cuda_topk.HERE, cuda_topk.SOURCES, cuda_topk.HEADERS, "sm_90a", root=tmp_path
     )
     assert compiled.path.is_file() and compiled.path.parent == tmp_path / compiled.name
     assert "arch=compute_90a,code=sm_90a" in compiled.command
-    library = cuda_build.CudaLibrary(compiled, topk_ext.WHAT, topk_ext.PREFIX, topk_ext.SIGNATURES)  # opens without a GPU
-    assert library.mismatched(topk_ext.EXPECTED_CONSTANTS) == []
-    assert library.mismatched(dict(topk_ext.EXPECTED_CONSTANTS, MAX_CANDIDATES=4096)) == ["MAX_CANDIDATES"]
+    library = cuda_build.CudaLibrary(compiled, cuda_topk.WHAT, cuda_topk.PREFIX, cuda_topk.SIGNATURES)  # opens without a GPU
+    assert library.mismatched(cuda_topk.EXPECTED_CONSTANTS) == []
+    assert library.mismatched(dict(cuda_topk.EXPECTED_CONSTANTS, MAX_CANDIDATES=4096)) == ["MAX_CANDIDATES"]
     assert library.error_message(1) == "invalid argument"
     # argument errors come back before any CUDA call: a misaligned score row, a bad test hook
     args = [0, None, 4, 64, 0, 0, 1, 0, 2048, 1, 64, -1, -1, 0, 2048]  # ..., candidate_capacity, fast_candidates, dependent_launch, topk
     with pytest.raises(RuntimeError, match="dsa_topk_filtered failed: score rows must be 16-byte aligned"):
         library.call("filtered", *args)
     with pytest.raises(RuntimeError, match="fast_candidates must be -1 or 0..FAST_CANDIDATES"):
-        library.call("filtered", *[*args[:2], 16, *args[3:-3], topk_ext.FAST_CANDIDATES + 1, 0, 2048])
+        library.call("filtered", *[*args[:2], 16, *args[3:-3], cuda_topk.FAST_CANDIDATES + 1, 0, 2048])
     for topk in (0, 2049):
         with pytest.raises(RuntimeError, match=r"topk must be in 1\.\.TOPK"):
             library.call("filtered", *[*args[:2], 16, *args[3:-1], topk])
@@ -293,19 +294,22 @@ def test_topk_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     if nm:
         proc = subprocess.run([nm, "-D", "--defined-only", str(compiled.path)], capture_output=True, text=True, check=True)
         exported = {line.split()[-1] for line in proc.stdout.splitlines() if line.strip()}
-        wanted = {topk_ext.PREFIX + name for name in [*topk_ext.SIGNATURES, "error_string", *topk_ext.EXPECTED_CONSTANTS]}
+        wanted = {cuda_topk.PREFIX + name for name in [*cuda_topk.SIGNATURES, "error_string", *cuda_topk.EXPECTED_CONSTANTS]}
         assert exported == wanted
 
 
 _TRITON_SM90_COMPILE = textwrap.dedent(
     """
-    import json, re, sys
-    sys.path.insert(0, sys.argv[1])
+    import json, re, sys, types
+    solution = types.ModuleType("triton_solution")  # a package rooted at the solution folder, as the harness imports it
+    solution.__path__ = [sys.argv[1]]
+    sys.modules["triton_solution"] = solution
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    import indexer.score as K
-    import indexer.shapes as shapes
+    import triton_solution.indexer.triton_kernels as K
+    import triton_solution.indexer.policy as policy
+    import triton_solution.indexer.shapes as shapes
 
     def compile_kernel(fn, signature, constexprs, num_warps):
         names = list(fn.arg_names)
@@ -320,7 +324,7 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
 
     score_sig = {"q_ptr": "*fp8e4nv", "k_values_ptr": "*fp8e4nv", "k_scales_ptr": "*fp32", "weights_ptr": "*fp32",
                  "seq_lens_ptr": "*i32", "block_table_ptr": "*i32", "scores_ptr": "*fp32", "row_width": "i32", "stride_bt_row": "i32"}
-    tile = K.GPU_SCORE_TILE
+    tile = policy.GPU_SCORE_TILE
     result = {}
     consts = {"NUM_HEADS": shapes.NUM_HEADS, "HEAD_DIM": shapes.HEAD_DIM, "PAGE_SIZE": shapes.PAGE_SIZE, "PAGE_BYTES": shapes.PAGE_BYTES,
               "TOPK": shapes.TOPK, "PAGES": tile.pages, "BLOCK_N": tile.block_n, "LOOP_PAGES": tile.loop_pages, "LOOP_SLOTS": 1,
@@ -335,7 +339,7 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
     emit_sig = {"block_table_ptr": "*i32", "seq_lens_ptr": "*i32", "positions_ptr": "*i64", "out_ptr": "*i32",
                 "stride_bt_row": "i32", "stride_pos_row": "i32", "stride_out_row": "i32", "max_pages": "i32"}
     for has_positions in (False, True):
-        compile_kernel(K._emit_ids_kernel, emit_sig, {"PAGE_SIZE": shapes.PAGE_SIZE, "TOPK": shapes.TOPK, "BLOCK": K.GPU_EMIT_BLOCK,
+        compile_kernel(K._emit_ids_kernel, emit_sig, {"PAGE_SIZE": shapes.PAGE_SIZE, "TOPK": shapes.TOPK, "BLOCK": policy.GPU_EMIT_BLOCK,
                        "HAS_POSITIONS": has_positions}, 4)
     print(json.dumps(result))
     """
@@ -542,8 +546,8 @@ def test_emulated_cuda_topk_on_triton_scores_passes_checker(emulator):
 
 
 def _cuda_topk():
-    topk_ext.load_topk_extension()
-    return topk_ext.filtered_topk
+    cuda_topk.load_topk_extension()
+    return cuda_topk.filtered_topk
 
 
 @pytest.mark.gpu

@@ -1,4 +1,4 @@
-"""The triton indexer's long-row top-k (indexer/topk_long.py, csrc/topk_long.cuh) and its dispatch.
+"""The triton indexer's long-row top-k (indexer/cuda_topk_long.py, csrc/topk_long.cuh) and its dispatch.
 
 On CPU the kernels' exact selection runs on a host emulator (topk_long_emulator.cpp: the CUDA
 source compiled as host C++ over topk_emulator.cpp's fiber-based SIMT layer, the four kernels run
@@ -32,7 +32,8 @@ from test_triton_indexer import (
 from dsa_bench.definitions import indexer
 from dsa_bench.definitions.base import INT_POISON, InputRng
 
-topk_long = importlib.import_module(f"{entry_module.__package__}.topk_long")
+topk_long = importlib.import_module(f"{entry_module.__package__}.cuda_topk_long")
+policy = importlib.import_module(f"{entry_module.__package__}.policy")
 cuda_build = importlib.import_module(f"{entry_module.__package__.rsplit('.', 1)[0]}.common.cuda_build")
 EMULATOR_SOURCE = Path(__file__).resolve().parent / "topk_long_emulator.cpp"  # includes csrc/topk_long.cuh
 SCRATCH_INTS = topk_long.SCRATCH_INTS
@@ -74,10 +75,10 @@ def test_dispatch_keeps_short_tables_on_the_filtered_topk():
     # only from 64K tokens; B = 128 keeps one block per row.
     for batch in (1, 31, 128):
         for pages in (33, 91, 128, 256):
-            assert not topk_long.uses_long_path(batch, pages)
-    assert topk_long.uses_long_path(1, 257) and topk_long.uses_long_path(32, 512) and topk_long.uses_long_path(32, 2048)
-    assert not topk_long.uses_long_path(64, 512) and topk_long.uses_long_path(64, 1024) and topk_long.uses_long_path(64, 2048)
-    assert not topk_long.uses_long_path(128, 512) and not topk_long.uses_long_path(128, 2048)
+            assert not policy.uses_long_path(batch, pages)
+    assert policy.uses_long_path(1, 257) and policy.uses_long_path(32, 512) and policy.uses_long_path(32, 2048)
+    assert not policy.uses_long_path(64, 512) and policy.uses_long_path(64, 1024) and policy.uses_long_path(64, 2048)
+    assert not policy.uses_long_path(128, 512) and not policy.uses_long_path(128, 2048)
 
 
 # --------------------------------------------------------------------------- emulated on CPU
@@ -178,7 +179,7 @@ def test_cuda_long_topk_matches_torch_topk(k):
 def test_gpu_entry_on_long_rows_passes_the_checker(weights):
     lens = [70000, 33000, 16385, 2049, 100, 0]
     axes, inputs = make_inputs(lens, max_pages=1100, seed=5, num_pages=sum(-(-n // 64) for n in lens) + 8)
-    assert topk_long.uses_long_path(len(lens), 1100)
+    assert policy.uses_long_path(len(lens), 1100)
     w = inputs["weights"]
     if weights == "negative":
         w.copy_(-w.abs())

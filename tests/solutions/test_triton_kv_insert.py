@@ -28,7 +28,9 @@ DEVICE = torch.device("cuda") if HAS_CUDA else torch.device("cpu")
 SOLUTION = load_solution(ROOT / "solutions" / "triton")
 ENTRIES = {d.name: import_entry(SOLUTION, d.name) for d in kvi.DEFINITIONS}
 _, _entry_module = ENTRIES["dsa_kv_insert_v4_fp8"]
-K = importlib.import_module(f"{_entry_module.__package__}.kernel")
+K = importlib.import_module(f"{_entry_module.__package__}.triton_kernels")
+policy = importlib.import_module(f"{_entry_module.__package__}.policy")
+shapes = importlib.import_module(f"{_entry_module.__package__}.shapes")
 NAMES = tuple(ENTRIES)
 
 
@@ -80,7 +82,7 @@ def test_rounding_matches_torch_casts_and_the_exponent_is_exact(soft):
     bf16 = torch.empty(n, dtype=torch.int32, device=DEVICE)
     exps = torch.empty(n, dtype=torch.int32, device=DEVICE)
     pairs = torch.empty(n, dtype=torch.int16, device=DEVICE)
-    layout = K.kernel_layout(kvi.V4, True, 64)
+    layout = shapes.kernel_layout(kvi.V4, True, 64)
     _helpers_kernel[(1,)](padded, e4m3, pairs, bf16, exps, N=n, SOFT=soft, MIN_AMAX=layout["MIN_AMAX"],
                           MAX_EXPONENT=layout["MAX_EXPONENT"], MAX_MANTISSA=layout["MAX_MANTISSA"])
     m = x.numel()
@@ -183,7 +185,7 @@ def test_gpu_tile_and_wide_exponent_range_under_the_interpreter(name):
     for speculative in (False, True):
         rope = args[0] if rotate else args[1]
         pos, cs = (args[1], args[2]) if rotate else (None, None)
-        for tile in (K.GPU_TILE, K.SMALL_CALL_TILE, K.LaunchTile(16, 4)):
+        for tile in (policy.GPU_TILE, policy.SMALL_CALL_TILE, policy.LaunchTile(16, 4)):
             cache = definition.allocate_outputs(axes, DEVICE)["kv_cache"]
             K.launch(fmt, args[0], rope, pos, cs, inputs["slot_mapping"], 32, cache, tile=tile, speculative=speculative)
             _assert_byte_exact(definition, axes, inputs, cache)
@@ -192,15 +194,15 @@ def test_gpu_tile_and_wide_exponent_range_under_the_interpreter(name):
 def test_layouts_come_from_the_descriptors():
     for fmt, rotate in ((kvi.V32, False), (kvi.V4, True), (kvi.V41, True)):
         for bs in (32, 64):
-            layout = K.kernel_layout(fmt, rotate, bs)
+            layout = shapes.kernel_layout(fmt, rotate, bs)
             at0, at1 = fmt.offsets(0, bs), fmt.offsets(1, bs)
             assert layout["DATA_BASE"] == at0["data"] and layout["DATA_STEP"] == at1["data"] - at0["data"]
             assert layout["SCALE_BASE"] * fmt.scale_element_bytes == at0["scales"]
             assert layout["TILE"] == fmt.scale_tile and layout["NUM_SCALES"] == fmt.num_scales
-    assert K.kernel_layout(kvi.V4, True, 64)["PAD_BYTE"] == kvi.V4.pad_byte
-    assert K.kernel_layout(kvi.V41, True, 64)["ROPE_QUANTIZED"] and not K.kernel_layout(kvi.V4, True, 64)["ROPE_QUANTIZED"]
+    assert shapes.kernel_layout(kvi.V4, True, 64)["PAD_BYTE"] == kvi.V4.pad_byte
+    assert shapes.kernel_layout(kvi.V41, True, 64)["ROPE_QUANTIZED"] and not shapes.kernel_layout(kvi.V4, True, 64)["ROPE_QUANTIZED"]
     with pytest.raises(ValueError, match="RoPE dims inside"):
-        K.kernel_layout(kvi.V32, True, 64)
+        shapes.kernel_layout(kvi.V32, True, 64)
 
 
 def test_entry_checks_its_inputs():
@@ -242,7 +244,8 @@ def test_one_launch_and_no_other_device_work_per_call(name, monkeypatch):
             return func(*args, **(kwargs or {}))
 
     monkeypatch.setattr(K, "kv_insert_kernel", Recorder())
-    monkeypatch.setattr(K, "INTERPRETING", False)  # the GPU's tile
+    monkeypatch.setattr(policy, "INTERPRETED", False)  # the GPU's tile
+    monkeypatch.setattr(K, "INTERPRETED", False)  # and its rounding
     for tokens in (1, 17, 4096, 262144):
         axes = _axes(definition, tokens, 64, 0, blocks=tokens // 64 + 1)
         args = []
@@ -253,7 +256,7 @@ def test_one_launch_and_no_other_device_work_per_call(name, monkeypatch):
         with Ops():
             fn(*args, cache)
         assert {op.split(".")[0] for op in ops} <= {"view", "alias", "detach"}, ops  # no-copy views only
-        tile = K.SMALL_CALL_TILE if tokens <= K.SMALL_CALL_TOKENS else K.GPU_TILE
+        tile = policy.SMALL_CALL_TILE if tokens <= policy.SMALL_CALL_TOKENS else policy.GPU_TILE
         assert launches[-1] == ((triton.cdiv(tokens, tile.tokens),), tile.tokens, tile.num_warps, True)
     assert len(launches) == 4
 

@@ -24,7 +24,9 @@ from .shapes import D_CKV, D_KPE, NUM_HEADS, PAGE_SIZE, TOPK, check_io
 HERE = Path(__file__).resolve().parent
 #: compiled sources (relative to this folder): the C ABI and the kernels with their launcher
 SOURCES = ("csrc/attention_capi.cpp", "csrc/attention_sm90.cu")
-HEADERS = ("csrc/attention_sm90.h", *SM90_KERNEL_HEADERS)
+#: headers they include (part of the build's digest): the constants, then the kernels' parts by role
+HEADERS = ("csrc/attention_sm90.h", "csrc/config.cuh", "csrc/instructions.cuh", "csrc/producer.cuh",
+           "csrc/consumer.cuh", "csrc/combine.cuh", *SM90_KERNEL_HEADERS)
 #: the C ABI's exports are named dsa_attention_<name>
 PREFIX = "dsa_attention_"
 _P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int

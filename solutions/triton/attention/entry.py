@@ -15,7 +15,7 @@ Entry point (destination-passing style)::
 
 On a GPU the entry runs the hand-written kernel of ``csrc/attention_sm90.cu`` (built just in time
 by ``cuda.py``): strided split-K over the slots in tiles of 64 with bulk-copy (TMA) gathers
-and mma.sync, bf16 partials, and the combine in the same launch, in one of two ways (``plan.cuda_plan``):
+and mma.sync, bf16 partials, and the combine in the same launch, in one of two ways (``policy.cuda_plan``):
 path ``cuda`` behind a per-token ticket barrier in global memory whenever the grid is
 co-resident (else a second launch), or path ``cuda_cluster`` with each token's programs forming
 one thread-block cluster that combines through distributed shared memory. On an H200: T <= 2
@@ -23,7 +23,7 @@ takes 32 splits with the barrier, T <= 7 (clusters of 16 resident at once) the c
 16 splits with the barrier. Its design is described at the top of that file.
 
 Under the Triton interpreter (``TRITON_INTERPRET=1``, CPU tensors), where the CUDA kernel cannot
-run, the Triton kernels of ``triton_kernels.py`` do (``plan.interpreter_plan``). The shapes and
+run, the Triton kernels of ``triton_kernels.py`` do (``policy.interpreter_plan``). The shapes and
 constants of the contract are in ``shapes.py``.
 """
 
@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import torch
 
+from ..common.interpreter import INTERPRETED, interpreted
 from . import cuda, triton_kernels
-from .plan import CUDA_COMBINES, CUDA_PATHS, DSPLIT_MAX_TOKENS_INTERPRETER, Plan, default_plan
+from .policy import CUDA_COMBINES, CUDA_PATHS, DSPLIT_MAX_TOKENS_INTERPRETER, Plan, default_plan
 from .shapes import check_io
 
 
@@ -47,7 +48,7 @@ def sparse_attention(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scal
     args = (q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, float(sm_scale), output, lse)
     if plan.path not in CUDA_PATHS:
         triton_kernels.launch(plan, *args)
-    elif triton_kernels.interpreted(device):
+    elif interpreted(device):
         raise ValueError(f"{plan}: the CUDA kernel needs CUDA tensors and compiled kernels, not the Triton interpreter")
     else:
         cuda.launch(*args, plan.splits, CUDA_COMBINES[plan.path], plan.gather_lag)
@@ -60,7 +61,7 @@ def kernel(q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output,
 
 
 def solution_notes() -> str:
-    if triton_kernels.INTERPRETED:
+    if INTERPRETED:
         return (
             f"sparse attention under the Triton interpreter: T <= {DSPLIT_MAX_TOKENS_INTERPRETER} value-split kernel, "
             "larger T strided split-K with a separate combine launch; the CUDA kernel (GPU only) is not used on this machine"
@@ -75,5 +76,5 @@ def solution_notes() -> str:
 
 #: Built at import on a GPU, so that the harness reports a missing nvcc or a build failure as
 #: this solution's compile error.
-if not triton_kernels.INTERPRETED and torch.cuda.is_available():
+if not INTERPRETED and torch.cuda.is_available():
     cuda.load_attention_extension()

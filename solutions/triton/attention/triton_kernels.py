@@ -4,9 +4,9 @@ They run under ``TRITON_INTERPRET=1`` on CPU tensors, where the CUDA kernel cann
 CUDA kernel runs (``cuda.py``) and ``launch`` refuses. They have the numerics of the CUDA
 kernel (log2-domain online softmax with the scale pre-multiplied by log2 e, fp32 accumulation,
 the q_nope·ckv and q_pe·kpe products as two separate ``tl.dot``, P rounded to bf16 for the P·V
-product), in two paths (``plan.interpreter_plan`` picks one):
+product), in two paths (``policy.interpreter_plan`` picks one):
 
-* ``dsplit`` (the brief's short path, T <= plan.DSPLIT_MAX_TOKENS_INTERPRETER): one launch, grid
+* ``dsplit`` (the brief's short path, T <= policy.DSPLIT_MAX_TOKENS_INTERPRETER): one launch, grid
   (value slices, T). Every program scores all of its token's slots but multiplies by V only for
   its own slice of the 512 value columns, so no combine is needed. Loops stop after the row's
   last valid slot.
@@ -19,21 +19,16 @@ product), in two paths (``plan.interpreter_plan`` picks one):
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
+from ..common.interpreter import interpreted
 from ..common.triton_math import dot as _dot
 from ..common.triton_math import online_softmax_step as _online_softmax_step
 from ..common.triton_math import to_storage as _to_storage
+from .policy import Plan
 from .shapes import D_CKV, D_KPE, LOG2_E, NUM_HEADS, PAGE_SIZE, TOPK
-
-if TYPE_CHECKING:
-    from .plan import Plan
-
 
 # --------------------------------------------------------------------------- device code
 
@@ -367,23 +362,6 @@ def _combine_kernel(
 
 
 # --------------------------------------------------------------------------- host side
-
-#: Whether these kernels run under the Triton interpreter. That is decided when ``@triton.jit``
-#: runs (TRITON_INTERPRET=1 at import), so the kernel object says, not the environment.
-INTERPRETED = isinstance(_split_kernel, InterpretedFunction)
-
-
-def interpreted(device: torch.device) -> bool:
-    """Whether the kernels run under the Triton interpreter; CPU tensors without it are an error."""
-    if INTERPRETED:
-        return True
-    if device.type != "cuda":
-        raise RuntimeError(
-            f"tensors on {device}: compiled Triton kernels need CUDA tensors; "
-            "set TRITON_INTERPRET=1 before triton is imported to run them on the CPU"
-        )
-    return False
-
 
 def launch(plan: Plan, q_nope, q_pe, ckv_cache, kpe_cache, sparse_indices, sm_scale, output, lse) -> None:
     """The Triton launches of ``plan`` (a validated ``dsplit`` or ``two_launch`` plan) for T >= 1

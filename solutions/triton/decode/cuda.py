@@ -17,10 +17,9 @@ from pathlib import Path
 
 import torch
 
-from dsa_bench.definitions.kv_records import V4, V32, KvRecordFormat
-
 from ..common.cuda_build import SM90_KERNEL_HEADERS, CudaLibrary, load_checked_library
-from .geometry import D_V, RecordGeometry
+from ..common.kv_records import V4, V32, KvRecordFormat
+from .shapes import D_V, RecordGeometry
 
 HERE = Path(__file__).resolve().parent
 #: compiled sources (relative to this folder): the C ABI and the launcher, which includes the kernels

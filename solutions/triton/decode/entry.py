@@ -21,9 +21,9 @@ V is the first 512 dims of the dequantized K row (V3.2: the 512 FP8 dims; V4: 44
 dims). A row with no valid index gets out exactly 0 and lse +inf (FlashMLA's convention). The
 sink multiplies out by 1 / (1 + exp(sink - lse)) and leaves lse alone.
 
-Record geometry comes only from the ``kv_records`` descriptors (``geometry.RecordGeometry``).
-The kernels and their split / combine design are in ``kernels.py``, the tiling table and policy
-in ``config.py``, and docs/kernels/mla_decode.md explains both.
+Record geometry comes only from the ``kv_records`` descriptors (``shapes.RecordGeometry``).
+The kernels and their split / combine design are in ``triton_kernels.py``, the tiling table and policy
+in ``policy.py``, and docs/kernels/mla_decode.md explains both.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from dataclasses import replace
 
 import torch
 
-from dsa_bench.definitions.kv_records import V4, V32, V41, KvRecordFormat
-
-from . import cuda, kernels
-from .config import DecodeConfig, auto_splits, cuda_config, interpreter_config, resolve_combine, select_config
-from .geometry import D_V, RecordGeometry
+from ..common.interpreter import INTERPRETED, interpreted
+from ..common.kv_records import V4, V32, V41, KvRecordFormat
+from . import cuda, triton_kernels
+from .policy import DecodeConfig, auto_splits, cuda_config, interpreter_config, resolve_combine, select_config
+from .shapes import D_V, RecordGeometry
 
 BYTE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
 PARTIAL_TORCH_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -94,18 +94,6 @@ def check_io(fmt: KvRecordFormat, q, kv_cache, indices, attn_sink, topk_length, 
     return b, s_q, h_q, topk
 
 
-def interpreted(device: torch.device) -> bool:
-    """Whether the kernels run under the Triton interpreter; CPU tensors without it are an error."""
-    if kernels.INTERPRETED:
-        return True
-    if device.type != "cuda":
-        raise RuntimeError(
-            f"tensors on {device}: compiled Triton kernels need CUDA tensors; "
-            "set TRITON_INTERPRET=1 before triton is imported to run them on the CPU"
-        )
-    return False
-
-
 @functools.cache
 def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -117,7 +105,7 @@ def _device_sms(device: torch.device) -> int:
 
 class _TicketWords:
     """The ticket words of one (device, stream), kept for the process's lifetime: zeroed once when
-    allocated; afterwards every call leaves each word on a multiple of TICKETS_PER_CALL (kernels.py).
+    allocated; afterwards every call leaves each word on a multiple of TICKETS_PER_CALL (triton_kernels.py).
     Growing replaces the buffer (a call in flight keeps the old one alive through the caching
     allocator's stream ordering)."""
 
@@ -125,8 +113,8 @@ class _TicketWords:
         self.words: torch.Tensor | None = None
 
     def get(self, device: torch.device, units: int) -> torch.Tensor:
-        if self.words is None or self.words.numel() < units * kernels.TICKET_STRIDE:
-            self.words = torch.zeros(max(units, 256) * kernels.TICKET_STRIDE, dtype=torch.int32, device=device)
+        if self.words is None or self.words.numel() < units * triton_kernels.TICKET_STRIDE:
+            self.words = torch.zeros(max(units, 256) * triton_kernels.TICKET_STRIDE, dtype=torch.int32, device=device)
         return self.words
 
 
@@ -196,36 +184,36 @@ def mla_decode(fmt: KvRecordFormat, q, kv_cache, indices, sm_scale, attn_sink, t
         partials = cuda.SplitPartials.allocate(units * splits, device, h_q) if splits > 1 else None
         cuda.run(fmt, geometry, q, cache, indices, sm_scale, attn_sink, topk_length, out, lse, splits, partials)
         return config
-    mode = {"none": kernels.MODE_DIRECT, "two_launch": kernels.MODE_PARTIAL, "barrier": kernels.MODE_BARRIER,
-            "last": kernels.MODE_LAST}[config.combine]  # fmt: skip
+    mode = {"none": triton_kernels.MODE_DIRECT, "two_launch": triton_kernels.MODE_PARTIAL, "barrier": triton_kernels.MODE_BARRIER,
+            "last": triton_kernels.MODE_LAST}[config.combine]  # fmt: skip
     part_out = part_lse = tickets = None
-    if mode != kernels.MODE_DIRECT:
+    if mode != triton_kernels.MODE_DIRECT:
         # Partials per call (a host-side lookup in the caching allocator).
         part_out = torch.empty(units * splits * config.block_h * D_V, dtype=PARTIAL_TORCH_DTYPES[config.partial_dtype], device=device)
         part_lse = torch.empty(units * splits * config.block_h, dtype=torch.float32, device=device)
-    if mode in (kernels.MODE_BARRIER, kernels.MODE_LAST):
+    if mode in (triton_kernels.MODE_BARRIER, triton_kernels.MODE_LAST):
         tickets = ticket_words(device, units)
     scan = 1
     while scan < -(-topk // splits):
         scan *= 2
-    kernels._decode_kernel[(head_blocks, splits, tokens)](
+    triton_kernels._decode_kernel[(head_blocks, splits, tokens)](
         q, cache, indices, topk_length, attn_sink, out, lse, part_out, part_lse, tickets,
-        float(sm_scale) * kernels.LOG2_E, kv_cache.stride(0),
+        float(sm_scale) * triton_kernels.LOG2_E, kv_cache.stride(0),
         q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
         out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
         S_Q=s_q, TOPK=topk, D_V=D_V, BLOCK_H=config.block_h, BLOCK_N=config.block_n, NUM_SPLITS=splits, SPLIT_SCAN=scan,
         MODE=mode, L2_PREFETCH=config.l2_prefetch, HAS_TOPK_LENGTH=topk_length is not None, HAS_SINK=attn_sink is not None,
         **geometry.constexprs(),
-        TICKET_STRIDE=kernels.TICKET_STRIDE, TICKETS_PER_CALL=kernels.TICKETS_PER_CALL, INTERPRETED=interp,
+        TICKET_STRIDE=triton_kernels.TICKET_STRIDE, TICKETS_PER_CALL=triton_kernels.TICKETS_PER_CALL, INTERPRETED=interp,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
-    if mode == kernels.MODE_PARTIAL:
+    if mode == triton_kernels.MODE_PARTIAL:
         slice_cols = combine_slice(splits, config.block_h)
-        kernels._combine_kernel[(D_V // slice_cols, head_blocks, tokens)](
+        triton_kernels._combine_kernel[(D_V // slice_cols, head_blocks, tokens)](
             part_out, part_lse, attn_sink, out, lse,
             out.stride(0), out.stride(1), out.stride(2), lse.stride(0), lse.stride(1), lse.stride(2),
             S_Q=s_q, BLOCK_H=config.block_h, D_V=D_V, NUM_SPLITS=splits, SLICE=slice_cols, HAS_SINK=attn_sink is not None,
-            INTERPRETED=interp, num_warps=kernels.COMBINE_NUM_WARPS,
+            INTERPRETED=interp, num_warps=triton_kernels.COMBINE_NUM_WARPS,
         )  # fmt: skip
     return config
 
@@ -234,7 +222,7 @@ def combine_slice(splits: int, block_h: int) -> int:
     """Value columns per program of the combine kernel: about COMBINE_ELEMENTS partial elements
     (splits x heads x columns), between 16 (a vector of 64 bytes) and all D_V."""
     cols = D_V
-    while cols > 16 and splits * block_h * cols > kernels.COMBINE_ELEMENTS:
+    while cols > 16 and splits * block_h * cols > triton_kernels.COMBINE_ELEMENTS:
         cols //= 2
     return cols
 
@@ -263,7 +251,7 @@ SMALL_HEADS_NOTE = (
 
 
 def solution_notes() -> str:
-    if kernels.INTERPRETED:
+    if INTERPRETED:
         return ("MLA decode under the Triton interpreter: one program per (query token, block of min(64, h_q) heads), "
                 f"no splits. {SMALL_HEADS_NOTE}")
     return (

@@ -18,11 +18,11 @@ Paths, picked from shapes only (no host-device synchronisation):
 
 1. Passthrough: ``max_num_pages * 64 <= 2048`` means every row keeps all its tokens. One small
    Triton kernel expands the block table into physical ids with -1 padding; nothing is scored.
-2. Scored, on a GPU: the fused Triton score kernel (``score.py``) writes fp32 scores of
+2. Scored, on a GPU: the fused Triton score kernel (``triton_kernels.py``) writes fp32 scores of
    the rows longer than 2048 into a ``[B, max_num_pages * 64]`` buffer, then the CUDA filtered
-   radix top-k (``topk.py``, ``csrc/topk_filtered.cuh``) selects 2048 per row and writes physical ids straight
+   radix top-k (``cuda_topk.py``, ``csrc/topk_filtered.cuh``) selects 2048 per row and writes physical ids straight
    from the block table; long block tables take the long-row top-k instead
-   (``topk_long.py``, ``csrc/topk_long.cuh``: each row split over many blocks). Rows with
+   (``cuda_topk_long.py``, ``csrc/topk_long.cuh``: each row split over many blocks). Rows with
    L <= 2048 are passed through by the top-k kernel itself.
    The two launches are replayed as one CUDA graph per argument set (``LaunchGraphs``).
 3. Scored, without CUDA (``TRITON_INTERPRET=1`` on CPU tensors): the same score kernel, then
@@ -43,22 +43,22 @@ import functools
 
 import torch
 
+from ..common.interpreter import INTERPRETED, device_problem
 from ..common.launch_graphs import LaunchGraphs
-from . import score, topk, topk_long
-from .score import INTERPRETING
+from . import cuda_topk, cuda_topk_long, policy, triton_kernels
 from .shapes import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, TOPK
 
 #: The CUDA top-k is used whenever Triton compiles for a GPU; it is built at import so that the
 #: harness reports a missing nvcc or a build failure as this solution's compile error.
-USE_CUDA_TOPK = not INTERPRETING and torch.cuda.is_available()
-_cuda_topk = topk.load_topk_extension() if USE_CUDA_TOPK else None
-_cuda_long_topk = topk_long.load_long_topk_extension() if USE_CUDA_TOPK else None
+USE_CUDA_TOPK = not INTERPRETED and torch.cuda.is_available()
+_cuda_topk = cuda_topk.load_topk_extension() if USE_CUDA_TOPK else None
+_cuda_long_topk = cuda_topk_long.load_long_topk_extension() if USE_CUDA_TOPK else None
 
 
 def cuda_topk(scores, seq_lens, block_table, topk_indices, dependent_launch: bool = False) -> None:
     """The CUDA top-k for this call's shape: the multi-block long-row top-k for long block tables
-    (``topk_long.uses_long_path``), else the one-block-per-row filtered top-k."""
-    select = topk_long.long_topk if topk_long.uses_long_path(*block_table.shape) else topk.filtered_topk
+    (``policy.uses_long_path``), else the one-block-per-row filtered top-k."""
+    select = cuda_topk_long.long_topk if policy.uses_long_path(*block_table.shape) else cuda_topk.filtered_topk
     select(scores, seq_lens, block_table, topk_indices, dependent_launch=dependent_launch)
 
 
@@ -72,15 +72,16 @@ def solution_notes() -> str:
         )
         return (
             "top-k: CUDA filtered select on 32-bit score keys (range-binned fast path, radix select fallback) with page-table emit "
-            f"(library {_cuda_topk.name}); long block tables (topk_long.uses_long_path: more than {topk_long.LONG_PATH_MIN_TOKENS} "
-            f"tokens, batch <= {topk_long.LONG_PATH_MAX_BATCH}, or <= {topk_long.LONG_PATH_WIDE_BATCH} from "
-            f"{topk_long.LONG_PATH_WIDE_TOKENS} tokens): rows split over many "
+            f"(library {_cuda_topk.name}); long block tables (policy.uses_long_path: more than "
+            f"{policy.LONG_PATH_MIN_TOKENS} tokens, batch <= {policy.LONG_PATH_MAX_BATCH}, "
+            f"or <= {policy.LONG_PATH_WIDE_BATCH} from "
+            f"{policy.LONG_PATH_WIDE_TOKENS} tokens): rows split over many "
             f"blocks (a histogram pass and three level passes; library {_cuda_long_topk.name}); "
             "launched as the score kernel's programmatic dependent "
-            f"({'triggered when its programs start' if score.CAN_LAUNCH_DEPENDENTS else 'triggered when its programs end'}); "
-            f"scores: Triton, {score.DOTS[score.GPU_SCORE_TILE.dot]}; {graphs}"
+            f"({'triggered when its programs start' if triton_kernels.CAN_LAUNCH_DEPENDENTS else 'triggered when its programs end'}); "
+            f"scores: Triton, {policy.DOTS[policy.GPU_SCORE_TILE.dot]}; {graphs}"
         )
-    if INTERPRETING:
+    if INTERPRETED:
         return (
             "top-k: portable path, torch.topk on the Triton-computed scores (Triton interpreter on CPU, "
             "TRITON_INTERPRET=1); the CUDA filtered top-k is not used on this machine"
@@ -108,8 +109,8 @@ def _check_inputs(q, cache, weights, seq_lens, block_table, topk_indices, topk: 
     devices = {t.device for t in (q, cache, weights, seq_lens, block_table, topk_indices)}
     if len(devices) != 1:
         problems.append(f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    elif not INTERPRETING and next(iter(devices)).type != "cuda":
-        problems.append("CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 before this module is imported")
+    elif problem := device_problem(next(iter(devices))):
+        problems.append(problem)
     if problems:
         raise ValueError("; ".join(problems))
 
@@ -127,7 +128,7 @@ def scored_path(select_topk, dependent, q_index_fp8, k_index_cache_fp8, weights,
     """
     batch, max_pages = block_table.shape
     scores = torch.empty((batch, max_pages * PAGE_SIZE), dtype=torch.float32, device=q_index_fp8.device)
-    score.launch_scores(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, scores, skip_short_rows=True,
+    triton_kernels.launch_scores(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, scores, skip_short_rows=True,
                         launch_dependents=dependent)  # fmt: skip
     if dependent:
         select_topk(scores, seq_lens, block_table, topk_indices, dependent_launch=True)
@@ -142,7 +143,7 @@ def portable_topk(scores: torch.Tensor, seq_lens: torch.Tensor, block_table: tor
     them through and ignores their topk positions. Longer rows hold -inf past L, never chosen.
     """
     positions = torch.topk(scores, TOPK, dim=1, sorted=False).indices
-    score.launch_emit_ids(block_table, seq_lens, topk_indices, positions)
+    triton_kernels.launch_emit_ids(block_table, seq_lens, topk_indices, positions)
 
 
 def scored_pipeline(select_topk, dependent: bool = False):
@@ -153,7 +154,7 @@ def scored_pipeline(select_topk, dependent: bool = False):
     and from the CUDA top-k launched after the score kernel has ended.
     """
     scored = functools.partial(scored_path, select_topk, dependent)
-    return LaunchGraphs(scored) if torch.cuda.is_available() and not INTERPRETING else scored
+    return LaunchGraphs(scored) if torch.cuda.is_available() and not INTERPRETED else scored
 
 
 #: The entry's scored path: the CUDA top-k on a GPU, torch.topk under the interpreter.
@@ -170,7 +171,7 @@ def run_pipeline(scored, q_index_fp8, k_index_cache_fp8, weights, seq_lens, bloc
     if batch == 0:
         return
     if max_pages * PAGE_SIZE <= TOPK:
-        score.launch_emit_ids(block_table, seq_lens, topk_indices)
+        triton_kernels.launch_emit_ids(block_table, seq_lens, topk_indices)
         return
     scored(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices)
 
@@ -213,11 +214,11 @@ def other_topk_scored_path(k: int, q_index_fp8, k_index_cache_fp8, weights, seq_
     """Scores of every row, then the top-k of the rows longer than k (see the module doc)."""
     batch, max_pages = block_table.shape
     scores = torch.empty((batch, max_pages * PAGE_SIZE), dtype=torch.float32, device=q_index_fp8.device)
-    score.launch_scores(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, scores, skip_short_rows=False)
-    if _cuda_topk is not None and topk_long.uses_long_path(batch, max_pages):
-        topk_long.long_topk(scores, seq_lens, block_table, topk_indices)  # k: the output's width
+    triton_kernels.launch_scores(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, scores, skip_short_rows=False)
+    if _cuda_topk is not None and policy.uses_long_path(batch, max_pages):
+        cuda_topk_long.long_topk(scores, seq_lens, block_table, topk_indices)  # k: the output's width
     elif _cuda_topk is not None:
-        topk.filtered_topk(scores, seq_lens, block_table, topk_indices, topk=k)
+        cuda_topk.filtered_topk(scores, seq_lens, block_table, topk_indices, topk=k)
     else:
         emit_ids_torch(block_table, seq_lens, topk_indices, torch.topk(scores, k, dim=1, sorted=False).indices)
 

@@ -2,7 +2,7 @@
 
 Every kernel of this folder is built for exactly these numbers: the Triton kernels take them as
 constexprs and ``tl.static_assert`` their relations, the CUDA top-k's header
-(``csrc/topk_filtered.h``) repeats TOPK and PAGE_SIZE and ``topk.py`` checks the built module
+(``csrc/topk_filtered.h``) repeats TOPK and PAGE_SIZE and ``cuda_topk.py`` checks the built module
 against them on load. The entry's tensors, for B rows of block tables of max_num_pages columns::
 
     q_index_fp8        [B, NUM_HEADS, HEAD_DIM]                       float8_e4m3fn

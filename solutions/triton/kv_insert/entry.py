@@ -14,8 +14,9 @@ Entry points (destination-passing style; the cache is written in place)::
     block_size      int
     kv_cache        [num_blocks, page] uint8  page >= block_size x the record's bytes, page % 16 == 0
 
-The record layouts are the descriptors of ``dsa_bench.definitions.kv_records``; the kernel
-(``kernel.py``) is one source specialised per format. The entries check metadata only (no
+The record layouts are the descriptors of ``common/kv_records.py`` (dsa-bench's, vendored); the
+kernel (``triton_kernels.py``) is one source specialised per format (``shapes.kernel_layout``), its
+tile chosen by ``policy.py``. The entries check metadata only (no
 device work besides the one launch, no host synchronisation), so a call can be graph-captured.
 """
 
@@ -23,10 +24,10 @@ from __future__ import annotations
 
 import torch
 
-from dsa_bench.definitions.kv_records import V4, V32, V41, KvRecordFormat
-
-from . import kernel
-from .kernel import INTERPRETING, LATENT_DIMS, ROPE_DIMS
+from ..common.interpreter import INTERPRETED, device_problem
+from ..common.kv_records import V4, V32, V41, KvRecordFormat
+from . import policy, triton_kernels
+from .shapes import LATENT_DIMS, ROPE_DIMS
 
 #: the cache is also read as int16 / int32 words: its page stride and base keep 16-byte alignment
 CACHE_ALIGNMENT = 16
@@ -34,10 +35,10 @@ CACHE_ALIGNMENT = 16
 
 def solution_notes() -> str:
     rounding = ("integer round-to-nearest-even code (the Triton interpreter's own casts do not round to nearest even)"
-                if INTERPRETING else "the GPU's e4m3 / bf16 conversions")
-    tile, small = kernel.GPU_TILE, kernel.SMALL_CALL_TILE
+                if INTERPRETED else "the GPU's e4m3 / bf16 conversions")
+    tile, small = policy.GPU_TILE, policy.SMALL_CALL_TILE
     return (f"KV insert: one Triton launch, {tile.tokens} tokens on {tile.num_warps} warp(s) per program on a GPU "
-            f"({small.tokens} on {small.num_warps} up to {kernel.SMALL_CALL_TOKENS} tokens), grid cdiv(T, tokens), "
+            f"({small.tokens} on {small.num_warps} up to {policy.SMALL_CALL_TOKENS} tokens), grid cdiv(T, tokens), "
             f"rows read beside their slots; e4m3 / bf16 rounding by {rounding}")
 
 
@@ -67,8 +68,8 @@ def _check(fmt: KvRecordFormat, tensors: dict[str, tuple[torch.Tensor, torch.dty
     devices = {t.device for t, _, _ in tensors.values()} | {kv_cache.device}
     if len(devices) != 1:
         problems.append(f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    elif not INTERPRETING and next(iter(devices)).type != "cuda":
-        problems.append("CPU tensors need the Triton interpreter: set TRITON_INTERPRET=1 before this module is imported")
+    elif problem := device_problem(next(iter(devices))):
+        problems.append(problem)
     if problems:
         raise ValueError(f"{fmt.kv_format} insert: " + "; ".join(problems))
 
@@ -79,7 +80,7 @@ def kv_insert_v32(kv_c, k_pe, slot_mapping, block_size, kv_cache: torch.Tensor) 
     t = kv_c.shape[0]
     _check(V32, {"kv_c": (kv_c, torch.bfloat16, (t, LATENT_DIMS)), "k_pe": (k_pe, torch.bfloat16, (t, ROPE_DIMS)),
                  "slot_mapping": (slot_mapping, torch.int64, (t,))}, bs, kv_cache)
-    kernel.launch(V32, kv_c, k_pe, None, None, slot_mapping, bs, kv_cache.view(torch.uint8))
+    triton_kernels.launch(V32, kv_c, k_pe, None, None, slot_mapping, bs, kv_cache.view(torch.uint8))
 
 
 def _rotating(fmt: KvRecordFormat, kv, positions, cos_sin_cache, slot_mapping, block_size, kv_cache: torch.Tensor) -> None:
@@ -88,7 +89,7 @@ def _rotating(fmt: KvRecordFormat, kv, positions, cos_sin_cache, slot_mapping, b
     _check(fmt, {"kv": (kv, torch.bfloat16, (t, LATENT_DIMS)), "positions": (positions, torch.int64, (t,)),
                  "cos_sin_cache": (cos_sin_cache, torch.float32, (None, ROPE_DIMS)),
                  "slot_mapping": (slot_mapping, torch.int64, (t,))}, bs, kv_cache)
-    kernel.launch(fmt, kv, kv, positions, cos_sin_cache, slot_mapping, bs, kv_cache.view(torch.uint8))
+    triton_kernels.launch(fmt, kv, kv, positions, cos_sin_cache, slot_mapping, bs, kv_cache.view(torch.uint8))
 
 
 def kv_insert_v4(kv, positions, cos_sin_cache, slot_mapping, block_size, kv_cache: torch.Tensor) -> None:

@@ -10,7 +10,7 @@ Entry points (destination-passing style; both caches are updated in place)::
 The stages, each this solution's kernel called through its entry function, all on the device:
 
 1. the MLA records: ``kv_insert``'s Triton kernel on the cache's ``[num_blocks, page_bytes]`` backing;
-2. the indexer keys: ``key_insert.py``'s Triton kernel (the kv_insert family has no indexer-key format);
+2. the indexer keys: ``triton_kernels.py``'s Triton key insert (the kv_insert family has no indexer-key format);
 3. the indexer and its top-k: ``indexer``'s entry on ``b * s_q`` rows (row ``(b, s)`` sees
    ``L_b - (s_q - 1 - s)`` tokens; the row lengths and the repeated block table are computed on the device
    into scratch buffers kept per input set, so the indexer's CUDA graphs see stable addresses);
@@ -26,12 +26,11 @@ from __future__ import annotations
 
 import torch
 
-from dsa_bench.definitions.kv_records import INDEXER_KEY_PAGE
-
+from ..common.kv_records import INDEXER_KEY_PAGE
 from ..decode import entry as decode_entry
 from ..indexer import entry as indexer_entry
 from ..kv_insert import entry as kv_insert_entry
-from .key_insert import insert_keys
+from .triton_kernels import insert_keys
 
 BLOCK_SIZE = INDEXER_KEY_PAGE.block_size
 INDEX_HEADS = 64

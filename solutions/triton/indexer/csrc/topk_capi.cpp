@@ -1,9 +1,9 @@
-// C ABI of the filtered radix top-k, loaded by indexer/topk.py through ctypes.
+// C ABI of the filtered radix top-k, loaded by indexer/cuda_topk.py through ctypes.
 //
 // Plain C++ over the CUDA runtime (no torch, no pybind11: their headers were most of a fresh
 // machine's build time). It takes device pointers, strides in elements, the caller's stream and
 // device, and returns 0, a cudaError_t value (> 0), or one of the argument errors below (< 0);
-// dsa_topk_error_string names any of them. indexer/topk.py checks every argument before the
+// dsa_topk_error_string names any of them. indexer/cuda_topk.py checks every argument before the
 // call; the checks here only guard what this file hands on to the launcher.
 #include <cstdint>
 #include <limits>
@@ -26,7 +26,7 @@ enum ArgumentError : int {
 
 }  // namespace
 
-// Constants of topk_filtered.h, which indexer/topk.py compares with its own on load.
+// Constants of topk_filtered.h, which indexer/cuda_topk.py compares with its own on load.
 DSA_EXPORT const int64_t dsa_topk_TOPK = dsa_topk::kTopK;
 DSA_EXPORT const int64_t dsa_topk_PAGE_SIZE = dsa_topk::kPageSize;
 DSA_EXPORT const int64_t dsa_topk_MAX_CANDIDATES = dsa_topk::kMaxCandidates;

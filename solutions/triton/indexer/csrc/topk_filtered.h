@@ -1,6 +1,6 @@
 // Host-side interface of the filtered radix top-k (plain C++; no CUDA kernels, no torch).
 //
-// Shared by topk_filtered.cu (the launcher) and topk_capi.cpp (the C ABI that indexer/topk.py
+// Shared by topk_filtered.cu (the launcher) and topk_capi.cpp (the C ABI that indexer/cuda_topk.py
 // calls through ctypes); nvcc links both into one shared library (common/cuda_build.py).
 #pragma once
 

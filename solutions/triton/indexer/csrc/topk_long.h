@@ -1,6 +1,6 @@
 // Host-side interface of the long-row top-k (plain C++; no CUDA kernels, no torch).
 //
-// Shared by topk_long.cu (the launcher) and topk_long_capi.cpp (the C ABI that indexer/topk_long.py
+// Shared by topk_long.cu (the launcher) and topk_long_capi.cpp (the C ABI that indexer/cuda_topk_long.py
 // calls through ctypes); nvcc links both into one shared library (common/cuda_build.py).
 #pragma once
 

@@ -1,8 +1,8 @@
-// C ABI of the long-row top-k, loaded by indexer/topk_long.py through ctypes.
+// C ABI of the long-row top-k, loaded by indexer/cuda_topk_long.py through ctypes.
 //
 // Plain C++ over the CUDA runtime, like topk_capi.cpp: device pointers, strides in elements, the
 // caller's stream and device; returns 0, a cudaError_t value (> 0), or one of the argument errors
-// below (< 0), which dsa_topk_long_error_string names. indexer/topk_long.py checks every argument
+// below (< 0), which dsa_topk_long_error_string names. indexer/cuda_topk_long.py checks every argument
 // before the call; the checks here only guard what this file hands on to the launcher.
 #include <cstdint>
 #include <limits>
@@ -24,7 +24,7 @@ enum ArgumentError : int {
 
 }  // namespace
 
-// Constants of topk_long.h, which indexer/topk_long.py compares with its own on load.
+// Constants of topk_long.h, which indexer/cuda_topk_long.py compares with its own on load.
 DSA_EXPORT const int64_t dsa_topk_long_TOPK = dsa_topk::kTopK;
 DSA_EXPORT const int64_t dsa_topk_long_PAGE_SIZE = dsa_topk::kPageSize;
 DSA_EXPORT const int64_t dsa_topk_long_SCRATCH_INTS = dsa_topk::kLongScratchInts;

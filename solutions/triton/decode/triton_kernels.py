@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 from ..common.triton_math import dot, online_softmax_step, to_storage
 
@@ -330,8 +329,3 @@ def _combine_kernel(
     _combine_cols(t * tl.num_programs(1) + hb, c * SLICE, part_out_ptr, part_lse_ptr, sink_ptr, heads,
                   out_ptr + bi * stride_o_b + qi * stride_o_s, lse_ptr + bi * stride_l_b + qi * stride_l_s, stride_o_h, stride_l_h,
                   c == 0, NUM_SPLITS, BLOCK_H, D_V, SLICE, HAS_SINK, INTERPRETED)
-
-
-#: Whether these kernels run under the Triton interpreter. That is decided when ``@triton.jit``
-#: runs (TRITON_INTERPRET=1 at import), so the kernel object says, not the environment.
-INTERPRETED = isinstance(_decode_kernel, InterpretedFunction)

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..common.interpreter import interpreted
 from . import cuda
 from .shapes import D_CKV, TOPK
-from .triton_kernels import interpreted
 
 #: The Triton kernels' paths (interpreter only), then the CUDA kernel's, each with its combine
 #: (cuda.COMBINES): ``cuda`` behind a global-memory barrier when the grid is co-resident

@@ -1,7 +1,7 @@
-"""Where a decode kernel finds a token's bytes: record geometry taken from ``dsa_bench.definitions.kv_records``.
+"""Where a decode kernel finds a token's bytes: record geometry taken from the ``common/kv_records.py`` descriptors.
 
 Nothing here spells a record width. ``RecordGeometry.of(fmt, block_size)`` turns a
-:class:`~dsa_bench.definitions.kv_records.KvRecordFormat` descriptor into the kernel's
+:class:`~..common.kv_records.KvRecordFormat` descriptor (dsa-bench's, vendored) into the kernel's
 constexprs and cross-checks them against the descriptor's own ``offsets`` (first and last slot
 of a page), so a descriptor change that the kernel's address arithmetic would not follow fails
 at the first call instead of reading the wrong bytes.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dsa_bench.definitions.kv_records import KvRecordFormat
+from ..common.kv_records import KvRecordFormat
 
 #: Width of the value row (and of the output) of every decode format.
 D_V = 512

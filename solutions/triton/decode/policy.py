@@ -25,11 +25,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 
-from .geometry import D_V, MIN_DOT_DIM
-from .kernels import TICKETS_PER_CALL
+from .shapes import D_V, MIN_DOT_DIM
+from .triton_kernels import TICKETS_PER_CALL
 
 COMBINES = ("auto", "barrier", "last", "two_launch", "none")
-#: which kernel a config runs: the Triton kernel (kernels.py; GPU and interpreter) or the
+#: which kernel a config runs: the Triton kernel (triton_kernels.py; GPU and interpreter) or the
 #: hand-written SM90 one (cuda.py; V3.2 and V4 on an H100/H200)
 KERNELS = ("triton", "cuda")
 PARTIAL_DTYPES = ("bf16", "fp32")

@@ -1,21 +1,19 @@
 """Triton kernels of the lightning indexer: the fused FP8 score kernel and the id-emit kernel.
 
-Both run compiled on a GPU and under ``TRITON_INTERPRET=1`` on CPU tensors. The interpreter
-executes one program after another in Python, so on CPU the launchers pick large tiles (up to 32
-pages, 2048 tokens, per program: few numpy-vectorised programs); on a GPU they pick one page per
-program so the grid fills the machine. The kernels are the same code either way, and the tests
-also run the GPU tiles under the interpreter.
+Both run compiled on a GPU and under ``TRITON_INTERPRET=1`` on CPU tensors, with the tiles
+``policy.py`` picks (large ones under the interpreter, which runs programs one after another; one
+page per program on a GPU). The kernels are the same code either way, and the tests also run the
+GPU tiles under the interpreter.
 """
 
 from __future__ import annotations
-
-import os
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from ..common.interpreter import INTERPRETED
+from .policy import ScoreTile, default_score_tile, emit_block
 from .shapes import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, PAGE_VALUE_BYTES, SCALE_BYTES, TOPK
 
 #: Score of a position at or beyond seq_len. Every real score is finite (masked loads keep the
@@ -23,119 +21,10 @@ from .shapes import HEAD_DIM, NUM_HEADS, PAGE_BYTES, PAGE_SIZE, PAGE_VALUE_BYTES
 #: over a row with L > TOPK never picks it.
 SENTINEL_SCORE = float("-inf")
 
-INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
 #: Whether this Triton can end a program's part in a programmatic dependent launch early
 #: (``griddepcontrol.launch_dependents``): the top-k launched after the score kernel then starts
 #: while the score kernel's last programs run. Without it the trigger is each program's exit.
-CAN_LAUNCH_DEPENDENTS = not INTERPRETING and hasattr(getattr(tl.extra, "cuda", None), "gdc_launch_dependents")
-
-
-# --------------------------------------------------------------------------- tiles
-
-
-#: Precisions of the score kernel's key-query dot. Each product of two e4m3 values is exact in
-#: fp32; they differ in how the 128 products of a dot are summed.
-DOTS = {
-    # Hopper's FP8 wgmma: the whole dot in the tensor core's accumulator (4 k=32 steps, about 13
-    # fraction bits kept per step, toward zero), like DeepGEMM's paged-logits kernel. Its error
-    # is what the checker's derived tie tolerance models (docs/checks.md), with 4x margin.
-    "fp8": "native FP8 tensor-core dot",
-    # FP8 -> fp16 is exact (every e4m3 value is an fp16 value): exact products summed in fp32.
-    "fp16": "exact fp16 tensor-core dot of the FP8 values",
-    "fp32": "exact fp32 dot of the FP8 values",
-}
-
-
-@dataclass(frozen=True)
-class ScoreTile:
-    """Launch shape of the score kernel: ``pages`` cache pages (64 tokens each) of one row per
-    tile, ``loop_pages`` one-page tiles per program in a software-pipelined loop (the query and
-    weights are loaded once per program; ``num_stages`` sets the pipeline depth).
-
-    ``dot`` is the precision of the key-query dot (see ``DOTS``): ``"fp8"`` the native FP8
-    tensor-core MMA (the GPU's choice), ``"fp16"`` the FP8 values converted to fp16 (exact),
-    ``"fp32"`` converted to fp32 (equally exact; the interpreter's choice, because numpy runs
-    fp32 matmuls through BLAS but fp16 ones through slow loops).
-    """
-
-    pages: int
-    num_warps: int
-    dot: str = "fp16"
-    num_stages: int = 1
-    loop_pages: int = 1
-    #: Grid order: False puts a row's tiles next to each other in launch order (axis 0 = tile),
-    #: True puts every row's first tile first (axis 0 = row), so a long row's pages are not
-    #: left to the last programs launched.
-    rows_first: bool = False
-
-    def __post_init__(self) -> None:
-        """Tiling relations, checked when a tile is made: raises ValueError naming the tile."""
-        if self.pages < 1 or self.pages & (self.pages - 1):
-            raise ValueError(f"{self}: pages per tile must be a power of two")
-        if self.num_warps not in (1, 2, 4, 8):
-            raise ValueError(f"{self}: num_warps must be 1, 2, 4 or 8")
-        if self.loop_pages < 1 or (self.loop_pages > 1 and self.pages != 1):
-            raise ValueError(f"{self}: loop_pages must be >= 1, and a looping program takes one-page tiles")
-        if self.dot not in DOTS:
-            raise ValueError(f"{self}: dot must be one of {sorted(DOTS)}")
-
-    @property
-    def pages_per_program(self) -> int:
-        return self.pages * self.loop_pages
-
-    @property
-    def block_n(self) -> int:
-        return self.pages * PAGE_SIZE
-
-
-#: GPU tile. One program scores one page (64 tokens) against all 64 heads: keys [64 x 128] times
-#: the transposed query [128 x 64] into a [64 tokens x 64 heads] fp32 tile, then ReLU, head
-#: weights and the head sum. The kernel moves 8 KiB of keys per 1 MFLOP and its time is the
-#: chain of dependent loads of each program, so many small programs (several per SM) win for
-#: most calls; the largest ones (up to 31 rows x 91 pages = 2821 programs, four waves) loop over
-#: pages instead (GPU_LOOP_TILES).
-#: Four warps is the fewest that make one Hopper warpgroup, i.e. a wgmma m64n64k16 with the keys
-#: from registers and q from shared memory (90 registers, 16 KiB of shared memory per program,
-#: checked with an offline sm_90 compile). With two warps Triton falls back to mma.sync and
-#: needs 194 registers, which costs more occupancy than the smaller program gains.
-GPU_SCORE_TILE = ScoreTile(pages=1, num_warps=4, dot="fp8")
-#: Interpreter tile: up to 32 pages (2048 tokens) per program. The interpreter runs programs one
-#: after another, so big numpy-vectorised tiles are fast; 32 pages bounds the work wasted on the
-#: overhang of a row's last tile (FP8 decoding is slow per element in the interpreter).
-INTERPRETER_MAX_PAGES = 32
-
-#: Emit kernel tiles: on a GPU 512 output slots per program (4 programs per row), under the
-#: interpreter a whole 2048-slot row per program.
-GPU_EMIT_BLOCK = 512
-INTERPRETER_EMIT_BLOCK = TOPK
-assert TOPK % GPU_EMIT_BLOCK == 0
-
-
-#: Large calls (batch x max_num_pages one-page programs at least this many) loop over two
-#: pages per program instead: several waves of one-page programs each pay the full chain of
-#: dependent loads, while a looping program loads the query once and overlaps the next page's
-#: keys with this page's dot. The page counts and thresholds are the fastest tiles of the score
-#: kernel timed alone on the H200 (docs/kernels/indexer.md, "Score kernel";
-#: benchmarks/h200/indexer_variants.json). The looping tile launches rows first, so that every
-#: long row spreads over the whole launch instead of sitting in its last programs; the one-page
-#: tile is slower that way. Production contexts (8K-128K tokens, batches up to 128: 16384 or more
-#: one-page programs) loop over 16 pages with 3 stages, the fastest there
-#: (benchmarks/kernels/indexer_long.py).
-GPU_LOOP_TILES = (
-    (16384, ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=16, num_stages=3, rows_first=True)),
-    (2400, ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=2, num_stages=2, rows_first=True)),
-)
-
-
-def default_score_tile(max_num_pages: int, batch: int = 1) -> ScoreTile:
-    """The score tile for ``batch`` rows of block tables of ``max_num_pages`` columns."""
-    if INTERPRETING:
-        return ScoreTile(pages=min(INTERPRETER_MAX_PAGES, triton.next_power_of_2(max_num_pages)), num_warps=4, dot="fp32")
-    for min_pages, tile in GPU_LOOP_TILES:
-        if batch * max_num_pages >= min_pages:
-            return tile
-    return GPU_SCORE_TILE
+CAN_LAUNCH_DEPENDENTS = not INTERPRETED and hasattr(getattr(tl.extra, "cuda", None), "gdc_launch_dependents")
 
 
 # --------------------------------------------------------------------------- zero-copy cache views
@@ -421,7 +310,7 @@ def launch_emit_ids(
         raise ValueError(f"positions must be [{batch}, {TOPK}] with contiguous rows, got {tuple(positions.shape)}")
     if batch == 0:
         return
-    block = INTERPRETER_EMIT_BLOCK if INTERPRETING else GPU_EMIT_BLOCK
+    block = emit_block()
     pos_arg = positions if positions is not None else topk_indices  # never read without HAS_POSITIONS
     _emit_ids_kernel[(batch, TOPK // block)](
         block_table, seq_lens, pos_arg, topk_indices,

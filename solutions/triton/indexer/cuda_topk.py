@@ -47,7 +47,7 @@ STEM, WHAT = "dsa_topk_filtered", "the CUDA filtered top-k"
 def load_topk_extension(verbose: bool | None = None) -> CudaLibrary:
     """The compiled library (built on first use); raises cuda_build.CudaBuildError with the reason."""
     return load_checked_library(STEM, WHAT, HERE, SOURCES, HEADERS, PREFIX, SIGNATURES, EXPECTED_CONSTANTS,
-                                "indexer/topk.py and shapes.py disagree with csrc/topk_filtered.h", verbose)  # fmt: skip
+                                "indexer/cuda_topk.py and shapes.py disagree with csrc/topk_filtered.h", verbose)  # fmt: skip
 
 
 _TENSOR_ARGS = (

@@ -15,9 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from dsa_bench.definitions.kv_records import FP8_E4M3_MAX, INDEXER_KEY_PAGE, MIN_FP8_SCALE
-
-from ..kv_insert.kernel import _e4m3_bits
+from ..common.kv_records import FP8_E4M3_MAX, INDEXER_KEY_PAGE, MIN_FP8_SCALE
+from ..kv_insert.triton_kernels import _e4m3_bits
 
 KEY_DIMS = INDEXER_KEY_PAGE.quant_dims
 PAGE_TOKENS = INDEXER_KEY_PAGE.block_size

@@ -1,11 +1,10 @@
 """One Triton kernel family that quantizes KV rows and inserts their FP8 records into a paged cache.
 
-The record layout is not spelled here: :func:`kernel_layout` reads it from a
-:class:`~dsa_bench.definitions.kv_records.KvRecordFormat` (tile, scale dtype, pad byte, where data,
-scales and RoPE live for a block size) and hands it to the kernel as compile-time constants, so
-V3.2, V4 and V4.1 are three specialisations of one source.
+The record layout is not spelled here: ``shapes.kernel_layout`` reads it from a record descriptor
+and hands it to the kernel as compile-time constants, so V3.2, V4 and V4.1 are three
+specialisations of one source.
 
-A program takes ``TOKENS`` consecutive tokens (16 on a GPU; the grid is ``cdiv(T, TOKENS)``, never
+A program takes ``TOKENS`` consecutive tokens (``policy.default_tile``; the grid is ``cdiv(T, TOKENS)``, never
 capped, so per-token cost does not change with T). Per token it reads the 512-dim latent row as
 ``[LT, TILE]`` scale tiles, takes each tile's amax, its power-of-two exponent and the e4m3 bytes,
 and stores data bytes and scales. V3.2 and V4 keep the 64 RoPE dims as bf16: they are read a
@@ -31,137 +30,14 @@ per program, at the price of reading the rows of skipped (slot -1) tokens too.
 
 from __future__ import annotations
 
-import functools
-import math
-import os
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
-from dsa_bench.definitions.kv_insert import LATENT_DIMS, ROPE_DIMS  # the kv / kv_c row; RoPE dims (last of kv, or k_pe)
-from dsa_bench.definitions.kv_records import FP8_E4M3_MAX, MIN_FP8_SCALE, UE8M0_BIAS, KvRecordFormat
-
-INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
-_FP32_MANTISSA_BITS = 23
-
-
-@dataclass(frozen=True)
-class LaunchTile:
-    """Tokens per program and warps per program."""
-
-    tokens: int
-    num_warps: int
-
-    def __post_init__(self) -> None:
-        if self.tokens < 1 or self.tokens & (self.tokens - 1):
-            raise ValueError(f"{self}: tokens per program must be a power of two")
-        if self.num_warps not in (1, 2, 4, 8, 16):
-            raise ValueError(f"{self}: num_warps must be 1, 2, 4, 8 or 16")
-
-
-#: GPU: 8 tokens (8 KiB of bf16 rows, ~4.5 KiB of records) per 1-warp program, for every format:
-#: many small programs keep more independent loads in flight per SM. The H200 sweeps at large T
-#: put 8x1 at or near each sweep's best tile for V3.2, V4 and V4.1 (docs/kernels/kv_insert.md,
-#: "Grid and tiles"; benchmarks/h200/kv_insert.json).
-GPU_TILE = LaunchTile(tokens=8, num_warps=1)
-#: Calls of at most SMALL_CALL_TOKENS tokens (decode-time inserts: latency, not bandwidth) take 4
-#: tokens on 4 warps: a program's masked-off token rows still cost it their instructions, and
-#: more warps per token shorten its chain. The H200 sweep of small T put 4x4 first or near it for
-#: every format (benchmarks/h200/kv_insert_tiles_small.json).
-SMALL_CALL_TOKENS = 4096
-SMALL_CALL_TILE = LaunchTile(tokens=4, num_warps=4)
-#: The interpreter runs programs one after another: few large numpy-vectorised programs.
-INTERPRETER_MAX_TOKENS = 256
-
-
-def default_tile(num_tokens: int) -> LaunchTile:
-    if INTERPRETING:
-        return LaunchTile(min(INTERPRETER_MAX_TOKENS, triton.next_power_of_2(max(num_tokens, 1))), 4)
-    return SMALL_CALL_TILE if num_tokens <= SMALL_CALL_TOKENS else GPU_TILE
-
-
-def _mantissa_exponent(value: float) -> tuple[int, int]:
-    """``value = (1 + mantissa / 2^23) * 2^exponent`` for a positive float32-exact ``value``."""
-    m, e = math.frexp(value)  # value = m * 2^e, 0.5 <= m < 1
-    mantissa = (2 * m - 1) * 2**_FP32_MANTISSA_BITS
-    assert mantissa == int(mantissa), value
-    return int(mantissa), e - 1
-
-
-
-
-@functools.cache
-def kernel_layout(fmt: KvRecordFormat, rotate: bool, block_size: int) -> dict[str, int | bool | float]:
-    """The kernel's compile-time constants for ``fmt`` at ``block_size`` (``rotate``: the RoPE dims
-    are the latent row's last 64 and are rotated; else they come separately, already rotated)."""
-    if fmt.value_dtype != "e4m3" or fmt.scale_dtype not in ("fp32", "ue8m0") or fmt.layout not in ("per_token", "per_page"):
-        raise ValueError(f"{fmt.kv_format}: this kernel writes e4m3 values with fp32 or UE8M0 scales only")
-    tile = fmt.scale_tile
-    latent_tiles = LATENT_DIMS // tile
-    rope_quantized = fmt.rope_dims == 0  # no bf16 RoPE dims: they are quantized too (V4.1)
-    if rotate != (fmt.input_dims == LATENT_DIMS):
-        raise ValueError(f"{fmt.kv_format}: RoPE dims inside the {LATENT_DIMS}-dim row iff they are rotated here")
-    main_dims = fmt.quant_dims - (ROPE_DIMS if rope_quantized else 0)
-    if rope_quantized and not rotate:
-        raise ValueError(f"{fmt.kv_format}: quantized RoPE dims are expected inside the latent row")
-    if latent_tiles * tile != LATENT_DIMS or latent_tiles & (latent_tiles - 1) or main_dims % tile or (rope_quantized and ROPE_DIMS % tile):
-        raise ValueError(f"{fmt.kv_format}: tile {tile} does not split {LATENT_DIMS} and {ROPE_DIMS} dims into powers of two")
-    if not rope_quantized and fmt.rope_dims != ROPE_DIMS:
-        raise ValueError(f"{fmt.kv_format}: expected {ROPE_DIMS} bf16 RoPE dims or none")
-    scale_eb = fmt.scale_element_bytes
-    pad = -1 if fmt.pad_byte is None else fmt.pad_byte
-    if fmt.scale_bytes != fmt.num_scales * scale_eb and (pad < 0 or scale_eb != 1 or fmt.scale_bytes > latent_tiles):
-        raise ValueError(f"{fmt.kv_format}: scale pad bytes are supported for 1-byte scales inside the tile count")
-    at0 = fmt.offsets(0, block_size)
-    if block_size > 1:
-        at1 = fmt.offsets(1, block_size)
-        step = {k: at1[k] - at0[k] for k in at0}
-    else:
-        step = {k: 0 for k in at0}
-    rope_words = ROPE_DIMS // 2
-    rope_tiles = ROPE_DIMS // tile if rope_quantized else 1
-    # Element offsets in the int16 / int32 views of the cache must be whole elements.
-    words = [(at0["scales"], step["scales"], scale_eb)]
-    if not rope_quantized:
-        words.append((at0["rope"], step["rope"], 4))
-    else:
-        words.append((at0["data"] + main_dims, step["data"], 2))
-    for base, stride, size in words:
-        if base % size or stride % size:
-            raise ValueError(f"{fmt.kv_format}: offset {base} + slot x {stride} is not {size}-byte aligned")
-    max_mantissa, max_exponent = _mantissa_exponent(FP8_E4M3_MAX)
-    return {
-        "BLOCK_SIZE": block_size,
-        "LATENT": LATENT_DIMS,
-        "TILE": tile,
-        "LT": latent_tiles,
-        "MAIN_TILES": main_dims // tile,
-        "NUM_SCALES": fmt.num_scales,
-        "SCALE_FP32": fmt.scale_dtype == "fp32",
-        "SCALE_BYTES": fmt.scale_bytes,
-        "PAD_BYTE": pad,
-        "ROTATE": rotate,
-        "ROPE_QUANTIZED": rope_quantized,
-        "ROPE_TILES": rope_tiles,
-        "ROPE_PAIRS": rope_words // rope_tiles,
-        "ROPE_ROW_WORDS": LATENT_DIMS // 2 if rotate else rope_words,
-        "ROPE_COL_WORDS": (LATENT_DIMS - ROPE_DIMS) // 2 if rotate else 0,
-        "DATA_BASE": at0["data"],
-        "DATA_STEP": step["data"],
-        "SCALE_BASE": at0["scales"] // scale_eb,
-        "SCALE_STEP": step["scales"] // scale_eb,
-        # bf16 RoPE int32 words (V3.2, V4), e4m3 RoPE int16 pairs (V4.1)
-        "ROPE_BASE": (at0["data"] + main_dims) // 2 if rope_quantized else at0["rope"] // 4,
-        "ROPE_STEP": step["data"] // 2 if rope_quantized else step["rope"] // 4,
-        "MIN_AMAX": MIN_FP8_SCALE,
-        "MAX_EXPONENT": max_exponent,
-        "MAX_MANTISSA": max_mantissa,
-        "SCALE_LO": -UE8M0_BIAS,
-        "SCALE_HI": 255 - UE8M0_BIAS,
-    }
-
+from ..common.interpreter import INTERPRETED
+from ..common.kv_records import KvRecordFormat
+from .policy import LaunchTile, default_tile
+from .shapes import kernel_layout
 
 # --------------------------------------------------------------------------- device code
 
@@ -355,7 +231,7 @@ def launch(fmt: KvRecordFormat, latent: torch.Tensor, rope: torch.Tensor, positi
     rotate = positions is not None
     layout = kernel_layout(fmt, rotate, block_size)
     tile = tile or default_tile(num_tokens)
-    soft_round = INTERPRETING if soft_round is None else soft_round
+    soft_round = INTERPRETED if soft_round is None else soft_round
     page = kv_cache.shape[1]
     latent_bits = latent.view(torch.int16)
     rope_words = (latent if rotate else rope).view(torch.int32)

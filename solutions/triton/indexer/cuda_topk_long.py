@@ -1,10 +1,10 @@
 """The long-row CUDA top-k (``csrc/topk_long.cuh``): its build, its per-shape scratch, a checked Python entry.
 
-Rows of up to 8192 tokens are the filtered top-k's (``topk.py``: one block per row, the row
+Rows of up to 8192 tokens are the filtered top-k's (``cuda_topk.py``: one block per row, the row
 cached in registers). Past that, that block falls to a radix select that re-reads the row from
 global memory digit by digit; this one splits each row over many blocks (a histogram pass, then
 up to three level passes, each over fewer candidates; docs/kernels/indexer.md, "Long rows").
-The entry picks it by shape: ``uses_long_path(batch, max_num_pages)``.
+The entry picks it by shape: ``policy.uses_long_path(batch, max_num_pages)``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import ctypes
 import torch
 
 from ..common.cuda_build import CudaLibrary, load_checked_library
+from .cuda_topk import HERE, check_topk_tensors
 from .shapes import PAGE_SIZE, TOPK
-from .topk import HERE, check_topk_tensors
 
 #: compiled sources (relative to this folder): the C ABI and the launcher with its kernels
 SOURCES = ("csrc/topk_long_capi.cpp", "csrc/topk_long.cu")
@@ -37,30 +37,10 @@ SCRATCH_INTS = 2 * 4096 + 256 + 20  # per row: the three levels' histograms, the
 EXPECTED_CONSTANTS = {"TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "SCRATCH_INTS": SCRATCH_INTS}
 STEM, WHAT = "dsa_topk_long", "the CUDA long-row top-k"
 
-#: Block tables of more than this many tokens may take the long-row top-k (up to 8192 the
-#: filtered top-k caches the whole row in its block's registers, its fast path; from 8193 to
-#: 16384 its radix select was as fast as the long path on the H100, benchmarks/kernels/indexer_long.py).
-LONG_PATH_MIN_TOKENS = 16384
-#: Large batches keep one block per row (up to 132 rows are one wave of blocks, each row's time
-#: growing with its length) where the long path's passes over every row cost more: measured on the
-#: H100 (docs/kernels/indexer.md, "Long rows") the long path won at B <= 32 (32K-128K tokens) and at
-#: B = 64 with 128K tokens, and lost at B = 64 with 32K tokens and at B = 128.
-LONG_PATH_MAX_BATCH = 32
-LONG_PATH_WIDE_BATCH, LONG_PATH_WIDE_TOKENS = 64, 65536
-
-
-def uses_long_path(batch: int, max_num_pages: int) -> bool:
-    """Whether a call of ``batch`` rows of block tables of ``max_num_pages`` pages takes the long-row top-k."""
-    tokens = max_num_pages * PAGE_SIZE
-    if tokens <= LONG_PATH_MIN_TOKENS:
-        return False
-    return batch <= LONG_PATH_MAX_BATCH or (batch <= LONG_PATH_WIDE_BATCH and tokens >= LONG_PATH_WIDE_TOKENS)
-
-
 def load_long_topk_extension(verbose: bool | None = None) -> CudaLibrary:
     """The compiled library (built on first use); raises cuda_build.CudaBuildError with the reason."""
     return load_checked_library(STEM, WHAT, HERE, SOURCES, HEADERS, PREFIX, SIGNATURES, EXPECTED_CONSTANTS,
-                                "indexer/topk_long.py and shapes.py disagree with csrc/topk_long.h", verbose)  # fmt: skip
+                                "indexer/cuda_topk_long.py and shapes.py disagree with csrc/topk_long.h", verbose)  # fmt: skip
 
 
 #: Scratch per (device, batch, max_len): the histograms, counters and thresholds (zeroed once here;
@@ -92,7 +72,7 @@ def long_topk(
 ) -> None:
     """Write the top-k physical ids (k = ``topk_indices.shape[1]``, at most 2048) of every row.
 
-    Tensors as for ``topk.filtered_topk``. ``dependent_launch``: the first kernel is a
+    Tensors as for ``cuda_topk.filtered_topk``. ``dependent_launch``: the first kernel is a
     programmatic dependent of the stream's previous kernel, which must be the one that writes
     ``scores``.
     """
