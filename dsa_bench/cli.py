@@ -257,7 +257,7 @@ def run(
         for line in sorted({f"workers run as {identity.description}{_unisolated(identity)}" for identity in plan.identities.values()}):
             say(line)
         if plan.resumed is not None:
-            kept = sum(r["case"] in plan.resumed.finished for r in plan.resumed.document["records"])
+            kept = plan.resumed.records_kept
             say(f"resuming {plan.save_path}: {kept} records of {len(plan.resumed.finished)} finished cases kept, "
                 f"{len(plan.pending_cases)} cases to run")  # fmt: skip
     total = len(plan.pending_cases) * len(plan.solutions)
@@ -275,7 +275,7 @@ def run(
                 progress.update(task, advance=1, description=f"{record.case} [{record.solution}] {record.status.value}")
             elif json_lines:  # a secret run's seeds stay out of its output until it ends
                 # stdout flushes: a piped log shows every record as it finishes
-                stdout(json.dumps(record.to_json() | ({"seeds": {}} if plan.secret else {})))
+                stdout(json.dumps(record.model_dump() | ({"seeds": {}} if plan.secret else {})))
             elif not quiet:
                 if record.status is not Status.SKIPPED or record.solution not in skipped_shown:
                     stdout(record_line(record, done, total))
@@ -287,7 +287,9 @@ def run(
 
         outcome = execute(plan, on_record)
     records = outcome.records
-    wall = outcome.results.document["wall_breakdown"]
+    header = outcome.results.header
+    wall = header.wall_breakdown
+    assert wall is not None  # execute records it, interrupted or not
     if records and live:
         stdout(records_table(records, plan.workload.definition.key_axes))
         stdout("")
@@ -305,12 +307,12 @@ def run(
     if not (json_lines and quiet):
         say(breakdown_table(wall) if breakdown else f"{wall_time(wall)} (--breakdown shows where it went)")
     if not quiet:
-        for name, note in (outcome.results.document.get("solution_notes") or {}).items():
+        for name, note in (header.solution_notes or {}).items():
             say(f"note [{name}]: {note}")
-        for name, packages in (outcome.results.document.get("solution_packages") or {}).items():
+        for name, packages in (header.solution_packages or {}).items():
             say(f"packages [{name}]: " + ", ".join(f"{k} {v}" for k, v in packages.items()))
         walls: dict[str, list[str]] = {}  # solutions by the walls their workers stood in (one line when all agree)
-        for name, protections in (outcome.results.document.get("worker_protections") or {}).items():
+        for name, protections in (header.worker_protections or {}).items():
             walls.setdefault("; ".join(protections), []).append(name)
         for text, holders in walls.items():
             say(f"worker walls [{', '.join(holders) if len(walls) > 1 else 'all'}]: {text} (docs/trust.md)")
@@ -335,7 +337,7 @@ def run(
             "solutions": [dataclasses.asdict(summarize(records, name)) for name in dict.fromkeys(r.solution for r in records)],
             "roofline": [dataclasses.asdict(summarize_roofline(records, name)) for name in dict.fromkeys(r.solution for r in records)],
             "failures": [dataclasses.asdict(f) for f in failed_cases(records)],
-            "wall_breakdown": wall,
+            "wall_breakdown": wall.model_dump(),
         }
         stdout(json.dumps({"summary": summary}))
     if outcome.stopped_by is not None:
@@ -557,7 +559,7 @@ def compare(
     loaded = [load_results(p) for p in results]
     for path, one in zip(results, loaded, strict=True):
         if not one.records:
-            interrupted = " (an interrupted run)" if not one.document.get("complete", False) else ""
+            interrupted = " (an interrupted run)" if not one.header.complete else ""
             raise DsaBenchError(f"holds no records{interrupted}: nothing to compare", str(path))
     comparison = compare_results(loaded, load_baseline(baseline), threshold, str(baseline))
     typer.echo(render_comparison(comparison, output_format, all_cases))
@@ -692,8 +694,8 @@ def results_merge(
     from dsa_bench.results.merge import write_merged
 
     merged = write_merged(parts, out)
-    cases = len({r["case"] for r in merged["records"]})
-    typer.echo(f"wrote {out}: {len(merged['records'])} records over {cases} cases from {len(parts)} files")
+    cases = len({r.case for r in merged.records})
+    typer.echo(f"wrote {out}: {len(merged.records)} records over {cases} cases from {len(parts)} files")
 
 
 @results_app.command("redact")

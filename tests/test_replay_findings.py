@@ -10,7 +10,7 @@ from conftest import ROOT, cli
 from synthetic_results import write_results
 
 from dsa_bench.definitions.status import Status
-from dsa_bench.results.records import CaseRecord, ResultsFile
+from dsa_bench.results.records import CaseRecord, ResultsFile, ResultsHeader
 
 
 def _one_line_refusal(proc, fragment: str) -> None:
@@ -59,7 +59,7 @@ def test_compare_of_a_file_without_records_is_refused(tmp_path):
     full = write_results(tmp_path / "full.json", "indexer_h64", {"c0": {"reference": 1.0, "triton": 0.5}})
     header = {k: v for k, v in json.loads(full.read_text()).items() if k not in ("records", "complete", "finished", "created", "format")}
     empty = tmp_path / "interrupted.json"
-    ResultsFile(empty, header).update(complete=False)
+    ResultsFile(empty, ResultsHeader.model_validate(header)).update(complete=False)
     proc = cli("compare", str(empty), "--baseline", str(ROOT / "baselines" / "h200.json"))
     _one_line_refusal(proc, "holds no records (an interrupted run): nothing to compare")
 
@@ -82,8 +82,8 @@ def test_resume_of_a_file_with_a_case_the_workload_lacks_is_refused(tmp_path):
 
     save = tmp_path / "run.json"
     plan = plan_run(RunRequest(workload="indexer_smoke", solutions=["reference"], cases=["smoke_scored"], device="cpu", save=save), ROOT)
-    ghost = CaseRecord("ghost_case", "reference", {"batch_size": 1}, Status.PASSED)
-    ResultsFile(save, plan.header(), [ghost.to_json()]).update(complete=False)
+    ghost = CaseRecord(case="ghost_case", solution="reference", axes={"batch_size": 1}, status=Status.PASSED)
+    ResultsFile(save, plan.header(), [ghost]).update(complete=False)
     proc = cli("run", "-w", "indexer_smoke", "-s", "reference", "-c", "smoke_scored", "--device", "cpu", "--resume", str(save))
     _one_line_refusal(proc, "records[0] holds case 'ghost_case', which this run does not have")
 
@@ -105,7 +105,8 @@ def test_export_never_overwrites_a_dataset_workload_file(tmp_path):
                           "dataset": str(root)}  # fmt: skip
     header["solutions"] = {"reference": {"path": "solutions/reference", "content_hash": "aa"}}
     results = tmp_path / "results.json"
-    ResultsFile(results, header, [CaseRecord("r0", "reference", {"batch_size": 2}, Status.PASSED).to_json()]).update(complete=True)
+    record = CaseRecord(case="r0", solution="reference", axes={"batch_size": 2}, status=Status.PASSED)
+    ResultsFile(results, ResultsHeader.model_validate(header), [record]).update(complete=True)
     proc = cli("export", str(results), "-o", str(lines))
     _one_line_refusal(proc, "--output")
     assert lines.read_bytes() == before

@@ -76,7 +76,7 @@ def test_a_workload_setting_makes_a_run_secret(tmp_path):
     )  # fmt: skip
     plan = plan_run(RunRequest(str(workload), ["reference"], device="cpu", no_save=True), ROOT)
     assert plan.secret and plan.options.settings.seed != SMOKE_SEED
-    assert plan.header()["secret"] is True
+    assert plan.header().secret is True
     with pytest.raises(DsaBenchError, match="is secret"):
         plan_run(RunRequest(str(workload), ["reference"], device="cpu", no_save=True, seed=7), ROOT)
     workload.write_text(workload.read_text().replace("secret: true", "secret: 1"))
@@ -86,7 +86,7 @@ def test_a_workload_setting_makes_a_run_secret(tmp_path):
 
 def test_a_public_run_is_unchanged():
     plan = plan_run(RunRequest("indexer_smoke", ["reference"], device="cpu", no_save=True), ROOT)
-    header = plan.header()
+    header = plan.header().written()
     assert not plan.secret and "secret" not in header and "secret" not in header["settings"]
     assert header["settings"]["seed"] == SMOKE_SEED
     assert correctness_seeds(plan.options.settings, plan.cases[0])[0] == derive_seed(SMOKE_SEED, plan.cases[0].id, "check", 0)

@@ -209,7 +209,7 @@ def compare_results(
             raise DsaBenchError(f"workload {res.workload!r} appears in two results files", str(res.path))
         seen_workloads.add(res.workload)
         refuse_redacted(res, "compare")
-        refuse_secret_mix(res, block, f"{baseline_name}'s entry for {res.workload!r}")
+        refuse_secret_mix(res, block.get("secret"), f"{baseline_name}'s entry for {res.workload!r}", block.get("results_file"))
         comparison.warnings += _environment_warnings(res, block) + _code_warnings(res, block)
         comparison.timed = comparison.timed or res.timer is not None
         gpu = res.environment.get("gpu")
@@ -222,9 +222,9 @@ def compare_results(
                 comparison.only_in_results.append(key)
         comparison.only_in_baseline += [k for k in base if k[0] == res.workload and k not in new]
         hashes = block.get("solutions") or {}
-        for name, meta in (res.document.get("solutions") or {}).items():
+        for name, meta in (res.header.solutions or {}).items():
             old = (hashes.get(name) or {}).get("content_hash")
-            comparison.code_changed[(res.workload, name)] = None if old is None else old != meta.get("content_hash")
+            comparison.code_changed[(res.workload, name)] = None if old is None else old != meta.content_hash
     groups: dict[tuple[str, str], list[CaseComparison]] = {}
     for c in comparison.cases:
         groups.setdefault((c.key[0], c.key[2]), []).append(c)
@@ -256,7 +256,7 @@ def _environment_warnings(results: LoadedResults, block: dict[str, Any]) -> list
             f"{results.workload}: baseline L2 flush {baseline_flush!r}, results L2 flush {results.l2_flush!r}; "
             "a dirty flush also charges each call for writing back the flush's lines"
         )
-    old_settings, new_settings = block.get("settings") or {}, results.document.get("settings") or {}
+    old_settings, new_settings = block.get("settings") or {}, results.header.settings or {}
     for key in ("iterations", "trials", "warmup", "input_sets", "reference_protocol"):
         if old_settings.get(key) != new_settings.get(key):
             warnings.append(
@@ -296,8 +296,8 @@ def _code_warnings(results: LoadedResults, block: dict[str, Any]) -> list[str]:
     """Solutions whose code is not the baseline's: a change in speed may be the code's, not the machine's."""
     warnings = []
     hashes = block.get("solutions") or {}
-    for name, meta in (results.document.get("solutions") or {}).items():
-        old, now = (hashes.get(name) or {}).get("content_hash"), meta.get("content_hash")
+    for name, meta in (results.header.solutions or {}).items():
+        old, now = (hashes.get(name) or {}).get("content_hash"), meta.content_hash
         if old is not None and now is not None and old != now:
             warnings.append(
                 f"{results.workload}: solution {name!r} is not the baseline's code (content hash {old[:12]} there, {now[:12]} now); "

@@ -4,13 +4,12 @@ the wall-time breakdown, sagged clocks, failures.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
 
 from dsa_bench.definitions.status import Status
-from dsa_bench.results.records import CaseRecord
+from dsa_bench.results.records import CaseRecord, WallBreakdown
 from dsa_bench.results.roofline import record_columns, record_note
 
 
@@ -120,9 +119,9 @@ def records_table(records: list[CaseRecord], key_axes: tuple[str, ...]) -> str:
 
     skipped = {r.solution: sum(s.solution == r.solution for s in records if s.status is Status.SKIPPED)
                for r in records if r.status is Status.SKIPPED}  # fmt: skip
+    first_skip = {name: next(r for r in records if r.solution == name and r.status is Status.SKIPPED) for name in skipped}
     records = [r for r in records if r.status is not Status.SKIPPED] + [
-        dataclasses.replace(next(r for r in records if r.solution == name and r.status is Status.SKIPPED), case=f"({n} cases)", axes={})
-        for name, n in skipped.items()
+        first_skip[name].model_copy(update={"case": f"({n} cases)", "axes": {}}) for name, n in skipped.items()
     ]
 
     timed = any(r.timing is not None for r in records)
@@ -181,25 +180,25 @@ def summary_table(records: list[CaseRecord]) -> str:
     return tabulate(rows, headers=headers, disable_numparse=True)
 
 
-def wall_time(breakdown: dict) -> str:
+def wall_time(breakdown: WallBreakdown) -> str:
     """The run's wall time in words (all sittings of a resumed run together)."""
-    sittings = breakdown.get("sittings", 1)
-    return f"wall time {breakdown['wall_s']:.1f} s" + (f" over {sittings} sittings" if sittings > 1 else "")
+    sittings = breakdown.sittings
+    return f"wall time {breakdown.wall_s:.1f} s" + (f" over {sittings} sittings" if sittings > 1 else "")
 
 
-def breakdown_table(breakdown: dict) -> str:
+def breakdown_table(breakdown: WallBreakdown) -> str:
     """A results file's ``wall_breakdown``: seconds per phase, its share of the wall time, and
     each solution's part of it (phases charged to the harness have none)."""
     from tabulate import tabulate
 
-    wall = breakdown["wall_s"]
-    owners = list(breakdown.get("by_solution") or {})
+    wall = breakdown.wall_s
+    owners = list(breakdown.by_solution)
     rows = []
-    for phase, seconds in breakdown["phases_s"].items():
-        mine = [breakdown["by_solution"][owner].get(phase) for owner in owners]
+    for phase, seconds in breakdown.phases_s.items():
+        mine = [breakdown.by_solution[owner].get(phase) for owner in owners]
         rows.append([phase, f"{seconds:.2f}", f"{100 * seconds / wall:.1f}%" if wall > 0 else "-",
                      *("-" if v is None else f"{v:.2f}" for v in mine)])  # fmt: skip
-    rows.append(["total", f"{wall:.2f}", "100.0%", *(f"{sum(breakdown['by_solution'][o].values()):.2f}" for o in owners)])
+    rows.append(["total", f"{wall:.2f}", "100.0%", *(f"{sum(breakdown.by_solution[o].values()):.2f}" for o in owners)])
     headers = ["phase", "s", "of wall", *(f"{o} s" for o in owners)]
     return wall_time(breakdown) + "\n" + tabulate(rows, headers=headers, disable_numparse=True)
 

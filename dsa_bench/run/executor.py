@@ -104,9 +104,9 @@ def run_on_devices(
             packages.update(runner.packages)
             protections.update(runner.protections)
         results.update(
-            solution_notes={**(results.document.get("solution_notes") or {}), **notes},
-            solution_packages={**(results.document.get("solution_packages") or {}), **packages},
-            worker_protections={**(results.document.get("worker_protections") or {}), **protections},
+            solution_notes={**(results.header.solution_notes or {}), **notes},
+            solution_packages={**(results.header.solution_packages or {}), **packages},
+            worker_protections={**(results.header.worker_protections or {}), **protections},
             device_breakdowns=[runner.clock.breakdown() for runner in runners],
         )
     if errors:

@@ -38,7 +38,11 @@ from dsa_bench.project import check_run_solutions, reference_solution, relative_
 from dsa_bench.results.environment import environment
 from dsa_bench.results.records import (
     CaseRecord,
+    LoadedResults,
     ResultsFile,
+    ResultsHeader,
+    SolutionHeader,
+    WorkloadHeader,
     check_results_path,
     load_results,
     now_iso,
@@ -107,24 +111,28 @@ EXECUTORS = ("local", "ray")
 
 @dataclass(frozen=True)
 class Resumed:
-    """What an interrupted run left: its results document, and the cases it finished (every
-    solution of the run has a record there); the other cases are run from their start."""
+    """What an interrupted run left: its results, and the cases it finished (every solution of
+    the run has a record there); the other cases are run from their start."""
 
-    document: dict[str, Any]
+    previous: LoadedResults
     finished: frozenset[str]
-    sitting_header: dict[str, Any]  # the header this sitting would write (its environment and workers are noted)
+    sitting_header: ResultsHeader  # the header this sitting would write (its environment and workers are noted)
 
     @property
     def superseded(self) -> set[str]:
         """Unfinished cases that have records: replaced when the case runs again."""
-        return {r["case"] for r in self.document["records"]} - self.finished
+        return {r.case for r in self.previous.records} - self.finished
 
-    def header(self) -> dict[str, Any]:
+    @property
+    def records_kept(self) -> int:
+        return sum(r.case in self.finished for r in self.previous.records)
+
+    def header(self) -> ResultsHeader:
         """The interrupted run's header, with this sitting noted under ``resumed``."""
-        kept = {k: v for k, v in self.document.items() if k not in ("records", "complete", "finished", "clock_sagged")}
-        sitting = {"started": now_iso(), "records_kept": sum(r["case"] in self.finished for r in self.document["records"]),
-                   "environment": self.sitting_header["environment"], "workers": self.sitting_header["workers"]}  # fmt: skip
-        return {**kept, "resumed": [*self.document.get("resumed", []), sitting]}
+        kept = {k: v for k, v in self.previous.header.written().items() if k not in ("complete", "finished", "clock_sagged")}
+        sitting = {"started": now_iso(), "records_kept": self.records_kept,
+                   "environment": self.sitting_header.environment, "workers": self.sitting_header.workers}  # fmt: skip
+        return ResultsHeader.model_validate({**kept, "resumed": [*(self.previous.header.resumed or []), sitting]})
 
 
 @dataclass
@@ -169,10 +177,10 @@ class RunPlan:
             return "correctness only (no CUDA device: nothing is timed)"
         return f"timing with {self.options.timer}, {self.options.l2_flush} L2 flush"
 
-    def header(self) -> dict[str, Any]:
+    def header(self) -> ResultsHeader:
         """The results document's header; paths are relative to the project root where they lie in it."""
         wl, settings, options = self.workload, self.options.settings, self.options
-        workload = {
+        workload: dict[str, Any] = {
             "name": wl.name,
             "path": relative_to_root(wl.path, self.root),
             "trace": relative_to_root(wl.trace_path, self.root),
@@ -184,29 +192,32 @@ class RunPlan:
         env = _device_environment(options)
         if len(self.device_options) > 1:
             env["gpus"] = [{"index": i, **_device_environment(o)} for i, o in enumerate(self.device_options)]
-        return {
-            "workload": workload,
-            "settings": {**{k: v for k, v in asdict(settings).items() if k not in ("tolerance", "secret")},
-                         "tolerance": asdict(settings.tolerance)},  # fmt: skip
-            "timer": options.timer,
-            **({"timer_fallback": options.timer_fallback} if options.timer_fallback else {}),  # why not CUPTI: never silent
-            "l2_flush": options.l2_flush if options.timer else None,
+        # why not CUPTI: never silent (absent when CUPTI timed)
+        optional: dict[str, Any] = {"timer_fallback": options.timer_fallback} if options.timer_fallback else {}
+        return ResultsHeader.new(
+            workload=WorkloadHeader.model_construct(**workload),
+            settings={**{k: v for k, v in asdict(settings).items() if k not in ("tolerance", "secret")},
+                      "tolerance": asdict(settings.tolerance)},  # fmt: skip
+            timer=options.timer,
+            **optional,
+            l2_flush=options.l2_flush if options.timer else None,
             # every flush first resets the persisting-L2 carve-out (timing.flush.PersistingL2Reset)
-            "l2_persisting_reset": True if options.timer else None,
-            "environment": env,
-            "workers": {name: identity.description for name, identity in self.identities.items()}
+            l2_persisting_reset=True if options.timer else None,
+            environment=env,
+            workers={name: identity.description for name, identity in self.identities.items()}
             if self.executor == "local" else None,  # Ray actors report theirs under environment.gpus
-            "solutions": {s.name: self._solution_header(s) for s in self.solutions},
-            "cases": [c.id for c in self.cases],
-            "peers": [s.name for s in self.solutions if s.requires.any],
-            "speedup_over": options.speedup_over,
-        } | ({"secret": True} if settings.secret else {})
+            solutions={s.name: self._solution_header(s) for s in self.solutions},
+            cases=[c.id for c in self.cases],
+            peers=[s.name for s in self.solutions if s.requires.any],
+            speedup_over=options.speedup_over,
+            **({"secret": True} if settings.secret else {}),
+        )  # fmt: skip
 
-    def _solution_header(self, solution: Solution) -> dict[str, Any]:
-        header = {"path": relative_to_root(solution.path, self.root), "content_hash": content_hash(solution.path)}
+    def _solution_header(self, solution: Solution) -> SolutionHeader:
+        header: dict[str, Any] = {"path": relative_to_root(solution.path, self.root), "content_hash": content_hash(solution.path)}
         if solution.packed_from is not None:  # the JSON it was run from; its folder is dsa-bench's cache
             header["packed"] = relative_to_root(solution.packed_from, self.root)
-        return header
+        return SolutionHeader.model_construct(**header)
 
 
 def _device_environment(options: RunOptions) -> dict[str, Any]:
@@ -522,12 +533,12 @@ def secret_seed(resume: Path | None) -> int:
     run recorded when it ended, to resume it with the same inputs."""
     if resume is None:
         return secrets.randbits(63)
-    document = load_results(resume).document
-    if document.get("redacted"):
+    header = load_results(resume).header
+    if header.redacted:
         raise DsaBenchError("cannot resume a redacted results file (it holds no seeds or case details); resume the full one", str(resume))
-    if not document.get("secret"):
+    if not header.secret:
         raise DsaBenchError("--secret cannot resume a public run; resume it without --secret", str(resume))
-    seed = (document.get("settings") or {}).get("seed")
+    seed = (header.settings or {}).get("seed")
     if not isinstance(seed, int):
         raise DsaBenchError("this secret run never recorded its seed (it was killed before it ended); start a new run", str(resume))
     return seed
@@ -544,34 +555,34 @@ def _first_difference(theirs: Any, ours: Any, name: str) -> tuple[str, Any, Any]
     return None if theirs == ours else (name, theirs, ours)
 
 
-def resume_problem(previous: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """Why the run described by header ``now`` cannot continue the one whose results document is
+def resume_problem(previous: ResultsHeader, now: ResultsHeader) -> str | None:
+    """Why the run described by header ``now`` cannot continue the one whose results header is
     ``previous``, or None: the first field that differs, with both values."""
-    if not (previous.get("workload") or {}).get("cases_sha256"):
+    if not previous.workload.cases_sha256:
         return "it records no workload.cases_sha256 (it was written before dsa-bench could resume runs); start a new run"
-    theirs_solutions, our_solutions = previous.get("solutions") or {}, now["solutions"]
+    theirs_solutions, our_solutions = previous.solutions or {}, now.solutions or {}
     if set(theirs_solutions) != set(our_solutions):
         return (f"the solutions differ: {', '.join(sorted(theirs_solutions)) or '(none)'} there, {', '.join(sorted(our_solutions))} "
                 f"in this run; give the same --solution options")  # fmt: skip
     for name, info in our_solutions.items():
-        if theirs_solutions[name].get("content_hash") != info["content_hash"]:
-            return (f"solution {name!r} has changed since: content hash {theirs_solutions[name].get('content_hash')} there, "
-                    f"{info['content_hash']} now ({info['path']}); start a new run")  # fmt: skip
+        if theirs_solutions[name].content_hash != info.content_hash:
+            return (f"solution {name!r} has changed since: content hash {theirs_solutions[name].content_hash} there, "
+                    f"{info.content_hash} now ({info.path}); start a new run")  # fmt: skip
     workload_fields = ("name", "definition", "cases_sha256", "dataset")
     checked = [
-        ("secret", bool(previous.get("secret")), bool(now.get("secret"))),
-        ("workload", {k: previous["workload"].get(k) for k in workload_fields}, {k: now["workload"].get(k) for k in workload_fields}),
-        ("settings", previous.get("settings"), now["settings"]),
-        ("timer", previous.get("timer"), now["timer"]),
-        ("l2_flush", previous.get("l2_flush"), now["l2_flush"]),
-        ("environment.gpu", (previous.get("environment") or {}).get("gpu"), now["environment"].get("gpu")),
+        ("secret", bool(previous.secret), bool(now.secret)),
+        ("workload", {k: getattr(previous.workload, k) for k in workload_fields}, {k: getattr(now.workload, k) for k in workload_fields}),
+        ("settings", previous.settings, now.settings),
+        ("timer", previous.timer, now.timer),
+        ("l2_flush", previous.l2_flush, now.l2_flush),
+        ("environment.gpu", (previous.environment or {}).get("gpu"), (now.environment or {}).get("gpu")),
     ]
     for name, theirs, ours in checked:
         found = _first_difference(theirs, ours, name)
         if found is not None:
             field_name, a, b = found
             return f"{field_name} is {a!r} there and {b!r} in this run; give the interrupted run's options"
-    theirs_cases, our_cases = previous.get("cases") or [], now["cases"]
+    theirs_cases, our_cases = previous.cases or [], now.cases or []
     if set(theirs_cases) != set(our_cases):
         differ = sorted(set(theirs_cases) ^ set(our_cases))
         shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
@@ -582,23 +593,23 @@ def resume_problem(previous: dict[str, Any], now: dict[str, Any]) -> str | None:
 
 def resume_state(path: Path, plan: RunPlan) -> Resumed:
     """The interrupted run at ``path``, checked against ``plan``: a refusal names the first difference."""
-    previous = load_results(path).document
-    if previous.get("redacted"):
+    previous = load_results(path)
+    if previous.header.redacted:
         raise DsaBenchError("cannot resume a redacted results file (it holds no seeds or case details); resume the full one", str(path))
     now = plan.header()
-    problem = resume_problem(previous, now)
+    problem = resume_problem(previous.header, now)
     if problem is not None:
         raise DsaBenchError(f"cannot resume this run: {problem}", str(path))
     names = {s.name for s in plan.solutions}
     known = {c.id for c in plan.cases}
-    for index, record in enumerate(previous["records"]):
-        if record["case"] not in known or record["solution"] not in names:
-            what = f"case {record['case']!r}" if record["case"] not in known else f"solution {record['solution']!r}"
+    for index, record in enumerate(previous.records):
+        if record.case not in known or record.solution not in names:
+            what = f"case {record.case!r}" if record.case not in known else f"solution {record.solution!r}"
             raise DsaBenchError(f"cannot resume this run: records[{index}] holds {what}, which this run does not have; "
                                 f"the file does not come from this workload's run", str(path))  # fmt: skip
     done: dict[str, set[str]] = {}
-    for record in previous["records"]:
-        done.setdefault(record["case"], set()).add(record["solution"])
+    for record in previous.records:
+        done.setdefault(record.case, set()).add(record.solution)
     return Resumed(previous, frozenset(case for case, solutions in done.items() if names <= solutions), now)
 
 
@@ -631,13 +642,13 @@ def execute(plan: RunPlan, on_record: Callable[[CaseRecord], None] = lambda r: N
     """Run the plan; the results file is complete only when every case ran. The outcome's records
     are the whole file's (a resumed run's earlier records too)."""
     resumed = plan.resumed
-    clock = PhaseClock(plan.planning_s, resumed.document.get("wall_breakdown") if resumed else None)
+    clock = PhaseClock(plan.planning_s, resumed.previous.header.wall_breakdown if resumed else None)
     with clock.phase("planning"):  # the header: environment, solutions' content hashes
         header = plan.header() if resumed is None else resumed.header()
-    revealed_settings = header["settings"]
+    revealed_settings = header.settings
     if plan.secret:  # withheld until the run ends, interrupted or not; then recorded to reproduce it
-        header = {**header, "settings": {**revealed_settings, "seed": None}}
-    kept, superseded = (resumed.document["records"], resumed.superseded) if resumed else ([], set())
+        header.settings = {**(revealed_settings or {}), "seed": None}
+    kept, superseded = (resumed.previous.records, resumed.superseded) if resumed else ([], set())
     with clock.phase("results_writes"):
         results = ResultsFile(plan.save_path, header, kept, superseded)
     stopped_by: int | None = None
@@ -650,9 +661,9 @@ def execute(plan: RunPlan, on_record: Callable[[CaseRecord], None] = lambda r: N
     case_order = {c.id: i for i, c in enumerate(plan.cases)}
     solution_order = {s.name: i for i, s in enumerate(plan.solutions)}
     # several devices finish cases out of order: the file keeps a one-device run's order
-    results.document["records"].sort(key=lambda r: (case_order.get(r["case"], len(case_order)), solution_order.get(r["solution"], 0)))
-    records = [CaseRecord.from_json(r) for r in results.document["records"]]
-    sag = _sagged(records, results.document["environment"])
+    results.sort_records(lambda r: (case_order.get(r.case, len(case_order)), solution_order.get(r.solution, 0)))
+    records = list(results.records)
+    sag = _sagged(records, results.header.environment or {})
     results.update(complete=stopped_by is None, finished=now_iso(), clock_sagged=sag, wall_breakdown=clock.breakdown(),
                    settings=revealed_settings)  # fmt: skip
     if plan.redacted_path is not None:
@@ -670,7 +681,7 @@ def _run(plan: RunPlan, results: ResultsFile, on_record: Callable[[CaseRecord], 
         def record_actors(descriptions: list[dict[str, Any]]) -> None:
             timers = {d["timer"] for d in descriptions}
             results.update(
-                environment={**results.document["environment"], "gpus": [{"index": i, **d} for i, d in enumerate(descriptions)]},
+                environment={**(results.header.environment or {}), "gpus": [{"index": i, **d} for i, d in enumerate(descriptions)]},
                 timer=timers.pop() if len(timers) == 1 else "mixed",
                 l2_flush=plan.options.l2_flush if any(d["timer"] for d in descriptions) else None,
                 l2_persisting_reset=True if any(d["timer"] for d in descriptions) else None,

@@ -88,8 +88,8 @@ class CaseActor:
     def describe(self) -> dict[str, Any]:
         return self.description
 
-    def run_case(self, case: Case) -> list[dict[str, Any]]:
-        return [r.to_json() for r in self.runner.run_case(case)]
+    def run_case(self, case: Case) -> list[CaseRecord]:
+        return self.runner.run_case(case)
 
     def stop(self) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
         self.runner.stop()
@@ -169,10 +169,11 @@ def run_on_ray(
             done, _ = ray.wait(list(pending), num_returns=1)
             slot, case = pending.pop(done[0])
             try:
-                finished = [CaseRecord.from_json(data) for data in ray.get(done[0])]
+                finished: list[CaseRecord] = ray.get(done[0])
             except ray.exceptions.RayActorError as exc:  # the actor process died: this case, and a fresh actor
                 message = f"the Ray actor running this case died (not retried): {_first_line(exc)}"
-                finished = [CaseRecord(case.id, s.name, dict(case.axes), Status.RUNTIME_ERROR, message, gpu=slot) for s in solutions]
+                failed = {"axes": dict(case.axes), "status": Status.RUNTIME_ERROR, "message": message, "gpu": slot}
+                finished = [CaseRecord.new(case=case.id, solution=s.name, **failed) for s in solutions]
                 actors[slot] = start(slot)
             for record in finished:
                 records.append(record)
@@ -191,8 +192,8 @@ def run_on_ray(
                 pass
             ray.kill(actor)
         results.update(
-            solution_notes={**(results.document.get("solution_notes") or {}), **notes},
-            solution_packages={**(results.document.get("solution_packages") or {}), **packages},
+            solution_notes={**(results.header.solution_notes or {}), **notes},
+            solution_packages={**(results.header.solution_packages or {}), **packages},
         )
     return records
 

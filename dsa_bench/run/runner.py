@@ -305,7 +305,7 @@ def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> Case
     settings = options.settings  # the run's settings: the workload's, with the command line's overrides
     case = ctx.case
     seeds = correctness_seeds(settings, case)
-    record = CaseRecord(
+    record = CaseRecord.new(
         case=case.id, solution=handle.solution.name, axes=dict(case.axes), status=Status.PASSED, seeds={"correctness": list(seeds)}
     )
     owner, clock = handle.solution.name, ctx.clock
@@ -358,8 +358,10 @@ def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> Case
                 result = CheckResult(
                     Status.TIMING_SUSPECT, f"impossible timing, not recorded: {suspect}", result.max_abs_error, result.max_rel_error
                 )
-            record.timing = Timing(timer=timing.timer, samples_ms=timing.samples_ms, clocks=timing.clocks,
-                                   host_samples_ms=timing.host_samples_ms, timer_fallback=options.timer_fallback)  # fmt: skip
+            record.timing = Timing.model_construct(
+                timer=timing.timer, samples_ms=timing.samples_ms, clocks=timing.clocks,
+                host_samples_ms=timing.host_samples_ms, timer_fallback=options.timer_fallback,
+            )  # fmt: skip
             if result.passed:
                 with clock.phase("checks", owner):  # counting the work reuses the input sets the floor check built
                     record.roofline = roofline_of(record.timing, ctx, job, options)
@@ -589,8 +591,8 @@ def run_workload(
         runner.stop()
         # a resumed run keeps earlier sittings' notes
         results.update(
-            solution_notes={**(results.document.get("solution_notes") or {}), **runner.notes},
-            solution_packages={**(results.document.get("solution_packages") or {}), **runner.packages},
-            worker_protections={**(results.document.get("worker_protections") or {}), **runner.protections},
+            solution_notes={**(results.header.solution_notes or {}), **runner.notes},
+            solution_packages={**(results.header.solution_packages or {}), **runner.packages},
+            worker_protections={**(results.header.worker_protections or {}), **runner.protections},
         )
     return records
