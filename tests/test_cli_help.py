@@ -36,3 +36,21 @@ def test_run_help_keeps_the_ray_extra_and_validate_names_only_real_options():
 def test_version():
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output == f"dsa-bench {__version__}\n"
+
+
+def test_run_options_are_the_run_requests_fields():
+    """`run` is built from RunRequest: each field is one option, with the field's help and default (declared once)."""
+    from typer.main import get_command
+
+    from dsa_bench.run.request import TOLERANCE_OPTIONS, RunRequest
+    from dsa_bench.workloads import TOLERANCES
+
+    options = {p.name: p for p in get_command(app).commands["run"].params}  # type: ignore[attr-defined]
+    assert set(options) == set(RunRequest.model_fields)
+    for name, info in RunRequest.model_fields.items():
+        assert options[name].help == info.description, name
+        assert options[name].required == info.is_required(), name
+        if not info.is_required():
+            assert (options[name].default or None) == (info.get_default(call_default_factory=True) or None), name
+    assert options["l2_flush"].default == "clean" and options["case_timeout"].default == 600.0
+    assert TOLERANCE_OPTIONS == TOLERANCES

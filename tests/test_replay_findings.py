@@ -78,7 +78,8 @@ def test_merge_of_an_interrupted_part_is_incomplete_and_no_baseline(tmp_path):
 
 
 def test_resume_of_a_file_with_a_case_the_workload_lacks_is_refused(tmp_path):
-    from dsa_bench.run.plan import RunRequest, plan_run
+    from dsa_bench.run.plan import plan_run
+    from dsa_bench.run.request import RunRequest
 
     save = tmp_path / "run.json"
     plan = plan_run(RunRequest(workload="indexer_smoke", solutions=["reference"], cases=["smoke_scored"], device="cpu", save=save), ROOT)

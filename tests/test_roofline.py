@@ -337,12 +337,13 @@ def test_mla_decode_format_table_is_consistent():
 def test_a_run_that_falls_back_from_cupti_records_why(monkeypatch, tmp_path):
     """plan_run keeps choose_timer's fallback reason for every record (RunOptions.timer_fallback)."""
     from dsa_bench.run import plan
+    from dsa_bench.run.request import RunRequest
 
     reason = "CUPTI is unavailable (the cupti-python module does not load); timing with CUDA events instead"
     monkeypatch.setattr(plan, "pick_devices", lambda name, count: [torch.device("cuda", 0)])
     monkeypatch.setattr(plan, "choose_timer", lambda requested, device: ("events", reason))
     monkeypatch.setattr(plan, "measure_copy_bandwidth", lambda device: H200_COPY)
-    request = plan.RunRequest(workload="indexer_smoke", solutions=["reference"], no_save=True)
+    request = RunRequest(workload="indexer_smoke", solutions=["reference"], no_save=True)
     planned = plan.plan_run(request, ROOT)
     assert planned.options.timer == "events" and planned.options.timer_fallback == reason
     assert all(o.timer_fallback == reason for o in planned.device_options)

@@ -27,12 +27,14 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.results.records import CaseRecord, ResultsFile
+from dsa_bench.run.breakdown import PhaseClock
 from dsa_bench.run.runner import DeviceRunner, RunOptions, worker_identities
 from dsa_bench.solution import Solution
 from dsa_bench.workloads import Case, Workload
@@ -94,6 +96,39 @@ class CaseActor:
     def stop(self) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
         self.runner.stop()
         return self.runner.notes, self.runner.packages
+
+
+@dataclass
+class RayExecutor:
+    """A Ray cluster's GPUs (or with ``cpu``, its CPUs: correctness only), one actor per device;
+    the actors' devices and timers are recorded in the results header as they start."""
+
+    workload: Workload
+    solutions: list[Solution]
+    options: RunOptions
+    timer: str  # what each actor resolves on its own device
+    root: Path
+    address: str | None = None
+    max_actors: int | None = None
+    cpu: bool = False
+
+    def run(
+        self, cases: list[Case], results: ResultsFile, on_record: Callable[[CaseRecord], None], clock: PhaseClock
+    ) -> list[CaseRecord]:
+        def record_actors(descriptions: list[dict[str, Any]]) -> None:
+            timers = {d["timer"] for d in descriptions}
+            timed = any(d["timer"] for d in descriptions)
+            results.update(
+                environment={**(results.header.environment or {}), "gpus": [{"index": i, **d} for i, d in enumerate(descriptions)]},
+                timer=timers.pop() if len(timers) == 1 else "mixed",
+                l2_flush=self.options.l2_flush if timed else None,
+                l2_persisting_reset=True if timed else None,
+            )
+
+        return run_on_ray(
+            self.workload, cases, self.solutions, self.options, self.timer, self.root, results, on_record,
+            address=self.address, max_actors=self.max_actors, on_start=record_actors, cpu=self.cpu,
+        )  # fmt: skip
 
 
 def run_on_ray(

@@ -48,6 +48,7 @@ from dsa_bench.run.protocol import (
     parse_reply,
     value_bytes,
 )
+from dsa_bench.run.request import default as option_default
 from dsa_bench.solution import REFERENCE_SOLUTION, Solution
 from dsa_bench.workloads import REFERENCE_LIGHT, Case, RunSettings, Workload, derive_seed
 
@@ -64,8 +65,8 @@ class RunOptions:
     settings: RunSettings
     timer: str | None  # "cupti" | "events" on a GPU; None: correctness only
     l2_flush: str  # timing.L2_FLUSH_MODES
-    compile_timeout_s: float = 900.0
-    case_timeout_s: float = 600.0
+    compile_timeout_s: float = option_default("compile_timeout")
+    case_timeout_s: float = option_default("case_timeout")
     log_dir: Path = Path(".cache/dsa-bench/logs")
     cache_dir: Path = Path(".cache/dsa-bench")  # per-solution build, Triton and home folders below it
     dataset_root: Path | None = None  # set when the workload comes from a flashinfer-bench dataset
