@@ -54,3 +54,17 @@ def test_run_options_are_the_run_requests_fields():
             assert (options[name].default or None) == (info.get_default(call_default_factory=True) or None), name
     assert options["l2_flush"].default == "clean" and options["case_timeout"].default == 600.0
     assert TOLERANCE_OPTIONS == TOLERANCES
+
+
+def test_a_request_hands_its_options_to_the_case_loop_and_records_the_marked_ones():
+    """RunOptions fields named as RunRequest's receive the option as given; `Recorded` ones reach the results header."""
+    from conftest import ROOT
+
+    from dsa_bench.run.plan import plan_run
+    from dsa_bench.run.request import RunRequest
+
+    request = RunRequest(workload="indexer_smoke", solutions=["reference"], device="cpu", no_save=True, worker_user="harness",
+                         l2_flush="dirty", speedup_over="reference")  # fmt: skip
+    plan = plan_run(request, ROOT)
+    assert (plan.options.worker_user, plan.options.l2_flush, plan.options.speedup_over) == ("harness", "dirty", "reference")
+    assert str(plan.options.device) == "cpu" and plan.header().written()["speedup_over"] == "reference"

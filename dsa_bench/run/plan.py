@@ -35,7 +35,7 @@ from dsa_bench.results.records import (
     redacted_path,
 )
 from dsa_bench.run.isolation import WorkerIdentity
-from dsa_bench.run.request import RunRequest
+from dsa_bench.run.request import RunRequest, recorded_options
 from dsa_bench.run.resume import Resumed, resume_state, secret_seed
 from dsa_bench.run.runner import RunOptions, order_solutions, worker_identities
 from dsa_bench.solution import REFERENCE_SOLUTION, Solution, content_hash, discover, load_solution
@@ -65,6 +65,7 @@ class RunPlan:
     planning_s: float = 0.0  # wall time spent planning, counted in the run's wall-time breakdown
     resumed: Resumed | None = None
     redacted_path: Path | None = None  # where the redacted copy goes (run --redact)
+    recorded: dict[str, Any] = field(default_factory=dict)  # the request's options the header records (run.request.Recorded)
 
     @property
     def secret(self) -> bool:
@@ -118,7 +119,7 @@ class RunPlan:
             solutions={s.name: self._solution_header(s) for s in self.solutions},
             cases=[c.id for c in self.cases],
             peers=[s.name for s in self.solutions if s.requires.any],
-            speedup_over=options.speedup_over,
+            **self.recorded,  # the options recorded as given (run.request.Recorded)
             **({"secret": True} if settings.secret else {}),
         )  # fmt: skip
 
@@ -367,20 +368,20 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     save_path = None if request.no_save else (request.resume or request.save or default_save)
     if save_path is not None:
         check_results_path(save_path, *run_inputs(workload, solutions, request.dataset))
-    template = RunOptions(
+    resolved: dict[str, Any] = dict(
         device=device,
         settings=settings,
         timer=timer,
-        l2_flush=request.l2_flush,
         compile_timeout_s=request.compile_timeout,
         case_timeout_s=request.case_timeout,
         log_dir=root / ".cache" / "dsa-bench" / "logs",
         cache_dir=root / ".cache" / "dsa-bench",
         dataset_root=request.dataset,
-        worker_user=request.worker_user,
-        speedup_over=request.speedup_over,
         timer_fallback=warning,  # choose_timer warns only when 'auto' fell back from CUPTI
     )
+    # the other options the case loop reads reach it as given: RunOptions fields named as the request's (l2_flush, worker_user, ...)
+    handed_on = {f.name: getattr(request, f.name) for f in dataclasses.fields(RunOptions) if f.name in RunRequest.model_fields}
+    template = RunOptions(**{**handed_on, **resolved})
     device_options = [
         dataclasses.replace(template, device=d, copy_bytes_per_s=measure_copy_bandwidth(d) if timer is not None else None)
         for d in devices
@@ -390,6 +391,7 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
         workload, cases, solutions, device_options[0], device_identities[0], save_path, root, warnings,
         device_options=device_options, device_identities=device_identities, executor=request.executor,
         ray_address=request.ray_address, ray_gpus=gpus, ray_cpu=on_ray and request.device == "cpu", timer_request=request.timer,
+        recorded=recorded_options(request),
     )  # fmt: skip
     if request.resume is not None:
         plan.resumed = resume_state(request.resume, plan.header())

@@ -4,7 +4,9 @@
 its fields (``dsa_bench.cli``: a field's flags come from its :class:`Flags`, its help from its
 description, its default from the field), and a request is checked when it is made: a bad value
 raises the one-line :class:`~dsa_bench.errors.DsaBenchError` naming the option, before anything
-is loaded. Adding a run option means a field here and its use where it acts (docs/architecture.md).
+is loaded. A field that names a :class:`~dsa_bench.run.runner.RunOptions` field is handed to the
+case loop under that name, and one marked :class:`Recorded` is written to the results header, so
+adding a run option means a field here and its use where it acts (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ class Flags:
     """An option's command-line names, when they are not ``--`` and the field's name with dashes."""
 
     names: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """An option the results header records as given, under the field's name (a ResultsHeader field)."""
 
 
 class RunRequest(BaseModel):
@@ -142,7 +149,7 @@ class RunRequest(BaseModel):
         False,
         description="Print where the run's wall time went, phase by phase (the results file always records it as wall_breakdown).",
     )
-    speedup_over: str | None = Field(
+    speedup_over: Annotated[str | None, Recorded()] = Field(
         None,
         description="Solution of this run that the second speedup column is measured against (default: the fastest peer, a solution "
         "with `requires`, that passed each case).",
@@ -202,6 +209,12 @@ class RunRequest(BaseModel):
 
     def tolerance_overrides(self) -> dict[str, float]:
         return {key: getattr(self, key) for key in TOLERANCE_OPTIONS if getattr(self, key) is not None}
+
+
+def recorded_options(request: RunRequest) -> dict[str, Any]:
+    """The options the results header records as given (fields marked :class:`Recorded`)."""
+    fields = RunRequest.model_fields.items()
+    return {name: getattr(request, name) for name, info in fields if any(isinstance(m, Recorded) for m in info.metadata)}
 
 
 def flags(name: str) -> tuple[str, ...]:
