@@ -141,7 +141,7 @@ def _solution_name(results: LoadedResults, solution: str) -> str:
 
 def _log(results: LoadedResults, record: CaseRecord, status: str, lost: list[str]) -> str:
     header = results.header
-    settings = header.settings or {}
+    settings = header.settings.written() if header.settings is not None else {}  # the fields the file holds
     meta = (header.solutions or {}).get(record.solution) or SolutionHeader()
     lines = [f"dsa-bench {results.environment.get('dsa_bench', '')}: results {results.path}, created {header.created}"]
     mapped = "" if status == record.status.value else f" (flashinfer-bench has no such status: reported as {status})"

@@ -51,7 +51,7 @@ from typing import Any
 from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.results.baseline import CaseMeasure, Key, baseline_measures, measures_of
-from dsa_bench.results.records import LoadedResults, recorded_l2_flush, refuse_redacted, refuse_secret_mix
+from dsa_bench.results.records import LoadedResults, RecordedSettings, recorded_l2_flush, refuse_redacted, refuse_secret_mix
 from dsa_bench.solution import REFERENCE_SOLUTION
 
 DEFAULT_THRESHOLD = 0.05
@@ -256,13 +256,15 @@ def _environment_warnings(results: LoadedResults, block: dict[str, Any]) -> list
             f"{results.workload}: baseline L2 flush {baseline_flush!r}, results L2 flush {results.l2_flush!r}; "
             "a dirty flush also charges each call for writing back the flush's lines"
         )
-    old_settings, new_settings = block.get("settings") or {}, results.header.settings or {}
+    old_settings, new_settings = block.get("settings") or {}, results.header.settings or RecordedSettings()
     for key in ("iterations", "trials", "warmup", "input_sets", "reference_protocol"):
-        if old_settings.get(key) != new_settings.get(key):
+        if old_settings.get(key) != getattr(new_settings, key):
             warnings.append(
-                f"{results.workload}: setting {key} was {old_settings.get(key)!r} in the baseline, {new_settings.get(key)!r} now"
+                f"{results.workload}: setting {key} was {old_settings.get(key)!r} in the baseline, {getattr(new_settings, key)!r} now"
             )
-    old_tolerance, new_tolerance = old_settings.get("tolerance") or {}, new_settings.get("tolerance") or {}
+    # the baseline block is a dict (its model checks it); the results' tolerances as their file holds them
+    old_tolerance = old_settings.get("tolerance") or {}
+    new_tolerance = new_settings.tolerance.model_dump(exclude_unset=True) if new_settings.tolerance is not None else {}
     for key in sorted((set(old_tolerance) | set(new_tolerance)) & set(_tolerances_read(results.definition))):
         if old_tolerance.get(key) != new_tolerance.get(key):
             warnings.append(

@@ -344,6 +344,32 @@ class SolutionHeader(OpenModel):
     packed: str | None = None  # the packed Solution JSON it was run from
 
 
+class RecordedTolerance(OpenModel):
+    """The tolerances a run judged with (dsa_bench.definitions.base.Tolerance); None: the definition's own bound."""
+
+    atol: float | None = None
+    rtol: float | None = None
+    lse_atol: float | None = None
+    score_rtol: float | None = None
+
+
+class RecordedSettings(OpenModel):
+    """The header's ``settings``: the workload's, with the command line's overrides. A secret run's
+    seed is None until the run ends. Fields a file from an older release lacks read as None."""
+
+    seed: int | None = None
+    input_sets: int | None = None
+    warmup: int | None = None
+    iterations: int | None = None
+    trials: int | None = None
+    tolerance: RecordedTolerance | None = None
+    reference_protocol: str | None = None
+
+    def written(self) -> dict[str, Any]:
+        """The settings as the file holds them (the fields set)."""
+        return self.model_dump(exclude_unset=True)
+
+
 class WallBreakdown(ClosedModel):
     """Where a run's wall time went (dsa_bench.run.breakdown): seconds per phase, summed over
     cases and solutions, and per solution the phases charged to it."""
@@ -366,7 +392,7 @@ class ResultsHeader(OpenModel):
     version: Literal[1] = RESULTS_VERSION
     created: str | None = None
     workload: WorkloadHeader
-    settings: dict[str, Any] | None = None
+    settings: RecordedSettings | None = None
     timer: str | None = None
     #: why the run did not time with CUPTI (``--timer auto`` fell back); absent when it did not fall back
     timer_fallback: str | None = None

@@ -300,7 +300,7 @@ def _environment_rows(results: LoadedResults) -> list[list[Any]]:
     rows.append(["timer", results.timer or "none (correctness only)"])
     if results.l2_flush:
         rows.append(["L2 flush", results.l2_flush])
-    for key, value in (header.settings or {}).items():
+    for key, value in (header.settings.written() if header.settings is not None else {}).items():
         if key == "tolerance" and isinstance(value, dict):  # atol, rtol, lse_atol, score_rtol
             value = ", ".join(f"{name}={tol:g}" if isinstance(tol, (int, float)) else f"{name}={tol!r}" for name, tol in value.items())
         rows.append([f"setting: {key}", value])

@@ -51,7 +51,7 @@ def execute(plan: RunPlan, on_record: Callable[[CaseRecord], None] = lambda r: N
         header = plan.header() if resumed is None else resumed.header()
     revealed_settings = header.settings
     if plan.secret:  # withheld until the run ends, interrupted or not; then recorded to reproduce it
-        header.settings = {**(revealed_settings or {}), "seed": None}
+        header.settings = revealed_settings.model_copy(update={"seed": None}) if revealed_settings is not None else None
     kept, superseded = (resumed.previous.records, resumed.superseded) if resumed else ([], set())
     with clock.phase("results_writes"):
         results = ResultsFile(plan.save_path, header, kept, superseded)

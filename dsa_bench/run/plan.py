@@ -27,6 +27,8 @@ from dsa_bench.paths import safe_file_name
 from dsa_bench.project import check_run_solutions, reference_solution, relative_to_root, resolve_solution, resolve_workload
 from dsa_bench.results.environment import environment
 from dsa_bench.results.records import (
+    RecordedSettings,
+    RecordedTolerance,
     ResultsHeader,
     SolutionHeader,
     WorkloadHeader,
@@ -106,8 +108,10 @@ class RunPlan:
         optional: dict[str, Any] = {"timer_fallback": options.timer_fallback} if options.timer_fallback else {}
         return ResultsHeader.new(
             workload=WorkloadHeader.model_construct(**workload),
-            settings={**{k: v for k, v in asdict(settings).items() if k not in ("tolerance", "secret")},
-                      "tolerance": asdict(settings.tolerance)},  # fmt: skip
+            settings=RecordedSettings.model_construct(
+                **{k: v for k, v in asdict(settings).items() if k not in ("tolerance", "secret")},
+                tolerance=RecordedTolerance.model_construct(**asdict(settings.tolerance)),
+            ),
             timer=options.timer,
             **optional,
             l2_flush=options.l2_flush if options.timer else None,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.results.records import LoadedResults, ResultsHeader, load_results, now_iso
+from dsa_bench.results.records import LoadedResults, RecordedSettings, ResultsHeader, load_results, now_iso
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def secret_seed(resume: Path | None) -> int:
         raise DsaBenchError("cannot resume a redacted results file (it holds no seeds or case details); resume the full one", str(resume))
     if not header.secret:
         raise DsaBenchError("--secret cannot resume a public run; resume it without --secret", str(resume))
-    seed = (header.settings or {}).get("seed")
+    seed = header.settings.seed if header.settings is not None else None
     if not isinstance(seed, int):
         raise DsaBenchError("this secret run never recorded its seed (it was killed before it ended); start a new run", str(resume))
     return seed
@@ -68,6 +68,10 @@ def _first_difference(theirs: Any, ours: Any, name: str) -> tuple[str, Any, Any]
                 return found
         return None
     return None if theirs == ours else (name, theirs, ours)
+
+
+def _written(settings: RecordedSettings | None) -> dict[str, Any] | None:
+    return None if settings is None else settings.written()
 
 
 def resume_problem(previous: ResultsHeader, now: ResultsHeader) -> str | None:
@@ -87,7 +91,7 @@ def resume_problem(previous: ResultsHeader, now: ResultsHeader) -> str | None:
     checked = [
         ("secret", bool(previous.secret), bool(now.secret)),
         ("workload", {k: getattr(previous.workload, k) for k in workload_fields}, {k: getattr(now.workload, k) for k in workload_fields}),
-        ("settings", previous.settings, now.settings),
+        ("settings", _written(previous.settings), _written(now.settings)),
         ("timer", previous.timer, now.timer),
         ("l2_flush", previous.l2_flush, now.l2_flush),
         ("environment.gpu", (previous.environment or {}).get("gpu"), (now.environment or {}).get("gpu")),
