@@ -143,7 +143,7 @@ def _log(results: LoadedResults, record: CaseRecord, status: str, lost: list[str
     header = results.header
     settings = header.settings.written() if header.settings is not None else {}  # the fields the file holds
     meta = (header.solutions or {}).get(record.solution) or SolutionHeader()
-    lines = [f"dsa-bench {results.environment.get('dsa_bench', '')}: results {results.path}, created {header.created}"]
+    lines = [f"dsa-bench {results.environment.dsa_bench or ''}: results {results.path}, created {header.created}"]
     mapped = "" if status == record.status.value else f" (flashinfer-bench has no such status: reported as {status})"
     lines.append(f"dsa-bench status: {record.status.value}{mapped}")
     if record.message:
@@ -178,7 +178,7 @@ def _log(results: LoadedResults, record: CaseRecord, status: str, lost: list[str
 
 
 def _evaluation(results: LoadedResults, record: CaseRecord, status: str, reference_ms: float | None, lost: list[str]) -> dict[str, Any]:
-    env = results.environment
+    env = results.environment.written()  # the libraries' versions under their own names
     evaluation: dict[str, Any] = {
         "status": status,
         "environment": {"hardware": env.get("gpu") or "cpu", "libs": {key: str(env[key]) for key in _LIBS if env.get(key) is not None}},

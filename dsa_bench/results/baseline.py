@@ -147,7 +147,7 @@ def baseline_block(results: LoadedResults) -> dict[str, Any]:
         "timer": results.timer,
         "l2_flush": results.l2_flush,
         "settings": header.settings.written() if header.settings is not None else None,
-        "environment": results.environment,
+        "environment": results.environment.written(),
         **({"secret": True} if header.secret else {}),  # made from a contest run (compare.refuse_secret_mix)
         "solutions": {name: {"content_hash": meta.content_hash} for name, meta in (header.solutions or {}).items()},
         "cases": [

@@ -212,7 +212,7 @@ def compare_results(
         refuse_secret_mix(res, block.get("secret"), f"{baseline_name}'s entry for {res.workload!r}", block.get("results_file"))
         comparison.warnings += _environment_warnings(res, block) + _code_warnings(res, block)
         comparison.timed = comparison.timed or res.timer is not None
-        gpu = res.environment.get("gpu")
+        gpu = res.environment.gpu
         same_gpu = gpu is not None and gpu == (block.get("environment") or {}).get("gpu")
         new = measures_of(res)
         for key, measure in new.items():
@@ -244,9 +244,9 @@ def compare_results(
 def _environment_warnings(results: LoadedResults, block: dict[str, Any]) -> list[str]:
     warnings = []
     old_env, new_env = block.get("environment") or {}, results.environment
-    if old_env.get("gpu") != new_env.get("gpu"):
+    if old_env.get("gpu") != new_env.gpu:
         warnings.append(
-            f"{results.workload}: baseline GPU {old_env.get('gpu')!r}, results GPU {new_env.get('gpu')!r}; speedups may shift across GPUs"
+            f"{results.workload}: baseline GPU {old_env.get('gpu')!r}, results GPU {new_env.gpu!r}; speedups may shift across GPUs"
         )
     if block.get("timer") != results.timer:
         warnings.append(f"{results.workload}: baseline timer {block.get('timer')!r}, results timer {results.timer!r}")

@@ -15,7 +15,7 @@ from typing import Any
 
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import check_output_path, has_json_format, write_atomic
-from dsa_bench.results.records import RESULTS_FORMAT, CaseRecord, LoadedResults, ResultsHeader, load_results
+from dsa_bench.results.records import RESULTS_FORMAT, CaseRecord, Environment, LoadedResults, ResultsHeader, load_results
 
 MUST_AGREE = ("format", "version", "workload", "settings", "timer", "l2_flush", "secret", "redacted")
 #: what each part's own sittings were: kept with the part, under merged_from
@@ -50,7 +50,7 @@ def merge_results(paths: list[Path]) -> MergedResults:
         for field in MUST_AGREE:
             if _as_written(header, field) != _as_written(first, field):
                 raise DsaBenchError(f"field {field!r} differs from {paths[0]}", where)
-        gpu, first_gpu = (header.environment or {}).get("gpu"), (first.environment or {}).get("gpu")
+        gpu, first_gpu = (header.environment or Environment()).gpu, (first.environment or Environment()).gpu
         if gpu != first_gpu:
             raise DsaBenchError(f"GPU {gpu} differs from {paths[0]}", where)
         first_solutions = first.solutions or {}

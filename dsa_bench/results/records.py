@@ -344,6 +344,23 @@ class SolutionHeader(OpenModel):
     packed: str | None = None  # the packed Solution JSON it was run from
 
 
+class Environment(OpenModel):
+    """What produced a run's numbers (dsa_bench.results.environment): the fields dsa-bench reads are
+    declared; versions, clocks and the rest are kept as the run recorded them."""
+
+    gpu: str | None = None  # torch's device name; None on a CPU
+    device: str | None = None
+    dsa_bench: str | None = None
+    #: the device's maximum SM clock, as nvidia-smi answered it ("1980")
+    max_sm_mhz: str | int | float | None = None
+    #: per device of a multi-device or Ray run, its own environment (with its ``index``)
+    gpus: list[Environment] | None = None
+
+    def written(self) -> dict[str, Any]:
+        """The environment as the file holds it."""
+        return self.model_dump(exclude_unset=True)
+
+
 class RecordedTolerance(OpenModel):
     """The tolerances a run judged with (dsa_bench.definitions.base.Tolerance); None: the definition's own bound."""
 
@@ -399,7 +416,7 @@ class ResultsHeader(OpenModel):
     l2_flush: str | None = None
     #: every flush first reset the persisting-L2 carve-out (absent in files written before it did)
     l2_persisting_reset: bool | None = None
-    environment: dict[str, Any] | None = None
+    environment: Environment | None = None
     #: whom each solution's worker ran as (None on a Ray run: the actors report theirs under environment.gpus)
     workers: dict[str, str] | None = None
     solutions: dict[str, SolutionHeader] | None = None
@@ -547,8 +564,8 @@ class LoadedResults:
         return self.header.workload.definition
 
     @property
-    def environment(self) -> dict[str, Any]:
-        return self.header.environment or {}
+    def environment(self) -> Environment:
+        return self.header.environment or Environment()
 
     @property
     def timer(self) -> str | None:

@@ -296,7 +296,7 @@ def _case_rows(results: LoadedResults) -> tuple[list[list[Any]], list[str]]:
 
 def _environment_rows(results: LoadedResults) -> list[list[Any]]:
     header = results.header
-    rows = [[key, value] for key, value in results.environment.items()]
+    rows = [[key, value] for key, value in results.environment.written().items()]
     rows.append(["timer", results.timer or "none (correctness only)"])
     if results.l2_flush:
         rows.append(["L2 flush", results.l2_flush])
@@ -338,7 +338,7 @@ def render_html(loaded: list[LoadedResults], figures: list[ReportFigure], pngs: 
             r.workload,
             r.definition,
             f"{r.timer}, {r.l2_flush} L2 flush" if r.timer else "untimed",
-            r.environment.get("gpu") or r.environment.get("device", ""),
+            r.environment.gpu or r.environment.device or "",
             len(r.records),
         ]
         for r in loaded

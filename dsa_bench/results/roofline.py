@@ -243,7 +243,7 @@ def roofline_markdown(results: list[Any]) -> str:
     for res in results:
         table = roofline_table(res.records, tablefmt="github")
         if table:
-            device = (res.environment or {}).get("gpu") or "?"
+            device = res.environment.gpu or "?"
             parts.append(f"### Roofline: {res.workload} on {device}\n\n{table}")
     return "\n\n".join(parts)
 

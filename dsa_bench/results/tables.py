@@ -211,7 +211,7 @@ def breakdown_table(breakdown: WallBreakdown) -> str:
     return wall_time(breakdown) + "\n" + tabulate(rows, headers=headers, disable_numparse=True)
 
 
-def sagged(records: list[CaseRecord], max_sm_mhz: float | None, fraction: float = 0.9) -> list[str]:
+def sagged(records: list[CaseRecord], max_sm_mhz: str | float | None, fraction: float = 0.9) -> list[str]:
     """Records timed while the SM clock was below ``fraction`` of the device maximum."""
     if not max_sm_mhz:
         return []

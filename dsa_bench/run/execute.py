@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dsa_bench.results.records import CaseRecord, ResultsFile, now_iso, write_redacted
+from dsa_bench.results.records import CaseRecord, Environment, ResultsFile, now_iso, write_redacted
 from dsa_bench.results.tables import sagged
 from dsa_bench.run.breakdown import PhaseClock
 from dsa_bench.run.executor import Executor, LocalExecutor
@@ -67,7 +67,7 @@ def execute(plan: RunPlan, on_record: Callable[[CaseRecord], None] = lambda r: N
     # several devices finish cases out of order: the file keeps a one-device run's order
     results.sort_records(lambda r: (case_order.get(r.case, len(case_order)), solution_order.get(r.solution, 0)))
     records = list(results.records)
-    sag = _sagged(records, results.header.environment or {})
+    sag = _sagged(records, results.header.environment or Environment())
     results.update(complete=stopped_by is None, finished=now_iso(), clock_sagged=sag, wall_breakdown=clock.breakdown(),
                    settings=revealed_settings)  # fmt: skip
     if plan.redacted_path is not None:
@@ -85,9 +85,8 @@ def executor_of(plan: RunPlan) -> Executor:
     return LocalExecutor(plan.workload, plan.solutions, plan.device_options, plan.device_identities)
 
 
-def _sagged(records: list[CaseRecord], env: dict[str, Any]) -> list[str]:
+def _sagged(records: list[CaseRecord], env: Environment) -> list[str]:
     """Records timed below 90 % of their own device's maximum SM clock."""
-    devices = env.get("gpus")
-    if not devices:
-        return sagged(records, env.get("max_sm_mhz"))
-    return [line for i, d in enumerate(devices) for line in sagged([r for r in records if r.gpu == i], d.get("max_sm_mhz"))]
+    if not env.gpus:
+        return sagged(records, env.max_sm_mhz)
+    return [line for i, d in enumerate(env.gpus) for line in sagged([r for r in records if r.gpu == i], d.max_sm_mhz)]

@@ -27,6 +27,7 @@ from dsa_bench.paths import safe_file_name
 from dsa_bench.project import check_run_solutions, reference_solution, relative_to_root, resolve_solution, resolve_workload
 from dsa_bench.results.environment import environment
 from dsa_bench.results.records import (
+    Environment,
     RecordedSettings,
     RecordedTolerance,
     ResultsHeader,
@@ -103,7 +104,7 @@ class RunPlan:
             workload["dataset"] = relative_to_root(options.dataset_root, self.root)
         env = _device_environment(options)
         if len(self.device_options) > 1:
-            env["gpus"] = [{"index": i, **_device_environment(o)} for i, o in enumerate(self.device_options)]
+            env["gpus"] = [Environment.model_construct(index=i, **_device_environment(o)) for i, o in enumerate(self.device_options)]
         # why not CUPTI: never silent (absent when CUPTI timed)
         optional: dict[str, Any] = {"timer_fallback": options.timer_fallback} if options.timer_fallback else {}
         return ResultsHeader.new(
@@ -117,7 +118,7 @@ class RunPlan:
             l2_flush=options.l2_flush if options.timer else None,
             # every flush first resets the persisting-L2 carve-out (timing.flush.PersistingL2Reset)
             l2_persisting_reset=True if options.timer else None,
-            environment=env,
+            environment=Environment.model_construct(**env),
             workers={name: identity.description for name, identity in self.identities.items()}
             if self.executor == "local" else None,  # Ray actors report theirs under environment.gpus
             solutions={s.name: self._solution_header(s) for s in self.solutions},

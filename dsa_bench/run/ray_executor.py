@@ -33,7 +33,7 @@ from typing import Any
 
 from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.results.records import CaseRecord, ResultsFile
+from dsa_bench.results.records import CaseRecord, Environment, ResultsFile
 from dsa_bench.run.breakdown import PhaseClock
 from dsa_bench.run.runner import DeviceRunner, RunOptions, worker_identities
 from dsa_bench.solution import Solution
@@ -119,7 +119,9 @@ class RayExecutor:
             timers = {d["timer"] for d in descriptions}
             timed = any(d["timer"] for d in descriptions)
             results.update(
-                environment={**(results.header.environment or {}), "gpus": [{"index": i, **d} for i, d in enumerate(descriptions)]},
+                environment=(results.header.environment or Environment.model_construct()).model_copy(
+                    update={"gpus": [Environment.model_construct(index=i, **d) for i, d in enumerate(descriptions)]}
+                ),
                 timer=timers.pop() if len(timers) == 1 else "mixed",
                 l2_flush=self.options.l2_flush if timed else None,
                 l2_persisting_reset=True if timed else None,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.results.records import LoadedResults, RecordedSettings, ResultsHeader, load_results, now_iso
+from dsa_bench.results.records import Environment, LoadedResults, RecordedSettings, ResultsHeader, load_results, now_iso
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Resumed:
         """The interrupted run's header, with this sitting noted under ``resumed``."""
         kept = {k: v for k, v in self.previous.header.written().items() if k not in ("complete", "finished", "clock_sagged")}
         sitting = {"started": now_iso(), "records_kept": self.records_kept,
-                   "environment": self.sitting_header.environment, "workers": self.sitting_header.workers}  # fmt: skip
+                   "environment": _written(self.sitting_header.environment), "workers": self.sitting_header.workers}  # fmt: skip
         return ResultsHeader.model_validate({**kept, "resumed": [*(self.previous.header.resumed or []), sitting]})
 
 
@@ -70,8 +70,8 @@ def _first_difference(theirs: Any, ours: Any, name: str) -> tuple[str, Any, Any]
     return None if theirs == ours else (name, theirs, ours)
 
 
-def _written(settings: RecordedSettings | None) -> dict[str, Any] | None:
-    return None if settings is None else settings.written()
+def _written(part: RecordedSettings | Environment | None) -> dict[str, Any] | None:
+    return None if part is None else part.written()
 
 
 def resume_problem(previous: ResultsHeader, now: ResultsHeader) -> str | None:
@@ -94,7 +94,7 @@ def resume_problem(previous: ResultsHeader, now: ResultsHeader) -> str | None:
         ("settings", _written(previous.settings), _written(now.settings)),
         ("timer", previous.timer, now.timer),
         ("l2_flush", previous.l2_flush, now.l2_flush),
-        ("environment.gpu", (previous.environment or {}).get("gpu"), (now.environment or {}).get("gpu")),
+        ("environment.gpu", (previous.environment or Environment()).gpu, (now.environment or Environment()).gpu),
     ]
     for name, theirs, ours in checked:
         found = _first_difference(theirs, ours, name)
