@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
+import inspect
 import os
-import signal
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 import typer.core
 
 from dsa_bench.errors import DsaBenchError
+from dsa_bench.run.request import RunRequest
+from dsa_bench.run.request import flags as request_flags
 
 EXIT_FAILED_CASES = 1
 EXIT_BAD_INPUT = 2
@@ -154,199 +155,77 @@ def _resume_command(ctx: typer.Context, save_path: Path) -> str:
     return shlex.join([*words, "--resume", str(save_path)])
 
 
-@app.command()
-def run(
-    ctx: typer.Context,
-    workload: str = typer.Option(..., "--workload", "-w", help="Workload name (workloads/<name>.yaml) or path to a workload YAML."),
-    solution: list[str] = typer.Option([], "--solution", "-s", help="Solution name, folder or packed Solution JSON file (run as "
-                                                                    "flashinfer-bench imports it); repeat for several. Default: every "
-                                                                    "solution with an entry for the workload's definition."),
-    case: list[str] = typer.Option([], "--case", "-c", help="Case id or glob pattern; repeat for several. Default: all cases."),
-    device: str = typer.Option("auto", help="auto, cpu, cuda or cuda:N. Without CUDA the run checks correctness only."),
-    timer: str = typer.Option("auto", help="auto (CUPTI, else CUDA events with a warning), cupti, cupti_api (also traces API calls and "
-                                           "matches kernels by correlation id) or events."),
-    l2_flush: str = typer.Option("clean", "--l2-flush", help="How L2 is emptied before each timed call: clean (write, then read, a buffer "
-                                                             "of 2 x L2: the call pays for its own traffic only) or dirty (write only, as "
-                                                             "a memset flush does: the call also writes back the flush's dirty lines)."),
-    seed: int | None = typer.Option(None, help="Base seed (default: the workload's)."),
-    secret: bool = typer.Option(False, "--secret", help="Contest mode: draw the seed from the OS at run time, print it nowhere and "
-                                                        "record it in the results only when the run ends (a workload's `secret: true` "
-                                                        "setting does the same)."),
-    redact: bool = typer.Option(False, "--redact", help="Also write <results>.redacted.json: case ids and statuses only, no seeds, "
-                                                        "axes, messages or timings, for publishing a secret run."),
-    input_sets: int | None = typer.Option(None, help="Random input sets per case (and rotating sets per timing trial)."),
-    warmup: int | None = typer.Option(None, help="Warm-up calls per trial."),
-    iterations: int | None = typer.Option(None, help="Timed calls per trial."),
-    trials: int | None = typer.Option(None, help="Timing trials, each with fresh inputs."),
-    reference_protocol: str | None = typer.Option(None, "--reference-protocol", help="How the reference is timed: light (2 warm-up, "
-                                                  "10 timed calls, 1 trial; the default) or full (the solutions' protocol)."),
-    case_timeout: float = typer.Option(600.0, help="Seconds a solution may take on one case before it is TIMEOUT."),
-    compile_timeout: float = typer.Option(900.0, help="Seconds a solution may take to import/build."),
-    save: Path | None = typer.Option(None, help="Results JSON path (default: results/<workload>-<time>.json)."),
-    no_save: bool = typer.Option(False, "--no-save", help="Do not write a results file."),
-    dataset: Path | None = typer.Option(None, "--dataset", help="A flashinfer-bench dataset folder; --workload then names one of its "
-                                                                "definitions or a workloads .jsonl file."),
-    worker_user: str = typer.Option("auto", "--worker-user", help="Whom solution workers run as: auto (a dedicated unprivileged id per "
-                                                                  "worker when the harness is root, else the harness's user) or harness "
-                                                                  "(always the harness's user)."),
-    gpus: str | None = typer.Option(None, "--gpus", help="Devices to spread the cases over: a count or 'all' (default: 1; every GPU "
-                                                        "of the cluster with --executor ray). Each case (reference and every solution) "
-                                                        "runs on one device; without CUDA, N parallel correctness-only workers."),
-    executor: str = typer.Option("local", "--executor", help="local (this machine's devices) or ray (one actor per GPU of a Ray "
-                                                             "cluster; needs pip install 'dsa-bench\\[ray]')."),
-    ray_address: str | None = typer.Option(None, "--ray-address", help="The Ray cluster to join (default: start a local one)."),
-    dataset_solutions: list[str] = typer.Option([], "--dataset-solutions", help="With --dataset: run the dataset's own solutions "
-                                                                                "(solutions/**/*.json) of the definition: 'all', or a "
-                                                                                "name; repeat for several."),
-    atol: float | None = typer.Option(None, "--atol", help="Absolute tolerance of value outputs (default: the workload's)."),
-    rtol: float | None = typer.Option(None, "--rtol", help="Relative tolerance of value outputs (default: the workload's)."),
-    lse_atol: float | None = typer.Option(None, "--lse-atol", help="Absolute tolerance of log-sum-exp outputs (default: the workload's)."),
-    score_rtol: float | None = typer.Option(None, "--score-rtol", help="Top-k tie tolerance as a fixed fraction of the row's largest score "
-                                                                       "(default: the workload's; none: the definition's derived bound)."),
-    resume: Path | None = typer.Option(None, "--resume", help="Continue the interrupted run of this results file: same workload, options "
-                                                              "and solutions (else a refusal naming what differs); finished cases are "
-                                                              "kept, the rest run, and the union is written back to the file."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the summary, the results path and errors."),
-    json_lines: bool = typer.Option(False, "--json-lines", help="Write one JSON object per finished record (the results file's fields) and "
-                                                                "then {\"summary\": ...} to stdout, and nothing else; human text goes to "
-                                                                "stderr."),
-    breakdown: bool = typer.Option(False, "--breakdown", help="Print where the run's wall time went, phase by phase (the results file "
-                                                              "always records it as wall_breakdown)."),
-    speedup_over: str | None = typer.Option(None, "--speedup-over", help="Solution of this run that the second speedup column is "
-                                                                          "measured against (default: the fastest peer, a solution with "
-                                                                          "`requires`, that passed each case)."),
-) -> None:
+def _run(ctx: typer.Context, request: RunRequest) -> None:
     """Load a workload, run solutions on its cases, check every output, and (on a GPU) time them.
 
     On a terminal a progress display shows the run; otherwise (a log, a pipe) each finished
     (case, solution) prints one line as it finishes."""
-    from dsa_bench.definitions.status import Status
     from dsa_bench.project import find_root
-    from dsa_bench.results.tables import (
-        breakdown_table,
-        failed_cases,
-        failures,
-        failures_table,
-        progress_every,
-        progress_line,
-        record_line,
-        records_table,
-        skips,
-        summarize,
-        summary_table,
-        wall_time,
-    )
-    from dsa_bench.run.plan import RunRequest, execute, plan_run
+    from dsa_bench.results.tables import RunEnding, RunPrinter
+    from dsa_bench.run.execute import execute
+    from dsa_bench.run.plan import plan_run
 
-    request = RunRequest(
-        workload=workload, solutions=solution, cases=case, device=device, timer=timer, l2_flush=l2_flush, seed=seed, input_sets=input_sets,
-        warmup=warmup, iterations=iterations, trials=trials, case_timeout=case_timeout, compile_timeout=compile_timeout, save=save,
-        no_save=no_save, dataset=dataset, worker_user=worker_user, gpus=gpus, executor=executor, ray_address=ray_address,
-        dataset_solutions=dataset_solutions, atol=atol, rtol=rtol, lse_atol=lse_atol, score_rtol=score_rtol,
-        resume=resume, reference_protocol=reference_protocol, speedup_over=speedup_over, secret=secret, redact=redact,
-    )  # fmt: skip
     plan = plan_run(request, find_root())
-    for warning in plan.warnings:
-        _warn(warning)
     stdout = _Stdout()
-    say = _say_err if json_lines else stdout  # stdout holds only JSON with --json-lines
-    names = ", ".join(s.name for s in plan.solutions)
-    if not quiet:
-        say(f"{plan.workload.name}: {len(plan.cases)} cases x {len(plan.solutions)} solutions ({names}) "
-            f"on {_devices(plan)}, {plan.mode}")
-        for line in sorted({f"workers run as {identity.description}{_unisolated(identity)}" for identity in plan.identities.values()}):
-            say(line)
-        if plan.resumed is not None:
-            kept = sum(r["case"] in plan.resumed.finished for r in plan.resumed.document["records"])
-            say(f"resuming {plan.save_path}: {kept} records of {len(plan.resumed.finished)} finished cases kept, "
-                f"{len(plan.pending_cases)} cases to run")  # fmt: skip
-    total = len(plan.pending_cases) * len(plan.solutions)
-    live = sys.stdout.isatty() and not quiet and not json_lines
-    done = 0
-    started = time.monotonic()
-    skipped_shown: set[str] = set()  # a skipped solution's first record is printed in a log, its others are not
+    live = sys.stdout.isatty() and not request.quiet and not request.json_lines
+    printer = RunPrinter(out=stdout, say=_say_err if request.json_lines else stdout,  # stdout holds only JSON with --json-lines
+                         warn=_warn, err=_err, quiet=request.quiet, json_lines=request.json_lines, live=live,
+                         total=len(plan.pending_cases) * len(plan.solutions), secret=plan.secret)  # fmt: skip
+    printer.opening(_opening(plan), plan.warnings)
     with _progress() if live else contextlib.nullcontext() as progress:
-        task = progress.add_task(plan.workload.name, total=total) if progress else None
+        task = progress.add_task(plan.workload.name, total=printer.total) if progress else None
 
         def on_record(record) -> None:
-            nonlocal done
-            done += 1
+            printer.record(record)
             if progress is not None:
                 progress.update(task, advance=1, description=f"{record.case} [{record.solution}] {record.status.value}")
-            elif json_lines:  # a secret run's seeds stay out of its output until it ends
-                # stdout flushes: a piped log shows every record as it finishes
-                stdout(json.dumps(record.to_json() | ({"seeds": {}} if plan.secret else {})))
-            elif not quiet:
-                if record.status is not Status.SKIPPED or record.solution not in skipped_shown:
-                    stdout(record_line(record, done, total))
-                    if record.status is Status.SKIPPED:
-                        skipped_shown.add(record.solution)
-                        stdout(f"  (the other cases of {record.solution} are skipped for the same reason and not listed)")
-                if done < total and done % progress_every(total) == 0:
-                    stdout(progress_line(done, total, time.monotonic() - started))
 
         outcome = execute(plan, on_record)
-    records = outcome.records
-    wall = outcome.results.document["wall_breakdown"]
-    if records and live:
-        stdout(records_table(records, plan.workload.definition.key_axes))
-        stdout("")
-    if records and not (json_lines and quiet):
-        say(summary_table(records))
-        if any(r.failed for r in records):
-            say(failures_table(records))
-        if any(r.peer is not None for r in records):
-            over = f"--speedup-over {plan.options.speedup_over}" if plan.options.speedup_over else "the fastest peer that passed each case"
-            say(f"vs peer: that solution's latency over each solution's, measured against {over}")
-        from dsa_bench.results.roofline import roofline_table
-
-        if roofline := roofline_table(records):  # how close to the hardware, the timer and host time (docs/roofline.md)
-            say(roofline)
-    if not (json_lines and quiet):
-        say(breakdown_table(wall) if breakdown else f"{wall_time(wall)} (--breakdown shows where it went)")
-    if not quiet:
-        for name, note in (outcome.results.document.get("solution_notes") or {}).items():
-            say(f"note [{name}]: {note}")
-        for name, packages in (outcome.results.document.get("solution_packages") or {}).items():
-            say(f"packages [{name}]: " + ", ".join(f"{k} {v}" for k, v in packages.items()))
-        walls: dict[str, list[str]] = {}  # solutions by the walls their workers stood in (one line when all agree)
-        for name, protections in (outcome.results.document.get("worker_protections") or {}).items():
-            walls.setdefault("; ".join(protections), []).append(name)
-        for text, holders in walls.items():
-            say(f"worker walls [{', '.join(holders) if len(walls) > 1 else 'all'}]: {text} (docs/trust.md)")
-        for line in skips(records):
-            say(line)
-    for line in outcome.sagged:
-        _warn(f"clock sagged during timing: {line}")
-    for line in failures(records):
-        _err(line)
-    if plan.save_path is not None and not (json_lines and quiet):
-        say(f"results: {plan.save_path}" + (" (the secret seed is recorded there)" if plan.secret else ""))
-        if plan.redacted_path is not None:
-            say(f"redacted copy: {plan.redacted_path}")
-    if json_lines:
-        from dsa_bench.results.roofline import summarize_roofline
-
-        summary = {
-            "workload": plan.workload.name,
-            "complete": outcome.stopped_by is None,
-            "interrupted_by": None if outcome.stopped_by is None else signal.Signals(outcome.stopped_by).name,
-            "results": None if plan.save_path is None else str(plan.save_path),
-            "solutions": [dataclasses.asdict(summarize(records, name)) for name in dict.fromkeys(r.solution for r in records)],
-            "roofline": [dataclasses.asdict(summarize_roofline(records, name)) for name in dict.fromkeys(r.solution for r in records)],
-            "failures": [dataclasses.asdict(f) for f in failed_cases(records)],
-            "wall_breakdown": wall,
-        }
-        stdout(json.dumps({"summary": summary}))
+    ending = RunEnding(plan.workload.name, outcome.records, outcome.results.header, outcome.sagged, outcome.stopped_by,
+                       plan.save_path, plan.redacted_path)  # fmt: skip
+    printer.ending(ending, plan.workload.definition.key_axes, request.breakdown)
     if outcome.stopped_by is not None:
-        _err(f"interrupted by {signal.Signals(outcome.stopped_by).name}: {len(records)} finished records kept")
         if plan.save_path is not None:
             _err(f"to finish it: {_resume_command(ctx, plan.save_path)}")
         else:
             _err("nothing was saved (--no-save), so it cannot be resumed")
         raise typer.Exit(128 + outcome.stopped_by)
-    if any(r.failed for r in records):  # a skipped peer is not a failure
+    if any(r.failed for r in outcome.records):  # a skipped peer is not a failure
         raise typer.Exit(EXIT_FAILED_CASES)
+
+
+def _opening(plan) -> list[str]:
+    """What a run says before its first case: the workload, solutions, devices and mode; whom the workers
+    run as; what a resumed run keeps."""
+    names = ", ".join(s.name for s in plan.solutions)
+    lines = [f"{plan.workload.name}: {len(plan.cases)} cases x {len(plan.solutions)} solutions ({names}) on {_devices(plan)}, {plan.mode}"]
+    lines += sorted({f"workers run as {identity.description}{_unisolated(identity)}" for identity in plan.identities.values()})
+    if plan.resumed is not None:
+        lines.append(f"resuming {plan.save_path}: {plan.resumed.records_kept} records of {len(plan.resumed.finished)} finished cases "
+                     f"kept, {len(plan.pending_cases)} cases to run")  # fmt: skip
+    return lines
+
+
+def _command_from_request(body: Callable[[typer.Context, RunRequest], None]) -> Callable[..., None]:
+    """The ``run`` command, built from :class:`RunRequest`: one option per field, with the field's
+    flags, help and default, so that each is declared once. Typer reads the signature built here."""
+
+    def command(ctx: typer.Context, **values: Any) -> None:
+        body(ctx, RunRequest(**values))
+
+    parameters = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
+    for name, info in RunRequest.model_fields.items():
+        default = ... if info.is_required() else info.get_default(call_default_factory=True)
+        option = typer.Option(default, *request_flags(name), help=info.description)
+        parameters.append(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=option, annotation=info.annotation))
+    command.__signature__ = inspect.Signature(parameters)  # type: ignore[attr-defined]
+    command.__annotations__ = {p.name: p.annotation for p in parameters}
+    command.__doc__ = body.__doc__
+    command.__name__ = "run"
+    return command
+
+
+app.command("run")(_command_from_request(_run))
 
 
 def _unisolated(identity) -> str:
@@ -557,7 +436,7 @@ def compare(
     loaded = [load_results(p) for p in results]
     for path, one in zip(results, loaded, strict=True):
         if not one.records:
-            interrupted = " (an interrupted run)" if not one.document.get("complete", False) else ""
+            interrupted = " (an interrupted run)" if not one.header.complete else ""
             raise DsaBenchError(f"holds no records{interrupted}: nothing to compare", str(path))
     comparison = compare_results(loaded, load_baseline(baseline), threshold, str(baseline))
     typer.echo(render_comparison(comparison, output_format, all_cases))
@@ -692,8 +571,8 @@ def results_merge(
     from dsa_bench.results.merge import write_merged
 
     merged = write_merged(parts, out)
-    cases = len({r["case"] for r in merged["records"]})
-    typer.echo(f"wrote {out}: {len(merged['records'])} records over {cases} cases from {len(parts)} files")
+    cases = len({r.case for r in merged.records})
+    typer.echo(f"wrote {out}: {len(merged.records)} records over {cases} cases from {len(parts)} files")
 
 
 @results_app.command("redact")

@@ -328,7 +328,7 @@ def _problem(error: ErrorDetails) -> str:
         return f"{where}: missing (a required field)"
     if kind == "extra_forbidden":
         return f"{where}: unknown field"
-    if kind == "literal_error":
+    if kind in ("literal_error", "enum"):  # an enum field reads its values as a literal does
         expected = f"one of {ctx.get('expected')}"
     elif kind == "too_short":
         expected = f"at least {ctx.get('min_length')} item(s)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dsa_bench.definitions.status import Status
-from dsa_bench.results.records import CaseRecord, ResultsFile, Timing
+from dsa_bench.results.records import CaseRecord, ResultsFile, ResultsHeader, Timing
 from dsa_bench.run.runner import assign_peer_speedups
 
 GPU_ENVIRONMENT = {"dsa_bench": "0.1.0", "torch": "2.11.0", "device": "cuda:0", "gpu": "NVIDIA H200", "sm_count": 132}
@@ -50,7 +50,7 @@ def write_results(
         "solutions": {s: {"path": f"solutions/{s}", "content_hash": (hashes or {}).get(s, f"hash-{s}")} for s in solutions},
         **({"peers": list(peers), "speedup_over": None} if peers is not None else {}),
     }
-    results = ResultsFile(path, header)
+    results = ResultsFile(path, ResultsHeader.model_validate(header))
     for number, (case, per_solution) in enumerate(latencies.items()):
         reference_ms = per_solution.get("reference")
         case_records = []

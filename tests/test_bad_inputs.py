@@ -47,10 +47,10 @@ from dsa_bench.results.baseline import BaselineCaseModel, CaseMeasure, baseline_
 from dsa_bench.results.records import (
     CaseRecord,
     LoadedResults,
-    RecordModel,
+    ResultsDocument,
     ResultsFile,
+    ResultsHeader,
     Timing,
-    TimingModel,
     check_results_path,
     load_results,
 )
@@ -80,14 +80,14 @@ def results_document(case: str = "c1", solution: str = "reference") -> dict:
     """A small timed results document, as dsa-bench's own writer produces it."""
     results = ResultsFile(
         None,
-        {
+        ResultsHeader.model_validate({
             "workload": {"name": "wl", "path": "wl.yaml", "trace": "trace.jsonl", "definition": INDEXER},
             "settings": {"seed": 1, "input_sets": 2, "warmup": 1, "iterations": 3, "trials": 2},
             "timer": "cupti",
             "l2_flush": "clean",
             "environment": {"gpu": "NVIDIA H200", "device": "cuda:0"},
             "solutions": {solution: {"path": f"solutions/{solution}", "content_hash": "abc"}},
-        },
+        }),
     )
     timing = Timing(timer="cupti", samples_ms=[[0.5, 0.6, 0.55], [0.52, 0.58, 0.54]])
     results.add(CaseRecord(case=case, solution=solution, axes={"batch_size": 1}, status=Status.PASSED, timing=timing, speedup=1.0))
@@ -97,7 +97,8 @@ def results_document(case: str = "c1", solution: str = "reference") -> dict:
 
 def baseline_document() -> dict:
     doc = results_document()
-    block = baseline_block(LoadedResults(Path("r.json"), doc, [CaseRecord.from_json(r) for r in doc["records"]]))
+    parsed = ResultsDocument.model_validate(doc)
+    block = baseline_block(LoadedResults(Path("r.json"), parsed, parsed.records))
     return {"format": "dsa-bench-baseline", "version": 1, "updated": "now", "workloads": {"wl": block}}
 
 
@@ -333,11 +334,15 @@ def test_repository_results_and_baselines_pass_the_checks() -> None:
     assert checked >= 2
 
 
-def test_models_cover_every_recorded_field() -> None:
-    """A field added to the records must be added to the models that check them (or files
-    dsa-bench itself writes would be refused as having an unknown field)."""
-    assert set(RecordModel.model_fields) == {f.name for f in dataclasses.fields(CaseRecord)}
-    assert set(Timing(timer="t", samples_ms=[[1.0]]).to_json()) <= set(TimingModel.model_fields)
+def test_a_written_record_reads_back_as_itself() -> None:
+    """What a run writes (derived figures, host samples, the fallback note) is what a reader accepts."""
+    timing = Timing.model_construct(timer="cuda_events", samples_ms=[[1.0, 2.0], [1.5, 1.0]], host_samples_ms=[[3.0], [3.5]],
+                                    timer_fallback="no CUPTI", clocks=[{"after_warmup": {"sm_mhz": 1980}, "after_timing": None}])  # fmt: skip
+    record = CaseRecord.new(case="c", solution="s", axes={"n": 1}, status=Status.PASSED, timing=timing, speedup=1.5, gpu=0)
+    written = json.loads(json.dumps(record.model_dump()))
+    assert written["status"] == "PASSED" and written["timing"]["mean_ms"] == timing.mean_ms
+    assert CaseRecord.model_validate(written) == CaseRecord.model_validate(record.model_dump())
+    assert CaseRecord.model_validate(written).model_dump() == record.model_dump()
     assert {"case", "solution", *dataclasses.asdict(CaseMeasure(status="PASSED"))} == set(BaselineCaseModel.model_fields)
 
 
@@ -995,7 +1000,7 @@ def test_compare_of_a_file_without_records_is_refused(tmp_path):
     full = write_results(tmp_path / "full.json", "indexer_h64", {"c0": {"reference": 1.0, "triton": 0.5}})
     header = {k: v for k, v in json.loads(full.read_text()).items() if k not in ("records", "complete", "finished", "created", "format")}
     empty = tmp_path / "interrupted.json"
-    ResultsFile(empty, header).update(complete=False)
+    ResultsFile(empty, ResultsHeader.model_validate(header)).update(complete=False)
     proc = cli("compare", str(empty), "--baseline", str(ROOT / "baselines" / "h200.json"))
     _one_line_refusal(proc, "holds no records (an interrupted run): nothing to compare")
 
@@ -1014,12 +1019,13 @@ def test_merge_of_an_interrupted_part_is_incomplete_and_no_baseline(tmp_path):
 
 
 def test_resume_of_a_file_with_a_case_the_workload_lacks_is_refused(tmp_path):
-    from dsa_bench.run.plan import RunRequest, plan_run
+    from dsa_bench.run.plan import plan_run
+    from dsa_bench.run.request import RunRequest
 
     save = tmp_path / "run.json"
     plan = plan_run(RunRequest(workload="indexer_smoke", solutions=["reference"], cases=["smoke_scored"], device="cpu", save=save), ROOT)
-    ghost = CaseRecord("ghost_case", "reference", {"batch_size": 1}, Status.PASSED)
-    ResultsFile(save, plan.header(), [ghost.to_json()]).update(complete=False)
+    ghost = CaseRecord(case="ghost_case", solution="reference", axes={"batch_size": 1}, status=Status.PASSED)
+    ResultsFile(save, plan.header(), [ghost]).update(complete=False)
     proc = cli("run", "-w", "indexer_smoke", "-s", "reference", "-c", "smoke_scored", "--device", "cpu", "--resume", str(save))
     _one_line_refusal(proc, "records[0] holds case 'ghost_case', which this run does not have")
 
@@ -1041,7 +1047,8 @@ def test_export_never_overwrites_a_dataset_workload_file(tmp_path):
                           "dataset": str(root)}  # fmt: skip
     header["solutions"] = {"reference": {"path": "solutions/reference", "content_hash": "aa"}}
     results = tmp_path / "results.json"
-    ResultsFile(results, header, [CaseRecord("r0", "reference", {"batch_size": 2}, Status.PASSED).to_json()]).update(complete=True)
+    record = CaseRecord(case="r0", solution="reference", axes={"batch_size": 2}, status=Status.PASSED)
+    ResultsFile(results, ResultsHeader.model_validate(header), [record]).update(complete=True)
     proc = cli("export", str(results), "-o", str(lines))
     _one_line_refusal(proc, "--output")
     assert lines.read_bytes() == before

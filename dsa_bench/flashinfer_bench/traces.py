@@ -43,7 +43,7 @@ from typing import Any
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import check_output_path, read_jsonl, write_atomic
 from dsa_bench.flashinfer_bench.dataset import load_dataset_workload
-from dsa_bench.results.records import CaseRecord, LoadedResults, load_results
+from dsa_bench.results.records import CaseRecord, LoadedResults, SolutionHeader, load_results
 from dsa_bench.solution import REFERENCE_SOLUTION
 from dsa_bench.workloads import TOLERANCES, Case, Workload, load_workload
 
@@ -89,19 +89,19 @@ def _number(value: float) -> float | str:
 def _recorded_workload(results: LoadedResults, root: Path) -> tuple[Workload, Path]:
     """The workload the results were run on, read again for its cases' inputs, and the folder its
     safetensors paths are relative to (the dataset's root, or the trace's folder)."""
-    header = results.document["workload"]
+    header = results.header.workload
 
     def at(recorded: str) -> Path:
         path = Path(recorded)
         return path if path.is_absolute() else root / path
 
     try:
-        if header.get("dataset"):
-            selector = str(at(header["trace"])) if header.get("trace") else header.get("definition", "")
-            workload = load_dataset_workload(at(header["dataset"]), selector)
-            base = at(header["dataset"])
-        elif header.get("path"):
-            workload = load_workload(at(header["path"]))
+        if header.dataset:
+            selector = str(at(header.trace)) if header.trace else header.definition
+            workload = load_dataset_workload(at(header.dataset), selector)
+            base = at(header.dataset)
+        elif header.path:
+            workload = load_workload(at(header.path))
             base = workload.trace_path.parent if workload.trace_path is not None else root
         else:
             raise DsaBenchError("workload.path: the results name no workload file")
@@ -135,20 +135,20 @@ def _inputs(case: Case, base: Path) -> tuple[dict[str, Any], list[str]]:
 
 
 def _solution_name(results: LoadedResults, solution: str) -> str:
-    meta = (results.document.get("solutions") or {}).get(solution) or {}
-    return solution if meta.get("packed") else f"{solution}_{results.definition}"
+    meta = (results.header.solutions or {}).get(solution)
+    return solution if meta is not None and meta.packed else f"{solution}_{results.definition}"
 
 
 def _log(results: LoadedResults, record: CaseRecord, status: str, lost: list[str]) -> str:
-    doc = results.document
-    settings = doc.get("settings") or {}
-    meta = (doc.get("solutions") or {}).get(record.solution) or {}
-    lines = [f"dsa-bench {results.environment.get('dsa_bench', '')}: results {results.path}, created {doc.get('created')}"]
+    header = results.header
+    settings = header.settings.written() if header.settings is not None else {}  # the fields the file holds
+    meta = (header.solutions or {}).get(record.solution) or SolutionHeader()
+    lines = [f"dsa-bench {results.environment.dsa_bench or ''}: results {results.path}, created {header.created}"]
     mapped = "" if status == record.status.value else f" (flashinfer-bench has no such status: reported as {status})"
     lines.append(f"dsa-bench status: {record.status.value}{mapped}")
     if record.message:
         lines.append(f"message: {record.message}")
-    lines.append(f"solution: {record.solution} ({meta.get('packed') or meta.get('path')}, sha256 {meta.get('content_hash')})")
+    lines.append(f"solution: {record.solution} ({meta.packed or meta.path}, sha256 {meta.content_hash})")
     if results.timer:
         lines.append(f"timer: {results.timer}, L2 flush: {results.l2_flush}")
     else:
@@ -178,11 +178,11 @@ def _log(results: LoadedResults, record: CaseRecord, status: str, lost: list[str
 
 
 def _evaluation(results: LoadedResults, record: CaseRecord, status: str, reference_ms: float | None, lost: list[str]) -> dict[str, Any]:
-    env = results.environment
+    env = results.environment.written()  # the libraries' versions under their own names
     evaluation: dict[str, Any] = {
         "status": status,
         "environment": {"hardware": env.get("gpu") or "cpu", "libs": {key: str(env[key]) for key in _LIBS if env.get(key) is not None}},
-        "timestamp": results.document.get("created") or results.document.get("finished") or "unknown",
+        "timestamp": results.header.created or results.header.finished or "unknown",
         "log": _log(results, record, status, lost),
     }
     if status in ("PASSED", "INCORRECT_NUMERICAL"):  # the only statuses the schema gives correctness
@@ -222,7 +222,7 @@ def _timing_extras(record: CaseRecord) -> dict[str, Any]:
     if timing.host_samples_ms:
         extras["dsa_bench_host_latency_ms"] = timing.host_mean_ms
     if record.roofline is not None:
-        extras["dsa_bench_roofline"] = record.roofline.to_json()
+        extras["dsa_bench_roofline"] = record.roofline.model_dump()
     return extras
 
 
@@ -235,7 +235,7 @@ def export_traces(results_path: Path, root: Path) -> TraceExport:
     export = TraceExport()
     export.inputs = [p for p in (workload.path, workload.trace_path) if p is not None and p.is_file()]
     export.inputs += sorted({src.path for case in workload.cases for src in case.inputs.values() if src.path is not None})
-    if results.document["workload"].get("dataset"):
+    if results.header.workload.dataset:
         export.input_folders.append(base)  # every file of a dataset is an input: its workloads/*.jsonl above all
     not_run: dict[tuple[str, str], list[str]] = {}  # (solution, status): cases, one warning per solution
     for index, record in enumerate(results.records):

@@ -19,7 +19,7 @@ from dsa_bench.results.records import (
     CaseRecord,
     LoadedResults,
     Measure,
-    SolutionMetaModel,
+    SolutionHeader,
     StatusName,
     check_format,
     load_results,
@@ -59,7 +59,7 @@ class BaselineBlockModel(OpenModel):
     l2_flush: str | None = None
     settings: dict[str, Any] | None = None
     environment: dict[str, Any] | None = None
-    solutions: dict[str, SolutionMetaModel] | None = None
+    solutions: dict[str, SolutionHeader] | None = None
     cases: list[BaselineCaseModel]
 
 
@@ -139,17 +139,17 @@ def baseline_measures(document: dict[str, Any]) -> dict[Key, CaseMeasure]:
 
 def baseline_block(results: LoadedResults) -> dict[str, Any]:
     """The baseline entry of one workload, from a finished results file."""
-    doc = results.document
+    header = results.header
     return {
         "definition": results.definition,
-        "results_created": doc.get("created"),
+        "results_created": header.created,
         "results_file": results.path.name,
         "timer": results.timer,
         "l2_flush": results.l2_flush,
-        "settings": doc.get("settings"),
-        "environment": results.environment,
-        **({"secret": True} if doc.get("secret") else {}),  # made from a contest run (compare.refuse_secret_mix)
-        "solutions": {name: {"content_hash": meta.get("content_hash")} for name, meta in (doc.get("solutions") or {}).items()},
+        "settings": header.settings.written() if header.settings is not None else None,
+        "environment": results.environment.written(),
+        **({"secret": True} if header.secret else {}),  # made from a contest run (compare.refuse_secret_mix)
+        "solutions": {name: {"content_hash": meta.content_hash} for name, meta in (header.solutions or {}).items()},
         "cases": [
             {"case": case, "solution": solution, **asdict(measure)} for (_, case, solution), measure in measures_of(results).items()
         ],
@@ -173,7 +173,7 @@ def update_baseline(baseline_path: Path, results_paths: list[Path], replace: boo
                 f"workload {results.workload!r} is also in {seen[results.workload]}; give one results file per workload", str(results.path)
             )
         seen[results.workload] = results.path
-        if not results.document.get("complete", False):
+        if not results.header.complete:
             raise DsaBenchError("results file is incomplete (the run was interrupted); a baseline needs a finished run", str(results.path))
         if not results.records:
             raise DsaBenchError("results file holds no records", str(results.path))
@@ -183,10 +183,10 @@ def update_baseline(baseline_path: Path, results_paths: list[Path], replace: boo
     else:
         document = {"format": BASELINE_FORMAT, "version": BASELINE_VERSION, "workloads": {}}
     for results in loaded:  # one baseline holds secret or public entries, never both
-        refuse_secret_mix(results, loaded[0].document, str(loaded[0].path))
+        refuse_secret_mix(results, loaded[0].header.secret, str(loaded[0].path))
         for name, block in document["workloads"].items():
             if name not in seen:
-                refuse_secret_mix(results, block, f"{baseline_path}'s entry for {name!r}")
+                refuse_secret_mix(results, block.get("secret"), f"{baseline_path}'s entry for {name!r}", block.get("results_file"))
     document["updated"] = now_iso()
     for results in loaded:
         document["workloads"][results.workload] = baseline_block(results)

@@ -51,7 +51,7 @@ from typing import Any
 from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.results.baseline import CaseMeasure, Key, baseline_measures, measures_of
-from dsa_bench.results.records import LoadedResults, recorded_l2_flush, refuse_redacted, refuse_secret_mix
+from dsa_bench.results.records import LoadedResults, RecordedSettings, recorded_l2_flush, refuse_redacted, refuse_secret_mix
 from dsa_bench.solution import REFERENCE_SOLUTION
 
 DEFAULT_THRESHOLD = 0.05
@@ -209,10 +209,10 @@ def compare_results(
             raise DsaBenchError(f"workload {res.workload!r} appears in two results files", str(res.path))
         seen_workloads.add(res.workload)
         refuse_redacted(res, "compare")
-        refuse_secret_mix(res, block, f"{baseline_name}'s entry for {res.workload!r}")
+        refuse_secret_mix(res, block.get("secret"), f"{baseline_name}'s entry for {res.workload!r}", block.get("results_file"))
         comparison.warnings += _environment_warnings(res, block) + _code_warnings(res, block)
         comparison.timed = comparison.timed or res.timer is not None
-        gpu = res.environment.get("gpu")
+        gpu = res.environment.gpu
         same_gpu = gpu is not None and gpu == (block.get("environment") or {}).get("gpu")
         new = measures_of(res)
         for key, measure in new.items():
@@ -222,9 +222,9 @@ def compare_results(
                 comparison.only_in_results.append(key)
         comparison.only_in_baseline += [k for k in base if k[0] == res.workload and k not in new]
         hashes = block.get("solutions") or {}
-        for name, meta in (res.document.get("solutions") or {}).items():
+        for name, meta in (res.header.solutions or {}).items():
             old = (hashes.get(name) or {}).get("content_hash")
-            comparison.code_changed[(res.workload, name)] = None if old is None else old != meta.get("content_hash")
+            comparison.code_changed[(res.workload, name)] = None if old is None else old != meta.content_hash
     groups: dict[tuple[str, str], list[CaseComparison]] = {}
     for c in comparison.cases:
         groups.setdefault((c.key[0], c.key[2]), []).append(c)
@@ -244,9 +244,9 @@ def compare_results(
 def _environment_warnings(results: LoadedResults, block: dict[str, Any]) -> list[str]:
     warnings = []
     old_env, new_env = block.get("environment") or {}, results.environment
-    if old_env.get("gpu") != new_env.get("gpu"):
+    if old_env.get("gpu") != new_env.gpu:
         warnings.append(
-            f"{results.workload}: baseline GPU {old_env.get('gpu')!r}, results GPU {new_env.get('gpu')!r}; speedups may shift across GPUs"
+            f"{results.workload}: baseline GPU {old_env.get('gpu')!r}, results GPU {new_env.gpu!r}; speedups may shift across GPUs"
         )
     if block.get("timer") != results.timer:
         warnings.append(f"{results.workload}: baseline timer {block.get('timer')!r}, results timer {results.timer!r}")
@@ -256,13 +256,15 @@ def _environment_warnings(results: LoadedResults, block: dict[str, Any]) -> list
             f"{results.workload}: baseline L2 flush {baseline_flush!r}, results L2 flush {results.l2_flush!r}; "
             "a dirty flush also charges each call for writing back the flush's lines"
         )
-    old_settings, new_settings = block.get("settings") or {}, results.document.get("settings") or {}
+    old_settings, new_settings = block.get("settings") or {}, results.header.settings or RecordedSettings()
     for key in ("iterations", "trials", "warmup", "input_sets", "reference_protocol"):
-        if old_settings.get(key) != new_settings.get(key):
+        if old_settings.get(key) != getattr(new_settings, key):
             warnings.append(
-                f"{results.workload}: setting {key} was {old_settings.get(key)!r} in the baseline, {new_settings.get(key)!r} now"
+                f"{results.workload}: setting {key} was {old_settings.get(key)!r} in the baseline, {getattr(new_settings, key)!r} now"
             )
-    old_tolerance, new_tolerance = old_settings.get("tolerance") or {}, new_settings.get("tolerance") or {}
+    # the baseline block is a dict (its model checks it); the results' tolerances as their file holds them
+    old_tolerance = old_settings.get("tolerance") or {}
+    new_tolerance = new_settings.tolerance.model_dump(exclude_unset=True) if new_settings.tolerance is not None else {}
     for key in sorted((set(old_tolerance) | set(new_tolerance)) & set(_tolerances_read(results.definition))):
         if old_tolerance.get(key) != new_tolerance.get(key):
             warnings.append(
@@ -296,8 +298,8 @@ def _code_warnings(results: LoadedResults, block: dict[str, Any]) -> list[str]:
     """Solutions whose code is not the baseline's: a change in speed may be the code's, not the machine's."""
     warnings = []
     hashes = block.get("solutions") or {}
-    for name, meta in (results.document.get("solutions") or {}).items():
-        old, now = (hashes.get(name) or {}).get("content_hash"), meta.get("content_hash")
+    for name, meta in (results.header.solutions or {}).items():
+        old, now = (hashes.get(name) or {}).get("content_hash"), meta.content_hash
         if old is not None and now is not None and old != now:
             warnings.append(
                 f"{results.workload}: solution {name!r} is not the baseline's code (content hash {old[:12]} there, {now[:12]} now); "

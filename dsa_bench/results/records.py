@@ -1,15 +1,12 @@
-"""Result records, the versioned results file (its model), writing it as records arrive and reading it back.
+"""Result records, the versioned results file (its models), writing it as records arrive and reading it back.
 
 The results file is one JSON document rewritten atomically after every record, so an
 interrupted run keeps everything it finished and the file is always valid JSON.
 
-The records a run fills (:class:`Timing`, :class:`CaseRecord`) are dataclasses with their own
-``to_json``/``from_json``, and the file is checked by separate models (:class:`ResultsModel`,
-:class:`RecordModel`, :class:`TimingModel`): the runner builds a record field by field, and
-builds a Timing from whatever samples a worker sent before the judge refuses impossible ones
-(a model would raise there, mid-run); and ``to_json`` writes the figures derived from the
-samples (mean, median, ...) ahead of the samples, where a model's computed fields would come
-after them. ``test_models_cover_every_recorded_field`` keeps records and models in step.
+Each part is declared once, as a pydantic model: :class:`ResultsHeader`, :class:`CaseRecord` and
+:class:`Timing`. A run builds them without validation (``model_construct``: the runner fills a
+record field by field, and builds a Timing from whatever samples a worker sent before the judge
+refuses impossible ones); :func:`load_results` validates a file against them (:class:`ResultsDocument`).
 """
 
 from __future__ import annotations
@@ -20,39 +17,86 @@ import math
 import statistics
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, field_serializer, model_serializer, model_validator
 
 from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import check_document, check_output_path, has_json_format, read_json, write_atomic
 from dsa_bench.models import ClosedModel, Name, OpenModel
-from dsa_bench.results.roofline import Roofline, RooflineModel
+from dsa_bench.results.roofline import Roofline
 from dsa_bench.timing.base import harness_latency_ms, trial_medians_ms
 
-RESULTS_FORMAT = "dsa-bench-results"
+RESULTS_FORMAT: Final = "dsa-bench-results"
 
 
-RESULTS_VERSION = 1
+RESULTS_VERSION: Final = 1
 
 
-@dataclass
-class Timing:
-    """Latency of one solution on one case: per-trial medians, their mean, and the raw samples."""
+if TYPE_CHECKING:  # a Literal built from the enum at run time, which type checkers cannot follow
+    StatusName = str
+else:
+    StatusName = Literal[tuple(s.value for s in Status)]
+
+
+#: a latency, speedup, spread or duration: finite and not negative
+Measure = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+#: the figures a timing is written with ahead of its samples (:meth:`Timing._written`); derived
+#: again from the samples on read, so a file's copies are only checked
+DERIVED_TIMING_FIGURES = ("mean_ms", "median_ms", "min_ms", "spread", "host_mean_ms", "host_median_ms")
+
+
+class Timing(ClosedModel):
+    """Latency of one solution on one case: per-trial medians, their mean, and the raw samples.
+
+    The runner builds one with ``model_construct`` from whatever samples a worker sent, before the
+    judge refuses impossible ones (validation would raise there, mid-run); a results file's is
+    validated on load."""
 
     timer: str
-    samples_ms: list[list[float]]
+    samples_ms: Annotated[list[Annotated[list[Measure], Field(min_length=1)]], Field(min_length=1)]
     #: per trial, SM/memory clocks read after warm-up and after the timed calls
-    clocks: list[dict[str, Any]] = field(default_factory=list)
+    clocks: list[dict[str, dict[str, Any] | None]] = Field(default_factory=list)
     #: per trial, the host's wall time of the same timed calls: from just before each call to just after the
     #: device synchronisation that ends it (launch overhead included; the flush and preparation not)
-    host_samples_ms: list[list[float]] = field(default_factory=list)
+    host_samples_ms: list[list[Measure]] = Field(default_factory=list)
     #: why this run did not time with CUPTI (``--timer auto`` fell back to CUDA events); None when it did not fall back
     timer_fallback: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_figures_checked_and_dropped(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        derived = {k: data[k] for k in (*DERIVED_TIMING_FIGURES, "trial_medians_ms") if k in data}
+        if derived:
+            _DerivedFigures.model_validate(derived)  # a bad copy is refused by name, as any field
+        return {k: v for k, v in data.items() if k not in derived}
+
+    @model_serializer(mode="plain")
+    def _written(self) -> dict[str, Any]:
+        """The derived figures first, for a reader of the file, then the samples they come from."""
+        return {
+            "timer": self.timer,
+            "mean_ms": self.mean_ms,
+            "median_ms": self.median_ms,
+            "min_ms": self.min_ms,
+            "spread": self.spread,
+            "trial_medians_ms": self.trial_medians_ms,
+            "samples_ms": self.samples_ms,
+            "clocks": self.clocks,
+            **({"timer_fallback": self.timer_fallback} if self.timer_fallback else {}),
+            **(
+                {"host_mean_ms": self.host_mean_ms, "host_median_ms": self.host_median_ms, "host_samples_ms": self.host_samples_ms}
+                if self.host_samples_ms
+                else {}
+            ),
+        }
 
     @property
     def host_mean_ms(self) -> float:
@@ -86,66 +130,68 @@ class Timing:
         medians = self.trial_medians_ms
         return (max(medians) - min(medians)) / self.mean_ms if self.mean_ms > 0 else 0.0
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "timer": self.timer,
-            "mean_ms": self.mean_ms,
-            "median_ms": self.median_ms,
-            "min_ms": self.min_ms,
-            "spread": self.spread,
-            "trial_medians_ms": self.trial_medians_ms,
-            "samples_ms": self.samples_ms,
-            "clocks": self.clocks,
-            **({"timer_fallback": self.timer_fallback} if self.timer_fallback else {}),
-            **(
-                {"host_mean_ms": self.host_mean_ms, "host_median_ms": self.host_median_ms, "host_samples_ms": self.host_samples_ms}
-                if self.host_samples_ms
-                else {}
-            ),
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Timing:
-        return cls(
-            timer=data["timer"],
-            samples_ms=data["samples_ms"],
-            clocks=data.get("clocks", []),
-            host_samples_ms=data.get("host_samples_ms", []),
-            timer_fallback=data.get("timer_fallback"),
-        )
-
     def min_sm_clock_mhz(self) -> int | None:
-        readings = [c[k]["sm_mhz"] for c in self.clocks for k in ("after_warmup", "after_timing") if c.get(k)]
+        readings = [reading["sm_mhz"] for c in self.clocks for k in ("after_warmup", "after_timing") if (reading := c.get(k))]
         return min(readings) if readings else None
 
 
-@dataclass
-class CaseRecord:
-    """One solution on one case."""
+class _DerivedFigures(ClosedModel):
+    """The derived figures a results file repeats next to a timing's samples (checked, then derived again)."""
 
-    case: str
-    solution: str
+    mean_ms: Measure | None = None
+    median_ms: Measure | None = None
+    min_ms: Measure | None = None
+    spread: Measure | None = None
+    trial_medians_ms: list[Measure] | None = None
+    host_mean_ms: Measure | None = None
+    host_median_ms: Measure | None = None
+
+
+class CaseRecord(ClosedModel):
+    """One solution on one case: built field by field during a run (``model_construct``, then
+    assignments), validated when a results file is read."""
+
+    case: Name
+    solution: Name
     axes: dict[str, int]
-    status: Status
+    # by value in a file ("PASSED"); lax so that the value converts to the enum
+    status: Annotated[Status, Field(strict=False)]
     message: str = ""
-    max_abs_error: float | None = None
+    max_abs_error: float | None = None  # NaN or inf where the output held them
     max_rel_error: float | None = None
-    seeds: dict[str, Any] = field(default_factory=dict)
+    seeds: dict[str, Any] = Field(default_factory=dict)
     timing: Timing | None = None
-    speedup: float | None = None
+    speedup: Measure | None = None
     #: the solution ``peer_speedup`` is measured against (the fastest peer that passed this case in
-    #: the same run, or the run's ``--speedup-over``); None when no such latency exists
-    peer: str | None = None
+    #: the same run, or the run's ``--speedup-over``); None when no such latency exists (or in files
+    #: written before peer speedups)
+    peer: Name | None = None
     #: that solution's latency / this one's, when this record passed and was timed
-    peer_speedup: float | None = None
-    wall_s: float = 0.0
+    peer_speedup: Measure | None = None
+    wall_s: Measure = 0.0
     #: where the harness spent the wall time of this record (worker and checker phases)
-    phases_s: dict[str, float] = field(default_factory=dict)
+    phases_s: dict[str, Measure] = Field(default_factory=dict)
     #: the index of the device it ran on among the run's devices (``environment.gpus``); None on a one-device run
-    gpu: int | None = None
+    gpu: Annotated[int, Field(ge=0)] | None = None
     #: where the timed record sits on the device's roofline (dsa_bench.results.roofline); None when untimed
     #: or when the definition declares neither minimum bytes nor FLOPs
     roofline: Roofline | None = None
+
+    @field_serializer("status")
+    def _status_value(self, status: Status) -> str:
+        return status.value
+
+    @model_serializer(mode="wrap")
+    def _written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        if self.roofline is None:
+            del data["roofline"]  # files of runs that place no record keep their shape
+        return data
+
+    @classmethod
+    def new(cls, **fields: Any) -> CaseRecord:
+        """A record as a run fills it: not validated (its figures are checked by the judge)."""
+        return cls.model_construct(**fields)
 
     @property
     def passed(self) -> bool:
@@ -155,24 +201,6 @@ class CaseRecord:
     def failed(self) -> bool:
         """Neither passed nor skipped (a solution that cannot run here is not a failure)."""
         return self.status not in (Status.PASSED, Status.SKIPPED)
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["status"] = self.status.value
-        data["timing"] = self.timing.to_json() if self.timing else None
-        if self.roofline is None:
-            del data["roofline"]  # files of runs that place no record keep their shape
-        else:
-            data["roofline"] = self.roofline.to_json()
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CaseRecord:
-        fields = dict(data)
-        fields["status"] = Status(fields["status"])
-        fields["timing"] = Timing.from_json(fields["timing"]) if fields.get("timing") else None
-        fields["roofline"] = Roofline.from_json(fields["roofline"]) if fields.get("roofline") else None
-        return cls(**fields)
 
 
 def now_iso() -> str:
@@ -191,7 +219,7 @@ WRITE_INTERVAL_S = 2.0
 
 
 class ResultsFile:
-    """A results document kept on disk as records arrive.
+    """A results document kept on disk as records arrive: a :class:`ResultsHeader` and the records.
 
     The whole document is rewritten at most every :data:`WRITE_INTERVAL_S` while records arrive
     (a write per record made long runs quadratic): :meth:`add` writes when the last write is that
@@ -206,17 +234,16 @@ class ResultsFile:
     """
 
     def __init__(
-        self, path: Path | None, header: dict[str, Any], records: Iterable[dict[str, Any]] = (), superseded: Iterable[str] = ()
+        self, path: Path | None, header: ResultsHeader, records: Iterable[CaseRecord] = (), superseded: Iterable[str] = ()
     ) -> None:
         self.path = path
-        self.document: dict[str, Any] = {
-            "format": RESULTS_FORMAT,
-            "version": RESULTS_VERSION,
-            "created": now_iso(),
-            **header,
-            "records": list(records),
-            "complete": False,
-        }
+        self.header = header
+        if "created" not in header.model_fields_set:  # a resumed run keeps its first sitting's
+            header.created = now_iso()
+        header.complete = False
+        self.records: list[CaseRecord] = list(records)
+        #: each record as written (a record is dumped once, and again only when it changes)
+        self._written_records: list[dict[str, Any]] = [r.model_dump() for r in self.records]
         self._superseded = set(superseded)
         self._lock = threading.RLock()
         self._dirty = False
@@ -226,33 +253,50 @@ class ResultsFile:
         if path is not None:
             threading.Thread(target=self._flush_pending, name="results-flush", daemon=True).start()
 
+    @property
+    def document(self) -> dict[str, Any]:
+        """The document as the file holds it."""
+        with self._lock:
+            return {**self.header.written(), "records": list(self._written_records)}
+
     def add(self, record: CaseRecord, **fields: Any) -> None:
         """Append a record (and set any header ``fields`` with it)."""
         with self._lock:
             if record.case in self._superseded:
                 self._superseded.discard(record.case)
-                self.document["records"] = [r for r in self.document["records"] if r["case"] != record.case]
-            self.document["records"].append(record.to_json())
-            self.document.update(fields)
+                kept = [i for i, r in enumerate(self.records) if r.case != record.case]
+                self.records = [self.records[i] for i in kept]
+                self._written_records = [self._written_records[i] for i in kept]
+            self.records.append(record)
+            self._written_records.append(record.model_dump())
+            self._set(fields)
             self._dirty = True
             if time.monotonic() - self._written_at >= WRITE_INTERVAL_S:
                 self._write()
 
     def refresh(self, records: Iterable[CaseRecord]) -> None:
         """Record these (already added) records again, as they are now."""
-        latest = {(r.case, r.solution): r.to_json() for r in records}
+        latest = {(r.case, r.solution): r for r in records}
         with self._lock:
-            kept = self.document["records"]
-            for i, data in enumerate(kept):
-                key = (data["case"], data["solution"])
-                if key in latest:
-                    kept[i] = latest[key]
+            for i, kept in enumerate(self.records):
+                record = latest.get((kept.case, kept.solution))
+                if record is not None:
+                    self.records[i] = record
+                    self._written_records[i] = record.model_dump()
                     self._dirty = True
 
     def update(self, **fields: Any) -> None:
+        """Set header ``fields`` and write the file."""
         with self._lock:
-            self.document.update(fields)
+            self._set(fields)
             self._write()
+
+    def sort_records(self, key: Callable[[CaseRecord], Any]) -> None:
+        with self._lock:
+            order = sorted(range(len(self.records)), key=lambda i: key(self.records[i]))
+            self.records = [self.records[i] for i in order]
+            self._written_records = [self._written_records[i] for i in order]
+            self._dirty = True
 
     def stop_flushing(self) -> None:
         """Write what is pending and end the flusher: the caller now owns the document (the run's end)."""
@@ -260,6 +304,10 @@ class ResultsFile:
         with self._lock:
             if self._dirty:
                 self._write()
+
+    def _set(self, fields: dict[str, Any]) -> None:
+        for name, value in fields.items():
+            setattr(self.header, name, value)  # not validated: the run built them
 
     def _flush_pending(self) -> None:
         while not self._stopped.wait(WRITE_INTERVAL_S):
@@ -274,107 +322,154 @@ class ResultsFile:
             write_atomic(self.path, json.dumps(self.document, indent=1, allow_nan=True), "results")
 
 
-# --------------------------------------------------------------------------- reading results files
+# --------------------------------------------------------------------------- the header
 
 
-if TYPE_CHECKING:  # a Literal built from the enum at run time, which type checkers cannot follow
-    StatusName = str
-else:
-    StatusName = Literal[tuple(s.value for s in Status)]
+class WorkloadHeader(OpenModel):
+    """The header's ``workload``: which workload ran, where it lies, and a digest of its cases."""
 
-
-#: a latency, speedup, spread or duration: finite and not negative
-Measure = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-
-
-class TimingModel(ClosedModel):
-    timer: str
-    samples_ms: Annotated[list[Annotated[list[Measure], Field(min_length=1)]], Field(min_length=1)]
-    clocks: list[dict[str, dict[str, Any] | None]] = []
-    # written as figures derived from samples_ms; the readers derive them again
-    mean_ms: Measure | None = None
-    median_ms: Measure | None = None
-    min_ms: Measure | None = None
-    spread: Measure | None = None
-    trial_medians_ms: list[Measure] | None = None
-    timer_fallback: str | None = None
-    host_samples_ms: list[list[Measure]] = []
-    host_mean_ms: Measure | None = None
-    host_median_ms: Measure | None = None
-
-
-class RecordModel(ClosedModel):
-    case: Name
-    solution: Name
-    axes: dict[str, int]
-    status: StatusName
-    message: str = ""
-    max_abs_error: float | None = None  # NaN or inf where the output held them
-    max_rel_error: float | None = None
-    seeds: dict[str, Any] = {}
-    timing: TimingModel | None = None
-    speedup: Measure | None = None
-    peer: Name | None = None  # absent in files written before peer speedups
-    peer_speedup: Measure | None = None
-    wall_s: Measure = 0.0
-    phases_s: dict[str, Measure] = {}
-    gpu: Annotated[int, Field(ge=0)] | None = None
-    roofline: RooflineModel | None = None
-
-
-class WorkloadModel(OpenModel):
     name: Name
-    definition: str = ""
     path: str | None = None
     trace: str | None = None
+    definition: str = ""
+    #: sha256 of the cases as the run read them (:func:`dsa_bench.run.plan.cases_digest`); absent in
+    #: files written before runs could be resumed
+    cases_sha256: str | None = None
+    dataset: str | None = None  # the flashinfer-bench dataset folder it came from
 
 
-class SolutionMetaModel(OpenModel):
+class SolutionHeader(OpenModel):
     path: str | None = None
     content_hash: str | None = None
+    packed: str | None = None  # the packed Solution JSON it was run from
 
 
-class WallBreakdownModel(ClosedModel):
+class Environment(OpenModel):
+    """What produced a run's numbers (dsa_bench.results.environment): the fields dsa-bench reads are
+    declared; versions, clocks and the rest are kept as the run recorded them."""
+
+    gpu: str | None = None  # torch's device name; None on a CPU
+    device: str | None = None
+    dsa_bench: str | None = None
+    #: the device's maximum SM clock, as nvidia-smi answered it ("1980")
+    max_sm_mhz: str | int | float | None = None
+    #: per device of a multi-device or Ray run, its own environment (with its ``index``)
+    gpus: list[Environment] | None = None
+
+    def written(self) -> dict[str, Any]:
+        """The environment as the file holds it."""
+        return self.model_dump(exclude_unset=True)
+
+
+class RecordedTolerance(OpenModel):
+    """The tolerances a run judged with (dsa_bench.definitions.base.Tolerance); None: the definition's own bound."""
+
+    atol: float | None = None
+    rtol: float | None = None
+    lse_atol: float | None = None
+    score_rtol: float | None = None
+
+
+class RecordedSettings(OpenModel):
+    """The header's ``settings``: the workload's, with the command line's overrides. A secret run's
+    seed is None until the run ends. Fields a file from an older release lacks read as None."""
+
+    seed: int | None = None
+    input_sets: int | None = None
+    warmup: int | None = None
+    iterations: int | None = None
+    trials: int | None = None
+    tolerance: RecordedTolerance | None = None
+    reference_protocol: str | None = None
+
+    def written(self) -> dict[str, Any]:
+        """The settings as the file holds them (the fields set)."""
+        return self.model_dump(exclude_unset=True)
+
+
+class WallBreakdown(ClosedModel):
     """Where a run's wall time went (dsa_bench.run.breakdown): seconds per phase, summed over
     cases and solutions, and per solution the phases charged to it."""
 
     wall_s: Measure
     sittings: Annotated[int, Field(ge=1)] = 1
     phases_s: dict[str, Measure]
-    by_solution: dict[str, dict[str, Measure]] = {}
+    by_solution: dict[str, dict[str, Measure]] = Field(default_factory=dict)
 
 
-class ResultsModel(OpenModel):
-    format: Literal["dsa-bench-results"]
-    version: Literal[1]
+class ResultsHeader(OpenModel):
+    """A results file less its records. Fields are declared in the order they are written; a field
+    is written when it was set (read from a file, or given by the run), so files keep their shape.
+
+    Files written before a field existed read with its default; the one default that is inferred
+    (the L2 flush of timed files from before there was a choice) is inferred in :meth:`_older_files`.
+    """
+
+    format: Literal["dsa-bench-results"] = RESULTS_FORMAT
+    version: Literal[1] = RESULTS_VERSION
     created: str | None = None
-    workload: WorkloadModel
-    settings: dict[str, Any] | None = None
+    workload: WorkloadHeader
+    settings: RecordedSettings | None = None
     timer: str | None = None
+    #: why the run did not time with CUPTI (``--timer auto`` fell back); absent when it did not fall back
+    timer_fallback: str | None = None
     l2_flush: str | None = None
     #: every flush first reset the persisting-L2 carve-out (absent in files written before it did)
     l2_persisting_reset: bool | None = None
-    environment: dict[str, Any] | None = None
-    solutions: dict[str, SolutionMetaModel] | None = None
+    environment: Environment | None = None
+    #: whom each solution's worker ran as (None on a Ray run: the actors report theirs under environment.gpus)
+    workers: dict[str, str] | None = None
+    solutions: dict[str, SolutionHeader] | None = None
     cases: list[Name] | None = None  # the run's case selection
+    #: the run's peers (solutions whose manifest has ``requires``) and its ``--speedup-over`` (None: the fastest peer)
+    peers: list[str] | None = None
+    speedup_over: str | None = None
+    #: a contest run: the seed was drawn from the OS and withheld until the run ended
+    secret: bool | None = None
+    #: a copy for publishing: records hold case ids and statuses only (redact_document)
+    redacted: bool | None = None
+    complete: bool = False
+    finished: str | None = None
+    clock_sagged: list[str] | None = None
+    wall_breakdown: WallBreakdown | None = None
+    #: per device of a local multi-device run, its own breakdown
+    device_breakdowns: list[WallBreakdown] | None = None
     solution_notes: dict[str, str] | None = None
     #: installed versions of the packages each peer solution requires
     solution_packages: dict[str, dict[str, str]] | None = None
     #: the walls each solution's worker stood in (dsa_bench.run.sandbox, dsa_bench.run.guard; docs/trust.md)
     worker_protections: dict[str, list[str]] | None = None
-    #: the run's peers (solutions whose manifest has ``requires``) and its ``--speedup-over`` (None: the fastest peer)
-    peers: list[str] | None = None
-    speedup_over: str | None = None
-    records: list[RecordModel]
-    complete: bool = False
-    finished: str | None = None
-    clock_sagged: list[str] | None = None
-    wall_breakdown: WallBreakdownModel | None = None
     resumed: list[dict[str, Any]] | None = None  # one entry per later sitting of a resumed run
-    #: a contest run: the seed was drawn from the OS and withheld until the run ended
-    secret: bool | None = None
-    #: a copy for publishing: records hold case ids and statuses only (redact_document)
-    redacted: bool | None = None
+    merged_from: list[dict[str, Any]] | None = None  # the files `results merge` joined
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_files(cls, data: Any) -> Any:
+        """Defaults that files from older releases leave to inference: timed records from before
+        there was an L2 flush choice flushed "dirty"."""
+        if isinstance(data, dict) and data.get("timer") and not data.get("l2_flush"):
+            return {**data, "l2_flush": "dirty"}
+        return data
+
+    @classmethod
+    def new(cls, **fields: Any) -> ResultsHeader:
+        """A header as a run builds it (not validated; its nested parts given as models)."""
+        return cls.model_construct(**fields)
+
+    def written(self) -> dict[str, Any]:
+        """The fields as the file holds them: the format, then those set, in declaration order, then any a newer release wrote."""
+        fields = self.model_dump(exclude_unset=True, exclude={"records", "format", "version"})
+        return {"format": self.format, "version": self.version, **fields}
+
+    @property
+    def solution_names(self) -> list[str]:
+        return list(self.solutions or {})
+
+
+class ResultsDocument(ResultsHeader):
+    """A whole results file, as it is checked on load."""
+
+    records: list[CaseRecord]
 
 
 # --------------------------------------------------------------------------- publishing with case details redacted
@@ -408,23 +503,22 @@ def write_redacted(document: dict[str, Any], path: Path) -> None:
 
 
 def refuse_redacted(results: LoadedResults, command: str) -> None:
-    if results.document.get("redacted"):
+    if results.header.redacted:
         raise DsaBenchError(
             f"a redacted results file holds no seeds, timings or case details; {command} needs the full one", str(results.path)
         )
 
 
-def secrecy(document: dict[str, Any]) -> str:
-    """How a results document or baseline block's inputs were chosen: "secret" (contest mode) or "public"."""
-    return "secret" if document.get("secret") else "public"
+def secrecy(secret: bool | None) -> str:
+    """How a run's inputs were chosen, from its ``secret`` field: "secret" (contest mode) or "public"."""
+    return "secret" if secret else "public"
 
 
-def refuse_secret_mix(results: LoadedResults, other: dict[str, Any], other_name: str) -> None:
+def refuse_secret_mix(results: LoadedResults, other_secret: bool | None, other_name: str, source: str | None = None) -> None:
     """Refuse to put secret-mode and public results side by side (a comparison, a baseline)."""
-    if secrecy(results.document) != secrecy(other):
-        source = other.get("results_file")
+    if secrecy(results.header.secret) != secrecy(other_secret):
         raise DsaBenchError(
-            f"these are {secrecy(results.document)} results, {other_name} comes from {secrecy(other)} results"
+            f"these are {secrecy(results.header.secret)} results, {other_name} comes from {secrecy(other_secret)} results"
             + (f" ({source})" if source else "")
             + "; secret (run --secret) and public results judge different inputs and are never mixed",
             str(results.path),
@@ -450,49 +544,54 @@ def refuse_duplicates(cases: list[dict[str, Any]], label: str, where: str) -> No
 
 @dataclass
 class LoadedResults:
-    """A results file as written by ``dsa-bench run --save``."""
+    """A results file as written by ``dsa-bench run --save``, checked."""
 
     path: Path
-    document: dict[str, Any]
+    header: ResultsHeader
     records: list[CaseRecord]
 
     @property
+    def document(self) -> dict[str, Any]:
+        """The document as a file holds it (to write it again: a redacted copy, a merge)."""
+        return {**self.header.written(), "records": [r.model_dump() for r in self.records]}
+
+    @property
     def workload(self) -> str:
-        return self.document["workload"]["name"]
+        return self.header.workload.name
 
     @property
     def definition(self) -> str:
-        return self.document["workload"].get("definition", "")
+        return self.header.workload.definition
 
     @property
-    def environment(self) -> dict[str, Any]:
-        return self.document.get("environment") or {}
+    def environment(self) -> Environment:
+        return self.header.environment or Environment()
 
     @property
     def timer(self) -> str | None:
-        return self.document.get("timer")
+        return self.header.timer
 
     @property
     def l2_flush(self) -> str | None:
-        return recorded_l2_flush(self.document)
+        return self.header.l2_flush
 
     @property
     def timed(self) -> bool:
         return any(r.timing is not None for r in self.records)
 
 
-def recorded_l2_flush(record: dict[str, Any]) -> str | None:
-    """The L2 flush a results header or baseline block says its timing used; timed records from
-    before there was a choice flushed "dirty", untimed ones none."""
-    return record.get("l2_flush") or ("dirty" if record.get("timer") else None)
+def recorded_l2_flush(block: dict[str, Any]) -> str | None:
+    """The L2 flush a baseline block says its timing used; timed blocks from before there was a
+    choice flushed "dirty", untimed ones none (a results header infers it in ResultsHeader._older_files)."""
+    return block.get("l2_flush") or ("dirty" if block.get("timer") else None)
 
 
 def load_results(path: Path) -> LoadedResults:
     """Read and check a results file; every problem names the file and the field
     (``records[3].timing.samples_ms[0][2]: expected a finite number, got 'x'``)."""
     where = str(path)
-    document = read_json(path, "results")
-    check_format(document, RESULTS_FORMAT, RESULTS_VERSION, "results", where)
-    check_document(ResultsModel, document, where)
-    refuse_duplicates(document["records"], "records", where)
-    return LoadedResults(path, document, [CaseRecord.from_json(item) for item in document["records"]])
+    raw = read_json(path, "results")
+    check_format(raw, RESULTS_FORMAT, RESULTS_VERSION, "results", where)
+    document = check_document(ResultsDocument, raw, where)
+    refuse_duplicates([{"case": r.case, "solution": r.solution} for r in document.records], "records", where)
+    return LoadedResults(path, document, document.records)

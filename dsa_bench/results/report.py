@@ -131,7 +131,7 @@ def speedup_figure(results: LoadedResults) -> Figure:
 def peer_speedup_figure(results: LoadedResults) -> Figure:
     """Per case, each solution's speedup over the peer it is measured against (CaseRecord.peer)."""
     fig, ax = _per_case_bars(results, lambda r: r.peer_speedup)
-    over = results.document.get("speedup_over")
+    over = results.header.speedup_over
     ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label=_literal(f"{over or 'the fastest peer'} (1x)"))
     ax.set_ylabel(_literal(f"speedup over {over or 'the fastest peer that passed the case'} (same run)"))
     against = "the peer" if over is None else over
@@ -295,18 +295,18 @@ def _case_rows(results: LoadedResults) -> tuple[list[list[Any]], list[str]]:
 
 
 def _environment_rows(results: LoadedResults) -> list[list[Any]]:
-    doc = results.document
-    rows = [[key, value] for key, value in results.environment.items()]
+    header = results.header
+    rows = [[key, value] for key, value in results.environment.written().items()]
     rows.append(["timer", results.timer or "none (correctness only)"])
     if results.l2_flush:
         rows.append(["L2 flush", results.l2_flush])
-    for key, value in (doc.get("settings") or {}).items():
+    for key, value in (header.settings.written() if header.settings is not None else {}).items():
         if key == "tolerance" and isinstance(value, dict):  # atol, rtol, lse_atol, score_rtol
             value = ", ".join(f"{name}={tol:g}" if isinstance(tol, (int, float)) else f"{name}={tol!r}" for name, tol in value.items())
         rows.append([f"setting: {key}", value])
-    for name, meta in (doc.get("solutions") or {}).items():
-        rows.append([f"solution: {name}", f"{meta.get('path', '')} (sha256 {str(meta.get('content_hash', ''))[:16]}…)"])
-    for name, note in (doc.get("solution_notes") or {}).items():
+    for name, meta in (header.solutions or {}).items():
+        rows.append([f"solution: {name}", f"{meta.path or ''} (sha256 {(meta.content_hash or '')[:16]}…)"])
+    for name, note in (header.solution_notes or {}).items():
         rows.append([f"note: {name}", note])
     return rows
 
@@ -338,7 +338,7 @@ def render_html(loaded: list[LoadedResults], figures: list[ReportFigure], pngs: 
             r.workload,
             r.definition,
             f"{r.timer}, {r.l2_flush} L2 flush" if r.timer else "untimed",
-            r.environment.get("gpu") or r.environment.get("device", ""),
+            r.environment.gpu or r.environment.device or "",
             len(r.records),
         ]
         for r in loaded
@@ -346,8 +346,10 @@ def render_html(loaded: list[LoadedResults], figures: list[ReportFigure], pngs: 
     parts.append(_table(overview, ["results file", "workload", "definition", "timer", "device", "records"]))
     for index, results in enumerate(loaded):
         parts.append(f'<section id="results-{index}"><h2>{e(results.workload)} <small class="meta">{e(results.definition)}</small></h2>')
-        complete = "" if results.document.get("complete", True) else " — <b>incomplete run (interrupted)</b>"
-        parts.append(f'<p class="meta">{e(results.path.name)}, created {e(str(results.document.get("created", "?")))}{complete}</p>')
+        # a file without the field comes from before interrupted runs were kept: it is not called incomplete
+        interrupted = not results.header.complete and "complete" in results.header.model_fields_set
+        complete = " — <b>incomplete run (interrupted)</b>" if interrupted else ""
+        parts.append(f'<p class="meta">{e(results.path.name)}, created {e(results.header.created or "?")}{complete}</p>')
         if not results.timed:
             parts.append(
                 '<p class="notice">Nothing was timed in this run (correctness only, e.g. a CPU run without CUDA): '

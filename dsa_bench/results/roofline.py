@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
@@ -76,30 +76,28 @@ def device_peak(gpu_name: str | None) -> DevicePeak | None:
     return None
 
 
-@dataclass(frozen=True)
-class Roofline:
+#: a rate or a fraction: finite and not negative
+_Rate = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class Roofline(ClosedModel):
     """One timed record on the roofline. Bytes and FLOPs are the mean per timed call (the timed
-    calls rotate over input sets whose work differs); rates are those over the record's latency."""
+    calls rotate over input sets whose work differs); rates are those over the record's latency.
+    Built by :func:`place` without validation; a results file's ``records[i].roofline`` is validated on load."""
 
-    min_bytes: float
-    flops: float
-    math_precision: str | None  # None: no tensor-core math (memory only)
-    copy_bandwidth: float  # bytes/s, measured on the device by the run
-    peak_tflops: float | None  # dense peak of math_precision; None: no math, or a GPU model the table lacks
+    min_bytes: _Rate
+    flops: _Rate
+    math_precision: Literal["bf16", "fp8"] | None  # None: no tensor-core math (memory only)
+    copy_bandwidth: Annotated[float, Field(gt=0, allow_inf_nan=False)]  # bytes/s, measured on the device by the run
+    #: dense peak of math_precision; None: no math, or a GPU model the table lacks
+    peak_tflops: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None
     peak_source: str
-    achieved_bandwidth: float  # min_bytes / latency, bytes/s
-    achieved_tflops: float  # flops / latency / 1e12
-    bandwidth_fraction: float
-    compute_fraction: float | None
-    fraction_of_roofline: float
+    achieved_bandwidth: _Rate  # min_bytes / latency, bytes/s
+    achieved_tflops: _Rate  # flops / latency / 1e12
+    bandwidth_fraction: _Rate
+    compute_fraction: _Rate | None
+    fraction_of_roofline: _Rate
     bound: Literal["memory", "compute"]  # the nearer bound: the one fraction_of_roofline is measured against
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Roofline:
-        return cls(**data)
 
 
 def place(latency_s: float, min_bytes: float, flops: float, precision: str | None, copy_bandwidth: float,
@@ -119,34 +117,14 @@ def place(latency_s: float, min_bytes: float, flops: float, precision: str | Non
         source = f"{peak.model} dense {precision} {peak_tflops:g} TFLOPS ({peak.source})"
     compute_fraction = achieved_flops / (peak_tflops * 1e12) if peak_tflops else None
     compute_nearer = compute_fraction is not None and compute_fraction > bandwidth_fraction
-    return Roofline(
+    placed: dict[str, Any] = dict(
         min_bytes=min_bytes, flops=flops, math_precision=precision, copy_bandwidth=copy_bandwidth, peak_tflops=peak_tflops,
         peak_source=source, achieved_bandwidth=achieved_bandwidth, achieved_tflops=achieved_flops / 1e12,
         bandwidth_fraction=bandwidth_fraction, compute_fraction=compute_fraction,
         fraction_of_roofline=compute_fraction if compute_nearer and compute_fraction is not None else bandwidth_fraction,
         bound="compute" if compute_nearer else "memory",
     )  # fmt: skip
-
-
-#: a rate or a fraction: finite and not negative
-_Rate = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-
-
-class RooflineModel(ClosedModel):
-    """A results file's ``records[i].roofline`` (see :class:`Roofline`)."""
-
-    min_bytes: _Rate
-    flops: _Rate
-    math_precision: Literal["bf16", "fp8"] | None
-    copy_bandwidth: Annotated[float, Field(gt=0, allow_inf_nan=False)]
-    peak_tflops: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None
-    peak_source: str
-    achieved_bandwidth: _Rate
-    achieved_tflops: _Rate
-    bandwidth_fraction: _Rate
-    compute_fraction: _Rate | None
-    fraction_of_roofline: _Rate
-    bound: Literal["memory", "compute"]
+    return Roofline.model_construct(**placed)  # not validated: the judge refuses impossible timings
 
 
 # --------------------------------------------------------------------------- summaries and tables
@@ -265,7 +243,7 @@ def roofline_markdown(results: list[Any]) -> str:
     for res in results:
         table = roofline_table(res.records, tablefmt="github")
         if table:
-            device = (res.environment or {}).get("gpu") or "?"
+            device = res.environment.gpu or "?"
             parts.append(f"### Roofline: {res.workload} on {device}\n\n{table}")
     return "\n\n".join(parts)
 

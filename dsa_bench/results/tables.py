@@ -1,16 +1,23 @@
 """Summaries and the tables a run prints: per-record rows and log lines, per-solution summaries,
-the wall-time breakdown, sagged clocks, failures.
+the wall-time breakdown, sagged clocks, failures; and :class:`RunPrinter`, what ``dsa-bench run``
+prints as it goes and when it ends.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import signal
 import statistics
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from dsa_bench.definitions.status import Status
-from dsa_bench.results.records import CaseRecord
+from dsa_bench.results.records import CaseRecord, ResultsHeader, WallBreakdown
 from dsa_bench.results.roofline import record_columns, record_note
 
 
@@ -120,9 +127,9 @@ def records_table(records: list[CaseRecord], key_axes: tuple[str, ...]) -> str:
 
     skipped = {r.solution: sum(s.solution == r.solution for s in records if s.status is Status.SKIPPED)
                for r in records if r.status is Status.SKIPPED}  # fmt: skip
+    first_skip = {name: next(r for r in records if r.solution == name and r.status is Status.SKIPPED) for name in skipped}
     records = [r for r in records if r.status is not Status.SKIPPED] + [
-        dataclasses.replace(next(r for r in records if r.solution == name and r.status is Status.SKIPPED), case=f"({n} cases)", axes={})
-        for name, n in skipped.items()
+        first_skip[name].model_copy(update={"case": f"({n} cases)", "axes": {}}) for name, n in skipped.items()
     ]
 
     timed = any(r.timing is not None for r in records)
@@ -181,30 +188,30 @@ def summary_table(records: list[CaseRecord]) -> str:
     return tabulate(rows, headers=headers, disable_numparse=True)
 
 
-def wall_time(breakdown: dict) -> str:
+def wall_time(breakdown: WallBreakdown) -> str:
     """The run's wall time in words (all sittings of a resumed run together)."""
-    sittings = breakdown.get("sittings", 1)
-    return f"wall time {breakdown['wall_s']:.1f} s" + (f" over {sittings} sittings" if sittings > 1 else "")
+    sittings = breakdown.sittings
+    return f"wall time {breakdown.wall_s:.1f} s" + (f" over {sittings} sittings" if sittings > 1 else "")
 
 
-def breakdown_table(breakdown: dict) -> str:
+def breakdown_table(breakdown: WallBreakdown) -> str:
     """A results file's ``wall_breakdown``: seconds per phase, its share of the wall time, and
     each solution's part of it (phases charged to the harness have none)."""
     from tabulate import tabulate
 
-    wall = breakdown["wall_s"]
-    owners = list(breakdown.get("by_solution") or {})
+    wall = breakdown.wall_s
+    owners = list(breakdown.by_solution)
     rows = []
-    for phase, seconds in breakdown["phases_s"].items():
-        mine = [breakdown["by_solution"][owner].get(phase) for owner in owners]
+    for phase, seconds in breakdown.phases_s.items():
+        mine = [breakdown.by_solution[owner].get(phase) for owner in owners]
         rows.append([phase, f"{seconds:.2f}", f"{100 * seconds / wall:.1f}%" if wall > 0 else "-",
                      *("-" if v is None else f"{v:.2f}" for v in mine)])  # fmt: skip
-    rows.append(["total", f"{wall:.2f}", "100.0%", *(f"{sum(breakdown['by_solution'][o].values()):.2f}" for o in owners)])
+    rows.append(["total", f"{wall:.2f}", "100.0%", *(f"{sum(breakdown.by_solution[o].values()):.2f}" for o in owners)])
     headers = ["phase", "s", "of wall", *(f"{o} s" for o in owners)]
     return wall_time(breakdown) + "\n" + tabulate(rows, headers=headers, disable_numparse=True)
 
 
-def sagged(records: list[CaseRecord], max_sm_mhz: float | None, fraction: float = 0.9) -> list[str]:
+def sagged(records: list[CaseRecord], max_sm_mhz: str | float | None, fraction: float = 0.9) -> list[str]:
     """Records timed while the SM clock was below ``fraction`` of the device maximum."""
     if not max_sm_mhz:
         return []
@@ -255,3 +262,136 @@ def skips(records: list[CaseRecord]) -> list[str]:
             reason, count = reasons.get(r.solution, (r.message, 0))
             reasons[r.solution] = (reason, count + 1)
     return [f"{name}: {count} case(s) {reason}" for name, (reason, count) in reasons.items()]
+
+
+# --------------------------------------------------------------------------- what `dsa-bench run` prints
+
+
+@dataclass
+class RunPrinter:
+    """What ``dsa-bench run`` prints as records finish and when the run ends.
+
+    ``out`` is stdout (the JSON lines of ``--json-lines`` and, without it, the log); ``say`` is
+    where human text goes (stderr with ``--json-lines``); ``warn`` and ``err`` print a warning and
+    an error. ``live``: a progress display shows the run, so records are not logged line by line.
+    """
+
+    out: Callable[[str], None]
+    say: Callable[[str], None]
+    warn: Callable[[str], None]
+    err: Callable[[str], None]
+    quiet: bool
+    json_lines: bool
+    live: bool
+    total: int  # the records this sitting will add
+    secret: bool
+    done: int = 0
+    started: float = field(default_factory=time.monotonic)
+    skipped_shown: set[str] = field(default_factory=set)  # a skipped solution's first record is printed in a log, its others are not
+
+    def opening(self, lines: list[str], warnings: list[str]) -> None:
+        for warning in warnings:
+            self.warn(warning)
+        if not self.quiet:
+            for line in lines:
+                self.say(line)
+
+    def record(self, record: CaseRecord) -> None:
+        """A finished record, unless a progress display shows it."""
+        self.done += 1
+        if self.live:
+            return
+        if self.json_lines:  # a secret run's seeds stay out of its output until it ends
+            # stdout flushes: a piped log shows every record as it finishes
+            self.out(json.dumps(record.model_dump() | ({"seeds": {}} if self.secret else {})))
+        elif not self.quiet:
+            if record.status is not Status.SKIPPED or record.solution not in self.skipped_shown:
+                self.out(record_line(record, self.done, self.total))
+                if record.status is Status.SKIPPED:
+                    self.skipped_shown.add(record.solution)
+                    self.out(f"  (the other cases of {record.solution} are skipped for the same reason and not listed)")
+            if self.done < self.total and self.done % progress_every(self.total) == 0:
+                self.out(progress_line(self.done, self.total, time.monotonic() - self.started))
+
+    def ending(self, outcome: RunEnding, key_axes: tuple[str, ...], show_breakdown: bool) -> None:
+        """The tables, notes, warnings and errors of a finished (or interrupted) run."""
+        from dsa_bench.results.roofline import roofline_table
+
+        records, header = outcome.records, outcome.header
+        wall = header.wall_breakdown
+        assert wall is not None  # execute records it, interrupted or not
+        both_quiet = self.json_lines and self.quiet
+        if records and self.live:
+            self.out(records_table(records, key_axes))
+            self.out("")
+        if records and not both_quiet:
+            self.say(summary_table(records))
+            if any(r.failed for r in records):
+                self.say(failures_table(records))
+            if any(r.peer is not None for r in records):
+                over = f"--speedup-over {header.speedup_over}" if header.speedup_over else "the fastest peer that passed each case"
+                self.say(f"vs peer: that solution's latency over each solution's, measured against {over}")
+            if roofline := roofline_table(records):  # how close to the hardware, the timer and host time (docs/roofline.md)
+                self.say(roofline)
+        if not both_quiet:
+            self.say(breakdown_table(wall) if show_breakdown else f"{wall_time(wall)} (--breakdown shows where it went)")
+        if not self.quiet:
+            self._notes(header, records)
+        for line in outcome.sagged:
+            self.warn(f"clock sagged during timing: {line}")
+        for line in failures(records):
+            self.err(line)
+        if outcome.save_path is not None and not both_quiet:
+            self.say(f"results: {outcome.save_path}" + (" (the secret seed is recorded there)" if self.secret else ""))
+            if outcome.redacted_path is not None:
+                self.say(f"redacted copy: {outcome.redacted_path}")
+        if self.json_lines:
+            self.out(json.dumps({"summary": run_summary(outcome)}))
+        if outcome.stopped_by is not None:
+            self.err(f"interrupted by {signal.Signals(outcome.stopped_by).name}: {len(records)} finished records kept")
+
+    def _notes(self, header: ResultsHeader, records: list[CaseRecord]) -> None:
+        for name, note in (header.solution_notes or {}).items():
+            self.say(f"note [{name}]: {note}")
+        for name, packages in (header.solution_packages or {}).items():
+            self.say(f"packages [{name}]: " + ", ".join(f"{k} {v}" for k, v in packages.items()))
+        walls: dict[str, list[str]] = {}  # solutions by the walls their workers stood in (one line when all agree)
+        for name, protections in (header.worker_protections or {}).items():
+            walls.setdefault("; ".join(protections), []).append(name)
+        for text, holders in walls.items():
+            self.say(f"worker walls [{', '.join(holders) if len(walls) > 1 else 'all'}]: {text} (docs/trust.md)")
+        for line in skips(records):
+            self.say(line)
+
+
+@dataclass
+class RunEnding:
+    """How a run ended, as printed: its records (a resumed run's earlier ones too), its header, the
+    records timed on a sagging clock, the signal that stopped it (None: it finished) and where it was saved."""
+
+    workload: str
+    records: list[CaseRecord]
+    header: ResultsHeader
+    sagged: list[str]
+    stopped_by: int | None
+    save_path: Path | None
+    redacted_path: Path | None
+
+
+def run_summary(ending: RunEnding) -> dict[str, Any]:
+    """The ``{"summary": ...}`` line of ``run --json-lines``."""
+    from dsa_bench.results.roofline import summarize_roofline
+
+    records = ending.records
+    names = list(dict.fromkeys(r.solution for r in records))
+    wall = ending.header.wall_breakdown
+    return {
+        "workload": ending.workload,
+        "complete": ending.stopped_by is None,
+        "interrupted_by": None if ending.stopped_by is None else signal.Signals(ending.stopped_by).name,
+        "results": None if ending.save_path is None else str(ending.save_path),
+        "solutions": [dataclasses.asdict(summarize(records, name)) for name in names],
+        "roofline": [dataclasses.asdict(summarize_roofline(records, name)) for name in names],
+        "failures": [dataclasses.asdict(f) for f in failed_cases(records)],
+        "wall_breakdown": None if wall is None else wall.model_dump(),
+    }

@@ -20,6 +20,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from dsa_bench.results.records import WallBreakdown
+
 HARNESS = "harness"
 
 #: every phase, in the order a record goes through them (docs/running.md says what each holds)
@@ -63,7 +65,7 @@ class PhaseClock:
     """Seconds per (owner, phase) since the clock was made, plus ``planning_s`` spent before it
     and a ``previous`` breakdown (a resumed run's earlier sittings) to add to its own."""
 
-    def __init__(self, planning_s: float = 0.0, previous: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, planning_s: float = 0.0, previous: WallBreakdown | None = None) -> None:
         self.started = _now()
         self.planning_s = planning_s
         self.previous = previous
@@ -107,7 +109,7 @@ class PhaseClock:
             self.add(name, seconds * scale, owner)
         self.add("traffic", -total * scale, owner)
 
-    def breakdown(self) -> dict[str, Any]:
+    def breakdown(self) -> WallBreakdown:
         """The ``wall_breakdown`` section of a results file: wall seconds, seconds per phase
         (summed over cases and solutions, ``other`` included), and per solution the phases
         charged to it."""
@@ -123,23 +125,20 @@ class PhaseClock:
         phases = {k: max(0.0, v) for k, v in phases.items()}  # float rounding of traffic - reported
         by_solution = {owner: {k: max(0.0, v) for k, v in p.items()} for owner, p in by_solution.items()}
         phases["other"] = max(0.0, wall - sum(v for k, v in phases.items() if k != "other"))
-        result = {"wall_s": wall, "sittings": 1, "phases_s": phases, "by_solution": by_solution}
+        result = WallBreakdown.model_construct(wall_s=wall, sittings=1, phases_s=phases, by_solution=by_solution)
         return _added(result, self.previous) if self.previous else result
 
 
-def _added(mine: dict[str, Any], previous: Mapping[str, Any]) -> dict[str, Any]:
+def _added(mine: WallBreakdown, previous: WallBreakdown) -> WallBreakdown:
     """Two sittings' breakdowns as one: every figure summed."""
-    phases = dict(mine["phases_s"])
-    for name, seconds in (previous.get("phases_s") or {}).items():
+    phases = dict(mine.phases_s)
+    for name, seconds in previous.phases_s.items():
         phases[name] = phases.get(name, 0.0) + seconds
-    by_solution = {owner: dict(p) for owner, p in mine["by_solution"].items()}
-    for owner, earlier in (previous.get("by_solution") or {}).items():
+    by_solution = {owner: dict(p) for owner, p in mine.by_solution.items()}
+    for owner, earlier in previous.by_solution.items():
         mine_owner = by_solution.setdefault(owner, {})
         for name, seconds in earlier.items():
             mine_owner[name] = mine_owner.get(name, 0.0) + seconds
-    return {
-        "wall_s": mine["wall_s"] + previous.get("wall_s", 0.0),
-        "sittings": mine["sittings"] + previous.get("sittings", 1),
-        "phases_s": phases,
-        "by_solution": by_solution,
-    }
+    return WallBreakdown.model_construct(
+        wall_s=mine.wall_s + previous.wall_s, sittings=mine.sittings + previous.sittings, phases_s=phases, by_solution=by_solution
+    )

@@ -1,4 +1,12 @@
-"""Spreading a run's cases over several devices of one machine (``run --gpus N``).
+"""Where a run's cases go (:class:`Executor`), and this machine's devices as one (:class:`LocalExecutor`).
+
+An executor runs the pending cases, hands every record to the results file and the caller as it
+finishes, and notes in the results header what its workers reported (notes, packages, walls).
+:class:`LocalExecutor` runs them on one device (:func:`~dsa_bench.run.runner.run_workload`) or
+spreads them over several of this machine (``run --gpus N``, :func:`run_on_devices`);
+:class:`~dsa_bench.run.ray_executor.RayExecutor` over a Ray cluster's GPUs.
+
+Spreading a run's cases over several devices:
 
 One :class:`~dsa_bench.run.runner.DeviceRunner` per device, each with its own isolated worker
 per solution (built once per device), pulls whole cases from one queue: the reference and every
@@ -16,14 +24,49 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from dsa_bench.results.records import CaseRecord, ResultsFile
 from dsa_bench.run import isolation
-from dsa_bench.run.runner import DeviceRunner, RunOptions
+from dsa_bench.run.breakdown import PhaseClock
+from dsa_bench.run.runner import DeviceRunner, RunOptions, run_workload
 from dsa_bench.solution import Solution
 from dsa_bench.workloads import Case, Workload
+
+
+class Executor(Protocol):
+    """Runs ``cases``, every solution of a case on one device (the reference first); each record
+    reaches ``results`` and ``on_record`` as it finishes; returns this sitting's records.
+    ``clock`` is the run's phase clock (wall time, planning, results writes)."""
+
+    def run(
+        self, cases: list[Case], results: ResultsFile, on_record: Callable[[CaseRecord], None], clock: PhaseClock
+    ) -> list[CaseRecord]: ...
+
+
+@dataclass
+class LocalExecutor:
+    """This machine's devices: one per entry of ``device_options`` (a CUDA device, or a CPU
+    worker slot of a correctness-only run), each with its workers' identities."""
+
+    workload: Workload
+    solutions: list[Solution]
+    device_options: list[RunOptions]
+    device_identities: list[dict[str, isolation.WorkerIdentity]]
+
+    def run(
+        self, cases: list[Case], results: ResultsFile, on_record: Callable[[CaseRecord], None], clock: PhaseClock
+    ) -> list[CaseRecord]:
+        """On one device, ``clock`` takes every phase; with several, each device keeps its own
+        (``device_breakdowns`` in the results)."""
+        if len(self.device_options) > 1:
+            return run_on_devices(self.workload, cases, self.solutions, self.device_options, self.device_identities, results, on_record)
+        options, identities = self.device_options[0], self.device_identities[0]
+        return run_workload(self.workload, cases, self.solutions, options, results, on_record, identities, clock)
+
 
 #: how often the main thread wakes to take signals while the devices work
 _JOIN_POLL_S = 0.2
@@ -104,9 +147,9 @@ def run_on_devices(
             packages.update(runner.packages)
             protections.update(runner.protections)
         results.update(
-            solution_notes={**(results.document.get("solution_notes") or {}), **notes},
-            solution_packages={**(results.document.get("solution_packages") or {}), **packages},
-            worker_protections={**(results.document.get("worker_protections") or {}), **protections},
+            solution_notes={**(results.header.solution_notes or {}), **notes},
+            solution_packages={**(results.header.solution_packages or {}), **packages},
+            worker_protections={**(results.header.worker_protections or {}), **protections},
             device_breakdowns=[runner.clock.breakdown() for runner in runners],
         )
     if errors:

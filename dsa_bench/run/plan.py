@@ -1,31 +1,21 @@
-"""Planning a run from what the command line asked for, and carrying it out.
+"""Planning a run from what the command line asked for (a :class:`~dsa_bench.run.request.RunRequest`).
 
 :func:`plan_run` resolves and checks everything before the first case: the workload (a project
 workload or a flashinfer-bench dataset's), the cases, the device and timer, the settings with the
 command line's overrides, the solutions (the reference first, names unique, ``reference``
-reserved), the results path (never an input or a file of another kind), and whom each worker
-runs as. :func:`execute` runs the plan, writing records as they finish, and turns Ctrl-C, SIGTERM
-and SIGHUP into an orderly stop.
-
-With ``--resume RESULTS.json`` the plan is checked against the interrupted run's results file
-(the workload and its cases' content, the case selection, settings, timer, L2 flush, GPU, the
-solutions and their content hashes: :func:`resume_problem`), only the cases it left unfinished
-are run, and the union is written back to that file (docs/running.md).
+reserved), the results path (never an input or a file of another kind), whom each worker runs
+as, and with ``--resume`` the interrupted run it continues (:mod:`dsa_bench.run.resume`).
+:func:`dsa_bench.run.execute.execute` carries the plan out.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import fnmatch
 import hashlib
 import json
-import math
 import os
-import secrets
-import signal
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,94 +27,24 @@ from dsa_bench.paths import safe_file_name
 from dsa_bench.project import check_run_solutions, reference_solution, relative_to_root, resolve_solution, resolve_workload
 from dsa_bench.results.environment import environment
 from dsa_bench.results.records import (
-    CaseRecord,
-    ResultsFile,
+    Environment,
+    RecordedSettings,
+    RecordedTolerance,
+    ResultsHeader,
+    SolutionHeader,
+    WorkloadHeader,
     check_results_path,
-    load_results,
     now_iso,
     redacted_path,
-    write_redacted,
 )
-from dsa_bench.results.tables import sagged
-from dsa_bench.run.breakdown import PhaseClock
-from dsa_bench.run.isolation import WORKER_USER_MODES, WorkerIdentity
-from dsa_bench.run.runner import Interrupted, RunOptions, order_solutions, run_workload, worker_identities
+from dsa_bench.run.isolation import WorkerIdentity
+from dsa_bench.run.request import RunRequest, recorded_options
+from dsa_bench.run.resume import Resumed, resume_state, secret_seed
+from dsa_bench.run.runner import RunOptions, order_solutions, worker_identities
 from dsa_bench.solution import REFERENCE_SOLUTION, Solution, content_hash, discover, load_solution
 from dsa_bench.timing import choose_timer
-from dsa_bench.timing.flush import check_l2_flush, measure_copy_bandwidth
-from dsa_bench.workloads import REFERENCE_PROTOCOLS, TOLERANCES, Case, Workload, setting_problem
-
-#: Longest --case-timeout and --compile-timeout, in seconds: a day (longer is a typo, not a plan).
-MAX_TIMEOUT_S = 86400.0
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    """What ``dsa-bench run`` was asked, option by option (None: the workload's own setting)."""
-
-    workload: str
-    solutions: list[str] = field(default_factory=list)
-    cases: list[str] = field(default_factory=list)
-    device: str = "auto"
-    timer: str = "auto"
-    l2_flush: str = "clean"
-    seed: int | None = None
-    input_sets: int | None = None
-    warmup: int | None = None
-    iterations: int | None = None
-    trials: int | None = None
-    case_timeout: float = 600.0
-    compile_timeout: float = 900.0
-    save: Path | None = None
-    no_save: bool = False
-    dataset: Path | None = None
-    worker_user: str = "auto"
-    gpus: str | None = None  # a count, or "all"; None: 1, or every GPU of a Ray cluster
-    executor: str = "local"  # EXECUTORS
-    ray_address: str | None = None
-    #: the dataset's own solutions (``solutions/**/*.json``) to run: their names, or "all"
-    dataset_solutions: list[str] = field(default_factory=list)
-    #: tolerances that replace the workload's for this run (None: the workload's)
-    atol: float | None = None
-    rtol: float | None = None
-    lse_atol: float | None = None
-    score_rtol: float | None = None
-    resume: Path | None = None  # an interrupted run's results file, completed in place
-    reference_protocol: str | None = None  # REFERENCE_PROTOCOLS; None: the workload's
-    speedup_over: str | None = None  # the solution peer speedups are measured against; None: the fastest peer of each case
-    #: contest mode: the seed is drawn from the OS and withheld until the run ends (also a workload setting)
-    secret: bool = False
-    #: also write a copy of the results with case details redacted (ids and statuses only)
-    redact: bool = False
-
-    def tolerance_overrides(self) -> dict[str, float]:
-        return {key: getattr(self, key) for key in TOLERANCES if getattr(self, key) is not None}
-
-
-#: where a run's cases go: this process's devices, or a Ray cluster's GPUs
-EXECUTORS = ("local", "ray")
-
-
-@dataclass(frozen=True)
-class Resumed:
-    """What an interrupted run left: its results document, and the cases it finished (every
-    solution of the run has a record there); the other cases are run from their start."""
-
-    document: dict[str, Any]
-    finished: frozenset[str]
-    sitting_header: dict[str, Any]  # the header this sitting would write (its environment and workers are noted)
-
-    @property
-    def superseded(self) -> set[str]:
-        """Unfinished cases that have records: replaced when the case runs again."""
-        return {r["case"] for r in self.document["records"]} - self.finished
-
-    def header(self) -> dict[str, Any]:
-        """The interrupted run's header, with this sitting noted under ``resumed``."""
-        kept = {k: v for k, v in self.document.items() if k not in ("records", "complete", "finished", "clock_sagged")}
-        sitting = {"started": now_iso(), "records_kept": sum(r["case"] in self.finished for r in self.document["records"]),
-                   "environment": self.sitting_header["environment"], "workers": self.sitting_header["workers"]}  # fmt: skip
-        return {**kept, "resumed": [*self.document.get("resumed", []), sitting]}
+from dsa_bench.timing.flush import measure_copy_bandwidth
+from dsa_bench.workloads import Case, Workload
 
 
 @dataclass
@@ -148,6 +68,7 @@ class RunPlan:
     planning_s: float = 0.0  # wall time spent planning, counted in the run's wall-time breakdown
     resumed: Resumed | None = None
     redacted_path: Path | None = None  # where the redacted copy goes (run --redact)
+    recorded: dict[str, Any] = field(default_factory=dict)  # the request's options the header records (run.request.Recorded)
 
     @property
     def secret(self) -> bool:
@@ -169,10 +90,10 @@ class RunPlan:
             return "correctness only (no CUDA device: nothing is timed)"
         return f"timing with {self.options.timer}, {self.options.l2_flush} L2 flush"
 
-    def header(self) -> dict[str, Any]:
+    def header(self) -> ResultsHeader:
         """The results document's header; paths are relative to the project root where they lie in it."""
         wl, settings, options = self.workload, self.options.settings, self.options
-        workload = {
+        workload: dict[str, Any] = {
             "name": wl.name,
             "path": relative_to_root(wl.path, self.root),
             "trace": relative_to_root(wl.trace_path, self.root),
@@ -183,37 +104,42 @@ class RunPlan:
             workload["dataset"] = relative_to_root(options.dataset_root, self.root)
         env = _device_environment(options)
         if len(self.device_options) > 1:
-            env["gpus"] = [{"index": i, **_device_environment(o)} for i, o in enumerate(self.device_options)]
-        return {
-            "workload": workload,
-            "settings": {**{k: v for k, v in asdict(settings).items() if k not in ("tolerance", "secret")},
-                         "tolerance": asdict(settings.tolerance)},  # fmt: skip
-            "timer": options.timer,
-            **({"timer_fallback": options.timer_fallback} if options.timer_fallback else {}),  # why not CUPTI: never silent
-            "l2_flush": options.l2_flush if options.timer else None,
+            env["gpus"] = [Environment.model_construct(index=i, **_device_environment(o)) for i, o in enumerate(self.device_options)]
+        # why not CUPTI: never silent (absent when CUPTI timed)
+        optional: dict[str, Any] = {"timer_fallback": options.timer_fallback} if options.timer_fallback else {}
+        return ResultsHeader.new(
+            workload=WorkloadHeader.model_construct(**workload),
+            settings=RecordedSettings.model_construct(
+                **{k: v for k, v in asdict(settings).items() if k not in ("tolerance", "secret")},
+                tolerance=RecordedTolerance.model_construct(**asdict(settings.tolerance)),
+            ),
+            timer=options.timer,
+            **optional,
+            l2_flush=options.l2_flush if options.timer else None,
             # every flush first resets the persisting-L2 carve-out (timing.flush.PersistingL2Reset)
-            "l2_persisting_reset": True if options.timer else None,
-            "environment": env,
-            "workers": {name: identity.description for name, identity in self.identities.items()}
+            l2_persisting_reset=True if options.timer else None,
+            environment=Environment.model_construct(**env),
+            workers={name: identity.description for name, identity in self.identities.items()}
             if self.executor == "local" else None,  # Ray actors report theirs under environment.gpus
-            "solutions": {s.name: self._solution_header(s) for s in self.solutions},
-            "cases": [c.id for c in self.cases],
-            "peers": [s.name for s in self.solutions if s.requires.any],
-            "speedup_over": options.speedup_over,
-        } | ({"secret": True} if settings.secret else {})
+            solutions={s.name: self._solution_header(s) for s in self.solutions},
+            cases=[c.id for c in self.cases],
+            peers=[s.name for s in self.solutions if s.requires.any],
+            **self.recorded,  # the options recorded as given (run.request.Recorded)
+            **({"secret": True} if settings.secret else {}),
+        )  # fmt: skip
 
-    def _solution_header(self, solution: Solution) -> dict[str, Any]:
-        header = {"path": relative_to_root(solution.path, self.root), "content_hash": content_hash(solution.path)}
+    def _solution_header(self, solution: Solution) -> SolutionHeader:
+        header: dict[str, Any] = {"path": relative_to_root(solution.path, self.root), "content_hash": content_hash(solution.path)}
         if solution.packed_from is not None:  # the JSON it was run from; its folder is dsa-bench's cache
             header["packed"] = relative_to_root(solution.packed_from, self.root)
-        return header
+        return SolutionHeader.model_construct(**header)
 
 
 def _device_environment(options: RunOptions) -> dict[str, Any]:
     return environment(options.device) | ({"copy_gbps": options.copy_bytes_per_s / 1e9} if options.copy_bytes_per_s else {})
 
 
-def gpu_count(value: str, executor: str) -> int | None:
+def gpu_count(value: str) -> int | None:
     """``--gpus``: a count >= 1, or "all" (None: every device there is)."""
     if value == "all":
         return None
@@ -221,8 +147,6 @@ def gpu_count(value: str, executor: str) -> int | None:
         raise DsaBenchError(f"--gpus {value!r}: expected a count >= 1 or 'all'")
     if len(value) > 6:  # more than any machine or cluster has; checked against the devices present later
         raise DsaBenchError(f"--gpus {value[:12]}{'...' if len(value) > 12 else ''}: expected at most 999999 devices")
-    if executor not in EXECUTORS:
-        raise DsaBenchError(f"--executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
     return int(value)
 
 
@@ -277,32 +201,6 @@ def pick_device(name: str) -> torch.device:
     if device.type not in ("cpu", "cuda"):
         raise DsaBenchError(f"--device {name}: only cpu and cuda devices are supported")
     return device
-
-
-def check_request(request: RunRequest) -> None:
-    """Refuse a bad option (``--input-sets 0``, an infinite timeout) before anything is loaded."""
-    check_l2_flush(request.l2_flush)
-    if request.worker_user not in WORKER_USER_MODES:
-        raise DsaBenchError(f"--worker-user {request.worker_user!r}: expected one of {', '.join(WORKER_USER_MODES)}")
-    counts: dict[str, float | None] = {
-        "--seed": request.seed,
-        "--input-sets": request.input_sets,
-        "--warmup": request.warmup,
-        "--iterations": request.iterations,
-        "--trials": request.trials,
-    }
-    counts.update({f"--{key.replace('_', '-')}": value for key, value in request.tolerance_overrides().items()})
-    for option, value in counts.items():
-        problem = None if value is None else setting_problem(option.removeprefix("--").replace("-", "_"), value)
-        if problem is not None:
-            raise DsaBenchError(f"{option} {value}: {problem}")
-    if request.reference_protocol is not None and request.reference_protocol not in REFERENCE_PROTOCOLS:
-        raise DsaBenchError(f"--reference-protocol {request.reference_protocol!r}: expected one of {', '.join(REFERENCE_PROTOCOLS)}")
-    if request.dataset_solutions and request.dataset is None:
-        raise DsaBenchError("--dataset-solutions names solutions of a flashinfer-bench dataset; give the dataset with --dataset")
-    for option, seconds in (("--case-timeout", request.case_timeout), ("--compile-timeout", request.compile_timeout)):
-        if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):
-            raise DsaBenchError(f"{option} {seconds:g}: expected a finite number of seconds > 0 and <= {MAX_TIMEOUT_S:g}")
 
 
 def select_cases(workload: Workload, patterns: list[str]) -> list[Case]:
@@ -426,16 +324,7 @@ def run_inputs(workload: Workload, solutions: list[Solution], dataset: Path | No
 
 def plan_run(request: RunRequest, root: Path) -> RunPlan:
     """Everything a run needs, checked; raises DsaBenchError on the first problem."""
-    started = time.perf_counter()
-    check_request(request)
-    if request.save is not None and request.no_save:
-        raise DsaBenchError(f"--save {request.save} and --no-save contradict each other; give one of them")
-    if request.secret and request.seed is not None:
-        raise DsaBenchError("--secret draws the seed from the OS at run time; leave out --seed")
-    if request.redact and request.no_save:
-        raise DsaBenchError("--redact writes a redacted copy beside the results file; leave out --no-save")
-    if request.resume is not None and (request.save is not None or request.no_save):
-        raise DsaBenchError("--resume writes the completed run back to its results file; leave out --save and --no-save")
+    started = time.perf_counter()  # the request's own options were checked when it was made
     if request.dataset is None:
         workload = resolve_workload(request.workload, root)
     else:
@@ -443,7 +332,7 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
 
         workload = load_dataset_workload(request.dataset, request.workload)
     cases = select_cases(workload, request.cases)
-    gpus = gpu_count(request.gpus or ("all" if request.executor == "ray" else "1"), request.executor)
+    gpus = gpu_count(request.gpus or ("all" if request.executor == "ray" else "1"))
     on_ray = request.executor == "ray"
     if on_ray:
         from dsa_bench.run.ray_executor import ray_module
@@ -484,20 +373,20 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     save_path = None if request.no_save else (request.resume or request.save or default_save)
     if save_path is not None:
         check_results_path(save_path, *run_inputs(workload, solutions, request.dataset))
-    template = RunOptions(
+    resolved: dict[str, Any] = dict(
         device=device,
         settings=settings,
         timer=timer,
-        l2_flush=request.l2_flush,
         compile_timeout_s=request.compile_timeout,
         case_timeout_s=request.case_timeout,
         log_dir=root / ".cache" / "dsa-bench" / "logs",
         cache_dir=root / ".cache" / "dsa-bench",
         dataset_root=request.dataset,
-        worker_user=request.worker_user,
-        speedup_over=request.speedup_over,
         timer_fallback=warning,  # choose_timer warns only when 'auto' fell back from CUPTI
     )
+    # the other options the case loop reads reach it as given: RunOptions fields named as the request's (l2_flush, worker_user, ...)
+    handed_on = {f.name: getattr(request, f.name) for f in dataclasses.fields(RunOptions) if f.name in RunRequest.model_fields}
+    template = RunOptions(**{**handed_on, **resolved})
     device_options = [
         dataclasses.replace(template, device=d, copy_bytes_per_s=measure_copy_bandwidth(d) if timer is not None else None)
         for d in devices
@@ -507,9 +396,10 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
         workload, cases, solutions, device_options[0], device_identities[0], save_path, root, warnings,
         device_options=device_options, device_identities=device_identities, executor=request.executor,
         ray_address=request.ray_address, ray_gpus=gpus, ray_cpu=on_ray and request.device == "cpu", timer_request=request.timer,
+        recorded=recorded_options(request),
     )  # fmt: skip
     if request.resume is not None:
-        plan.resumed = resume_state(request.resume, plan)
+        plan.resumed = resume_state(request.resume, plan.header())
     if request.redact and save_path is not None:
         plan.redacted_path = redacted_path(save_path)
         check_results_path(plan.redacted_path, *run_inputs(workload, solutions, request.dataset))
@@ -517,181 +407,3 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     return plan
 
 
-def secret_seed(resume: Path | None) -> int:
-    """A contest run's seed: 63 bits from the OS (``secrets``), or the one an interrupted secret
-    run recorded when it ended, to resume it with the same inputs."""
-    if resume is None:
-        return secrets.randbits(63)
-    document = load_results(resume).document
-    if document.get("redacted"):
-        raise DsaBenchError("cannot resume a redacted results file (it holds no seeds or case details); resume the full one", str(resume))
-    if not document.get("secret"):
-        raise DsaBenchError("--secret cannot resume a public run; resume it without --secret", str(resume))
-    seed = (document.get("settings") or {}).get("seed")
-    if not isinstance(seed, int):
-        raise DsaBenchError("this secret run never recorded its seed (it was killed before it ended); start a new run", str(resume))
-    return seed
-
-
-def _first_difference(theirs: Any, ours: Any, name: str) -> tuple[str, Any, Any] | None:
-    """The first field (dotted name) in which two header values differ, with both values."""
-    if isinstance(theirs, dict) and isinstance(ours, dict):
-        for key in [*ours, *(k for k in theirs if k not in ours)]:
-            found = _first_difference(theirs.get(key), ours.get(key), f"{name}.{key}")
-            if found is not None:
-                return found
-        return None
-    return None if theirs == ours else (name, theirs, ours)
-
-
-def resume_problem(previous: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """Why the run described by header ``now`` cannot continue the one whose results document is
-    ``previous``, or None: the first field that differs, with both values."""
-    if not (previous.get("workload") or {}).get("cases_sha256"):
-        return "it records no workload.cases_sha256 (it was written before dsa-bench could resume runs); start a new run"
-    theirs_solutions, our_solutions = previous.get("solutions") or {}, now["solutions"]
-    if set(theirs_solutions) != set(our_solutions):
-        return (f"the solutions differ: {', '.join(sorted(theirs_solutions)) or '(none)'} there, {', '.join(sorted(our_solutions))} "
-                f"in this run; give the same --solution options")  # fmt: skip
-    for name, info in our_solutions.items():
-        if theirs_solutions[name].get("content_hash") != info["content_hash"]:
-            return (f"solution {name!r} has changed since: content hash {theirs_solutions[name].get('content_hash')} there, "
-                    f"{info['content_hash']} now ({info['path']}); start a new run")  # fmt: skip
-    workload_fields = ("name", "definition", "cases_sha256", "dataset")
-    checked = [
-        ("secret", bool(previous.get("secret")), bool(now.get("secret"))),
-        ("workload", {k: previous["workload"].get(k) for k in workload_fields}, {k: now["workload"].get(k) for k in workload_fields}),
-        ("settings", previous.get("settings"), now["settings"]),
-        ("timer", previous.get("timer"), now["timer"]),
-        ("l2_flush", previous.get("l2_flush"), now["l2_flush"]),
-        ("environment.gpu", (previous.get("environment") or {}).get("gpu"), now["environment"].get("gpu")),
-    ]
-    for name, theirs, ours in checked:
-        found = _first_difference(theirs, ours, name)
-        if found is not None:
-            field_name, a, b = found
-            return f"{field_name} is {a!r} there and {b!r} in this run; give the interrupted run's options"
-    theirs_cases, our_cases = previous.get("cases") or [], now["cases"]
-    if set(theirs_cases) != set(our_cases):
-        differ = sorted(set(theirs_cases) ^ set(our_cases))
-        shown = ", ".join(differ[:3]) + (f" and {len(differ) - 3} more" if len(differ) > 3 else "")
-        return (f"the case selection differs: {len(theirs_cases)} cases there, {len(our_cases)} in this run (in one only: {shown}); "
-                f"give the same --case patterns")  # fmt: skip
-    return None
-
-
-def resume_state(path: Path, plan: RunPlan) -> Resumed:
-    """The interrupted run at ``path``, checked against ``plan``: a refusal names the first difference."""
-    previous = load_results(path).document
-    if previous.get("redacted"):
-        raise DsaBenchError("cannot resume a redacted results file (it holds no seeds or case details); resume the full one", str(path))
-    now = plan.header()
-    problem = resume_problem(previous, now)
-    if problem is not None:
-        raise DsaBenchError(f"cannot resume this run: {problem}", str(path))
-    names = {s.name for s in plan.solutions}
-    known = {c.id for c in plan.cases}
-    for index, record in enumerate(previous["records"]):
-        if record["case"] not in known or record["solution"] not in names:
-            what = f"case {record['case']!r}" if record["case"] not in known else f"solution {record['solution']!r}"
-            raise DsaBenchError(f"cannot resume this run: records[{index}] holds {what}, which this run does not have; "
-                                f"the file does not come from this workload's run", str(path))  # fmt: skip
-    done: dict[str, set[str]] = {}
-    for record in previous["records"]:
-        done.setdefault(record["case"], set()).add(record["solution"])
-    return Resumed(previous, frozenset(case for case, solutions in done.items() if names <= solutions), now)
-
-
-@dataclass
-class RunOutcome:
-    records: list[CaseRecord]
-    results: ResultsFile
-    sagged: list[str]
-    stopped_by: int | None  # the signal that stopped the run, None when it finished
-
-
-@contextlib.contextmanager
-def _stopped_by_signals() -> Iterator[None]:
-    """SIGINT, SIGTERM and SIGHUP stop a run: workers are ended, finished records kept. SIGINT's
-    handler is set here too, because a job started in the background by a non-interactive shell
-    (`dsa-bench run ... &` in a script) inherits SIGINT ignored, and `kill -INT` would do nothing."""
-
-    def stop(signum: int, frame: Any) -> None:
-        raise Interrupted(signum)
-
-    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def execute(plan: RunPlan, on_record: Callable[[CaseRecord], None] = lambda r: None) -> RunOutcome:
-    """Run the plan; the results file is complete only when every case ran. The outcome's records
-    are the whole file's (a resumed run's earlier records too)."""
-    resumed = plan.resumed
-    clock = PhaseClock(plan.planning_s, resumed.document.get("wall_breakdown") if resumed else None)
-    with clock.phase("planning"):  # the header: environment, solutions' content hashes
-        header = plan.header() if resumed is None else resumed.header()
-    revealed_settings = header["settings"]
-    if plan.secret:  # withheld until the run ends, interrupted or not; then recorded to reproduce it
-        header = {**header, "settings": {**revealed_settings, "seed": None}}
-    kept, superseded = (resumed.document["records"], resumed.superseded) if resumed else ([], set())
-    with clock.phase("results_writes"):
-        results = ResultsFile(plan.save_path, header, kept, superseded)
-    stopped_by: int | None = None
-    try:
-        with _stopped_by_signals():
-            _run(plan, results, on_record, clock)
-    except KeyboardInterrupt as stop:
-        stopped_by = stop.signum if isinstance(stop, Interrupted) else int(signal.SIGINT)
-    results.stop_flushing()
-    case_order = {c.id: i for i, c in enumerate(plan.cases)}
-    solution_order = {s.name: i for i, s in enumerate(plan.solutions)}
-    # several devices finish cases out of order: the file keeps a one-device run's order
-    results.document["records"].sort(key=lambda r: (case_order.get(r["case"], len(case_order)), solution_order.get(r["solution"], 0)))
-    records = [CaseRecord.from_json(r) for r in results.document["records"]]
-    sag = _sagged(records, results.document["environment"])
-    results.update(complete=stopped_by is None, finished=now_iso(), clock_sagged=sag, wall_breakdown=clock.breakdown(),
-                   settings=revealed_settings)  # fmt: skip
-    if plan.redacted_path is not None:
-        write_redacted(results.document, plan.redacted_path)
-    return RunOutcome(records, results, sag, stopped_by)
-
-
-def _run(plan: RunPlan, results: ResultsFile, on_record: Callable[[CaseRecord], None], clock: PhaseClock) -> list[CaseRecord]:
-    """The pending cases on one device, several devices, or a Ray cluster. With several devices
-    each has its own phase clock (``device_breakdowns`` in the results); ``clock`` keeps the
-    run's wall time, planning and results writes."""
-    if plan.executor == "ray":
-        from dsa_bench.run.ray_executor import run_on_ray
-
-        def record_actors(descriptions: list[dict[str, Any]]) -> None:
-            timers = {d["timer"] for d in descriptions}
-            results.update(
-                environment={**results.document["environment"], "gpus": [{"index": i, **d} for i, d in enumerate(descriptions)]},
-                timer=timers.pop() if len(timers) == 1 else "mixed",
-                l2_flush=plan.options.l2_flush if any(d["timer"] for d in descriptions) else None,
-                l2_persisting_reset=True if any(d["timer"] for d in descriptions) else None,
-            )
-
-        return run_on_ray(
-            plan.workload, plan.pending_cases, plan.solutions, plan.options, plan.timer_request, plan.root, results, on_record,
-            address=plan.ray_address, max_actors=plan.ray_gpus, on_start=record_actors, cpu=plan.ray_cpu,
-        )  # fmt: skip
-    if len(plan.device_options) > 1:
-        from dsa_bench.run.executor import run_on_devices
-
-        return run_on_devices(
-            plan.workload, plan.pending_cases, plan.solutions, plan.device_options, plan.device_identities, results, on_record
-        )
-    return run_workload(plan.workload, plan.pending_cases, plan.solutions, plan.options, results, on_record, plan.identities, clock)
-
-
-def _sagged(records: list[CaseRecord], env: dict[str, Any]) -> list[str]:
-    """Records timed below 90 % of their own device's maximum SM clock."""
-    devices = env.get("gpus")
-    if not devices:
-        return sagged(records, env.get("max_sm_mhz"))
-    return [line for i, d in enumerate(devices) for line in sagged([r for r in records if r.gpu == i], d.get("max_sm_mhz"))]

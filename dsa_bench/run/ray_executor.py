@@ -27,12 +27,14 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.results.records import CaseRecord, ResultsFile
+from dsa_bench.results.records import CaseRecord, Environment, ResultsFile
+from dsa_bench.run.breakdown import PhaseClock
 from dsa_bench.run.runner import DeviceRunner, RunOptions, worker_identities
 from dsa_bench.solution import Solution
 from dsa_bench.workloads import Case, Workload
@@ -88,12 +90,47 @@ class CaseActor:
     def describe(self) -> dict[str, Any]:
         return self.description
 
-    def run_case(self, case: Case) -> list[dict[str, Any]]:
-        return [r.to_json() for r in self.runner.run_case(case)]
+    def run_case(self, case: Case) -> list[CaseRecord]:
+        return self.runner.run_case(case)
 
     def stop(self) -> tuple[dict[str, str], dict[str, dict[str, str]]]:
         self.runner.stop()
         return self.runner.notes, self.runner.packages
+
+
+@dataclass
+class RayExecutor:
+    """A Ray cluster's GPUs (or with ``cpu``, its CPUs: correctness only), one actor per device;
+    the actors' devices and timers are recorded in the results header as they start."""
+
+    workload: Workload
+    solutions: list[Solution]
+    options: RunOptions
+    timer: str  # what each actor resolves on its own device
+    root: Path
+    address: str | None = None
+    max_actors: int | None = None
+    cpu: bool = False
+
+    def run(
+        self, cases: list[Case], results: ResultsFile, on_record: Callable[[CaseRecord], None], clock: PhaseClock
+    ) -> list[CaseRecord]:
+        def record_actors(descriptions: list[dict[str, Any]]) -> None:
+            timers = {d["timer"] for d in descriptions}
+            timed = any(d["timer"] for d in descriptions)
+            results.update(
+                environment=(results.header.environment or Environment.model_construct()).model_copy(
+                    update={"gpus": [Environment.model_construct(index=i, **d) for i, d in enumerate(descriptions)]}
+                ),
+                timer=timers.pop() if len(timers) == 1 else "mixed",
+                l2_flush=self.options.l2_flush if timed else None,
+                l2_persisting_reset=True if timed else None,
+            )
+
+        return run_on_ray(
+            self.workload, cases, self.solutions, self.options, self.timer, self.root, results, on_record,
+            address=self.address, max_actors=self.max_actors, on_start=record_actors, cpu=self.cpu,
+        )  # fmt: skip
 
 
 def run_on_ray(
@@ -169,10 +206,11 @@ def run_on_ray(
             done, _ = ray.wait(list(pending), num_returns=1)
             slot, case = pending.pop(done[0])
             try:
-                finished = [CaseRecord.from_json(data) for data in ray.get(done[0])]
+                finished: list[CaseRecord] = ray.get(done[0])
             except ray.exceptions.RayActorError as exc:  # the actor process died: this case, and a fresh actor
                 message = f"the Ray actor running this case died (not retried): {_first_line(exc)}"
-                finished = [CaseRecord(case.id, s.name, dict(case.axes), Status.RUNTIME_ERROR, message, gpu=slot) for s in solutions]
+                failed = {"axes": dict(case.axes), "status": Status.RUNTIME_ERROR, "message": message, "gpu": slot}
+                finished = [CaseRecord.new(case=case.id, solution=s.name, **failed) for s in solutions]
                 actors[slot] = start(slot)
             for record in finished:
                 records.append(record)
@@ -191,8 +229,8 @@ def run_on_ray(
                 pass
             ray.kill(actor)
         results.update(
-            solution_notes={**(results.document.get("solution_notes") or {}), **notes},
-            solution_packages={**(results.document.get("solution_packages") or {}), **packages},
+            solution_notes={**(results.header.solution_notes or {}), **notes},
+            solution_packages={**(results.header.solution_packages or {}), **packages},
         )
     return records
 

@@ -48,6 +48,7 @@ from dsa_bench.run.protocol import (
     parse_reply,
     value_bytes,
 )
+from dsa_bench.run.request import default as option_default
 from dsa_bench.solution import REFERENCE_SOLUTION, Solution
 from dsa_bench.workloads import REFERENCE_LIGHT, Case, RunSettings, Workload, derive_seed
 
@@ -64,8 +65,8 @@ class RunOptions:
     settings: RunSettings
     timer: str | None  # "cupti" | "events" on a GPU; None: correctness only
     l2_flush: str  # timing.L2_FLUSH_MODES
-    compile_timeout_s: float = 900.0
-    case_timeout_s: float = 600.0
+    compile_timeout_s: float = option_default("compile_timeout")
+    case_timeout_s: float = option_default("case_timeout")
     log_dir: Path = Path(".cache/dsa-bench/logs")
     cache_dir: Path = Path(".cache/dsa-bench")  # per-solution build, Triton and home folders below it
     dataset_root: Path | None = None  # set when the workload comes from a flashinfer-bench dataset
@@ -305,7 +306,7 @@ def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> Case
     settings = options.settings  # the run's settings: the workload's, with the command line's overrides
     case = ctx.case
     seeds = correctness_seeds(settings, case)
-    record = CaseRecord(
+    record = CaseRecord.new(
         case=case.id, solution=handle.solution.name, axes=dict(case.axes), status=Status.PASSED, seeds={"correctness": list(seeds)}
     )
     owner, clock = handle.solution.name, ctx.clock
@@ -358,8 +359,10 @@ def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> Case
                 result = CheckResult(
                     Status.TIMING_SUSPECT, f"impossible timing, not recorded: {suspect}", result.max_abs_error, result.max_rel_error
                 )
-            record.timing = Timing(timer=timing.timer, samples_ms=timing.samples_ms, clocks=timing.clocks,
-                                   host_samples_ms=timing.host_samples_ms, timer_fallback=options.timer_fallback)  # fmt: skip
+            record.timing = Timing.model_construct(
+                timer=timing.timer, samples_ms=timing.samples_ms, clocks=timing.clocks,
+                host_samples_ms=timing.host_samples_ms, timer_fallback=options.timer_fallback,
+            )  # fmt: skip
             if result.passed:
                 with clock.phase("checks", owner):  # counting the work reuses the input sets the floor check built
                     record.roofline = roofline_of(record.timing, ctx, job, options)
@@ -590,8 +593,8 @@ def run_workload(
         runner.stop()
         # a resumed run keeps earlier sittings' notes
         results.update(
-            solution_notes={**(results.document.get("solution_notes") or {}), **runner.notes},
-            solution_packages={**(results.document.get("solution_packages") or {}), **runner.packages},
-            worker_protections={**(results.document.get("worker_protections") or {}), **runner.protections},
+            solution_notes={**(results.header.solution_notes or {}), **runner.notes},
+            solution_packages={**(results.header.solution_packages or {}), **runner.packages},
+            worker_protections={**(results.header.worker_protections or {}), **runner.protections},
         )
     return records

@@ -36,3 +36,35 @@ def test_run_help_keeps_the_ray_extra_and_validate_names_only_real_options():
 def test_version():
     result = CliRunner().invoke(app, ["--version"])
     assert result.exit_code == 0 and result.output == f"dsa-bench {__version__}\n"
+
+
+def test_run_options_are_the_run_requests_fields():
+    """`run` is built from RunRequest: each field is one option, with the field's help and default (declared once)."""
+    from typer.main import get_command
+
+    from dsa_bench.run.request import TOLERANCE_OPTIONS, RunRequest
+    from dsa_bench.workloads import TOLERANCES
+
+    options = {p.name: p for p in get_command(app).commands["run"].params}  # type: ignore[attr-defined]
+    assert set(options) == set(RunRequest.model_fields)
+    for name, info in RunRequest.model_fields.items():
+        assert options[name].help == info.description, name
+        assert options[name].required == info.is_required(), name
+        if not info.is_required():
+            assert (options[name].default or None) == (info.get_default(call_default_factory=True) or None), name
+    assert options["l2_flush"].default == "clean" and options["case_timeout"].default == 600.0
+    assert TOLERANCE_OPTIONS == TOLERANCES
+
+
+def test_a_request_hands_its_options_to_the_case_loop_and_records_the_marked_ones():
+    """RunOptions fields named as RunRequest's receive the option as given; `Recorded` ones reach the results header."""
+    from conftest import ROOT
+
+    from dsa_bench.run.plan import plan_run
+    from dsa_bench.run.request import RunRequest
+
+    request = RunRequest(workload="indexer_smoke", solutions=["reference"], device="cpu", no_save=True, worker_user="harness",
+                         l2_flush="dirty", speedup_over="reference")  # fmt: skip
+    plan = plan_run(request, ROOT)
+    assert (plan.options.worker_user, plan.options.l2_flush, plan.options.speedup_over) == ("harness", "dirty", "reference")
+    assert str(plan.options.device) == "cpu" and plan.header().written()["speedup_over"] == "reference"

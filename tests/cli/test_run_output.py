@@ -86,12 +86,13 @@ def test_json_lines_are_the_records_then_a_summary(tmp_path):
 
 
 def test_a_phase_clock_charges_the_innermost_phase(monkeypatch):
+    from dsa_bench.results.records import WallBreakdown
     from dsa_bench.run import breakdown
 
     ticks = iter(range(0, 1000, 1))
     monkeypatch.setattr(breakdown, "_now", lambda: float(next(ticks)))
-    clock = breakdown.PhaseClock(planning_s=2.0, previous={"wall_s": 10.0, "sittings": 1, "phases_s": {"checks": 4.0, "other": 6.0},
-                                                           "by_solution": {"a": {"checks": 4.0}}})  # fmt: skip
+    earlier = WallBreakdown(wall_s=10.0, sittings=1, phases_s={"checks": 4.0, "other": 6.0}, by_solution={"a": {"checks": 4.0}})
+    clock = breakdown.PhaseClock(planning_s=2.0, previous=earlier)
     # the clock started at tick 0
     with clock.phase("checks", "a"):  # enters at 1
         with clock.phase("expectations"):  # 2 .. 5
@@ -103,14 +104,14 @@ def test_a_phase_clock_charges_the_innermost_phase(monkeypatch):
     assert request.seconds == 5
     clock.reassign({"calls": 3.0, "build_inputs": 4.0, "nonsense": 9.0}, "a", request.seconds)  # capped at the 5 s round trip
     result = clock.breakdown()  # at tick 13
-    assert result["wall_s"] == 2.0 + 13 + 10.0 and result["sittings"] == 2
-    phases = result["phases_s"]
+    assert result.wall_s == 2.0 + 13 + 10.0 and result.sittings == 2
+    phases = result.phases_s
     assert phases["checks"] == 2 + 4.0 and phases["expectations"] == 3
     assert phases["correctness_calls"] == pytest.approx(5 * 3 / 7) and phases["worker_inputs"] == pytest.approx(5 * 4 / 7)
     assert phases["traffic"] == pytest.approx(0.0, abs=1e-12)
     assert phases["planning"] == 2.0 and phases["other"] == 3 + 6.0  # this sitting's 15 s less the 12 s its phases hold, and the earlier
-    assert sum(phases.values()) == pytest.approx(result["wall_s"])
-    assert result["by_solution"]["a"]["checks"] == 6.0 and "expectations" not in result["by_solution"]["a"]
+    assert sum(phases.values()) == pytest.approx(result.wall_s)
+    assert result.by_solution["a"]["checks"] == 6.0 and "expectations" not in result.by_solution["a"]
 
 
 @pytest.mark.gpu
@@ -144,8 +145,11 @@ def test_a_skipped_peer_is_one_line_in_a_log_and_one_row_in_the_table(tmp_path):
     assert [m[5] for m in lines if m[4] == "deepgemm_sglang"] == ["SKIPPED"], proc.stdout
     assert len([m for m in lines if m[4] == "reference"]) == 4
     assert "the other cases of deepgemm_sglang are skipped for the same reason and not listed" in proc.stdout
-    skipped = [CaseRecord(f"c{i}", "peer", {"L": i}, Status.SKIPPED, "needs an SM90 GPU") for i in range(5)]
-    table = records_table([CaseRecord("c0", "reference", {"L": 0}, Status.PASSED), *skipped], ("L",))
+    skipped = [
+        CaseRecord(case=f"c{i}", solution="peer", axes={"L": i}, status=Status.SKIPPED, message="needs an SM90 GPU") for i in range(5)
+    ]
+    passed = CaseRecord(case="c0", solution="reference", axes={"L": 0}, status=Status.PASSED)
+    table = records_table([passed, *skipped], ("L",))
     assert len(table.splitlines()) == 4 and "(5 cases)" in table, table
 
 

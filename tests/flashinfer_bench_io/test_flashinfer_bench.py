@@ -22,7 +22,7 @@ from dsa_bench.definitions.status import Status
 from dsa_bench.flashinfer_bench.packed import flashinfer_hash, import_problems, materialize, package_name
 from dsa_bench.flashinfer_bench.traces import FLASHINFER_STATUS
 from dsa_bench.pack.pack import pack_solution
-from dsa_bench.results.records import CaseRecord, ResultsFile, Timing
+from dsa_bench.results.records import CaseRecord, ResultsFile, ResultsHeader, Timing
 from dsa_bench.run.loader import import_entry
 from dsa_bench.solution import load_solution
 
@@ -177,7 +177,7 @@ def _results(tmp_path: Path, records: list[CaseRecord], timer: str | None = "cup
                       f"mine_{INDEXER}": {"path": ".cache/x", "content_hash": "cc", "packed": "dist/mine.json"}},
     }  # fmt: skip
     path = tmp_path / "results.json"
-    results = ResultsFile(path, header)
+    results = ResultsFile(path, ResultsHeader.model_validate(header))
     for record in records:
         results.add(record)
     results.update(complete=True)
@@ -187,8 +187,8 @@ def _results(tmp_path: Path, records: list[CaseRecord], timer: str | None = "cup
 def _record(case: str, solution: str, status: Status, ms: float | None = None, **fields) -> CaseRecord:
     axes = {"smoke_passthrough": {"batch_size": 1, "max_num_pages": 4, "num_pages": 512},
             "smoke_boundary": {"batch_size": 3, "max_num_pages": 36, "num_pages": 512}}[case]  # fmt: skip
-    timing = Timing("cupti", [[ms] * 3, [ms * 1.02] * 3]) if ms is not None else None
-    return CaseRecord(case, solution, axes, status, timing=timing, seeds={"correctness": [1, 2]}, **fields)
+    timing = Timing(timer="cupti", samples_ms=[[ms] * 3, [ms * 1.02] * 3]) if ms is not None else None
+    return CaseRecord(case=case, solution=solution, axes=axes, status=status, timing=timing, seeds={"correctness": [1, 2]}, **fields)
 
 
 def test_export_writes_traces_flashinfer_bench_validates_and_maps_what_it_cannot_hold(tmp_path):

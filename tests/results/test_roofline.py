@@ -19,7 +19,7 @@ from dsa_bench.definitions import sparse_attention as attn
 from dsa_bench.definitions.base import MATH_PRECISIONS
 from dsa_bench.definitions.kv_records import V4, V32, V41
 from dsa_bench.definitions.status import Status
-from dsa_bench.results.records import CaseRecord, ResultsFile, Timing, load_results
+from dsa_bench.results.records import CaseRecord, ResultsFile, ResultsHeader, Timing, load_results
 from dsa_bench.results.roofline import (
     HOST_EXCESS,
     device_peak,
@@ -181,7 +181,7 @@ def write_placed(path: Path, records: list[CaseRecord], workload: str = "wl") ->
         "timer": "cupti", "l2_flush": "clean", "environment": {"gpu": "NVIDIA H200", "device": "cuda:0", "copy_gbps": 4240.0},
         "solutions": {r.solution: {"path": f"solutions/{r.solution}", "content_hash": "abc"} for r in records},
     }  # fmt: skip
-    results = ResultsFile(path, header)
+    results = ResultsFile(path, ResultsHeader.model_validate(header))
     for record in records:
         results.add(record)
     results.update(complete=True)
@@ -200,8 +200,8 @@ def test_records_round_trip_through_the_results_file(tmp_path):
 
 
 def test_a_record_without_roofline_keeps_its_old_shape():
-    record = CaseRecord(case="c", solution="s", axes={}, status=Status.PASSED, timing=Timing("cupti", [[1.0]]))
-    data = record.to_json()
+    record = CaseRecord(case="c", solution="s", axes={}, status=Status.PASSED, timing=Timing(timer="cupti", samples_ms=[[1.0]]))
+    data = record.model_dump()
     assert "roofline" not in data and "host_samples_ms" not in data["timing"] and "timer_fallback" not in data["timing"]
 
 
@@ -252,7 +252,8 @@ def test_export_puts_the_roofline_in_correctness_extras(tmp_path):
     assert extras["dsa_bench_roofline"]["fraction_of_roofline"] == pytest.approx(0.79)
     assert extras["dsa_bench_host_latency_ms"] == pytest.approx(0.03) and extras["dsa_bench_timer"] == "cuda_events"
     assert extras["dsa_bench_timer_fallback"] == "CUPTI is unavailable (x)"
-    assert _timing_extras(CaseRecord(case="c", solution="s", axes={}, status=Status.PASSED, timing=Timing("cupti", [[1.0]]))) == {}
+    untimed_host = Timing(timer="cupti", samples_ms=[[1.0]])
+    assert _timing_extras(CaseRecord(case="c", solution="s", axes={}, status=Status.PASSED, timing=untimed_host)) == {}
     log = _log(load_results(write_placed(tmp_path / "r.json", [record])), record, "PASSED", [])
     assert "roofline: 79.0% of the memory bound" in log and "host wall time per call: 0.03 ms" in log and "timer fallback" in log
 
@@ -336,12 +337,13 @@ def test_mla_decode_format_table_is_consistent():
 def test_a_run_that_falls_back_from_cupti_records_why(monkeypatch, tmp_path):
     """plan_run keeps choose_timer's fallback reason for every record (RunOptions.timer_fallback)."""
     from dsa_bench.run import plan
+    from dsa_bench.run.request import RunRequest
 
     reason = "CUPTI is unavailable (the cupti-python module does not load); timing with CUDA events instead"
     monkeypatch.setattr(plan, "pick_devices", lambda name, count: [torch.device("cuda", 0)])
     monkeypatch.setattr(plan, "choose_timer", lambda requested, device: ("events", reason))
     monkeypatch.setattr(plan, "measure_copy_bandwidth", lambda device: H200_COPY)
-    request = plan.RunRequest(workload="indexer_smoke", solutions=["reference"], no_save=True)
+    request = RunRequest(workload="indexer_smoke", solutions=["reference"], no_save=True)
     planned = plan.plan_run(request, ROOT)
     assert planned.options.timer == "events" and planned.options.timer_fallback == reason
     assert all(o.timer_fallback == reason for o in planned.device_options)

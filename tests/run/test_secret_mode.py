@@ -13,7 +13,10 @@ from synthetic_results import write_results
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.results.records import load_results, redact_document
 from dsa_bench.run.case_context import correctness_seeds
-from dsa_bench.run.plan import RunRequest, execute, plan_run, secret_seed
+from dsa_bench.run.execute import execute
+from dsa_bench.run.plan import plan_run
+from dsa_bench.run.request import RunRequest
+from dsa_bench.run.resume import secret_seed
 from dsa_bench.workloads import derive_seed
 
 SMOKE_SEED = 7  # workloads/indexer_smoke.yaml
@@ -21,8 +24,9 @@ SMOKE_SEED = 7  # workloads/indexer_smoke.yaml
 
 def test_a_secret_run_withholds_its_seed_until_it_ends_then_records_it(tmp_path):
     save = tmp_path / "secret.json"
-    plan = plan_run(RunRequest("indexer_smoke", ["reference"], ["smoke_passthrough", "smoke_boundary"], device="cpu",
-                               save=save, secret=True, redact=True), ROOT)  # fmt: skip
+    request = RunRequest(workload="indexer_smoke", solutions=["reference"], cases=["smoke_passthrough", "smoke_boundary"], device="cpu",
+                         save=save, secret=True, redact=True)  # fmt: skip
+    plan = plan_run(request, ROOT)
     drawn = plan.options.settings.seed
     assert plan.secret and drawn != SMOKE_SEED
     seen_mid_run = []
@@ -61,9 +65,9 @@ def test_the_cli_prints_no_seed_and_two_secret_runs_draw_different_seeds(tmp_pat
 
 def test_secret_refuses_a_seed_and_redact_refuses_no_save():
     with pytest.raises(DsaBenchError, match="--secret draws the seed from the OS"):
-        plan_run(RunRequest("indexer_smoke", ["reference"], device="cpu", secret=True, seed=3, no_save=True), ROOT)
+        plan_run(RunRequest(workload="indexer_smoke", solutions=["reference"], device="cpu", secret=True, seed=3, no_save=True), ROOT)
     with pytest.raises(DsaBenchError, match="--redact writes a redacted copy"):
-        plan_run(RunRequest("indexer_smoke", ["reference"], device="cpu", redact=True, no_save=True), ROOT)
+        plan_run(RunRequest(workload="indexer_smoke", solutions=["reference"], device="cpu", redact=True, no_save=True), ROOT)
     proc = cli("run", "-w", "indexer_smoke", "--secret", "--seed", "3", "--no-save")
     assert proc.returncode == 2 and "--secret draws the seed" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -74,19 +78,19 @@ def test_a_workload_setting_makes_a_run_secret(tmp_path):
         (ROOT / "workloads" / "indexer_smoke.yaml").read_text().replace("name: indexer_smoke", "name: secret_smoke")
         .replace("../traces/", f"{ROOT / 'traces'}/").replace("  seed: 7\n", "  seed: 7\n  secret: true\n")
     )  # fmt: skip
-    plan = plan_run(RunRequest(str(workload), ["reference"], device="cpu", no_save=True), ROOT)
+    plan = plan_run(RunRequest(workload=str(workload), solutions=["reference"], device="cpu", no_save=True), ROOT)
     assert plan.secret and plan.options.settings.seed != SMOKE_SEED
-    assert plan.header()["secret"] is True
+    assert plan.header().secret is True
     with pytest.raises(DsaBenchError, match="is secret"):
-        plan_run(RunRequest(str(workload), ["reference"], device="cpu", no_save=True, seed=7), ROOT)
+        plan_run(RunRequest(workload=str(workload), solutions=["reference"], device="cpu", no_save=True, seed=7), ROOT)
     workload.write_text(workload.read_text().replace("secret: true", "secret: 1"))
     with pytest.raises(DsaBenchError, match="secret"):
-        plan_run(RunRequest(str(workload), ["reference"], device="cpu", no_save=True), ROOT)
+        plan_run(RunRequest(workload=str(workload), solutions=["reference"], device="cpu", no_save=True), ROOT)
 
 
 def test_a_public_run_is_unchanged():
-    plan = plan_run(RunRequest("indexer_smoke", ["reference"], device="cpu", no_save=True), ROOT)
-    header = plan.header()
+    plan = plan_run(RunRequest(workload="indexer_smoke", solutions=["reference"], device="cpu", no_save=True), ROOT)
+    header = plan.header().written()
     assert not plan.secret and "secret" not in header and "secret" not in header["settings"]
     assert header["settings"]["seed"] == SMOKE_SEED
     assert correctness_seeds(plan.options.settings, plan.cases[0])[0] == derive_seed(SMOKE_SEED, plan.cases[0].id, "check", 0)
