@@ -575,6 +575,23 @@ def results_merge(
     typer.echo(f"wrote {out}: {len(merged.records)} records over {cases} cases from {len(parts)} files")
 
 
+@results_app.command("kernels")
+def results_kernels(
+    results: Path = typer.Argument(..., help="Results JSON file of `dsa-bench run --save` (timed with CUPTI)."),
+    solution: list[str] = typer.Option([], "--solution", "-s", help="Only these solutions (repeatable)."),
+    case: list[str] = typer.Option([], "--case", "-c", help="Only cases matching these glob patterns (repeatable)."),
+) -> None:
+    """Print where each timed call's GPU time went, kernel by kernel (a multi-kernel solution's breakdown)."""
+    from fnmatch import fnmatchcase
+
+    from dsa_bench.results.records import load_results
+    from dsa_bench.results.tables import kernels_table
+
+    records = [r for r in load_results(results).records
+               if (not solution or r.solution in solution) and (not case or any(fnmatchcase(r.case, p) for p in case))]  # fmt: skip
+    typer.echo(kernels_table(records))
+
+
 @results_app.command("redact")
 def results_redact(
     results: Path = typer.Argument(..., help="Results JSON file of `dsa-bench run --save`."),

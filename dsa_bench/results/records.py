@@ -67,6 +67,10 @@ class Timing(ClosedModel):
     host_samples_ms: list[list[Measure]] = Field(default_factory=list)
     #: why this run did not time with CUPTI (``--timer auto`` fell back to CUDA events); None when it did not fall back
     timer_fallback: str | None = None
+    #: per trial (CUPTI only), each GPU activity's median ms per timed call, by name: a kernel's, ``[memcpy]``,
+    #: ``[memset]``, ``[other]`` (the names past the 24 busiest); a diagnostic beside the latency, which is the call's
+    #: first start to last end (so kernels that overlap add up to more than it, and gaps to less)
+    kernel_ms: list[dict[Annotated[str, Field(max_length=200)], Measure]] = Field(default_factory=list)
 
     @model_validator(mode="before")
     @classmethod
@@ -76,7 +80,7 @@ class Timing(ClosedModel):
         derived = {k: data[k] for k in (*DERIVED_TIMING_FIGURES, "trial_medians_ms") if k in data}
         if derived:
             _DerivedFigures.model_validate(derived)  # a bad copy is refused by name, as any field
-        return {k: v for k, v in data.items() if k not in derived}
+        return {k: v for k, v in data.items() if k not in derived and k != "kernels_mean_ms"}
 
     @model_serializer(mode="plain")
     def _written(self) -> dict[str, Any]:
@@ -96,7 +100,16 @@ class Timing(ClosedModel):
                 if self.host_samples_ms
                 else {}
             ),
+            **({"kernels_mean_ms": self.kernels_mean_ms, "kernel_ms": self.kernel_ms} if self.kernel_ms else {}),
         }
+
+    @property
+    def kernels_mean_ms(self) -> dict[str, float]:
+        """Each GPU activity's ms per call, the mean over trials of their medians (0 in a trial that did not run
+        it), busiest first."""
+        names = {name for trial in self.kernel_ms for name in trial}
+        means = {name: statistics.fmean(trial.get(name, 0.0) for trial in self.kernel_ms) for name in names}
+        return dict(sorted(means.items(), key=lambda item: -item[1]))
 
     @property
     def host_mean_ms(self) -> float:

@@ -211,6 +211,28 @@ def breakdown_table(breakdown: WallBreakdown) -> str:
     return wall_time(breakdown) + "\n" + tabulate(rows, headers=headers, disable_numparse=True)
 
 
+#: a kernel name is shown cut to this many characters (C++ names run to hundreds)
+KERNEL_NAME_WIDTH = 60
+
+
+def kernels_table(records: list[CaseRecord]) -> str:
+    """Per timed record with GPU activity names (CUPTI), each kernel's µs per call (the mean over trials of its
+    median) and its share of the call's latency; the shares may add past 100 % where kernels overlap."""
+    from tabulate import tabulate
+
+    rows = []
+    for record in records:
+        if record.timing is None or not record.timing.kernel_ms:
+            continue
+        latency = record.timing.mean_ms
+        for name, ms in record.timing.kernels_mean_ms.items():
+            shown = name if len(name) <= KERNEL_NAME_WIDTH else name[: KERNEL_NAME_WIDTH - 3] + "..."
+            rows.append([record.case, record.solution, shown, f"{1000 * ms:.1f}", f"{100 * ms / latency:.0f}%" if latency > 0 else "-"])
+    if not rows:
+        return "no record holds per-kernel times (they come with CUPTI timing: dsa-bench run on a GPU)"
+    return tabulate(rows, headers=["case", "solution", "kernel", "µs per call", "of latency"], disable_numparse=True)
+
+
 def sagged(records: list[CaseRecord], max_sm_mhz: str | float | None, fraction: float = 0.9) -> list[str]:
     """Records timed while the SM clock was below ``fraction`` of the device maximum."""
     if not max_sm_mhz:

@@ -361,7 +361,7 @@ def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> Case
                 )
             record.timing = Timing.model_construct(
                 timer=timing.timer, samples_ms=timing.samples_ms, clocks=timing.clocks,
-                host_samples_ms=timing.host_samples_ms, timer_fallback=options.timer_fallback,
+                host_samples_ms=timing.host_samples_ms, timer_fallback=options.timer_fallback, kernel_ms=timing.kernel_ms,
             )  # fmt: skip
             if result.passed:
                 with clock.phase("checks", owner):  # counting the work reuses the input sets the floor check built

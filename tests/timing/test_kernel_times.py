@@ -47,3 +47,32 @@ def test_trial_summary_keeps_the_busiest_names_and_sums_the_rest() -> None:
     assert summary[f"k{busiest}"] == busiest + 1  # the median of i, i + 2, i + 1
     assert summary["[other]"] == pytest.approx(1 + 2 + 3 + 0.5)  # k0, k1, k2 and the long name: the four least busy
     assert all(len(name) <= 200 for name in summary)
+
+
+def test_a_record_keeps_its_kernel_times_and_results_kernels_prints_them(tmp_path) -> None:
+    import json
+
+    from conftest import cli
+    from synthetic_results import write_results
+
+    from dsa_bench.results.records import Timing, load_results
+
+    path = write_results(tmp_path / "run.json", "indexer_h64", {"c0": {"reference": 1.0, "triton": 0.05}})
+    timing = Timing.model_construct(timer="cupti", samples_ms=[[0.05, 0.06], [0.05, 0.05]], clocks=[], host_samples_ms=[],
+                                    kernel_ms=[{"score_kernel": 0.03, "topk": 0.02}, {"score_kernel": 0.03}])  # fmt: skip
+    written = json.loads(json.dumps(timing.model_dump()))
+    assert written["kernels_mean_ms"] == pytest.approx({"score_kernel": 0.03, "topk": 0.01})  # 0 in the trial without it
+    document = json.loads(path.read_text())
+    [record] = [r for r in document["records"] if r["solution"] == "triton"]
+    record["timing"] = written
+    path.write_text(json.dumps(document))
+    loaded = next(r for r in load_results(path).records if r.solution == "triton")
+    assert loaded.timing is not None and loaded.timing.kernel_ms == timing.kernel_ms
+    proc = cli("results", "kernels", str(path), "-s", "triton")
+    assert proc.returncode == 0, proc.stderr
+    lines = [line.split() for line in proc.stdout.splitlines()]
+    assert ["c0", "triton", "score_kernel", "30.0"] == lines[2][:4] and ["c0", "triton", "topk", "10.0"] == lines[3][:4], proc.stdout
+    record["timing"]["kernel_ms"] = [{"k": -1.0}, {}]  # a negative time is refused on load, naming the field
+    path.write_text(json.dumps(document))
+    proc = cli("results", "kernels", str(path))
+    assert proc.returncode == 2 and "kernel_ms" in proc.stderr + proc.stdout, proc.stdout + proc.stderr
