@@ -191,7 +191,7 @@ def run_case(case: str, entry, score, topk_long, graphs, old, args: argparse.Nam
     topk_alone = graphs.LaunchGraphs(topk_long.long_topk)
     row["long_topk_us"] = us(bench(lambda i: topk_alone(scores, lens, table, alone), **timed))
     if case in args.profile.split(","):
-        row["kernels_us"] = kernel_times_us(lambda: entry.scored_path(entry.cuda_topk, True, *a, out))
+        row["kernels_us"] = kernel_times_us(lambda: entry.scored_path(entry.select_topk_cuda, True, *a, out))
     row["key_floor_us"] = row["tokens"] * 132 / 4.24e12 * 1e6
     if case in args.variants.split(","):
         variants = {}

@@ -87,6 +87,20 @@ def test_the_solution_imports_nothing_from_dsa_bench():
     assert not offenders
 
 
+def test_no_module_level_name_hides_an_imported_module():
+    """A function named like a module its file imports replaces that module for the rest of the file (the indexer
+    entry's ``cuda_topk`` did, and its GPU path called ``.filtered_topk`` on the function)."""
+    clashes = []
+    for name, path in _modules().items():
+        tree = ast.parse(path.read_text(), str(path))
+        imported = {alias.asname or alias.name.split(".")[0] for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))
+                    for alias in node.names}  # fmt: skip
+        defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        defined |= {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
+        clashes += [f"{name}.{clash}" for clash in sorted(imported & defined)]
+    assert not clashes, clashes
+
+
 def test_one_interpreter_check():
     """Only common/interpreter.py decides whether the kernels run under Triton's interpreter."""
     for name, path in _modules().items():

@@ -30,7 +30,7 @@ Paths, picked from shapes only (no host-device synchronisation):
 
 DeepSeek-V4's selection sizes (``..._topk512_ps64``, ``..._topk1024_ps64``: ``topk_indices [B, k]``)
 take ``other_topk_kernel``'s simpler path: every row scored (the score kernel's short-row skip is
-for 2048), then the CUDA top-k of the call's shape (``cuda_topk``'s rule) with ``k``, launched
+for 2048), then the CUDA top-k of the call's shape (``select_topk_cuda``'s rule) with ``k``, launched
 after it (torch.topk and a torch emit under the interpreter); a batch whose rows all fit in k
 tokens is passed through by torch ops. Not tuned.
 
@@ -55,7 +55,7 @@ _cuda_topk = cuda_topk.load_topk_extension() if USE_CUDA_TOPK else None
 _cuda_long_topk = cuda_topk_long.load_long_topk_extension() if USE_CUDA_TOPK else None
 
 
-def cuda_topk(scores, seq_lens, block_table, topk_indices, dependent_launch: bool = False) -> None:
+def select_topk_cuda(scores, seq_lens, block_table, topk_indices, dependent_launch: bool = False) -> None:
     """The CUDA top-k for this call's shape: the multi-block long-row top-k for long block tables
     (``policy.uses_long_path``), else the one-block-per-row filtered top-k."""
     select = cuda_topk_long.long_topk if policy.uses_long_path(*block_table.shape) else cuda_topk.filtered_topk
@@ -158,7 +158,7 @@ def scored_pipeline(select_topk, dependent: bool = False):
 
 
 #: The entry's scored path: the CUDA top-k on a GPU, torch.topk under the interpreter.
-_scored_graphs = scored_pipeline(cuda_topk, dependent=True) if _cuda_topk is not None else scored_pipeline(portable_topk)
+_scored_graphs = scored_pipeline(select_topk_cuda, dependent=True) if _cuda_topk is not None else scored_pipeline(portable_topk)
 
 
 def run_pipeline(scored, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices) -> None:
