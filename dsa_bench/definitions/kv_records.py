@@ -43,13 +43,22 @@ def _ceil_log2(x: torch.Tensor) -> torch.Tensor:
     return torch.where(mantissa == 0.5, exponent - 1, exponent)
 
 
+def over_e4m3_max(amax: torch.Tensor) -> torch.Tensor:
+    """``amax / 448`` in fp32, rounded once (IEEE division) on every device. Dividing a CUDA tensor by a Python
+    number, torch multiplies by its reciprocal, and 1/448 is inexact: one ulp off for some amax (seen on an
+    H100: a written scale's last byte 0x92 for 0x93), and past a power of two for an exact 448 * 2^k. In fp64 the
+    reciprocal's error (2^-53) cannot move the quotient across an fp32 rounding boundary: a/448 of an fp32 a is
+    never within 2^-34 (relative) of one, so its single rounding to fp32 is the correctly rounded quotient."""
+    return (amax.double() / FP8_E4M3_MAX).float()
+
+
 def scale_exponents(amax: torch.Tensor, convention: ScaleConvention) -> torch.Tensor:
     """Power-of-two scale exponents (int32) of tiles with absolute maxima ``amax``."""
     amax = amax.float()
     if convention == "source":
-        return _ceil_log2(amax.clamp_min(MIN_FP8_SCALE) / FP8_E4M3_MAX)
+        return _ceil_log2(over_e4m3_max(amax.clamp_min(MIN_FP8_SCALE)))
     if convention == "flashmla":
-        return _ceil_log2((amax / FP8_E4M3_MAX).clamp_min(MIN_FP8_SCALE))
+        return _ceil_log2(over_e4m3_max(amax).clamp_min(MIN_FP8_SCALE))
     raise DsaBenchError(f"scale convention {convention!r} has no power-of-two exponent; choose source or flashmla")
 
 
@@ -224,7 +233,7 @@ class KvRecordFormat:
         if convention == "raw":
             if self.scale_dtype != "fp32":
                 raise DsaBenchError(f"{self.kv_format}: the raw convention needs fp32 scales, not {self.scale_dtype}")
-            scale = (amax / FP8_E4M3_MAX).clamp_min(MIN_FP8_SCALE)
+            scale = over_e4m3_max(amax).clamp_min(MIN_FP8_SCALE)
             exponent = None
         elif convention in ("source", "flashmla"):
             exponent = scale_exponents(amax, convention)

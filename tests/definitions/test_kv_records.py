@@ -169,3 +169,32 @@ def test_record_widths_live_only_in_the_descriptor_module():
                 if widths.search(line) and not any(path == p and line.lstrip().startswith(text) for p, text in other_quantities):
                     offenders.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not offenders, "record widths outside kv_records.py:\n" + "\n".join(offenders)
+
+
+def test_scales_are_the_correctly_rounded_quotient_on_every_device():
+    """amax / 448 rounded once: torch on a GPU multiplies by the reciprocal of a Python divisor, which differs
+    from the quotient for some amax (the H100's 0x92 for 0x93); fp64 then one rounding never does."""
+    import numpy as np
+
+    from dsa_bench.definitions.kv_records import over_e4m3_max
+
+    rng = np.random.default_rng(0)
+    amax = np.concatenate([rng.uniform(0, 600, 200_000), 448.0 * 2.0 ** np.arange(-20, 10), [0.0, 1e-40, 3.4e38]]).astype(np.float32)
+    want = amax / np.float32(448.0)  # IEEE fp32 division
+    by_reciprocal = amax * (np.float32(1.0) / np.float32(448.0))  # what the GPU did
+    assert (by_reciprocal != want).any()  # the hazard is real for these inputs
+    got = over_e4m3_max(torch.from_numpy(amax)).numpy()
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["V32", "V4", "INDEXER_KEY_PAGE"])
+def test_the_reference_writer_writes_the_same_bytes_on_the_gpu(name):
+    from dsa_bench.definitions import kv_records
+
+    fmt = getattr(kv_records, name)
+    x = torch.randn(4096, fmt.input_dims) * torch.logspace(-3, 2, 4096)[:, None]
+    for convention in ("raw",) if fmt is kv_records.INDEXER_KEY_PAGE else ("source", "flashmla"):
+        cpu, gpu = fmt.quantize(x, convention), fmt.quantize(x.cuda(), convention)
+        for part in ("values", "scales", "rope"):
+            assert torch.equal(getattr(cpu, part), getattr(gpu, part).cpu()), (name, convention, part)
