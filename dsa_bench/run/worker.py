@@ -150,11 +150,8 @@ def main(argv: list[str]) -> None:
     definition = get_definition(config.definition)
     try:
         measure = _bind_measurement(config, device)  # before any solution code runs
-        if device.type == "cuda":  # see GUARD_OFF_ON_CUDA
-            protections.append(GUARD_OFF_ON_CUDA)
-        else:
-            guard = install_guard(config.writable, config.solution_path, builds=config.writable[:2])  # torch extensions, Triton cache
-            protections.append("audit hook: no programs but compilers, no network, no foreign libraries, no writes outside its folders")
+        guard = install_guard(config.writable, config.solution_path, builds=config.writable[:2])  # torch extensions, Triton cache
+        protections.append("audit hook: no programs but compilers, no network, no foreign libraries, no writes outside its folders")
         solution = load_solution(Path(config.solution_path))
         if config.packed_from is not None:
             solution = dataclasses.replace(solution, packed_from=Path(config.packed_from))
@@ -206,7 +203,6 @@ def main(argv: list[str]) -> None:
 #: load of a peer's extension from a package folder on PYTHONPATH (FlashMLA), so every Triton solution and
 #: peer failed there. Until its rules are validated on a GPU, the kernel's walls (namespaces, no new
 #: privileges, no capabilities) are what hold there (docs/trust.md).
-GUARD_OFF_ON_CUDA = "no audit hook on a CUDA device (it refused Triton's GPU compile and the peers' libraries; docs/trust.md)"
 
 
 def _refusals(refused: list[str]) -> str:
