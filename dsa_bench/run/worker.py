@@ -198,13 +198,6 @@ def main(argv: list[str]) -> None:
         channel.write_frame(out_fd, {**reply, "notes": notes()}, tensors)
 
 
-#: Why a worker on a CUDA device runs without the audit hook: on an H100 machine (2026-12-06) it refused what
-#: Triton's GPU compile does (running ``file`` on the interpreter, removing its temporary C sources) and the
-#: load of a peer's extension from a package folder on PYTHONPATH (FlashMLA), so every Triton solution and
-#: peer failed there. Until its rules are validated on a GPU, the kernel's walls (namespaces, no new
-#: privileges, no capabilities) are what hold there (docs/trust.md).
-
-
 def _refusals(refused: list[str]) -> str:
     """The refusals as the case's message: the first ones, named."""
     shown = "; ".join(dict.fromkeys(refused[:5]))
