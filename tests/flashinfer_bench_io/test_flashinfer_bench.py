@@ -106,7 +106,7 @@ def test_shipped_triton_solution_imports_as_flashinfer_bench_imports_it(tmp_path
     assert {p.definition for p in packed} - {p.definition for p in expressible} == {
         "dsa_kv_insert_v32_fp8", "dsa_kv_insert_v4_fp8", "dsa_kv_insert_v41_fp8",
         "dsa_mla_decode_v32_fp8", "dsa_mla_decode_v4_fp8", "dsa_mla_decode_v41_fp8",
-        "dsa_decode_step_v32", "dsa_decode_step_v4",
+        "dsa_decode_step_v32", "dsa_decode_step_v4", "dsa_decode_step_v4_topk512", "dsa_decode_step_v4_topk1024",
     }
     for item in expressible:
         op_type = item.definition.split("_fp8")[0]  # dsa_topk_indexer, dsa_sparse_attention
