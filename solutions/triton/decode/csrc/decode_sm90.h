@@ -42,7 +42,7 @@ struct DecodeArgs {
   // (n * block_magic) >> block_shift (a 64-bit product), block_magic_for() below.
   uint32_t block_magic;
   int block_shift;
-  // Where a token's bytes are inside its page (decode/geometry.py, RecordGeometry):
+  // Where a token's bytes are inside its page (decode/shapes.py, RecordGeometry):
   // data row = page + slot * data_slot_bytes, scales = page + scale_base + slot * scale_slot_bytes,
   // RoPE = data row + rope_offset.
   int data_slot_bytes, scale_base, scale_slot_bytes, rope_offset;
