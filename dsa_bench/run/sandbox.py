@@ -33,6 +33,8 @@ import select
 import signal
 import sys
 
+from dsa_bench.run import seccomp
+
 #: the environment variable through which the launcher tells the worker what is in force
 PROTECTIONS_ENV = "DSA_BENCH_PROTECTIONS"
 #: set (to anything) to start workers without namespaces, as on a kernel that refuses them
@@ -200,11 +202,12 @@ LANDLOCK_OFF_ON_CUDA = "no Landlock on a CUDA device (the NVIDIA driver fails to
 
 
 def restrict_self(writable: list[str], landlock: bool = True) -> list[str]:
-    """No new privileges, then Landlock unless ``landlock`` is off; what is in force."""
+    """No new privileges, then Landlock unless ``landlock`` is off, then the seccomp filter; what is in force."""
     if sys.platform != "linux":
         return []
-    _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # needed by Landlock without privileges; setuid files gain nothing
-    return _landlock(writable) if landlock else [LANDLOCK_OFF_ON_CUDA]
+    _libc().prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # needed by Landlock and seccomp without privileges; setuid files gain nothing
+    found = _landlock(writable) if landlock else [LANDLOCK_OFF_ON_CUDA]
+    return [*found, seccomp.install()]
 
 
 # --------------------------------------------------------------------------- the launcher

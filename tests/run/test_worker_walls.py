@@ -225,3 +225,53 @@ def test_the_guard_allows_what_a_gpu_build_does_and_nothing_beside_it(guard, tmp
     for payload in (tmp_path / "scratch" / "p.so", tmp_path / "solution" / "p.so", tmp_path / "p.so"):
         with pytest.raises(Refused, match="loading the shared library"):
             fresh("ctypes.dlopen", (str(payload),))
+
+
+# --------------------------------------------------------------------------- the seccomp filter
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_seccomp_program_refuses_each_listed_call_and_every_socket_but_unix(machine):
+    """Run the classic BPF program by hand (the kernel's semantics: load, jump if equal / greater or equal, return)."""
+    from dsa_bench.run import seccomp
+
+    instructions = seccomp.program(machine)
+    arch, socket_nr, refused = seccomp._TABLES[machine]
+
+    def verdict(nr: int, arg0: int = 0, audit_arch: int = arch) -> int:
+        data = {0: nr, 4: audit_arch, 16: arg0}
+        pc, acc = 0, 0
+        while True:
+            code, jt, jf, k = instructions[pc]
+            if code == 0x20:
+                acc = data[k]
+            elif code == 0x06:
+                return k
+            elif code in (0x15, 0x35):
+                taken = acc == k if code == 0x15 else acc >= k
+                pc += jt if taken else jf
+            pc += 1
+
+    allow, eperm, eacces = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 13
+    assert {name: verdict(nr) for name, nr in refused.items()} == dict.fromkeys(refused, eperm)
+    assert verdict(socket_nr, 1) == allow  # AF_UNIX
+    assert [verdict(socket_nr, family) for family in (2, 10, 16, 17)] == [eacces] * 4  # inet, inet6, netlink, packet
+    assert verdict(0) == allow and verdict(socket_nr + 1) == allow  # calls not listed (read / write, connect on a unix socket)
+    assert verdict(0, audit_arch=0x40000003) == eperm  # another ABI's entry point (i386)
+    if machine == "x86_64":
+        assert verdict(0x40000000 | 39) == eperm  # x32
+
+
+@pytest.mark.slow  # a harness run
+def test_a_worker_cannot_reach_past_the_hook_with_ctypes(tmp_path):
+    """The seccomp filter holds where the audit hook cannot: system calls made through ctypes."""
+    from dsa_bench.run import seccomp
+
+    if not seccomp.refused_calls() or sys.platform != "linux":
+        pytest.skip("no seccomp table for this machine")
+    proc, doc = _run(tmp_path, ["raw_syscalls"], "--device", "cpu")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _by_solution(doc)["raw_syscalls"]["status"] == "PASSED"
+    assert seccomp.PROTECTION in doc["worker_protections"]["raw_syscalls"], doc["worker_protections"]
+    notes = doc["solution_notes"]["raw_syscalls"]
+    assert notes == "inet socket: EACCES; unix socket: done; ptrace: EPERM; unshare: EPERM", notes
