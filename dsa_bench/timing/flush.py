@@ -97,6 +97,15 @@ _STREAM_ATTRIBUTE_ACCESS_POLICY_WINDOW = 1  # cudaStreamAttributeAccessPolicyWin
 _STREAM_ATTR_VALUE_BYTES = 64
 
 #: the function names of each API (the driver keeps no "last error" to clear)
+#: CUDA errors a faulting kernel leaves in its context (the same numbers in the runtime and the driver API):
+#: every later call returns them, so the harness's next call reports the solution's fault
+STICKY_CUDA_ERRORS = {700: "illegal address", 702: "launch timeout", 710: "device-side assert", 714: "hardware stack error",
+                      715: "illegal instruction", 716: "misaligned address", 717: "invalid address space", 718: "invalid pc",
+                      719: "launch failure"}  # fmt: skip
+#: CUDA errors of a stream capture (the same numbers in both APIs): calls such as setting a limit are refused while
+#: a capture the solution began is open, or after it was invalidated
+STREAM_CAPTURE_ERRORS = {900: "operation not permitted when stream is capturing", 901: "capture invalidated", 904: "capture unjoined",
+                         905: "capture isolation", 906: "implicit capture", 908: "capture on another thread"}  # fmt: skip
 _RUNTIME_API = {"attribute": "cudaDeviceGetAttribute", "reset": "cudaCtxResetPersistingL2Cache", "set_limit": "cudaDeviceSetLimit",
                 "get_stream_attribute": "cudaStreamGetAttribute", "stream_attribute": "cudaStreamSetAttribute",
                 "last_error": "cudaGetLastError"}  # fmt: skip
@@ -166,6 +175,14 @@ class PersistingL2Reset:
         self._window = ctypes.create_string_buffer(_STREAM_ATTR_VALUE_BYTES)  # all zero: no window
 
     def _check(self, role: str, code: int) -> None:
+        if code in STICKY_CUDA_ERRORS:
+            raise RuntimeError(f"{self._names[role]} failed with CUDA error {code} ({STICKY_CUDA_ERRORS[code]}, {self.source}): "
+                               "a kernel fault, which every later CUDA call reports; the solution's previous call most likely "
+                               "caused it (this reset is the harness's first CUDA call after it)")  # fmt: skip
+        if code in STREAM_CAPTURE_ERRORS:
+            raise RuntimeError(f"{self._names[role]} failed with CUDA error {code} ({STREAM_CAPTURE_ERRORS[code]}, {self.source}): "
+                               "a CUDA graph capture is open or broken in this process; the solution's previous call most likely "
+                               "left it so (this reset is the harness's first CUDA call after it)")  # fmt: skip
         if code != 0:
             raise RuntimeError(f"{self._names[role]} failed with CUDA error {code} ({self.source}): "
                                "the L2 cannot be emptied of persisting lines, so no honest timing is possible")  # fmt: skip

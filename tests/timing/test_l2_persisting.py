@@ -100,6 +100,22 @@ def test_a_failed_call_raises_and_names_it(fake_stream, failing):
         reset.reset()
 
 
+def test_a_fault_the_solution_left_is_named_as_its(fake_stream):
+    """A kernel fault is sticky: the reset, the harness's first CUDA call after the solution's, reports it (seen
+    on an H100 as a bare "cudaDeviceSetLimit failed" after a peer's call)."""
+    library = FakeCuda(_RUNTIME_API, codes={"cudaCtxResetPersistingL2Cache": 700})
+    reset = PersistingL2Reset(torch.device("cuda", 0), (library, _RUNTIME_API, "fake"))
+    with pytest.raises(RuntimeError, match=r"error 700 \(illegal address.*the solution's previous call most likely caused it"):
+        reset.reset()
+
+
+def test_a_capture_the_solution_left_open_is_named_as_its(fake_stream):
+    library = FakeCuda(_RUNTIME_API, codes={"cudaDeviceSetLimit": 900})
+    reset = PersistingL2Reset(torch.device("cuda", 0), (library, _RUNTIME_API, "fake"))
+    with pytest.raises(RuntimeError, match=r"error 900 \(operation not permitted when stream is capturing.*previous call most likely"):
+        reset.reset()
+
+
 def test_a_failed_attribute_query_raises(fake_stream):
     library = FakeCuda(_RUNTIME_API, codes={"cudaDeviceGetAttribute": 100})
     with pytest.raises(RuntimeError, match="cudaDeviceGetAttribute failed"):
