@@ -17,7 +17,6 @@ from dsa_bench.definitions.checks import judge
 from dsa_bench.definitions.status import CheckResult
 from dsa_bench.run.breakdown import PhaseClock
 from dsa_bench.run.protocol import (
-    MAX_KERNEL_NAMES,
     CheckedCall,
     ProtocolError,
     TimingJob,
@@ -161,14 +160,9 @@ def decode_timing(reply: Any, blob: bytes, ctx: CaseContext, job: TimingJob) -> 
     bad = next((x for s in host for x in s if not (math.isfinite(x) and x > 0)), None)
     if bad is not None:
         raise ProtocolError(f"a host wall time of {bad!r} ms is not a positive finite time")
-    kernels = [dict(k) for k in reply.kernel_ms]
+    kernels = [dict(k) for k in reply.kernel_ms]  # names and times bounded by the reply's model
     if kernels and len(kernels) != trials:
         raise ProtocolError(f"the worker sent kernel times for {len(kernels)} trials, expected {trials}")
-    if any(len(k) > MAX_KERNEL_NAMES + 1 for k in kernels):
-        raise ProtocolError(f"the worker named more than {MAX_KERNEL_NAMES + 1} GPU activities in one trial")
-    bad = next((x for k in kernels for x in k.values() if not (math.isfinite(x) and x >= 0)), None)
-    if bad is not None:
-        raise ProtocolError(f"a kernel time of {bad!r} ms is not a finite time >= 0")
     return TimingResult(
         timer=reply.timer, samples_ms=[list(s) for s in reply.samples_ms], checked=checked, clocks=clocks, phase_s=dict(reply.phase_s),
         host_samples_ms=host, kernel_ms=kernels,

@@ -182,7 +182,10 @@ class Timing(_Strict):
     #: per trial, the host's wall time of each timed call (from before the call to after its synchronisation)
     host_samples_ms: list[list[float]] = []
     #: per trial, per GPU activity name (kernel, [memcpy], [memset]), the median ms it ran in one timed call (CUPTI only)
-    kernel_ms: list[dict[Annotated[str, Field(max_length=200)], float]] = Field(default=[], max_length=64)
+    kernel_ms: list[
+        Annotated[dict[Annotated[str, Field(max_length=200)], Annotated[float, Field(ge=0, allow_inf_nan=False)]],
+                  Field(max_length=MAX_KERNEL_NAMES + 1)]  # the busiest names and "[other]"
+    ] = Field(default=[], max_length=64)  # fmt: skip
 
 
 Reply = Annotated[Ready | RefusedAtImport | CompileError | Unavailable | Failure | Outputs | Timing, Field(discriminator="type")]

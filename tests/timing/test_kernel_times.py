@@ -76,3 +76,15 @@ def test_a_record_keeps_its_kernel_times_and_results_kernels_prints_them(tmp_pat
     path.write_text(json.dumps(document))
     proc = cli("results", "kernels", str(path))
     assert proc.returncode == 2 and "kernel_ms" in proc.stderr + proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_reply_with_bad_kernel_times_is_refused() -> None:
+    from dsa_bench.run.protocol import ProtocolError, parse_reply
+
+    reply = {"type": "timing", "notes": "", "timer": "cupti", "samples_ms": [[1.0]], "phase_s": {}, "checked": [],
+             "clocks": [{"after_warmup": None, "after_timing": None}], "host_samples_ms": [[1.0]]}  # fmt: skip
+    assert parse_reply({**reply, "kernel_ms": [{"a": 0.5}]}, ("timing",)).kernel_ms == [{"a": 0.5}]
+    too_many = {f"k{i}": 0.1 for i in range(MAX_KERNEL_NAMES + 2)}
+    for bad in ([{"a": float("nan")}], [{"a": -1.0}], [too_many], [{"x" * 201: 1.0}]):
+        with pytest.raises(ProtocolError, match="kernel_ms"):
+            parse_reply({**reply, "kernel_ms": bad}, ("timing",))
