@@ -39,13 +39,13 @@ BUILD_TOOLS = frozenset({
 #: file names of the CUDA libraries a kernel may load wherever the driver installed them
 CUDA_LIBRARY_PREFIXES = ("libcuda", "libcudart", "libnvrtc", "libcupti", "libnvidia-ml", "libcublas", "libnvJitLink", "libnvToolsExt")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
-_PATH_EVENTS = {  # event -> positions of the path arguments it changes
-    "os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.rename": (0, 1), "os.link": (0, 1), "os.symlink": (1,),
-    "os.truncate": (0,), "os.chmod": (0,), "os.chown": (0,), "os.utime": (0,), "shutil.rmtree": (0,),
+#: event -> {position of a path argument it changes: position of the dir_fd a relative one is resolved against,
+#: or None} (``shutil.rmtree`` unlinks names relative to a folder descriptor)
+_PATH_EVENTS: dict[str, dict[int, int | None]] = {
+    "os.remove": {0: 1}, "os.rmdir": {0: 1}, "os.mkdir": {0: 2}, "os.rename": {0: 2, 1: 3}, "os.link": {0: 2, 1: 3},
+    "os.symlink": {1: 2}, "os.truncate": {0: None}, "os.chmod": {0: 2}, "os.chown": {0: 3}, "os.utime": {0: 3},
+    "shutil.rmtree": {0: 1},
 }  # fmt: skip
-#: event -> position of the dir_fd a relative path argument is resolved against (``shutil.rmtree`` unlinks so)
-_DIR_FD_AT = {"os.remove": {0: 1}, "os.rmdir": {0: 1}, "os.mkdir": {0: 2}, "os.rename": {0: 2, 1: 3}, "os.link": {0: 2, 1: 3},
-              "os.symlink": {1: 2}, "os.chmod": {0: 2}, "os.chown": {0: 3}, "os.utime": {0: 3}, "shutil.rmtree": {0: 1}}  # fmt: skip
 
 
 class Refused(PermissionError):
@@ -147,9 +147,9 @@ class Guard:
                 return  # makedirs(..., exist_ok=True) of a folder that exists changes nothing
             if event == "os.rmdir" and args and self._holds_writable(args[0]):
                 return  # it holds a writable folder, so the OS refuses it (not empty): Triton's os.removedirs climbs so
-            for i in _PATH_EVENTS[event]:
+            for i, dir_fd_at in _PATH_EVENTS[event].items():
                 if i < len(args) and args[i] is not None:
-                    path = _resolved(args[i], args, _DIR_FD_AT.get(event, {}).get(i))
+                    path = _resolved(args[i], args, dir_fd_at)
                     if not self._may_write(path):
                         self.refuse(f"{event} on {os.fsdecode(path) if not isinstance(path, int) else path}")
         elif event == "subprocess.Popen":
