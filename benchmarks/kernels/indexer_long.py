@@ -166,6 +166,10 @@ def run_case(case: str, entry, score, topk_long, graphs, old, args: argparse.Nam
     verdict = {}
     forced = entry.scored_pipeline(topk_long.long_topk, dependent=True)
     pipelines = {"new": entry.kernel, "old": lambda *x: entry.run_pipeline(old, *x), "long": lambda *x: entry.run_pipeline(forced, *x)}
+    cluster_fits = max_pages * 64 <= topk_long.CLUSTER_MAX_LEN and topk_long.cluster_capacity(device, max_pages * 64) > 0
+    if cluster_fits:
+        clustered = entry.scored_pipeline(topk_long.cluster_topk, dependent=True)
+        pipelines["cluster"] = lambda *x: entry.run_pipeline(clustered, *x)
     if args.no_old:
         del pipelines["old"]
     for name, fn in pipelines.items():
@@ -182,6 +186,11 @@ def run_case(case: str, entry, score, topk_long, graphs, old, args: argparse.Nam
     topk_long.long_topk(scores, lens, table, alone)
     torch.cuda.synchronize()
     verdict["long_topk_exact"] = exact_topk_failure(scores, lens, table, alone) or "PASS"
+    if cluster_fits:
+        poison_(alone)
+        topk_long.cluster_topk(scores, lens, table, alone)
+        torch.cuda.synchronize()
+        verdict["cluster_topk_exact"] = exact_topk_failure(scores, lens, table, alone) or "PASS"
     row = {"case": case, "batch": batch, "max_len": max_pages * 64, "tokens": int(lens.sum()), **verdict}
     for name, fn in pipelines.items():
         row[f"{name}_us"] = us(bench(lambda i, fn=fn: fn(*a, out), prepare=lambda i: poison_(out), **timed))
@@ -190,6 +199,9 @@ def run_case(case: str, entry, score, topk_long, graphs, old, args: argparse.Nam
     row["score_us"] = us(bench(lambda i: score_alone(*a[:5], scores), **timed))
     topk_alone = graphs.LaunchGraphs(topk_long.long_topk)
     row["long_topk_us"] = us(bench(lambda i: topk_alone(scores, lens, table, alone), **timed))
+    if cluster_fits:
+        cluster_alone = graphs.LaunchGraphs(topk_long.cluster_topk)
+        row["cluster_topk_us"] = us(bench(lambda i: cluster_alone(scores, lens, table, alone), **timed))
     if case in args.profile.split(","):
         row["kernels_us"] = kernel_times_us(lambda: entry.scored_path(entry.select_topk_cuda, True, *a, out))
     row["key_floor_us"] = row["tokens"] * 132 / 4.24e12 * 1e6
@@ -228,12 +240,13 @@ def main() -> int:
         rows.append(run_case(case, entry, score, topk_long, graphs, old, args, timed))
         print(json.dumps(rows[-1]), flush=True)
         torch.cuda.empty_cache()
-    print(f"\n{'case':<22} {'new':>8} {'old':>8} {'old/new':>7} {'long':>8} {'score':>8} {'ltopk':>7} {'floor':>7}  checks")
+    columns = ("new", "old", "old/new", "long", "cluster", "score", "ltopk", "ctopk", "floor")
+    print(f"\n{'case':<22} " + " ".join(f"{c:>8}" if i < 5 or c == "score" else f"{c:>7}" for i, c in enumerate(columns)) + "  checks")
     for r in rows:
         old_us = r.get("old_us", float("nan"))
-        checks = " ".join(f"{k}={r[k][:4]}" for k in ("new", "old", "long", "long_topk_exact") if k in r)
-        times = f"{r['new_us']:8.1f} {old_us:8.1f} {old_us / r['new_us']:7.2f} {r['long_us']:8.1f} {r['score_us']:8.1f}"
-        times += f" {r['long_topk_us']:7.1f}"
+        checks = " ".join(f"{k}={r[k][:4]}" for k in ("new", "old", "long", "cluster", "long_topk_exact", "cluster_topk_exact") if k in r)
+        times = f"{r['new_us']:8.1f} {old_us:8.1f} {old_us / r['new_us']:7.2f} {r['long_us']:8.1f} {r.get('cluster_us', float('nan')):8.1f}"
+        times += f" {r['score_us']:8.1f} {r['long_topk_us']:7.1f} {r.get('cluster_topk_us', float('nan')):7.1f}"
         times += f" {r['key_floor_us']:7.1f}"
         print(f"{r['case']:<22} {times}  {checks}")
     for r in rows:

@@ -36,6 +36,7 @@ topk_long = importlib.import_module(f"{entry_module.__package__}.cuda_topk_long"
 policy = importlib.import_module(f"{entry_module.__package__}.policy")
 cuda_build = importlib.import_module(f"{entry_module.__package__.rsplit('.', 1)[0]}.common.cuda_build")
 EMULATOR_SOURCE = Path(__file__).resolve().parent / "topk_long_emulator.cpp"  # includes csrc/topk_long.cuh
+CLUSTER_EMULATOR_SOURCE = Path(__file__).resolve().parent / "topk_cluster_emulator.cpp"  # includes csrc/topk_cluster.cuh
 SCRATCH_INTS = topk_long.SCRATCH_INTS
 
 
@@ -128,6 +129,35 @@ def test_emulated_long_topk_random_rows(emulator):
     assert not scratch.any()
 
 
+@pytest.fixture(scope="module")
+def cluster_emulator(tmp_path_factory) -> Path:
+    return build_emulator(tmp_path_factory, CLUSTER_EMULATOR_SOURCE)
+
+
+def emulate_cluster_topk(exe: Path, scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, k: int, blocks: int):
+    """Runs topk_cluster.cuh's kernel on the emulator, one cluster of ``blocks`` blocks per row; returns [B, k] int32 ids."""
+    scores = scores.detach().float().cpu().contiguous()
+    batch, width = scores.shape
+    header = np.array([batch, width, block_table.shape[1], block_table.shape[1] * 64, k, blocks], dtype=np.int32)
+    parts = (header, scores.numpy(), seq_lens.cpu().numpy().astype(np.int32), block_table.cpu().numpy().astype(np.int32))
+    folder = exe.parent
+    (folder / "in.bin").write_bytes(b"".join(np.ascontiguousarray(part).tobytes() for part in parts))
+    subprocess.run([str(exe), str(folder / "in.bin"), str(folder / "out.bin")], check=True, timeout=600)
+    return torch.from_numpy(np.fromfile(folder / "out.bin", dtype=np.int32).reshape(batch, k).copy())
+
+
+@pytest.mark.parametrize(("k", "max_pages", "blocks"), [(2048, 256, 2), (512, 256, 2), (2048, 400, 4)])
+def test_emulated_cluster_topk_is_exact(cluster_emulator, k, max_pages, blocks):
+    # The rows that drive every level (equal scores: the tickets; one level-1 bin; level 3
+    # deciding; more equal top keys than k; denormals; -inf padding; short and empty rows), a
+    # cluster of 2 blocks (16384 tokens) and of 4 (rows of 25600 tokens: two blocks hold a
+    # partial slice, the others a full one).
+    scores, seq_lens, table = hard_rows(seed=k + blocks, max_pages=max_pages)
+    seq_lens = seq_lens.clamp(max=max_pages * 64)
+    out = emulate_cluster_topk(cluster_emulator, scores, seq_lens, table, k, blocks)
+    assert_exact_topk(scores, seq_lens, table, out, k)
+
+
 # --------------------------------------------------------------------------- sources compile
 
 
@@ -172,6 +202,21 @@ def test_cuda_long_topk_matches_torch_topk(k):
         assert_exact_topk(scores, seq_lens, table, out, k)
     scratch, _ = topk_long.scratch_for(scores.device, scores.shape[0], table.shape[1] * 64)
     assert not scratch.any()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("k", "max_pages"), [(2048, 256), (512, 400), (2048, 1900)])
+def test_cuda_cluster_topk_matches_torch_topk(k, max_pages):
+    # Clusters of 2, 4 and 16 blocks (16 is past the portable cluster size).
+    if topk_long.cluster_capacity(torch.device("cuda"), max_pages * 64) == 0:
+        pytest.skip(f"this GPU cannot run the cluster top-k's cluster for {max_pages * 64} tokens")
+    scores, seq_lens, table = hard_rows(seed=13 + k, max_pages=max_pages)
+    scores, seq_lens, table = scores.cuda(), seq_lens.clamp(max=max_pages * 64).cuda(), table.cuda()
+    for _ in range(2):  # nothing carries over from one call to the next
+        out = torch.full((scores.shape[0], k), INT_POISON, dtype=torch.int32, device="cuda")
+        topk_long.cluster_topk(scores, seq_lens, table, out)
+        torch.cuda.synchronize()
+        assert_exact_topk(scores, seq_lens, table, out, k)
 
 
 @pytest.mark.gpu

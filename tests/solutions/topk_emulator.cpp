@@ -1,8 +1,8 @@
 // Host emulation of topk_filtered.cuh, for testing the CUDA top-k on machines without a GPU.
 //
 // The kernel source is compiled unchanged as C++ (DSA_TOPK_HOST_EMULATION) over a tiny SIMT
-// layer: every CUDA thread of a block is a fiber (ucontext) on one OS thread; __syncthreads and
-// the warp intrinsics are barriers between fibers, so the kernel's block- and warp-collective
+// layer: every CUDA thread of a block is a fiber (ucontext) on one OS thread; __syncthreads,
+// cluster barriers and the warp intrinsics are barriers between fibers, so the kernel's block- and warp-collective
 // logic (ballots, shuffles, match_any, shared-memory atomics, the all-lanes-call rules) runs as
 // written. Shared memory is process-wide storage reused block after block. It checks logic, not
 // GPU timing or the memory model.
@@ -40,17 +40,23 @@ struct Fiber {
   bool done = false;
 };
 
+// The fibers of one block, or of a cluster of blocks that run together (run_cluster): fiber f is
+// thread f % threads of block f / threads (its rank in the cluster).
 struct Block {
-  int threads = 0;
-  Dim3 index;
+  int threads = 0;  // per block
+  int blocks = 1;   // in the cluster
+  Dim3 index;       // of the cluster's first block
   int current = 0;  // fiber running now
   ucontext_t scheduler;
   std::vector<Fiber> fibers;
-  long block_generation = 0;
-  int block_arrived = 0;
+  std::vector<long> block_generation;  // per block of the cluster
+  std::vector<int> block_arrived;
+  long cluster_generation = 0;
+  int cluster_arrived = 0;
   std::vector<long> warp_generation;
   std::vector<int> warp_arrived;
   std::vector<uint64_t> warp_slots;  // one exchange slot per lane
+  size_t shared_slice = 0;           // bytes of dynamic shared memory per block (0: one region for all)
   std::function<void()> body;
 };
 
@@ -64,37 +70,60 @@ inline std::vector<unsigned char>& dynamic_storage() {
   return storage;
 }
 
-inline unsigned char* dynamic_shared_memory() { return dynamic_storage().data(); }
+inline int cluster_rank() { return block().current / block().threads; }
 
-inline Dim3 thread_index() { return Dim3{static_cast<unsigned>(block().current), 0, 0}; }
-inline Dim3 block_index() { return block().index; }
+inline unsigned char* dynamic_shared_memory(int rank) { return dynamic_storage().data() + rank * block().shared_slice; }
+inline unsigned char* dynamic_shared_memory() { return dynamic_shared_memory(cluster_rank()); }
+
+// `local` (in this block's dynamic shared memory) as the same place in block `rank`'s.
+template <typename T>
+inline T* cluster_peer(T* local, int rank) {
+  const auto offset = reinterpret_cast<unsigned char*>(local) - dynamic_shared_memory();
+  if (offset < 0 || (block().shared_slice != 0 && static_cast<size_t>(offset) >= block().shared_slice) || rank < 0 ||
+      rank >= block().blocks) {
+    std::fprintf(stderr, "emulator: cluster_peer outside the dynamic shared memory or the cluster\n");
+    std::abort();
+  }
+  return reinterpret_cast<T*>(dynamic_shared_memory(rank) + offset);
+}
+
+inline Dim3 thread_index() { return Dim3{static_cast<unsigned>(block().current % block().threads), 0, 0}; }
+inline Dim3 block_index() {
+  const Block& b = block();
+  return Dim3{b.index.x + static_cast<unsigned>(cluster_rank()), b.index.y, b.index.z};
+}
 
 inline void yield() {
   Block& b = block();
   swapcontext(&b.fibers[b.current].context, &b.scheduler);
 }
 
-inline void sync_block() {
-  Block& b = block();
-  const long generation = b.block_generation;
-  if (++b.block_arrived == b.threads) {
-    b.block_arrived = 0;
-    ++b.block_generation;
+// Waits until `arrived` reaches `count` (the last arrival starts the next generation).
+inline void barrier(long& generation_now, int& arrived, int count) {
+  const long generation = generation_now;
+  if (++arrived == count) {
+    arrived = 0;
+    ++generation_now;
     return;
   }
-  while (b.block_generation == generation) yield();
+  while (generation_now == generation) yield();
+}
+
+inline void sync_block() {
+  Block& b = block();
+  const int rank = cluster_rank();
+  barrier(b.block_generation[rank], b.block_arrived[rank], b.threads);
+}
+
+inline void sync_cluster() {
+  Block& b = block();
+  barrier(b.cluster_generation, b.cluster_arrived, b.threads * b.blocks);
 }
 
 inline void sync_warp() {
   Block& b = block();
   const int warp = b.current / kWarp;
-  const long generation = b.warp_generation[warp];
-  if (++b.warp_arrived[warp] == kWarp) {
-    b.warp_arrived[warp] = 0;
-    ++b.warp_generation[warp];
-    return;
-  }
-  while (b.warp_generation[warp] == generation) yield();
+  barrier(b.warp_generation[warp], b.warp_arrived[warp], kWarp);
 }
 
 // Every lane publishes `value`, then `read` sees all 32 values of the warp.
@@ -122,19 +151,27 @@ inline void fiber_entry() {
   swapcontext(&b.fibers[b.current].context, &b.scheduler);
 }
 
-// Runs `body` as `threads` fibers of block `index` until all of them return.
-inline void run_block(Dim3 index, int threads, const std::function<void()>& body) {
+// Runs `body` as `threads` fibers of each of `blocks` blocks (a cluster: blocks index.x ..
+// index.x + blocks - 1, each with its own `shared_slice` bytes of dynamic shared memory when
+// that is nonzero) until all of them return.
+inline void run_cluster(Dim3 index, int blocks, int threads, size_t shared_slice, const std::function<void()>& body) {
   Block& b = block();
+  const int fibers = blocks * threads;
   b.threads = threads;
+  b.blocks = blocks;
   b.index = index;
   b.body = body;
-  b.fibers.resize(threads);
-  b.block_generation = 0;
-  b.block_arrived = 0;
-  b.warp_generation.assign((threads + kWarp - 1) / kWarp, 0);
-  b.warp_arrived.assign((threads + kWarp - 1) / kWarp, 0);
-  b.warp_slots.assign(threads, 0);
-  for (int t = 0; t < threads; ++t) {
+  b.shared_slice = shared_slice;
+  if (shared_slice != 0) dynamic_storage().assign(shared_slice * blocks, 0);
+  b.fibers.resize(fibers);
+  b.block_generation.assign(blocks, 0);
+  b.block_arrived.assign(blocks, 0);
+  b.cluster_generation = 0;
+  b.cluster_arrived = 0;
+  b.warp_generation.assign((fibers + kWarp - 1) / kWarp, 0);
+  b.warp_arrived.assign((fibers + kWarp - 1) / kWarp, 0);
+  b.warp_slots.assign(fibers, 0);
+  for (int t = 0; t < fibers; ++t) {
     Fiber& f = b.fibers[t];
     f.done = false;
     f.stack.resize(kFiberStack);
@@ -144,9 +181,9 @@ inline void run_block(Dim3 index, int threads, const std::function<void()>& body
     f.context.uc_link = nullptr;
     makecontext(&f.context, fiber_entry, 0);
   }
-  for (int remaining = threads; remaining > 0;) {
+  for (int remaining = fibers; remaining > 0;) {
     remaining = 0;
-    for (int t = 0; t < threads; ++t) {
+    for (int t = 0; t < fibers; ++t) {
       if (b.fibers[t].done) continue;
       b.current = t;
       swapcontext(&b.scheduler, &b.fibers[t].context);
@@ -154,6 +191,9 @@ inline void run_block(Dim3 index, int threads, const std::function<void()>& body
     }
   }
 }
+
+// Runs `body` as `threads` fibers of block `index` until all of them return.
+inline void run_block(Dim3 index, int threads, const std::function<void()>& body) { run_cluster(index, 1, threads, 0, body); }
 
 }  // namespace simt
 

@@ -95,9 +95,9 @@ def filtered_topk(
     candidate_capacity: int = -1,
     fast_candidates: int = -1,
     dependent_launch: bool = False,
-    topk: int = TOPK,
+    topk: int | None = None,
 ) -> None:
-    """Write the top-``topk`` physical ids of every row of ``scores`` into ``topk_indices``.
+    """Write the top-``topk`` physical ids (default: ``topk_indices``' width) of every row of ``scores`` into ``topk_indices``.
 
     ``scores [B, W]`` fp32 (W >= max_num_pages * 64, rows 16-byte aligned), ``seq_lens [B]`` and
     ``block_table [B, max_num_pages]`` int32, ``topk_indices [B, topk]`` int32, all on one CUDA
@@ -110,6 +110,8 @@ def filtered_topk(
     before it ends and wait for its completion before they read a score.
     """
     batch, max_len = check_topk_tensors(scores, seq_lens, block_table, topk_indices)
+    if topk is None:
+        topk = topk_indices.shape[1]
     if not 1 <= topk <= TOPK:
         raise ValueError(f"topk must be in 1..{TOPK}, got {topk}")
     if topk_indices.shape[1] != topk:

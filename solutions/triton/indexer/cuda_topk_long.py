@@ -1,10 +1,16 @@
-"""The long-row CUDA top-k (``csrc/topk_long.cuh``): its build, its per-shape scratch, a checked Python entry.
+"""The long-row CUDA top-k kernels: their build, the multi-pass kernel's scratch, checked Python entries.
 
 Rows of up to 8192 tokens are the filtered top-k's (``cuda_topk.py``: one block per row, the row
 cached in registers). Past that, that block falls to a radix select that re-reads the row from
-global memory digit by digit; this one splits each row over many blocks (a histogram pass, then
-up to three level passes, each over fewer candidates; docs/kernels/indexer.md, "Long rows").
-The entry picks it by shape: ``policy.uses_long_path(batch, max_num_pages)``.
+global memory digit by digit; the kernels here split each row over many blocks:
+
+- ``long_topk`` (``csrc/topk_long.cuh``): a histogram pass, then up to three level passes, each
+  over fewer candidates, meeting through global memory; any row length.
+- ``cluster_topk`` (``csrc/topk_cluster.cuh``): one launch, one thread-block cluster of 2..16
+  blocks per row holding the row in registers, the blocks meeting through each other's shared
+  memory; rows of up to ``CLUSTER_MAX_LEN`` tokens.
+
+docs/kernels/indexer.md, "Long rows". The entry picks one by shape (``policy.long_topk_kind``).
 """
 
 from __future__ import annotations
@@ -20,7 +26,10 @@ from .shapes import PAGE_SIZE, TOPK
 #: compiled sources (relative to this folder): the C ABI and the launcher with its kernels
 SOURCES = ("csrc/topk_long_capi.cpp", "csrc/topk_long.cu")
 #: headers they include (part of the build's digest)
-HEADERS = ("csrc/topk_long.h", "csrc/topk_long.cuh", "csrc/topk_filtered.h", "csrc/topk_filtered.cuh", "../common/csrc/capi.h")
+HEADERS = (
+    "csrc/topk_long.h", "csrc/topk_long.cuh", "csrc/topk_cluster.cuh", "csrc/topk_filtered.h", "csrc/topk_filtered.cuh",
+    "../common/csrc/capi.h",
+)  # fmt: skip
 PREFIX = "dsa_topk_long_"
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
 SIGNATURES = {
@@ -31,10 +40,19 @@ SIGNATURES = {
         _I64, _I64, _I64,  # batch, max_len, topk
         ctypes.c_int,  # dependent_launch
     )),
+    "select_cluster": (ctypes.c_int, (
+        ctypes.c_int, _P,  # device, stream
+        _P, _I64, _P, _P, _I64, _P, _I64,  # as for select
+        _I64, _I64, _I64,  # batch, max_len, topk
+        ctypes.c_int,  # dependent_launch
+    )),
+    "cluster_capacity": (ctypes.c_int, (ctypes.c_int, _I64, ctypes.POINTER(ctypes.c_int32))),  # device, max_len -> clusters
 }  # fmt: skip
 #: constants of csrc/topk_long.h
 SCRATCH_INTS = 2 * 4096 + 256 + 20  # per row: the three levels' histograms, then the row's counters and thresholds
-EXPECTED_CONSTANTS = {"TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "SCRATCH_INTS": SCRATCH_INTS}
+#: the cluster top-k's longest row: 16 blocks x 1024 threads x 8 scores in registers
+CLUSTER_MAX_LEN = 16 * 1024 * 8
+EXPECTED_CONSTANTS = {"TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "SCRATCH_INTS": SCRATCH_INTS, "CLUSTER_MAX_LEN": CLUSTER_MAX_LEN}
 STEM, WHAT = "dsa_topk_long", "the CUDA long-row top-k"
 
 def load_long_topk_extension(verbose: bool | None = None) -> CudaLibrary:
@@ -63,6 +81,19 @@ def scratch_for(device: torch.device, batch: int, max_len: int) -> tuple[torch.T
     return _SCRATCH[key]
 
 
+def _check_long_call(
+    scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, topk_indices: torch.Tensor
+) -> tuple[int, int, int]:
+    """(batch, max_len, k) of a long top-k call whose tensors are checked; raises ValueError naming what is wrong."""
+    batch, max_len = check_topk_tensors(scores, seq_lens, block_table, topk_indices)
+    k = topk_indices.shape[1]
+    if not 1 <= k <= TOPK:
+        raise ValueError(f"topk_indices must have 1..{TOPK} columns, got {k}")
+    if batch > 65535 or max_len > (2**31 - 1) // 4:
+        raise ValueError(f"batch {batch} x max_len {max_len} exceeds the launch grid (65535 rows) or 32-bit buffer indexing")
+    return batch, max_len, k
+
+
 def long_topk(
     scores: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -76,12 +107,7 @@ def long_topk(
     programmatic dependent of the stream's previous kernel, which must be the one that writes
     ``scores``.
     """
-    batch, max_len = check_topk_tensors(scores, seq_lens, block_table, topk_indices)
-    k = topk_indices.shape[1]
-    if not 1 <= k <= TOPK:
-        raise ValueError(f"topk_indices must have 1..{TOPK} columns, got {k}")
-    if batch > 65535 or max_len > (2**31 - 1) // 4:
-        raise ValueError(f"batch {batch} x max_len {max_len} exceeds the launch grid (65535 rows) or 32-bit buffer indexing")
+    batch, max_len, k = _check_long_call(scores, seq_lens, block_table, topk_indices)
     if batch == 0:
         return
     device = scores.device
@@ -92,3 +118,40 @@ def long_topk(
         topk_indices.data_ptr(), topk_indices.stride(0), scratch.data_ptr(), candidates.data_ptr(),
         batch, max_len, k, int(dependent_launch),
     )  # fmt: skip
+
+
+def cluster_topk(
+    scores: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    topk_indices: torch.Tensor,
+    dependent_launch: bool = False,
+) -> None:
+    """``long_topk``'s contract for rows of up to ``CLUSTER_MAX_LEN`` tokens (``block_table`` of at
+    most that many tokens), in one launch of one thread-block cluster per row."""
+    batch, max_len, k = _check_long_call(scores, seq_lens, block_table, topk_indices)
+    if max_len > CLUSTER_MAX_LEN:
+        raise ValueError(f"the cluster top-k takes block tables of at most {CLUSTER_MAX_LEN} tokens, got {max_len}")
+    if batch == 0:
+        return
+    device = scores.device
+    load_long_topk_extension().call(
+        "select_cluster", device.index, torch.cuda.current_stream(device).cuda_stream,
+        scores.data_ptr(), scores.stride(0), seq_lens.data_ptr(), block_table.data_ptr(), block_table.stride(0),
+        topk_indices.data_ptr(), topk_indices.stride(0), batch, max_len, k, int(dependent_launch),
+    )  # fmt: skip
+
+
+_CLUSTER_CAPACITY: dict[tuple[int, int], int] = {}
+
+
+def cluster_capacity(device: torch.device, max_len: int) -> int:
+    """Clusters of the cluster top-k for rows of up to ``max_len`` tokens that ``device`` runs at
+    once (0: it cannot run them, e.g. too few free SMs in a GPC for a 16-block cluster, or
+    ``max_len > CLUSTER_MAX_LEN``). Cached per device and cluster size."""
+    key = (device.index if device.index is not None else torch.cuda.current_device(), max_len)
+    if key not in _CLUSTER_CAPACITY:
+        clusters = ctypes.c_int32(0)
+        load_long_topk_extension().call("cluster_capacity", key[0], max_len, ctypes.byref(clusters))
+        _CLUSTER_CAPACITY[key] = clusters.value
+    return _CLUSTER_CAPACITY[key]

@@ -55,10 +55,20 @@ _cuda_topk = cuda_topk.load_topk_extension() if USE_CUDA_TOPK else None
 _cuda_long_topk = cuda_topk_long.load_long_topk_extension() if USE_CUDA_TOPK else None
 
 
-def select_topk_cuda(scores, seq_lens, block_table, topk_indices, dependent_launch: bool = False) -> None:
-    """The CUDA top-k for this call's shape: the multi-block long-row top-k for long block tables
+def cuda_topk_for(batch: int, max_num_pages: int, device: torch.device):
+    """The CUDA top-k for a call's shape: the cluster top-k (``policy.uses_cluster_path``, where the
+    device runs its cluster), else the multi-pass long-row top-k for long block tables
     (``policy.uses_long_path``), else the one-block-per-row filtered top-k."""
-    select = cuda_topk_long.long_topk if policy.uses_long_path(*block_table.shape) else cuda_topk.filtered_topk
+    if policy.uses_cluster_path(batch, max_num_pages) and cuda_topk_long.cluster_capacity(device, max_num_pages * PAGE_SIZE) > 0:
+        return cuda_topk_long.cluster_topk
+    if policy.uses_long_path(batch, max_num_pages):
+        return cuda_topk_long.long_topk
+    return cuda_topk.filtered_topk
+
+
+def select_topk_cuda(scores, seq_lens, block_table, topk_indices, dependent_launch: bool = False) -> None:
+    """The CUDA top-k for this call's shape (``cuda_topk_for``)."""
+    select = cuda_topk_for(*block_table.shape, scores.device)
     select(scores, seq_lens, block_table, topk_indices, dependent_launch=dependent_launch)
 
 
@@ -76,7 +86,10 @@ def solution_notes() -> str:
             f"{policy.LONG_PATH_MIN_TOKENS} tokens, batch <= {policy.LONG_PATH_MAX_BATCH}, "
             f"or <= {policy.LONG_PATH_WIDE_BATCH} from "
             f"{policy.LONG_PATH_WIDE_TOKENS} tokens): rows split over many "
-            f"blocks (a histogram pass and three level passes; library {_cuda_long_topk.name}); "
+            f"blocks (a histogram pass and three level passes; library {_cuda_long_topk.name}), "
+            f"or, for {policy.CLUSTER_PATH_MIN_TOKENS + 1}-{policy.CLUSTER_PATH_MAX_TOKENS} tokens at batch <= "
+            f"{policy.CLUSTER_PATH_MAX_BATCH} (policy.uses_cluster_path) where this GPU runs the cluster, over one "
+            "thread-block cluster per row holding the row in registers (one launch); "
             "launched as the score kernel's programmatic dependent "
             f"({'triggered when its programs start' if triton_kernels.CAN_LAUNCH_DEPENDENTS else 'triggered when its programs end'}); "
             f"scores: Triton, {policy.DOTS[policy.GPU_SCORE_TILE.dot]}; {graphs}"
@@ -215,10 +228,8 @@ def other_topk_scored_path(k: int, q_index_fp8, k_index_cache_fp8, weights, seq_
     batch, max_pages = block_table.shape
     scores = torch.empty((batch, max_pages * PAGE_SIZE), dtype=torch.float32, device=q_index_fp8.device)
     triton_kernels.launch_scores(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, scores, skip_short_rows=False)
-    if _cuda_topk is not None and policy.uses_long_path(batch, max_pages):
-        cuda_topk_long.long_topk(scores, seq_lens, block_table, topk_indices)  # k: the output's width
-    elif _cuda_topk is not None:
-        cuda_topk.filtered_topk(scores, seq_lens, block_table, topk_indices, topk=k)
+    if _cuda_topk is not None:
+        select_topk_cuda(scores, seq_lens, block_table, topk_indices)  # k: the output's width
     else:
         emit_ids_torch(block_table, seq_lens, topk_indices, torch.topk(scores, k, dim=1, sorted=False).indices)
 

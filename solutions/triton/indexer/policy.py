@@ -147,3 +147,19 @@ def uses_long_path(batch: int, max_num_pages: int) -> bool:
     if tokens <= LONG_PATH_MIN_TOKENS:
         return False
     return batch <= LONG_PATH_MAX_BATCH or (batch <= LONG_PATH_WIDE_BATCH and tokens >= LONG_PATH_WIDE_TOKENS)
+
+
+#: The cluster top-k (one thread-block cluster of 2-16 blocks per row, the row held in the
+#: cluster's registers, one launch) takes block tables of more than CLUSTER_PATH_MIN_TOKENS and
+#: at most CLUSTER_PATH_MAX_TOKENS tokens (its longest row: 16 blocks x 8192 scores) at batches up
+#: to CLUSTER_PATH_MAX_BATCH, where the device can run its cluster (cuda_topk_long.cluster_capacity).
+CLUSTER_PATH_MIN_TOKENS = 8192
+CLUSTER_PATH_MAX_TOKENS = 16 * 8192
+CLUSTER_PATH_MAX_BATCH = 128
+
+
+def uses_cluster_path(batch: int, max_num_pages: int) -> bool:
+    """Whether a call of ``batch`` rows of block tables of ``max_num_pages`` pages takes the cluster
+    top-k (where the device runs its cluster; else ``uses_long_path`` decides)."""
+    tokens = max_num_pages * PAGE_SIZE
+    return CLUSTER_PATH_MIN_TOKENS < tokens <= CLUSTER_PATH_MAX_TOKENS and batch <= CLUSTER_PATH_MAX_BATCH

@@ -28,6 +28,7 @@ enum ArgumentError : int {
 DSA_EXPORT const int64_t dsa_topk_long_TOPK = dsa_topk::kTopK;
 DSA_EXPORT const int64_t dsa_topk_long_PAGE_SIZE = dsa_topk::kPageSize;
 DSA_EXPORT const int64_t dsa_topk_long_SCRATCH_INTS = dsa_topk::kLongScratchInts;
+DSA_EXPORT const int64_t dsa_topk_long_CLUSTER_MAX_LEN = dsa_topk::kClusterMaxLen;
 
 DSA_EXPORT const char* dsa_topk_long_error_string(int code) {
   switch (code) {
@@ -75,4 +76,45 @@ DSA_EXPORT int dsa_topk_long_select(int device, void* stream, const float* score
   args.topk = static_cast<int>(topk);
   args.dependent_launch = dependent_launch != 0;
   return static_cast<int>(dsa_topk::launch_long_topk(args, static_cast<cudaStream_t>(stream)));
+}
+
+// The cluster top-k: tensors as for dsa_topk_long_select, no scratch; max_len <= CLUSTER_MAX_LEN.
+DSA_EXPORT int dsa_topk_long_select_cluster(int device, void* stream, const float* scores, int64_t score_stride, const int32_t* seq_lens,
+                                            const int32_t* block_table, int64_t bt_stride, int32_t* topk_indices, int64_t out_stride,
+                                            int64_t batch, int64_t max_len, int64_t topk, int dependent_launch) {
+  if (batch < 0 || batch > 65535 || max_len < 0 || max_len > dsa_topk::kClusterMaxLen) return kTooLarge;
+  if (score_stride % 4 != 0 || reinterpret_cast<uintptr_t>(scores) % 16 != 0) return kMisaligned;
+  if (topk < 1 || topk > dsa_topk::kTopK) return kBadTopk;
+  if (batch == 0) return 0;
+  if (scores == nullptr || seq_lens == nullptr || block_table == nullptr || topk_indices == nullptr) return kNullPointer;
+
+  const dsa_capi::DeviceGuard guard(device);
+  if (guard.status() != cudaSuccess) return guard.status();
+  dsa_topk::ClusterTopkArgs args{};
+  args.scores = scores;
+  args.score_stride = score_stride;
+  args.seq_lens = seq_lens;
+  args.block_table = block_table;
+  args.bt_stride = bt_stride;
+  args.out = topk_indices;
+  args.out_stride = out_stride;
+  args.batch = static_cast<int>(batch);
+  args.max_len = static_cast<int>(max_len);
+  args.topk = static_cast<int>(topk);
+  args.dependent_launch = dependent_launch != 0;
+  return static_cast<int>(dsa_topk::launch_cluster_topk(args, static_cast<cudaStream_t>(stream)));
+}
+
+// Writes to *clusters how many clusters of the cluster top-k for rows of up to max_len tokens the
+// device runs at once (0 when it cannot run them, or max_len > CLUSTER_MAX_LEN).
+DSA_EXPORT int dsa_topk_long_cluster_capacity(int device, int64_t max_len, int32_t* clusters) {
+  if (clusters == nullptr) return kNullPointer;
+  *clusters = 0;
+  if (max_len < 0 || max_len > dsa_topk::kClusterMaxLen) return 0;
+  const dsa_capi::DeviceGuard guard(device);
+  if (guard.status() != cudaSuccess) return guard.status();
+  int count = 0;
+  const cudaError_t err = dsa_topk::cluster_topk_capacity(static_cast<int>(max_len), &count);
+  *clusters = count;
+  return static_cast<int>(err);
 }
