@@ -146,14 +146,34 @@ def emulate_cluster_topk(exe: Path, scores: torch.Tensor, seq_lens: torch.Tensor
     return torch.from_numpy(np.fromfile(folder / "out.bin", dtype=np.int32).reshape(batch, k).copy())
 
 
+def cluster_rows(seed: int, max_pages: int):
+    """hard_rows plus rows for the cluster top-k's paths: a single outlier stretching the key range
+    (the first level's threshold bin holds most of the row: a second cluster-wide level), two
+    outliers above a narrow band, and a tight band of near-ties just below the spread top keys
+    (gathered by block 0, whose finish then runs two levels and hands out tickets)."""
+    scores, seq_lens, table = hard_rows(seed, max_pages)
+    g = torch.Generator().manual_seed(seed + 1)
+    width = max_pages * 64
+    extra = torch.ones((3, width)) + torch.randn((3, width), generator=g) * 1e-3
+    extra[0, 17] = 1e30
+    extra[1, 5], extra[1, width - 3] = 3e20, -3e20
+    # 1900 spread keys on top, then 1000 within 64 ulps of 1.0 (one first-level bin, gathered, its
+    # threshold sub-bin split again in block 0), the rest far below
+    extra[2] = 0.25 + torch.randint(0, 2**20, (width,), generator=g).float() * 2.0**-25
+    extra[2, :1900] = 2.0 + torch.rand((1900,), generator=g) * 2.0
+    extra[2, 1900:2900] = 1.0 + torch.randint(0, 64, (1000,), generator=g).float() * 2.0**-23
+    lens = torch.tensor([width, width - 1000, width], dtype=torch.int32)
+    extra_table = torch.stack([torch.randperm(NUM_PAGES, generator=g)[:max_pages] for _ in range(3)]).int()
+    return torch.cat([scores, extra]), torch.cat([seq_lens.clamp(max=width), lens]), torch.cat([table, extra_table])
+
+
 @pytest.mark.parametrize(("k", "max_pages", "blocks"), [(2048, 256, 2), (512, 256, 2), (2048, 400, 4)])
 def test_emulated_cluster_topk_is_exact(cluster_emulator, k, max_pages, blocks):
-    # The rows that drive every level (equal scores: the tickets; one level-1 bin; level 3
-    # deciding; more equal top keys than k; denormals; -inf padding; short and empty rows), a
-    # cluster of 2 blocks (16384 tokens) and of 4 (rows of 25600 tokens: two blocks hold a
-    # partial slice, the others a full one).
-    scores, seq_lens, table = hard_rows(seed=k + blocks, max_pages=max_pages)
-    seq_lens = seq_lens.clamp(max=max_pages * 64)
+    # The rows that drive every path (equal scores: cluster-wide tickets; one outlier: a second
+    # cluster-wide level; more equal top keys than k; near-ties: block 0's finish over several
+    # levels; denormals; -inf padding; short and empty rows), a cluster of 2 blocks (16384
+    # tokens) and of 4 (rows of 25600 tokens: two blocks hold a partial slice, the others a full one).
+    scores, seq_lens, table = cluster_rows(seed=k + blocks, max_pages=max_pages)
     out = emulate_cluster_topk(cluster_emulator, scores, seq_lens, table, k, blocks)
     assert_exact_topk(scores, seq_lens, table, out, k)
 
@@ -210,8 +230,8 @@ def test_cuda_cluster_topk_matches_torch_topk(k, max_pages):
     # Clusters of 2, 4 and 16 blocks (16 is past the portable cluster size).
     if topk_long.cluster_capacity(torch.device("cuda"), max_pages * 64) == 0:
         pytest.skip(f"this GPU cannot run the cluster top-k's cluster for {max_pages * 64} tokens")
-    scores, seq_lens, table = hard_rows(seed=13 + k, max_pages=max_pages)
-    scores, seq_lens, table = scores.cuda(), seq_lens.clamp(max=max_pages * 64).cuda(), table.cuda()
+    scores, seq_lens, table = cluster_rows(seed=13 + k, max_pages=max_pages)
+    scores, seq_lens, table = scores.cuda(), seq_lens.cuda(), table.cuda()
     for _ in range(2):  # nothing carries over from one call to the next
         out = torch.full((scores.shape[0], k), INT_POISON, dtype=torch.int32, device="cuda")
         topk_long.cluster_topk(scores, seq_lens, table, out)

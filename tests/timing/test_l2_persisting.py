@@ -188,7 +188,7 @@ def _pinned_and_unpinned(monkeypatch, reset: bool) -> tuple[float, float, float]
                 pins.pin(data, persist)
                 torch.sum(data, dim=0, out=out)
 
-            results[persist] = bench(call, device, warmup=10, iterations=100, trials=5)
+            results[persist] = bench(call, device=device, warmup=10, iterations=100, trials=5)
     band = max(0.02, *((max(r.trial_medians_ms) - min(r.trial_medians_ms)) / r.mean_ms for r in results.values()))
     return results[True].mean_ms, results[False].mean_ms, band
 
