@@ -21,6 +21,7 @@ import torch
 
 from ..common.cuda_build import CudaLibrary, load_checked_library
 from .cuda_topk import HERE, check_topk_tensors
+from .policy import CLUSTER_PATH_MAX_TOKENS
 from .shapes import PAGE_SIZE, TOPK
 
 #: compiled sources (relative to this folder): the C ABI and the launcher with its kernels
@@ -51,7 +52,7 @@ SIGNATURES = {
 #: constants of csrc/topk_long.h
 SCRATCH_INTS = 2 * 4096 + 256 + 20  # per row: the three levels' histograms, then the row's counters and thresholds
 #: the cluster top-k's longest row: 16 blocks x 1024 threads x 8 scores in registers
-CLUSTER_MAX_LEN = 16 * 1024 * 8
+CLUSTER_MAX_LEN = CLUSTER_PATH_MAX_TOKENS
 EXPECTED_CONSTANTS = {"TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "SCRATCH_INTS": SCRATCH_INTS, "CLUSTER_MAX_LEN": CLUSTER_MAX_LEN}
 STEM, WHAT = "dsa_topk_long", "the CUDA long-row top-k"
 

@@ -149,17 +149,32 @@ def uses_long_path(batch: int, max_num_pages: int) -> bool:
     return batch <= LONG_PATH_MAX_BATCH or (batch <= LONG_PATH_WIDE_BATCH and tokens >= LONG_PATH_WIDE_TOKENS)
 
 
-#: The cluster top-k (one thread-block cluster of 2-16 blocks per row, the row held in the
-#: cluster's registers, one launch) takes block tables of more than CLUSTER_PATH_MIN_TOKENS and
-#: at most CLUSTER_PATH_MAX_TOKENS tokens (its longest row: 16 blocks x 8192 scores) at batches up
-#: to CLUSTER_PATH_MAX_BATCH, where the device can run its cluster (cuda_topk_long.cluster_capacity).
+#: The cluster top-k (one thread-block cluster of 2-16 blocks of 8192 scores per row, the row held
+#: in the cluster's registers, one launch) takes block tables of more than CLUSTER_PATH_MIN_TOKENS
+#: and at most CLUSTER_PATH_MAX_TOKENS tokens when the call's clusters fit one wave of blocks
+#: (batch x blocks per row <= CLUSTER_PATH_MAX_BLOCKS, one 1024-thread block per SM; 132 SMs on the
+#: H100 and H200), where the device runs its cluster (cuda_topk_long.cluster_capacity). Measured on
+#: the H100 (docs/kernels/indexer.md, "Cluster top-k"), whole pipelines: it beat the multi-pass long
+#: top-k at B = 1 (32K, 128K), B = 8 x 64K and B = 32 x 32K (128 blocks), and lost where the
+#: clusters ran in several waves (B = 32 ragged up to 128K: 512 blocks; B = 64 x 128K, B = 128 x 64K: 1024).
 CLUSTER_PATH_MIN_TOKENS = 8192
 CLUSTER_PATH_MAX_TOKENS = 16 * 8192
-CLUSTER_PATH_MAX_BATCH = 128
+CLUSTER_PATH_MAX_BLOCKS = 132
+CLUSTER_BLOCK_TOKENS = 8192
+
+
+def cluster_blocks(max_num_pages: int) -> int:
+    """Blocks per row of the cluster top-k for block tables of ``max_num_pages`` pages (a power of two, at least 2)."""
+    blocks = 2
+    while blocks * CLUSTER_BLOCK_TOKENS < max_num_pages * PAGE_SIZE:
+        blocks *= 2
+    return blocks
 
 
 def uses_cluster_path(batch: int, max_num_pages: int) -> bool:
     """Whether a call of ``batch`` rows of block tables of ``max_num_pages`` pages takes the cluster
     top-k (where the device runs its cluster; else ``uses_long_path`` decides)."""
     tokens = max_num_pages * PAGE_SIZE
-    return CLUSTER_PATH_MIN_TOKENS < tokens <= CLUSTER_PATH_MAX_TOKENS and batch <= CLUSTER_PATH_MAX_BATCH
+    if not CLUSTER_PATH_MIN_TOKENS < tokens <= CLUSTER_PATH_MAX_TOKENS:
+        return False
+    return batch * cluster_blocks(max_num_pages) <= CLUSTER_PATH_MAX_BLOCKS
