@@ -98,6 +98,7 @@ class _PaddedCall:
 
     q: torch.Tensor
     sink: torch.Tensor
+    topk_owner: weakref.ref | None = None  # the topk_length tensor whose values the captured schedule was made for
     graph: torch.cuda.CUDAGraph | None = None
     out: torch.Tensor | None = None
     lse: torch.Tensor | None = None
@@ -115,7 +116,11 @@ class PaddedGraphs:
     version counter (its schedule is only valid while its values are) and by ``sm_scale``; a replay
     re-reads the inputs' memory, so every call computes afresh. The first call of a key runs eagerly
     (FlashMLA fills its schedule then, which a capture cannot); if a capture fails, every later call runs
-    eagerly and ``disabled_reason`` (shown in the notes) says why.
+    eagerly and ``disabled_reason`` (shown in the notes) says why. An argument set is found again only with
+    the very ``topk_length`` tensor it was made for (a weak reference): a new tensor that inherits a dead
+    one's address, shape and version counter (the allocator reuses memory between input sets) would
+    otherwise replay a graph that holds the old values' schedule; FlashMLA then writes wrong rows (seen on
+    an H100 as zeros in a V4 16-head case's first timed call of its second trial).
     """
 
     def __init__(self, capacity: int = 32) -> None:
@@ -129,11 +134,12 @@ class PaddedGraphs:
         h_q = q.shape[2]
         key = (kv_format, float(sm_scale), heads, *(_tensor_key(t) for t in (q, kv_cache, indices, attn_sink, topk_length)),
                None if topk_length is None else topk_length._version)
-        call = self.calls.get(key)
+        call = self.cached(key, topk_length)
         if call is None or self.disabled_reason is not None:
             padded_q, padded_sink = pad_heads(q, attn_sink, heads)
             if self.disabled_reason is None:
-                self.calls[key] = _PaddedCall(padded_q, padded_sink)
+                owner = None if topk_length is None else weakref.ref(topk_length)
+                self.calls[key] = _PaddedCall(padded_q, padded_sink, owner)
                 while len(self.calls) > self.capacity:
                     self.calls.popitem(last=False)
             return slice_heads(*_flash(kv_format, padded_q, kv_cache, indices, sm_scale, padded_sink, topk_length), h_q)
@@ -154,6 +160,14 @@ class PaddedGraphs:
         call.graph.replay()
         assert call.out is not None and call.lse is not None
         return slice_heads(call.out, call.lse, h_q)
+
+    def cached(self, key: tuple, topk_length: torch.Tensor | None) -> _PaddedCall | None:
+        """The padded call of ``key``, unless it was made for another ``topk_length`` tensor (then it is dropped)."""
+        call = self.calls.get(key)
+        if call is not None and topk_length is not None and (call.topk_owner is None or call.topk_owner() is not topk_length):
+            del self.calls[key]
+            return None
+        return call
 
 
 PADDED = PaddedGraphs()

@@ -9,6 +9,7 @@ import importlib
 import json
 import sys
 import types
+import weakref
 
 import pytest
 import torch
@@ -119,3 +120,20 @@ def test_entry_pads_to_64_heads_and_returns_the_definitions_answer(entry, tmp_pa
     result = definition.check(inputs, {"out": out, "lse": lse}, definition.expect(inputs), Tolerance(lse_atol=1e-4))
     assert result.status is Status.PASSED, result.message
     assert "padded to 64 heads" in module.solution_notes()
+
+
+def test_a_padded_graph_is_found_again_only_with_its_own_topk_length_tensor(entry):
+    # The captured graph holds the schedule of its topk_length's values: a new tensor that inherits a
+    # dead one's address, shape and version (the allocator reuses memory between input sets, and the
+    # key is made of exactly those) must not replay it.
+    module, _ = entry
+    graphs = module.PaddedGraphs()
+    lengths = torch.tensor([5, 7], dtype=torch.int32)
+    key = ("V4", 1.0, 64, "any argument set")
+    graphs.calls[key] = call = module._PaddedCall(torch.zeros(1), torch.zeros(1), weakref.ref(lengths))
+    assert graphs.cached(key, lengths) is call
+    del lengths
+    same_values = torch.tensor([5, 7], dtype=torch.int32)
+    assert graphs.cached(key, same_values) is None and key not in graphs.calls
+    graphs.calls[key] = module._PaddedCall(torch.zeros(1), torch.zeros(1))  # V3.2: no topk_length, no schedule values
+    assert graphs.cached(key, None) is graphs.calls[key]
