@@ -119,8 +119,8 @@ class PaddedGraphs:
     eagerly and ``disabled_reason`` (shown in the notes) says why. An argument set is found again only with
     the very ``topk_length`` tensor it was made for (a weak reference): a new tensor that inherits a dead
     one's address, shape and version counter (the allocator reuses memory between input sets) would
-    otherwise replay a graph that holds the old values' schedule; FlashMLA then writes wrong rows (seen on
-    an H100 as zeros in a V4 16-head case's first timed call of its second trial).
+    otherwise replay a graph that holds the old values' schedule (the likely cause of zeros seen on an H100
+    in a V4 16-head case's first timed call of its second trial).
     """
 
     def __init__(self, capacity: int = 32) -> None:
