@@ -35,8 +35,7 @@ from dsa_bench.definitions.base import INT_POISON, InputRng
 topk_long = importlib.import_module(f"{entry_module.__package__}.cuda_topk_long")
 policy = importlib.import_module(f"{entry_module.__package__}.policy")
 cuda_build = importlib.import_module(f"{entry_module.__package__.rsplit('.', 1)[0]}.common.cuda_build")
-EMULATOR_SOURCE = Path(__file__).resolve().parent / "topk_long_emulator.cpp"  # includes csrc/topk_long.cuh
-CLUSTER_EMULATOR_SOURCE = Path(__file__).resolve().parent / "topk_cluster_emulator.cpp"  # includes csrc/topk_cluster.cuh
+EMULATOR_SOURCE = Path(__file__).resolve().parent / "topk_long_emulator.cpp"  # includes csrc/topk_cluster.cuh, topk_long.cuh
 SCRATCH_INTS = topk_long.SCRATCH_INTS
 
 
@@ -101,18 +100,27 @@ def emulator(tmp_path_factory) -> Path:
     return build_emulator(tmp_path_factory, EMULATOR_SOURCE)
 
 
+def run_rows_emulator(
+    exe: Path, scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, k: int, extra: int, *mode: str
+) -> np.ndarray:
+    """Runs the long-row emulator on its input (topk_emulator.cpp's ``RowsInput``, ``extra`` its sixth
+    header field; ``mode`` "cluster" for the cluster kernel); returns the int32 words it wrote."""
+    scores = scores.detach().float().cpu().contiguous()
+    batch, width = scores.shape
+    header = np.array([batch, width, block_table.shape[1], block_table.shape[1] * 64, k, extra], dtype=np.int32)
+    parts = (header, scores.numpy(), seq_lens.cpu().numpy().astype(np.int32), block_table.cpu().numpy().astype(np.int32))
+    folder = exe.parent
+    (folder / "in.bin").write_bytes(b"".join(np.ascontiguousarray(part).tobytes() for part in parts))
+    subprocess.run([str(exe), str(folder / "in.bin"), str(folder / "out.bin"), *mode], check=True, timeout=600)
+    return np.fromfile(folder / "out.bin", dtype=np.int32)
+
+
 def emulate_long_topk(exe: Path, scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, k: int, blocks_per_row: int = 0):
     """Runs topk_long.cuh's kernels on the emulator (``blocks_per_row`` 0: a block per chunk of 4096
     entries, else that many blocks looping over a row's chunks); returns ([B, k] int32 ids,
     [B, SCRATCH_INTS] int32 scratch after the call)."""
-    scores = scores.detach().float().cpu().contiguous()
-    batch, width = scores.shape
-    header = np.array([batch, width, block_table.shape[1], block_table.shape[1] * 64, k, blocks_per_row], dtype=np.int32)
-    parts = (header, scores.numpy(), seq_lens.cpu().numpy().astype(np.int32), block_table.cpu().numpy().astype(np.int32))
-    folder = exe.parent
-    (folder / "in.bin").write_bytes(b"".join(np.ascontiguousarray(part).tobytes() for part in parts))
-    subprocess.run([str(exe), str(folder / "in.bin"), str(folder / "out.bin")], check=True, timeout=600)
-    raw = np.fromfile(folder / "out.bin", dtype=np.int32)
+    batch = scores.shape[0]
+    raw = run_rows_emulator(exe, scores, seq_lens, block_table, k, blocks_per_row)
     out, scratch = raw[: batch * k].reshape(batch, k), raw[batch * k :].reshape(batch, SCRATCH_INTS)
     return torch.from_numpy(out.copy()), torch.from_numpy(scratch.copy())
 
@@ -140,21 +148,10 @@ def test_emulated_long_topk_random_rows(emulator):
     assert not scratch.any()
 
 
-@pytest.fixture(scope="module")
-def cluster_emulator(tmp_path_factory) -> Path:
-    return build_emulator(tmp_path_factory, CLUSTER_EMULATOR_SOURCE)
-
-
 def emulate_cluster_topk(exe: Path, scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, k: int, blocks: int):
     """Runs topk_cluster.cuh's kernel on the emulator, one cluster of ``blocks`` blocks per row; returns [B, k] int32 ids."""
-    scores = scores.detach().float().cpu().contiguous()
-    batch, width = scores.shape
-    header = np.array([batch, width, block_table.shape[1], block_table.shape[1] * 64, k, blocks], dtype=np.int32)
-    parts = (header, scores.numpy(), seq_lens.cpu().numpy().astype(np.int32), block_table.cpu().numpy().astype(np.int32))
-    folder = exe.parent
-    (folder / "in.bin").write_bytes(b"".join(np.ascontiguousarray(part).tobytes() for part in parts))
-    subprocess.run([str(exe), str(folder / "in.bin"), str(folder / "out.bin")], check=True, timeout=600)
-    return torch.from_numpy(np.fromfile(folder / "out.bin", dtype=np.int32).reshape(batch, k).copy())
+    raw = run_rows_emulator(exe, scores, seq_lens, block_table, k, blocks, "cluster")
+    return torch.from_numpy(raw.reshape(scores.shape[0], k).copy())
 
 
 def cluster_rows(seed: int, max_pages: int):
@@ -179,13 +176,13 @@ def cluster_rows(seed: int, max_pages: int):
 
 
 @pytest.mark.parametrize(("k", "max_pages", "blocks"), [(2048, 256, 2), (512, 256, 2), (2048, 400, 4)])
-def test_emulated_cluster_topk_is_exact(cluster_emulator, k, max_pages, blocks):
+def test_emulated_cluster_topk_is_exact(emulator, k, max_pages, blocks):
     # The rows that drive every path (equal scores: cluster-wide tickets; one outlier: a second
     # cluster-wide level; more equal top keys than k; near-ties: block 0's finish over several
     # levels; denormals; -inf padding; short and empty rows), a cluster of 2 blocks (16384
     # tokens) and of 4 (rows of 25600 tokens: two blocks hold a partial slice, the others a full one).
     scores, seq_lens, table = cluster_rows(seed=k + blocks, max_pages=max_pages)
-    out = emulate_cluster_topk(cluster_emulator, scores, seq_lens, table, k, blocks)
+    out = emulate_cluster_topk(emulator, scores, seq_lens, table, k, blocks)
     assert_exact_topk(scores, seq_lens, table, out, k)
 
 
@@ -204,13 +201,20 @@ def test_long_topk_library_builds_for_sm90a_without_a_gpu(tmp_path):
     assert "arch=compute_90a,code=sm_90a" in compiled.command
     library = cuda_build.CudaLibrary(compiled, topk_long.WHAT, topk_long.PREFIX, topk_long.SIGNATURES)  # opens without a GPU
     assert library.mismatched(topk_long.EXPECTED_CONSTANTS) == []
-    # device, stream, scores, stride, seq_lens, table, stride, out, stride, scratch, candidates, batch, max_len, topk, dependent
-    args = [0, None, 16, 64, 16, 16, 1, 16, 2048, 16, 16, 1, 64, 2048, 0]
+    # device, stream, scores, stride, seq_lens, table, stride, out, stride, scratch, candidates, batch, max_len, topk, dependent,
+    # cluster (0: the multi-pass kernel)
+    args = [0, None, 16, 64, 16, 16, 1, 16, 2048, 16, 16, 1, 64, 2048, 0, 0]
     with pytest.raises(RuntimeError, match="16-byte aligned"):
         library.call("select", *[*args[:2], 4, *args[3:]])
     with pytest.raises(RuntimeError, match="topk must be in 1..TOPK"):
-        library.call("select", *[*args[:-2], 4096, 0])
+        library.call("select", *[*args[:13], 4096, 0, 0])
     library.call("select", *[*args[:11], 0, *args[12:]])  # batch 0: nothing to launch, returns 0
+    cluster = [*args[:9], None, None, *args[11:15], 1]  # the cluster kernel: no scratch, rows of at most CLUSTER_MAX_LEN
+    library.call("select", *[*cluster[:11], 0, *cluster[12:]])
+    with pytest.raises(RuntimeError, match="too large"):
+        library.call("select", *[*cluster[:12], topk_long.CLUSTER_MAX_LEN + 64, *cluster[13:]])
+    with pytest.raises(RuntimeError, match="null tensor pointer"):
+        library.call("select", *[*args[:9], None, *args[10:]])  # the multi-pass kernel needs its scratch
     nm = shutil.which("nm")
     if nm:
         proc = subprocess.run([nm, "-D", "--defined-only", str(compiled.path)], capture_output=True, text=True, check=True)

@@ -281,6 +281,61 @@ inline unsigned __match_any_sync(unsigned mask, int value) {
   }));
 }
 
+inline void __threadfence() {}  // fibers share one address space and never interleave inside an access
+
+namespace simt {
+inline Dim3& grid_dim() {
+  static Dim3 dims;
+  return dims;
+}
+
+// Reads `count` values of T from `f`, or exits with 2 (the drivers' input files).
+template <typename T>
+void read_into(std::FILE* f, T* data, size_t count) {
+  if (std::fread(data, sizeof(T), count, f) != count) {
+    std::fprintf(stderr, "emulator: input file too short\n");
+    std::exit(2);
+  }
+}
+
+// The input of the long-row driver (topk_long_emulator.cpp): int32
+// batch, score_stride, bt_stride, max_len, topk and one driver-specific field; float32
+// scores[batch * score_stride]; int32 seq_lens[batch]; int32 block_table[batch * bt_stride].
+struct RowsInput {
+  int32_t batch = 0, score_stride = 0, bt_stride = 0, max_len = 0, topk = 0, extra = 0;
+  std::vector<float> scores;
+  std::vector<int32_t> seq_lens, table;
+};
+
+// Reads a RowsInput from `path`, or exits with 2.
+inline RowsInput read_rows(const char* path) {
+  std::FILE* in = std::fopen(path, "rb");
+  if (!in) std::exit(2);
+  int32_t header[6];
+  read_into(in, header, 6);
+  RowsInput r;
+  r.batch = header[0], r.score_stride = header[1], r.bt_stride = header[2], r.max_len = header[3], r.topk = header[4], r.extra = header[5];
+  r.scores.resize(static_cast<size_t>(r.batch) * r.score_stride);
+  r.seq_lens.resize(r.batch);
+  r.table.resize(static_cast<size_t>(r.batch) * r.bt_stride);
+  read_into(in, r.scores.data(), r.scores.size());
+  read_into(in, r.seq_lens.data(), r.seq_lens.size());
+  read_into(in, r.table.data(), r.table.size());
+  std::fclose(in);
+  return r;
+}
+
+// Writes the int32 `values` to `path`; false when it cannot.
+inline bool write_all(const char* path, const std::vector<int32_t>& values) {
+  std::FILE* o = std::fopen(path, "wb");
+  if (!o) return false;
+  std::fwrite(values.data(), sizeof(int32_t), values.size(), o);
+  std::fclose(o);
+  return true;
+}
+}  // namespace simt
+#define gridDim (simt::grid_dim())
+
 #include "topk_filtered.cuh"
 
 // ---------------------------------------------------------------- driver
@@ -289,18 +344,12 @@ inline unsigned __match_any_sync(unsigned mask, int value) {
 
 namespace {
 
+using simt::read_into;
+
 template <int kThreads, int kVectors = dsa_topk::kCachedVectors>
 void run(dsa_topk::TopkArgs args) {
   for (int row = 0; row < args.batch; ++row) {
     simt::run_block(simt::Dim3{static_cast<unsigned>(row), 0, 0}, kThreads, [&] { dsa_topk::filtered_topk_kernel<kThreads, kVectors>(args); });
-  }
-}
-
-template <typename T>
-void read_into(std::FILE* f, T* data, size_t count) {
-  if (std::fread(data, sizeof(T), count, f) != count) {
-    std::fprintf(stderr, "emulator: input file too short\n");
-    std::exit(2);
   }
 }
 
@@ -345,10 +394,6 @@ int main(int argc, char** argv) {
     case 1024: run<1024>(args); break;
     default: std::fprintf(stderr, "emulator: threads must be 256, 512 or 1024\n"); return 2;
   }
-  std::FILE* o = std::fopen(argv[2], "wb");
-  if (!o) return 2;
-  std::fwrite(out.data(), sizeof(int32_t), out.size(), o);
-  std::fclose(o);
-  return 0;
+  return simt::write_all(argv[2], out) ? 0 : 2;
 }
 #endif  // DSA_TOPK_EMULATOR_NO_DRIVER

@@ -16,6 +16,7 @@ docs/kernels/indexer.md, "Long rows". The entry picks one by shape (``policy.lon
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
@@ -37,15 +38,9 @@ SIGNATURES = {
     "select": (ctypes.c_int, (
         ctypes.c_int, _P,  # device, stream
         _P, _I64, _P, _P, _I64, _P, _I64,  # scores, its row stride, seq_lens, block_table, its row stride, topk_indices, its row stride
-        _P, _P,  # scratch, candidates
+        _P, _P,  # scratch, candidates (the multi-pass kernel's; null for the cluster kernel)
         _I64, _I64, _I64,  # batch, max_len, topk
-        ctypes.c_int,  # dependent_launch
-    )),
-    "select_cluster": (ctypes.c_int, (
-        ctypes.c_int, _P,  # device, stream
-        _P, _I64, _P, _P, _I64, _P, _I64,  # as for select
-        _I64, _I64, _I64,  # batch, max_len, topk
-        ctypes.c_int,  # dependent_launch
+        ctypes.c_int, ctypes.c_int,  # dependent_launch, cluster (1: the cluster kernel)
     )),
     "cluster_capacity": (ctypes.c_int, (ctypes.c_int, _I64, ctypes.POINTER(ctypes.c_int32))),  # device, max_len -> clusters
 }  # fmt: skip
@@ -82,65 +77,44 @@ def scratch_for(device: torch.device, batch: int, max_len: int) -> tuple[torch.T
     return _SCRATCH[key]
 
 
-def _check_long_call(
-    scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, topk_indices: torch.Tensor
-) -> tuple[int, int, int]:
-    """(batch, max_len, k) of a long top-k call whose tensors are checked; raises ValueError naming what is wrong."""
-    batch, max_len = check_topk_tensors(scores, seq_lens, block_table, topk_indices)
-    k = topk_indices.shape[1]
-    if not 1 <= k <= TOPK:
-        raise ValueError(f"topk_indices must have 1..{TOPK} columns, got {k}")
-    if batch > 65535 or max_len > (2**31 - 1) // 4:
-        raise ValueError(f"batch {batch} x max_len {max_len} exceeds the launch grid (65535 rows) or 32-bit buffer indexing")
-    return batch, max_len, k
-
-
 def long_topk(
     scores: torch.Tensor,
     seq_lens: torch.Tensor,
     block_table: torch.Tensor,
     topk_indices: torch.Tensor,
     dependent_launch: bool = False,
+    cluster: bool = False,
 ) -> None:
     """Write the top-k physical ids (k = ``topk_indices.shape[1]``, at most 2048) of every row.
 
-    Tensors as for ``cuda_topk.filtered_topk``. ``dependent_launch``: the first kernel is a
-    programmatic dependent of the stream's previous kernel, which must be the one that writes
-    ``scores``.
+    Tensors as for ``cuda_topk.filtered_topk``; every argument is checked here (ValueError naming
+    what is wrong). ``dependent_launch``: the first kernel is a programmatic dependent of the
+    stream's previous kernel, which must be the one that writes ``scores``. ``cluster``: the cluster
+    kernel (``cluster_topk``), for block tables of at most ``CLUSTER_MAX_LEN`` tokens.
     """
-    batch, max_len, k = _check_long_call(scores, seq_lens, block_table, topk_indices)
+    batch, max_len = check_topk_tensors(scores, seq_lens, block_table, topk_indices)
+    k = topk_indices.shape[1]
+    if not 1 <= k <= TOPK:
+        raise ValueError(f"topk_indices must have 1..{TOPK} columns, got {k}")
+    longest = CLUSTER_MAX_LEN if cluster else (2**31 - 1) // 4
+    if batch > 65535 or max_len > longest:
+        what = f"the cluster top-k's {CLUSTER_MAX_LEN} tokens" if cluster else "32-bit buffer indexing"
+        raise ValueError(f"batch {batch} x max_len {max_len} exceeds the launch grid (65535 rows) or {what}")
     if batch == 0:
         return
     device = scores.device
-    scratch, candidates = scratch_for(device, batch, max_len)
+    scratch, candidates = (None, None) if cluster else scratch_for(device, batch, max_len)
     load_long_topk_extension().call(
         "select", device.index, torch.cuda.current_stream(device).cuda_stream,
         scores.data_ptr(), scores.stride(0), seq_lens.data_ptr(), block_table.data_ptr(), block_table.stride(0),
-        topk_indices.data_ptr(), topk_indices.stride(0), scratch.data_ptr(), candidates.data_ptr(),
-        batch, max_len, k, int(dependent_launch),
+        topk_indices.data_ptr(), topk_indices.stride(0), scratch.data_ptr() if scratch is not None else None,
+        candidates.data_ptr() if candidates is not None else None, batch, max_len, k, int(dependent_launch), int(cluster),
     )  # fmt: skip
 
 
-def cluster_topk(
-    scores: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_table: torch.Tensor,
-    topk_indices: torch.Tensor,
-    dependent_launch: bool = False,
-) -> None:
-    """``long_topk``'s contract for rows of up to ``CLUSTER_MAX_LEN`` tokens (``block_table`` of at
-    most that many tokens), in one launch of one thread-block cluster per row."""
-    batch, max_len, k = _check_long_call(scores, seq_lens, block_table, topk_indices)
-    if max_len > CLUSTER_MAX_LEN:
-        raise ValueError(f"the cluster top-k takes block tables of at most {CLUSTER_MAX_LEN} tokens, got {max_len}")
-    if batch == 0:
-        return
-    device = scores.device
-    load_long_topk_extension().call(
-        "select_cluster", device.index, torch.cuda.current_stream(device).cuda_stream,
-        scores.data_ptr(), scores.stride(0), seq_lens.data_ptr(), block_table.data_ptr(), block_table.stride(0),
-        topk_indices.data_ptr(), topk_indices.stride(0), batch, max_len, k, int(dependent_launch),
-    )  # fmt: skip
+#: ``long_topk``'s contract in one launch of one thread-block cluster per row (block tables of at most
+#: ``CLUSTER_MAX_LEN`` tokens)
+cluster_topk = functools.partial(long_topk, cluster=True)
 
 
 _CLUSTER_CAPACITY: dict[tuple[int, int], int] = {}

@@ -27,7 +27,7 @@
 // scratch: every counter lives in shared memory for one launch, so calls need no zeroing and
 // several may run at once. A row of L <= topk is passed through by its block 0 without scores.
 //
-// With DSA_TOPK_HOST_EMULATION the file compiles as host C++ for tests/solutions/topk_cluster_emulator.cpp,
+// With DSA_TOPK_HOST_EMULATION the file compiles as host C++ for tests/solutions/topk_long_emulator.cpp,
 // which runs a cluster's blocks as fibers of one scheduler (cluster barriers included).
 #pragma once
 
@@ -100,10 +100,13 @@ __device__ __forceinline__ int range_bin(uint32_t key, bool candidate, uint32_t 
   return candidate ? static_cast<int>((key - lo) >> shift) : -1;
 }
 
-// Writes `ids` (the physical ids of `mask`'s slots) at slots taken from `*counter` (one atomic per
-// block, offsets from a block scan). `counter` may be another block's. Block-wide.
-template <int kSlots, typename Id>
-__device__ __forceinline__ void emit_ids(uint32_t mask, Id id_of, int* counter, int32_t* out_row, ClusterShared& s) {
+// Writes the physical ids of `mask`'s slots (`id_of(i)`) at slots taken from `*counter` (one atomic
+// per block, offsets from a block scan; `counter` may be another block's). With kTickets the counter
+// hands out tickets among keys equal to the last threshold (equal scores, any of which will do): the
+// first `need` fill the row's last `need` slots of `topk`. Block-wide.
+template <int kSlots, bool kTickets, typename Id>
+__device__ __forceinline__ void emit_ids(uint32_t mask, Id id_of, int* counter, int32_t* out_row, ClusterShared& s, int need = 0,
+                                         int topk = 0) {
   const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
   const int mine = __popc(mask);
   const int inclusive = block_inclusive_sum<kClusterThreads>(mine, lane, warp, s.warp_totals);
@@ -112,30 +115,13 @@ __device__ __forceinline__ void emit_ids(uint32_t mask, Id id_of, int* counter, 
   int at = s.out_base + inclusive - mine;
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) {
-    if (mask & (1u << i)) out_row[at++] = id_of(i);
-  }
-  __syncthreads();  // s.out_base and the scan's scratch may be reused after
-}
-
-// Keys equal to the last threshold key (equal scores): the first `need` tickets in block order
-// (after the tickets `*counter` handed out before) fill the row's last `need` slots. Block-wide.
-template <int kSlots, typename Id>
-__device__ __forceinline__ void emit_tickets(uint32_t mask, Id id_of, int* counter, int need, int topk, int32_t* out_row,
-                                             ClusterShared& s) {
-  const int tid = threadIdx.x, lane = tid % kWarpSize, warp = tid / kWarpSize;
-  const int mine = __popc(mask);
-  const int inclusive = block_inclusive_sum<kClusterThreads>(mine, lane, warp, s.warp_totals);
-  if (tid == kClusterThreads - 1) s.out_base = inclusive != 0 ? atomicAdd(counter, inclusive) : 0;
-  __syncthreads();
-  int ticket = s.out_base + inclusive - mine;
-#pragma unroll
-  for (int i = 0; i < kSlots; ++i) {
     if (mask & (1u << i)) {
-      if (ticket < need) out_row[topk - need + ticket] = id_of(i);
-      ++ticket;
+      if (!kTickets) out_row[at] = id_of(i);
+      if (kTickets && at < need) out_row[topk - need + at] = id_of(i);
+      ++at;
     }
   }
-  __syncthreads();
+  __syncthreads();  // s.out_base and the scan's scratch may be reused after
 }
 
 // After a level's threshold t over the bins (key - lo) >> shift of the `candidates` slots: the
@@ -193,7 +179,7 @@ __device__ __forceinline__ Threshold cluster_level(int level, const uint32_t (&k
   __syncthreads();
   const Threshold t = find_threshold<kClusterThreads, kClusterBins, false>(s.hist, need, s.warp_totals, &s.threshold);
   const uint32_t above = split_at<kClusterSlots>(keys, lo, shift, t, need, candidates);
-  emit_ids<kClusterSlots>(above, id_of, cluster_peer(&s.out_count, 0), out_row, s);
+  emit_ids<kClusterSlots, false>(above, id_of, cluster_peer(&s.out_count, 0), out_row, s);
   return t;
 }
 
@@ -216,14 +202,14 @@ __device__ void finish_gathered(int count, uint32_t lo, int range_bits, int need
   const auto id_of = [&](int i) { return ids[i]; };
   while (true) {
     if (range_bits == 0) {  // equal keys: any of them will do
-      emit_tickets<kClusterGatherSlots>(candidates, id_of, &s.tickets, need, topk, out_row, s);
+      emit_ids<kClusterGatherSlots, true>(candidates, id_of, &s.tickets, out_row, s, need, topk);
       return;
     }
     const int shift = level_shift(range_bits);
     block_histogram<kClusterGatherSlots>(keys, candidates, lo, shift, s);
     const Threshold t = find_threshold<kClusterThreads, kClusterBins, false>(s.hist, need, s.warp_totals, &s.threshold);
     const uint32_t above = split_at<kClusterGatherSlots>(keys, lo, shift, t, need, candidates);
-    emit_ids<kClusterGatherSlots>(above, id_of, &s.out_count, out_row, s);
+    emit_ids<kClusterGatherSlots, false>(above, id_of, &s.out_count, out_row, s);
     if (t.in_bin == need - t.above) return;
     need -= t.above;
     lo += static_cast<uint32_t>(t.bin) << shift;
@@ -234,7 +220,7 @@ __device__ void finish_gathered(int count, uint32_t lo, int range_bits, int need
 // Grid (kBlocks, batch) in clusters of (kBlocks, 1, 1): cluster y selects row y. Asks for one block per SM
 // (1024 threads; the registers the cached keys need).
 template <int kBlocks>
-__global__ void __launch_bounds__(kClusterThreads, 1) cluster_topk_kernel(ClusterTopkArgs a) {
+__global__ void __launch_bounds__(kClusterThreads, 1) cluster_topk_kernel(LongTopkArgs a) {
   static_assert(kBlocks >= kClusterMinBlocks && kBlocks <= kClusterMaxBlocks && (kBlocks & (kBlocks - 1)) == 0, "a power-of-two cluster");
   launch_dependents();
   ClusterShared& s = *dynamic_shared<ClusterShared>();
@@ -261,56 +247,28 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_topk_kernel(Cluste
   for (int p = tid; p < kClusterTablePages && p < pages; p += kClusterThreads) s.table[p] = __ldg(table_row + start / kPageSize + p);
   wait_for_preceding_grid();  // the scores are the previous kernel's
   uint32_t keys[kClusterSlots];
-  uint32_t candidates = 0u;
+  uint32_t candidates = load_score_keys<kClusterThreads, kClusterSlots>(a.scores + row * a.score_stride, start, len, keys);
   uint32_t lo = 0xffffffffu, hi = 0u;
-  {
-    constexpr int kVectors = kClusterSlots / kScoresPerVector;
-    const float* score_row = a.scores + row * a.score_stride;
-    float4 x[kVectors];
 #pragma unroll
-    for (int c = 0; c < kVectors; ++c) {
-      const int p = start + (c * kClusterThreads + tid) * kScoresPerVector;
-      // Rows are 16-byte aligned and padded to whole pages, so a vector starting below len is in bounds.
-      x[c] = p < len ? __ldg(reinterpret_cast<const float4*>(score_row + p)) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int c = 0; c < kVectors; ++c) {
-      const float values[kScoresPerVector] = {x[c].x, x[c].y, x[c].z, x[c].w};
-#pragma unroll
-      for (int e = 0; e < kScoresPerVector; ++e) {
-        const int i = c * kScoresPerVector + e;
-        keys[i] = order_key(values[e]);
-        if (start + (c * kClusterThreads + tid) * kScoresPerVector + e < len) {
-          candidates |= 1u << i;
-          lo = keys[i] < lo ? keys[i] : lo;
-          hi = keys[i] > hi ? keys[i] : hi;
-        }
-      }
+  for (int i = 0; i < kClusterSlots; ++i) {
+    if ((candidates >> i) & 1u) {
+      lo = keys[i] < lo ? keys[i] : lo;
+      hi = keys[i] > hi ? keys[i] : hi;
     }
   }
   // This block's key range, then the row's: every block reads every block's after the first
   // cluster barrier (which also orders every block's zeroed state before any remote access).
-  lo = __reduce_min_sync(kFullMask, lo);
-  hi = __reduce_max_sync(kFullMask, hi);
-  if (lane == 0) {
-    s.warp_lo[warp] = lo;
-    s.warp_hi[warp] = hi;
-  }
-  __syncthreads();
-  if (warp == 0) {
-    lo = __reduce_min_sync(kFullMask, s.warp_lo[lane]);
-    hi = __reduce_max_sync(kFullMask, s.warp_hi[lane]);
-    if (lane == 0) {
-      s.lo = lo;
-      s.hi = hi;
-    }
+  block_min_max<kClusterThreads>(lo, hi, s.warp_lo, s.warp_hi);
+  if (tid == 0) {
+    s.lo = lo;
+    s.hi = hi;
   }
   cluster_sync();
   if (warp == 0) {
     lo = lane < kBlocks ? *cluster_peer(&s.lo, lane) : 0xffffffffu;
     hi = lane < kBlocks ? *cluster_peer(&s.hi, lane) : 0u;
-    lo = __reduce_min_sync(kFullMask, lo);
-    hi = __reduce_max_sync(kFullMask, hi);
+    lo = warp_reduce(lo, false);
+    hi = warp_reduce(hi, true);
     if (lane == 0) {
       s.row_lo = lo;
       s.row_hi = hi;
@@ -322,7 +280,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_topk_kernel(Cluste
   int range_bits = hi == lo ? 0 : kKeyBits - __clz(hi - lo);  // every candidate key k has k - lo < 2^range_bits
   int need = a.topk;
   const auto id_of = [&](int i) {
-    const int pos = start + ((i / kScoresPerVector) * kClusterThreads + tid) * kScoresPerVector + i % kScoresPerVector;
+    const int pos = score_position<kClusterThreads>(start, i);
     return s.table[(pos - start) / kPageSize] * kPageSize + pos % kPageSize;
   };
   // Cluster-wide levels (every decision below is cluster-uniform: every block found the same t).
@@ -350,7 +308,7 @@ __global__ void __launch_bounds__(kClusterThreads, 1) cluster_topk_kernel(Cluste
       return;
     }
     if (shift == 0) {  // equal keys, more than block 0's buffer holds: tickets, cluster-wide
-      emit_tickets<kClusterSlots>(candidates, id_of, cluster_peer(&s.tickets, 0), need, a.topk, out_row, s);
+      emit_ids<kClusterSlots, true>(candidates, id_of, cluster_peer(&s.tickets, 0), out_row, s, need, a.topk);
       break;
     }
   }

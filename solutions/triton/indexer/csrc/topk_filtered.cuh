@@ -242,6 +242,40 @@ __device__ __forceinline__ void for_each_score(const float* __restrict__ row, in
 // kNoKey + 1 (only a NaN score has key 0, and it merges with its neighbour).
 constexpr uint32_t kNoKey = 0u;
 
+// Position in its row of slot i of this thread's entries of the chunk at `start`, in float4 vectors:
+// thread t holds vectors t, t + kThreads, ... of the chunk.
+template <int kThreads>
+__device__ __forceinline__ int score_position(int start, int i) {
+  return start + ((i / kScoresPerVector) * kThreads + static_cast<int>(threadIdx.x)) * kScoresPerVector + i % kScoresPerVector;
+}
+
+// The order keys of this thread's kSlots scores of the chunk at `start` of a score `row` (slot i at
+// score_position); returns the bit mask of the slots below `len`.
+template <int kThreads, int kSlots>
+__device__ __forceinline__ uint32_t load_score_keys(const float* __restrict__ row, int start, int len, uint32_t (&keys)[kSlots]) {
+  constexpr int kVectors = kSlots / kScoresPerVector;
+  static_assert(kVectors * kScoresPerVector == kSlots && kSlots <= 32, "whole float4 per thread, one bit per slot");
+  float4 x[kVectors];
+#pragma unroll
+  for (int c = 0; c < kVectors; ++c) {
+    const int p = score_position<kThreads>(start, c * kScoresPerVector);
+    // Rows are 16-byte aligned and padded to whole pages, so a vector starting below len is in bounds.
+    x[c] = p < len ? __ldg(reinterpret_cast<const float4*>(row + p)) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  uint32_t below_len = 0u;
+#pragma unroll
+  for (int c = 0; c < kVectors; ++c) {
+    const float values[kScoresPerVector] = {x[c].x, x[c].y, x[c].z, x[c].w};
+#pragma unroll
+    for (int e = 0; e < kScoresPerVector; ++e) {
+      const int i = c * kScoresPerVector + e;
+      keys[i] = order_key(values[e]);
+      if (score_position<kThreads>(start, i) < len) below_len |= 1u << i;
+    }
+  }
+  return below_len;
+}
+
 template <int kThreads, int kVectors = kCachedVectors>
 struct CachedRow {
   static constexpr int kCachedKeys = kVectors * kScoresPerVector;
@@ -250,11 +284,10 @@ struct CachedRow {
   uint32_t keys[kCachedKeys];
 
   // Row position of cached slot i of the calling thread.
-  static __device__ __forceinline__ int position(int i) {
-    return ((i / kScoresPerVector) * kThreads + static_cast<int>(threadIdx.x)) * kScoresPerVector + i % kScoresPerVector;
-  }
+  static __device__ __forceinline__ int position(int i) { return score_position<kThreads>(0, i); }
 
-  // Issues every load first (they overlap); the caller needs len <= kCapacity.
+  // Issues every load first (they overlap); the caller needs len <= kCapacity. (Not load_score_keys:
+  // this form is the one measured on the contest's rows; it keeps the row's length test per vector.)
   __device__ __forceinline__ void load(const float* __restrict__ row, int len) {
     const int vectors = (len + kScoresPerVector - 1) / kScoresPerVector;
     float4 x[kVectors];
@@ -291,6 +324,25 @@ __device__ __forceinline__ void for_each_candidate(const uint2* buffer, int coun
 // Warp reductions are single redux.sync instructions (sm_80 and later), not chains of five shuffles.
 __device__ __forceinline__ unsigned warp_reduce(unsigned v, bool take_max) {
   return take_max ? __reduce_max_sync(kFullMask, v) : __reduce_min_sync(kFullMask, v);
+}
+
+// Block-wide smallest `lo` and largest `hi` over the threads' values; every thread gets both.
+// `warp_lo` and `warp_hi` are block-shared scratch of kMaxWarps; one barrier inside, so every thread
+// must call it and the scratch may be reused only after the caller's next barrier.
+template <int kThreads>
+__device__ __forceinline__ void block_min_max(unsigned& lo, unsigned& hi, unsigned* warp_lo, unsigned* warp_hi) {
+  constexpr int kWarps = kThreads / kWarpSize;
+  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+  lo = warp_reduce(lo, false);
+  hi = warp_reduce(hi, true);
+  if (lane == 0) {
+    warp_lo[warp] = lo;
+    warp_hi[warp] = hi;
+  }
+  __syncthreads();
+  // Lane w reads warp w's extremes, then a warp reduction (no chain of kWarps shared loads).
+  lo = warp_reduce(lane < kWarps ? warp_lo[lane] : 0xffffffffu, false);
+  hi = warp_reduce(lane < kWarps ? warp_hi[lane] : 0u, true);
 }
 
 // Block-wide inclusive prefix sum of `value` over threads in index order (`lane` and `warp` are
@@ -401,6 +453,7 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
     lo_less_one = less_one < lo_less_one ? less_one : lo_less_one;
     hi = row.keys[i] > hi ? row.keys[i] : hi;
   }
+  // (Not block_min_max: this form, with the caller's lane and warp, is the one measured on the contest's rows.)
   lo_less_one = warp_reduce(lo_less_one, false);
   hi = warp_reduce(hi, true);
   if (lane == 0) {

@@ -73,7 +73,7 @@ cudaError_t cluster_config(cudaLaunchConfig_t& config, cudaLaunchAttribute (&att
 }
 
 template <int kBlocks>
-cudaError_t launch_cluster(const ClusterTopkArgs& args, cudaStream_t stream) {
+cudaError_t launch_cluster(const LongTopkArgs& args, cudaStream_t stream) {
   cudaLaunchConfig_t config;
   cudaLaunchAttribute attributes[2];
   cudaError_t err = cluster_config<kBlocks>(config, attributes, args.batch, args.dependent_launch != 0, stream);
@@ -94,7 +94,7 @@ cudaError_t active_clusters(int* count) {
 
 }  // namespace
 
-cudaError_t launch_cluster_topk(const ClusterTopkArgs& args, cudaStream_t stream) {
+cudaError_t launch_cluster_topk(const LongTopkArgs& args, cudaStream_t stream) {
   if (args.batch <= 0) return cudaSuccess;
   switch (cluster_blocks_for(args.max_len)) {
     case 2: return launch_cluster<2>(args, stream);

@@ -51,8 +51,8 @@ struct LongTopkArgs {
   int64_t bt_stride;
   int32_t* out;                // [batch, out_stride] physical ids, written: topk per row
   int64_t out_stride;
-  int32_t* scratch;            // [batch, kLongScratchInts]: all zero before a call, left all zero after it
-  uint32_t* candidates;        // [batch, 2, max_len] (key, position) pairs: levels 2 and 3's entries
+  int32_t* scratch;            // [batch, kLongScratchInts]: all zero before a call, left all zero after it (unused by the cluster kernel)
+  uint32_t* candidates;        // [batch, 2, max_len] (key, position) pairs: levels 2 and 3's entries (likewise)
   int batch;
   int max_len;                 // max_num_pages * kPageSize: the longest row possible
   int topk;                    // ids per row (1..kTopK)
@@ -62,6 +62,7 @@ struct LongTopkArgs {
 
 // The cluster top-k (topk_cluster.cuh): one cluster of 2..16 blocks per row, the row cached in
 // the blocks' registers (kClusterSlots scores per thread), so rows of up to kClusterMaxLen tokens.
+// It takes LongTopkArgs without scratch or candidates (max_len at most kClusterMaxLen).
 constexpr int kClusterThreads = 1024;
 constexpr int kClusterSlots = 8;
 constexpr int kClusterChunk = kClusterThreads * kClusterSlots;  // scores per block: 8192
@@ -69,25 +70,11 @@ constexpr int kClusterMinBlocks = 2;
 constexpr int kClusterMaxBlocks = 16;  // the largest cluster Hopper runs (past 8 it is a non-portable size)
 constexpr int kClusterMaxLen = kClusterChunk * kClusterMaxBlocks;  // 131072
 
-struct ClusterTopkArgs {
-  const float* scores;         // [batch, score_stride] fp32 scores, position-major per row
-  int64_t score_stride;        // elements between rows; a multiple of 4 (16-byte aligned rows)
-  const int32_t* seq_lens;     // [batch]
-  const int32_t* block_table;  // [batch, bt_stride] page ids
-  int64_t bt_stride;
-  int32_t* out;                // [batch, out_stride] physical ids, written: topk per row
-  int64_t out_stride;
-  int batch;
-  int max_len;                 // max_num_pages * kPageSize: at most kClusterMaxLen; the cluster's size follows from it
-  int topk;                    // ids per row (1..kTopK)
-  int dependent_launch;        // the kernel is a programmatic dependent of the stream's previous kernel
-};
-
 #ifndef DSA_TOPK_HOST_EMULATION
 // Launches the four kernels on `stream`. Returns the CUDA error of a launch (cudaSuccess when fine).
 cudaError_t launch_long_topk(const LongTopkArgs& args, cudaStream_t stream);
 // Launches the cluster kernel on `stream` (cudaErrorInvalidValue when max_len > kClusterMaxLen).
-cudaError_t launch_cluster_topk(const ClusterTopkArgs& args, cudaStream_t stream);
+cudaError_t launch_cluster_topk(const LongTopkArgs& args, cudaStream_t stream);
 // How many clusters of the kernel for rows of up to max_len tokens the current device runs at once
 // (0: none, e.g. a 16-block cluster on a device whose GPCs hold fewer free SMs).
 cudaError_t cluster_topk_capacity(int max_len, int* clusters);

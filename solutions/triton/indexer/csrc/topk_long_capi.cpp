@@ -40,69 +40,57 @@ DSA_EXPORT const char* dsa_topk_long_error_string(int code) {
   }
 }
 
+namespace {
+
+// Checks a call's arguments (the multi-pass kernel's scratch and candidates when `with_scratch`) and
+// fills `args`; returns 0 or an ArgumentError.
+int make_args(dsa_topk::LongTopkArgs& args, const float* scores, int64_t score_stride, const int32_t* seq_lens, const int32_t* block_table,
+              int64_t bt_stride, int32_t* topk_indices, int64_t out_stride, int32_t* scratch, uint32_t* candidates, int64_t batch,
+              int64_t max_len, int64_t topk, int dependent_launch, bool with_scratch, int64_t longest) {
+  if (batch < 0 || batch > 65535 || max_len < 0 || max_len > longest) return kTooLarge;
+  const bool misaligned_scratch = with_scratch && (reinterpret_cast<uintptr_t>(scratch) % 16 != 0 || reinterpret_cast<uintptr_t>(candidates) % 16 != 0);
+  if (score_stride % 4 != 0 || reinterpret_cast<uintptr_t>(scores) % 16 != 0 || misaligned_scratch) return kMisaligned;
+  if (topk < 1 || topk > dsa_topk::kTopK) return kBadTopk;
+  if (batch != 0 && (scores == nullptr || seq_lens == nullptr || block_table == nullptr || topk_indices == nullptr ||
+                     (with_scratch && (scratch == nullptr || candidates == nullptr))))
+    return kNullPointer;
+  args = dsa_topk::LongTopkArgs{};
+  args.scores = scores;
+  args.score_stride = score_stride;
+  args.seq_lens = seq_lens;
+  args.block_table = block_table;
+  args.bt_stride = bt_stride;
+  args.out = topk_indices;
+  args.out_stride = out_stride;
+  args.scratch = with_scratch ? scratch : nullptr;
+  args.candidates = with_scratch ? candidates : nullptr;
+  args.batch = static_cast<int>(batch);
+  args.max_len = static_cast<int>(max_len);
+  args.topk = static_cast<int>(topk);
+  args.dependent_launch = dependent_launch != 0;
+  return 0;
+}
+
+}  // namespace
+
 // scores [batch, score_stride] fp32 (rows 16-byte aligned), seq_lens [batch] int32, block_table
 // [batch, bt_stride] int32 page ids, topk_indices [batch, out_stride] int32 (topk per row written),
 // scratch [batch, SCRATCH_INTS] int32 (zero before, left zero after), candidates [batch, 4 * max_len]
 // uint32 (two buffers of max_len (key, position) pairs per row); max_len = max_num_pages * PAGE_SIZE.
+// `cluster`: the cluster kernel instead (max_len <= CLUSTER_MAX_LEN; scratch and candidates unused, may be null).
 DSA_EXPORT int dsa_topk_long_select(int device, void* stream, const float* scores, int64_t score_stride, const int32_t* seq_lens,
-                             const int32_t* block_table, int64_t bt_stride, int32_t* topk_indices, int64_t out_stride,
-                             int32_t* scratch, uint32_t* candidates, int64_t batch, int64_t max_len, int64_t topk,
-                                    int dependent_launch) {
-  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-  if (batch < 0 || batch > 65535 || max_len < 0 || max_len > kIntMax / 4) return kTooLarge;
-  if (score_stride % 4 != 0 || reinterpret_cast<uintptr_t>(scores) % 16 != 0 || reinterpret_cast<uintptr_t>(scratch) % 16 != 0 ||
-      reinterpret_cast<uintptr_t>(candidates) % 16 != 0)
-    return kMisaligned;
-  if (topk < 1 || topk > dsa_topk::kTopK) return kBadTopk;
-  if (batch == 0) return 0;
-  if (scores == nullptr || seq_lens == nullptr || block_table == nullptr || topk_indices == nullptr || scratch == nullptr ||
-      candidates == nullptr)
-    return kNullPointer;
-
+                                    const int32_t* block_table, int64_t bt_stride, int32_t* topk_indices, int64_t out_stride,
+                                    int32_t* scratch, uint32_t* candidates, int64_t batch, int64_t max_len, int64_t topk,
+                                    int dependent_launch, int cluster) {
+  constexpr int64_t kLongest = std::numeric_limits<int>::max() / 4;  // 32-bit indexing of the candidate buffers
+  dsa_topk::LongTopkArgs args;
+  const int problem = make_args(args, scores, score_stride, seq_lens, block_table, bt_stride, topk_indices, out_stride, scratch, candidates,
+                                batch, max_len, topk, dependent_launch, cluster == 0, cluster != 0 ? dsa_topk::kClusterMaxLen : kLongest);
+  if (problem != 0 || batch == 0) return problem;
   const dsa_capi::DeviceGuard guard(device);
   if (guard.status() != cudaSuccess) return guard.status();
-  dsa_topk::LongTopkArgs args{};
-  args.scores = scores;
-  args.score_stride = score_stride;
-  args.seq_lens = seq_lens;
-  args.block_table = block_table;
-  args.bt_stride = bt_stride;
-  args.out = topk_indices;
-  args.out_stride = out_stride;
-  args.scratch = scratch;
-  args.candidates = candidates;
-  args.batch = static_cast<int>(batch);
-  args.max_len = static_cast<int>(max_len);
-  args.topk = static_cast<int>(topk);
-  args.dependent_launch = dependent_launch != 0;
-  return static_cast<int>(dsa_topk::launch_long_topk(args, static_cast<cudaStream_t>(stream)));
-}
-
-// The cluster top-k: tensors as for dsa_topk_long_select, no scratch; max_len <= CLUSTER_MAX_LEN.
-DSA_EXPORT int dsa_topk_long_select_cluster(int device, void* stream, const float* scores, int64_t score_stride, const int32_t* seq_lens,
-                                            const int32_t* block_table, int64_t bt_stride, int32_t* topk_indices, int64_t out_stride,
-                                            int64_t batch, int64_t max_len, int64_t topk, int dependent_launch) {
-  if (batch < 0 || batch > 65535 || max_len < 0 || max_len > dsa_topk::kClusterMaxLen) return kTooLarge;
-  if (score_stride % 4 != 0 || reinterpret_cast<uintptr_t>(scores) % 16 != 0) return kMisaligned;
-  if (topk < 1 || topk > dsa_topk::kTopK) return kBadTopk;
-  if (batch == 0) return 0;
-  if (scores == nullptr || seq_lens == nullptr || block_table == nullptr || topk_indices == nullptr) return kNullPointer;
-
-  const dsa_capi::DeviceGuard guard(device);
-  if (guard.status() != cudaSuccess) return guard.status();
-  dsa_topk::ClusterTopkArgs args{};
-  args.scores = scores;
-  args.score_stride = score_stride;
-  args.seq_lens = seq_lens;
-  args.block_table = block_table;
-  args.bt_stride = bt_stride;
-  args.out = topk_indices;
-  args.out_stride = out_stride;
-  args.batch = static_cast<int>(batch);
-  args.max_len = static_cast<int>(max_len);
-  args.topk = static_cast<int>(topk);
-  args.dependent_launch = dependent_launch != 0;
-  return static_cast<int>(dsa_topk::launch_cluster_topk(args, static_cast<cudaStream_t>(stream)));
+  const cudaStream_t on = static_cast<cudaStream_t>(stream);
+  return static_cast<int>(cluster != 0 ? dsa_topk::launch_cluster_topk(args, on) : dsa_topk::launch_long_topk(args, on));
 }
 
 // Writes to *clusters how many clusters of the cluster top-k for rows of up to max_len tokens the
