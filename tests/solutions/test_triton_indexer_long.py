@@ -259,7 +259,7 @@ def test_cuda_cluster_topk_matches_torch_topk(k, max_pages):
 def test_gpu_entry_on_long_rows_passes_the_checker(weights):
     lens = [70000, 33000, 16385, 2049, 100, 0]
     axes, inputs = make_inputs(lens, max_pages=1100, seed=5, num_pages=sum(-(-n // 64) for n in lens) + 8)
-    assert policy.uses_long_path(len(lens), 1100)
+    assert entry_module.cuda_topk_for(len(lens), 1100, DEVICE) is topk_long.cluster_topk
     w = inputs["weights"]
     if weights == "negative":
         w.copy_(-w.abs())
@@ -267,6 +267,15 @@ def test_gpu_entry_on_long_rows_passes_the_checker(weights):
         w.mul_(1e3)
     elif weights == "scaled_down":
         w.mul_(1e-4)
+    assert_passes(axes, inputs, run(entry_module.kernel, inputs))
+
+
+@pytest.mark.gpu
+def test_gpu_entry_on_long_rows_past_one_wave_of_clusters_takes_the_multi_pass_topk():
+    # 9 rows of a 128K-token table: 9 x 16 cluster blocks is more than one wave, so the multi-pass top-k.
+    lens = [131072, 131000, 70000, 33000, 16385, 8193, 2049, 100, 0]
+    axes, inputs = make_inputs(lens, max_pages=2048, seed=6, num_pages=sum(-(-n // 64) for n in lens) + 8)
+    assert entry_module.cuda_topk_for(len(lens), 2048, DEVICE) is topk_long.long_topk
     assert_passes(axes, inputs, run(entry_module.kernel, inputs))
 
 
