@@ -137,10 +137,27 @@ struct ChunkEntries {
   int positions[kLongSlots];
   uint32_t members = 0u;
 
+  // Not load_score_keys: this form is the one measured on the H100 (its PTX differs from the shared helper's).
   __device__ __forceinline__ void load_scores(const float* __restrict__ row, int start, int len) {
-    members = load_score_keys<kLongThreads, kLongSlots>(row, start, len, keys);
+    constexpr int kVectors = kLongSlots / kScoresPerVector;
+    float4 x[kVectors];
 #pragma unroll
-    for (int i = 0; i < kLongSlots; ++i) positions[i] = score_position<kLongThreads>(start, i);
+    for (int c = 0; c < kVectors; ++c) {
+      const int p = start + (c * kLongThreads + static_cast<int>(threadIdx.x)) * kScoresPerVector;
+      // Rows are 16-byte aligned and padded to whole pages, so a vector starting below len is in bounds.
+      x[c] = p < len ? __ldg(reinterpret_cast<const float4*>(row + p)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int c = 0; c < kVectors; ++c) {
+      const float values[kScoresPerVector] = {x[c].x, x[c].y, x[c].z, x[c].w};
+#pragma unroll
+      for (int e = 0; e < kScoresPerVector; ++e) {
+        const int i = c * kScoresPerVector + e;
+        positions[i] = start + (c * kLongThreads + static_cast<int>(threadIdx.x)) * kScoresPerVector + e;
+        keys[i] = order_key(values[e]);
+        if (positions[i] < len) members |= 1u << i;
+      }
+    }
   }
 
   __device__ __forceinline__ void load_candidates(const uint2* buffer, int start, int count) {
