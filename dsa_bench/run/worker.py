@@ -7,12 +7,12 @@ identical inputs), calls the solution, times it, and sends back only outputs and
 frames of :mod:`dsa_bench.run.channel` whose headers :mod:`dsa_bench.run.protocol` validates on the
 harness side. It never receives reference outputs, and nothing it sends is unpickled there.
 
-The timer, the L2 flusher, the clock reader and (with ``--cuda-graph``) the side stream and the CUDA
-graph functions are created, and the functions the timing path calls are bound, *before* the
-solution is imported: a solution that later patches the timer
-class, the CUPTI module, ``torch.cuda.Event``, the flush or ``time.perf_counter`` changes names
-nobody looks up again. (Code in this process can still reach those objects through ``gc`` or
-``ctypes``; the harness therefore checks every reported time against a physical floor itself.)
+The timer, the L2 flusher, the clock reader and (with ``--cuda-graph``) the side stream and torch's
+CUDA graph functions are created, and the functions the timing path calls are bound, *before* the
+solution is imported: a solution that later patches the timer class, the CUPTI module,
+``torch.cuda.Event``, the flush or ``time.perf_counter`` changes names nobody looks up again. (Code
+in this process can still reach those objects through ``gc`` or ``ctypes``; the harness therefore
+checks every reported time against a physical floor itself.)
 
 Protocol (frames)::
 
