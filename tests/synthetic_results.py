@@ -30,9 +30,11 @@ def write_results(
     gpu: str = "NVIDIA H200",
     l2_flush: str | None = "clean",
     peers: tuple[str, ...] | None = None,
+    launch: str | None = None,
 ) -> Path:
     """``latencies[case][solution]`` in ms (the reference among them); ``failures`` marks records failed;
-    ``peers`` (None: a file from before peer speedups) are the solutions the peer speedups are measured against."""
+    ``peers`` (None: a file from before peer speedups) are the solutions the peer speedups are measured against;
+    ``launch`` None writes no launch field (a file from before run --cuda-graph)."""
     spreads = spreads or {}
     failures = failures or {}
     solutions = list(dict.fromkeys(s for per_case in latencies.values() for s in per_case))
@@ -46,6 +48,7 @@ def write_results(
         "settings": {"seed": 1, "input_sets": 2, "warmup": 10, "iterations": 50, "trials": 3},
         "timer": "cupti" if timed else None,
         **({"l2_flush": l2_flush if timed else None} if l2_flush is not None else {}),  # None: a file from before the flush modes
+        **({"launch": launch if timed else None} if launch is not None else {}),
         "environment": {**GPU_ENVIRONMENT, "gpu": gpu} if timed else CPU_ENVIRONMENT,
         "solutions": {s: {"path": f"solutions/{s}", "content_hash": (hashes or {}).get(s, f"hash-{s}")} for s in solutions},
         **({"peers": list(peers), "speedup_over": None} if peers is not None else {}),

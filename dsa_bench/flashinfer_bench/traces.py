@@ -150,7 +150,7 @@ def _log(results: LoadedResults, record: CaseRecord, status: str, lost: list[str
         lines.append(f"message: {record.message}")
     lines.append(f"solution: {record.solution} ({meta.packed or meta.path}, sha256 {meta.content_hash})")
     if results.timer:
-        lines.append(f"timer: {results.timer}, L2 flush: {results.l2_flush}")
+        lines.append(f"timer: {results.timer}, L2 flush: {results.l2_flush}, launch: {results.launch}")
     else:
         lines.append("timer: none (a run without CUDA checks correctness only: latency, reference latency and speedup are 0)")
     counts = " ".join(f"{key}={settings[key]}" for key in ("seed", "input_sets", "warmup", "iterations", "trials") if key in settings)

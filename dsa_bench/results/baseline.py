@@ -57,6 +57,7 @@ class BaselineBlockModel(OpenModel):
     results_file: str | None = None
     timer: str | None = None
     l2_flush: str | None = None
+    launch: str | None = None  # absent in baselines from before run --cuda-graph: eager when timed (records.recorded_launch)
     settings: dict[str, Any] | None = None
     environment: dict[str, Any] | None = None
     solutions: dict[str, SolutionHeader] | None = None
@@ -146,6 +147,7 @@ def baseline_block(results: LoadedResults) -> dict[str, Any]:
         "results_file": results.path.name,
         "timer": results.timer,
         "l2_flush": results.l2_flush,
+        "launch": results.launch,
         "settings": header.settings.written() if header.settings is not None else None,
         "environment": results.environment.written(),
         **({"secret": True} if header.secret else {}),  # made from a contest run (compare.refuse_secret_mix)

@@ -32,7 +32,7 @@ Baseline file (``baselines/<gpu>.json``)::
 
     {"format": "dsa-bench-baseline", "version": 1, "updated": "...",
      "workloads": {"indexer_h64": {"definition": ..., "results_created": ..., "results_file": ...,
-                                   "timer": ..., "l2_flush": ..., "settings": {...}, "environment": {...},
+                                   "timer": ..., "l2_flush": ..., "launch": ..., "settings": {...}, "environment": {...},
                                    "solutions": {"triton": {"content_hash": ...}, ...},
                                    "cases": [{"case", "solution", "status", "speedup",
                                               "latency_ms", "spread", "reference_latency_ms",
@@ -51,7 +51,14 @@ from typing import Any
 from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
 from dsa_bench.results.baseline import CaseMeasure, Key, baseline_measures, measures_of
-from dsa_bench.results.records import LoadedResults, RecordedSettings, recorded_l2_flush, refuse_redacted, refuse_secret_mix
+from dsa_bench.results.records import (
+    LoadedResults,
+    RecordedSettings,
+    recorded_l2_flush,
+    recorded_launch,
+    refuse_redacted,
+    refuse_secret_mix,
+)
 from dsa_bench.solution import REFERENCE_SOLUTION
 
 DEFAULT_THRESHOLD = 0.05
@@ -255,6 +262,12 @@ def _environment_warnings(results: LoadedResults, block: dict[str, Any]) -> list
         warnings.append(
             f"{results.workload}: baseline L2 flush {baseline_flush!r}, results L2 flush {results.l2_flush!r}; "
             "a dirty flush also charges each call for writing back the flush's lines"
+        )
+    baseline_launch = recorded_launch(block)
+    if baseline_launch != results.launch:
+        warnings.append(
+            f"{results.workload}: baseline launch {baseline_launch!r}, results launch {results.launch!r}; "
+            "a CUDA-graph replay (run --cuda-graph) leaves out the host launch gaps an eager call pays for"
         )
     old_settings, new_settings = block.get("settings") or {}, results.header.settings or RecordedSettings()
     for key in ("iterations", "trials", "warmup", "input_sets", "reference_protocol"):

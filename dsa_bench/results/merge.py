@@ -2,8 +2,8 @@
 
 For a run split over several sittings (a time limit stopped the first part): every record keeps
 the speedup measured in its own run, since each case's reference and solutions were timed side by
-side in the same process. The files must agree on workload, settings, timer, L2 flush, GPU and
-solution content hashes, and no (case, solution) may appear twice.
+side in the same process. The files must agree on workload, settings, timer, L2 flush, launch
+mode (eager or CUDA-graph replay), GPU and solution content hashes, and no (case, solution) may appear twice.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dsa_bench.errors import DsaBenchError
 from dsa_bench.files import check_output_path, has_json_format, write_atomic
 from dsa_bench.results.records import RESULTS_FORMAT, CaseRecord, Environment, LoadedResults, ResultsHeader, load_results
 
-MUST_AGREE = ("format", "version", "workload", "settings", "timer", "l2_flush", "secret", "redacted")
+MUST_AGREE = ("format", "version", "workload", "settings", "timer", "l2_flush", "launch", "secret", "redacted")
 #: what each part's own sittings were: kept with the part, under merged_from
 PER_PART = ("wall_breakdown", "resumed")
 

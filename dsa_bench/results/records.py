@@ -429,6 +429,9 @@ class ResultsHeader(OpenModel):
     l2_flush: str | None = None
     #: every flush first reset the persisting-L2 carve-out (absent in files written before it did)
     l2_persisting_reset: bool | None = None
+    #: how timed calls were launched: "eager" (the solution called from Python each time) or "cuda_graph" (replays of a CUDA
+    #: graph the worker captured of the call, run --cuda-graph); None when nothing was timed
+    launch: Literal["eager", "cuda_graph"] | None = None
     environment: Environment | None = None
     #: whom each solution's worker ran as (None on a Ray run: the actors report theirs under environment.gpus)
     workers: dict[str, str] | None = None
@@ -459,9 +462,11 @@ class ResultsHeader(OpenModel):
     @classmethod
     def _older_files(cls, data: Any) -> Any:
         """Defaults that files from older releases leave to inference: timed records from before
-        there was an L2 flush choice flushed "dirty"."""
+        there was an L2 flush choice flushed "dirty", and those from before ``--cuda-graph`` timed eager calls."""
         if isinstance(data, dict) and data.get("timer") and not data.get("l2_flush"):
-            return {**data, "l2_flush": "dirty"}
+            data = {**data, "l2_flush": "dirty"}
+        if isinstance(data, dict) and data.get("timer") and not data.get("launch"):
+            data = {**data, "launch": "eager"}
         return data
 
     @classmethod
@@ -589,6 +594,10 @@ class LoadedResults:
         return self.header.l2_flush
 
     @property
+    def launch(self) -> str | None:
+        return self.header.launch
+
+    @property
     def timed(self) -> bool:
         return any(r.timing is not None for r in self.records)
 
@@ -597,6 +606,17 @@ def recorded_l2_flush(block: dict[str, Any]) -> str | None:
     """The L2 flush a baseline block says its timing used; timed blocks from before there was a
     choice flushed "dirty", untimed ones none (a results header infers it in ResultsHeader._older_files)."""
     return block.get("l2_flush") or ("dirty" if block.get("timer") else None)
+
+
+def launch_mode(cuda_graph: bool) -> str:
+    """How a timed run launched its calls, as results record it (``launch``)."""
+    return "cuda_graph" if cuda_graph else "eager"
+
+
+def recorded_launch(block: dict[str, Any]) -> str | None:
+    """How a baseline block's timed calls were launched; timed blocks from before ``--cuda-graph``
+    launched eagerly, untimed ones not at all (a results header infers it in ResultsHeader._older_files)."""
+    return block.get("launch") or ("eager" if block.get("timer") else None)
 
 
 def load_results(path: Path) -> LoadedResults:

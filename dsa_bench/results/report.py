@@ -32,6 +32,8 @@ from dsa_bench.results.tables import summarize
 from dsa_bench.solution import REFERENCE_SOLUTION
 
 _FAILED_COLOR = "#c62828"
+#: how the environment table names a results file's launch mode (its ``launch`` field)
+LAUNCH_SHOWN = {"eager": "eager calls", "cuda_graph": "CUDA-graph replay (run --cuda-graph)"}
 
 
 @dataclass
@@ -300,6 +302,8 @@ def _environment_rows(results: LoadedResults) -> list[list[Any]]:
     rows.append(["timer", results.timer or "none (correctness only)"])
     if results.l2_flush:
         rows.append(["L2 flush", results.l2_flush])
+    if results.launch:
+        rows.append(["launch", LAUNCH_SHOWN.get(results.launch, results.launch)])
     for key, value in (header.settings.written() if header.settings is not None else {}).items():
         if key == "tolerance" and isinstance(value, dict):  # atol, rtol, lse_atol, score_rtol
             value = ", ".join(f"{name}={tol:g}" if isinstance(tol, (int, float)) else f"{name}={tol!r}" for name, tol in value.items())
@@ -337,7 +341,7 @@ def render_html(loaded: list[LoadedResults], figures: list[ReportFigure], pngs: 
             r.path.name,
             r.workload,
             r.definition,
-            f"{r.timer}, {r.l2_flush} L2 flush" if r.timer else "untimed",
+            f"{r.timer}, {r.l2_flush} L2 flush{', CUDA-graph replay' if r.launch == 'cuda_graph' else ''}" if r.timer else "untimed",
             r.environment.gpu or r.environment.device or "",
             len(r.records),
         ]

@@ -34,6 +34,7 @@ from dsa_bench.results.records import (
     SolutionHeader,
     WorkloadHeader,
     check_results_path,
+    launch_mode,
     now_iso,
     redacted_path,
 )
@@ -88,7 +89,8 @@ class RunPlan:
             return "on a Ray cluster (each actor picks its GPU's timer)"
         if self.options.timer is None:
             return "correctness only (no CUDA device: nothing is timed)"
-        return f"timing with {self.options.timer}, {self.options.l2_flush} L2 flush"
+        launch = ", CUDA-graph replay" if self.options.cuda_graph else ""
+        return f"timing with {self.options.timer}, {self.options.l2_flush} L2 flush{launch}"
 
     def header(self) -> ResultsHeader:
         """The results document's header; paths are relative to the project root where they lie in it."""
@@ -118,6 +120,7 @@ class RunPlan:
             l2_flush=options.l2_flush if options.timer else None,
             # every flush first resets the persisting-L2 carve-out (timing.flush.PersistingL2Reset)
             l2_persisting_reset=True if options.timer else None,
+            launch=launch_mode(options.cuda_graph) if options.timer else None,
             environment=Environment.model_construct(**env),
             workers={name: identity.description for name, identity in self.identities.items()}
             if self.executor == "local" else None,  # Ray actors report theirs under environment.gpus
@@ -343,6 +346,8 @@ def plan_run(request: RunRequest, root: Path) -> RunPlan:
     devices = [pick_device("cpu")] if on_ray else pick_devices(request.device, gpus)
     device = devices[0]
     timer, warning = (None, None) if on_ray else choose_timer(request.timer, device)
+    if request.cuda_graph and (timer is None and not on_ray or on_ray and request.device == "cpu"):
+        raise DsaBenchError(f"--cuda-graph needs a CUDA device: it times CUDA-graph replays, and this run on {device} times nothing")
     tolerance = dataclasses.replace(workload.settings.tolerance, **request.tolerance_overrides())
     settings = workload.settings.replace(
         seed=request.seed, input_sets=request.input_sets, warmup=request.warmup, iterations=request.iterations, trials=request.trials,

@@ -36,6 +36,8 @@ class WorkerConfig:
     harness_pid: int  # the worker ends itself when its parent is no longer this process
     dataset_root: str | None = None  # a flashinfer-bench dataset whose definition this run uses
     packed_from: str | None = None  # the packed Solution JSON the solution folder was laid out from (Solution.packed_from)
+    #: time graph replays: the worker captures each input set's call in a CUDA graph after the warm-up (run --cuda-graph)
+    cuda_graph: bool = False
     #: the folders the worker may write below: its build (torch extensions), Triton cache, home and scratch folders, in this order
     writable: tuple[str, ...] = ()
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from dsa_bench.definitions.status import Status
 from dsa_bench.errors import DsaBenchError
-from dsa_bench.results.records import CaseRecord, Environment, ResultsFile
+from dsa_bench.results.records import CaseRecord, Environment, ResultsFile, launch_mode
 from dsa_bench.run.breakdown import PhaseClock
 from dsa_bench.run.runner import DeviceRunner, RunOptions, worker_identities
 from dsa_bench.solution import Solution
@@ -125,6 +125,7 @@ class RayExecutor:
                 timer=timers.pop() if len(timers) == 1 else "mixed",
                 l2_flush=self.options.l2_flush if timed else None,
                 l2_persisting_reset=True if timed else None,
+                launch=launch_mode(self.options.cuda_graph) if timed else None,
             )
 
         return run_on_ray(

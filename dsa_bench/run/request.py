@@ -73,6 +73,12 @@ class RunRequest(BaseModel):
         description="How L2 is emptied before each timed call: clean (write, then read, a buffer of 2 x L2: the call pays for its own "
         "traffic only) or dirty (write only, as a memset flush does: the call also writes back the flush's dirty lines).",
     )
+    cuda_graph: bool = Field(
+        False,
+        description="Time each call as the replay of a CUDA graph the harness captures of it (as serving engines replay a decode "
+        "step), not as eager launches: host launch gaps drop out. The solution must not synchronize with the host inside a call. "
+        "Off by default: the contest times eager calls.",
+    )
     seed: int | None = Field(None, description="Base seed (default: the workload's).")
     #: contest mode: the seed is drawn from the OS and withheld until the run ends (also a workload setting)
     secret: bool = Field(

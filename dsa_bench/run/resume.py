@@ -94,6 +94,7 @@ def resume_problem(previous: ResultsHeader, now: ResultsHeader) -> str | None:
         ("settings", _written(previous.settings), _written(now.settings)),
         ("timer", previous.timer, now.timer),
         ("l2_flush", previous.l2_flush, now.l2_flush),
+        ("launch", previous.launch, now.launch),  # run --cuda-graph times graph replays, not eager calls
         ("environment.gpu", (previous.environment or Environment()).gpu, (now.environment or Environment()).gpu),
     ]
     for name, theirs, ours in checked:

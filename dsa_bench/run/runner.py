@@ -65,6 +65,8 @@ class RunOptions:
     settings: RunSettings
     timer: str | None  # "cupti" | "events" on a GPU; None: correctness only
     l2_flush: str  # timing.L2_FLUSH_MODES
+    #: timed calls are replays of a CUDA graph the worker captured of the call (run --cuda-graph), not eager calls
+    cuda_graph: bool = False
     compile_timeout_s: float = option_default("compile_timeout")
     case_timeout_s: float = option_default("case_timeout")
     log_dir: Path = Path(".cache/dsa-bench/logs")
@@ -122,6 +124,7 @@ class WorkerHandle:
             device=str(options.device),
             timer=options.timer,
             l2_flush=options.l2_flush,
+            cuda_graph=options.cuda_graph,
             extensions_dir=str(self.writable[0]),
             harness_pid=os.getpid(),
             dataset_root=str(options.dataset_root.resolve()) if options.dataset_root else None,

@@ -7,11 +7,12 @@ identical inputs), calls the solution, times it, and sends back only outputs and
 frames of :mod:`dsa_bench.run.channel` whose headers :mod:`dsa_bench.run.protocol` validates on the
 harness side. It never receives reference outputs, and nothing it sends is unpickled there.
 
-The timer, the L2 flusher and the clock reader are created, and the functions the timing path
-calls are bound, *before* the solution is imported: a solution that later patches the timer
-class, the CUPTI module, ``torch.cuda.Event``, the flush or ``time.perf_counter`` changes names
-nobody looks up again. (Code in this process can still reach those objects through ``gc`` or
-``ctypes``; the harness therefore checks every reported time against a physical floor itself.)
+The timer, the L2 flusher, the clock reader and (with ``--cuda-graph``) the side stream and torch's
+CUDA graph functions are created, and the functions the timing path calls are bound, *before* the
+solution is imported: a solution that later patches the timer class, the CUPTI module,
+``torch.cuda.Event``, the flush or ``time.perf_counter`` changes names nobody looks up again. (Code
+in this process can still reach those objects through ``gc`` or ``ctypes``; the harness therefore
+checks every reported time against a physical floor itself.)
 
 Protocol (frames)::
 
@@ -21,6 +22,7 @@ Protocol (frames)::
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -49,6 +51,46 @@ _PR_SET_PDEATHSIG = 1
 #: the worker's own clock for its phase records, bound before any solution can patch ``time``
 _now = time.perf_counter
 _now_ns = time.perf_counter_ns  # the host wall time of timed calls, bound likewise
+
+
+#: the case's message when run --cuda-graph cannot capture the solution's call (reported as a RUNTIME_ERROR)
+CAPTURE_FAILURE = ("--cuda-graph: the call could not be captured in a CUDA graph ({error}); the solution must not synchronize "
+                   "with the host inside a call, or run without --cuda-graph")  # fmt: skip
+
+
+class GraphCaptureFailed(Exception):
+    """The solution's call could not be captured (run --cuda-graph); its text is the case's whole message."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GraphMode:
+    """What run --cuda-graph times with, bound before the solution is imported (as the timer is): the
+    side stream every trial runs on, and torch's graph class, capture, replay and pool functions."""
+
+    stream: Any  # torch.cuda.Stream, one for the worker's lifetime
+    on_stream: Callable[[Any], Any]  # torch.cuda.stream
+    new_graph: Callable[[], Any]  # torch.cuda.CUDAGraph
+    capture: Callable[..., Any]  # torch.cuda.graph
+    replay: Callable[[Any], Any]  # torch.cuda.CUDAGraph.replay
+    new_pool: Callable[[], Any]  # torch.cuda.graph_pool_handle
+
+    @classmethod
+    def bind(cls, device: Any) -> GraphMode:
+        import torch
+
+        graph = torch.cuda.CUDAGraph
+        return cls(torch.cuda.Stream(device), torch.cuda.stream, graph, torch.cuda.graph, graph.replay, torch.cuda.graph_pool_handle)
+
+
+def capture_error(exc: BaseException) -> str:
+    """The first line of what made a capture fail: the innermost exception of the chain (a failed call
+    inside the capture, then the capture's own end failing because of it, reads as the call's error)."""
+    seen = {id(exc)}
+    while (inner := exc.__cause__ or exc.__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        exc = inner
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:500]
 
 
 def call_solution(fn: Callable[..., Any], dps: bool, args: list[Any], outputs: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
@@ -191,6 +233,8 @@ def main(argv: list[str]) -> None:
                 reply, tensors = runner.outputs(job)
             else:
                 reply, tensors = runner.time(job, *measure)
+        except GraphCaptureFailed as failed:  # a plain message; the harness restarts the worker after any error
+            reply, tensors = {"type": "error", "text": str(failed)}, b""
         except BaseException:
             reply, tensors = {"type": "error", "text": traceback.format_exc()[-200_000:]}, b""
         if guard is not None and len(guard.refused) > refused_before:  # even when the solution caught the error and answered
@@ -217,12 +261,12 @@ def kernel_medians_ms(per_call_ms: dict[str, list[float]]) -> dict[str, float]:
     return {**kept, "[other]": rest} if rest else kept
 
 
-def _bind_measurement(config: WorkerConfig, device: Any) -> tuple[Any, Any, Any, str | None, Any]:
-    """(time_iterations, flush, read_clocks, timer name, kernel_times or None): bound methods taken
-    before the solution is imported, so later patches of their classes or modules do not reach the
-    timing path."""
+def _bind_measurement(config: WorkerConfig, device: Any) -> tuple[Any, Any, Any, str | None, Any, GraphMode | None]:
+    """(time_iterations, flush, read_clocks, timer name, kernel_times or None, GraphMode or None): bound
+    methods taken before the solution is imported, so later patches of their classes or modules do not
+    reach the timing path."""
     if config.timer is None:
-        return None, None, None, None, None
+        return None, None, None, None, None, None
     import torch
 
     from dsa_bench.timing import make_timer
@@ -232,7 +276,8 @@ def _bind_measurement(config: WorkerConfig, device: Any) -> tuple[Any, Any, Any,
     timer = make_timer(config.timer)
     flusher = L2Flusher(device, config.l2_flush)
     clocks = ClockReader(device.index if device.index is not None else torch.cuda.current_device())
-    return timer.time_iterations, flusher.flush, clocks.read, timer.name, getattr(timer, "kernel_times", None)
+    graph = GraphMode.bind(device) if config.cuda_graph else None
+    return timer.time_iterations, flusher.flush, clocks.read, timer.name, getattr(timer, "kernel_times", None), graph
 
 
 class _CaseRunner:
@@ -287,11 +332,11 @@ class _CaseRunner:
         phases["encode"] += _now() - encoded
         return {"type": "outputs", "sets": sets, "phase_s": phases}, blob
 
-    def time(
-        self, job: TimingJob, time_iterations: Any, flush: Any, read_clocks: Any, timer_name: str | None, kernel_times: Any = None
-    ) -> tuple[dict[str, Any], bytes]:
+    def time(self, job: TimingJob, time_iterations: Any, flush: Any, read_clocks: Any, timer_name: str | None,
+             kernel_times: Any = None, graph: GraphMode | None = None) -> tuple[dict[str, Any], bytes]:  # fmt: skip
         """Time the solution: per trial, fresh input sets rotating call by call, queries redrawn,
-        outputs re-poisoned and L2 flushed before every call (all untimed)."""
+        outputs re-poisoned and L2 flushed before every call (all untimed). With ``graph`` (run
+        --cuda-graph) each trial runs on its side stream and the timed calls are graph replays."""
         if time_iterations is None:
             raise RuntimeError("this worker was started without a timer")
         reply = _Reply(self._output_specs(job.case))
@@ -299,7 +344,8 @@ class _CaseRunner:
                                   "phase_s": {"build_inputs": 0.0, "warmup": 0.0, "timed_calls": 0.0, "encode": 0.0},
                                   "host_samples_ms": [], "kernel_ms": []}  # fmt: skip
         for trial, seeds in enumerate(job.trial_seeds):  # each trial's input sets die with it
-            self._time_trial(job, trial, seeds, time_iterations, flush, read_clocks, header, reply)
+            with graph.on_stream(graph.stream) if graph is not None else contextlib.nullcontext():
+                self._time_trial(job, trial, seeds, time_iterations, flush, read_clocks, header, reply, graph)
             if kernel_times is not None:
                 header["kernel_ms"].append(kernel_medians_ms(kernel_times()))
         encoded = _now()
@@ -308,7 +354,7 @@ class _CaseRunner:
         return header, blob
 
     def _time_trial(self, job: TimingJob, trial: int, seeds: tuple[int, ...], time_iterations: Any, flush: Any, read_clocks: Any,
-                    header: dict[str, Any], reply: _Reply) -> None:  # fmt: skip
+                    header: dict[str, Any], reply: _Reply, graph: GraphMode | None = None) -> None:  # fmt: skip
         from dsa_bench.definitions.base import InputRng
         from dsa_bench.workloads import derive_seed, random_params
 
@@ -332,6 +378,7 @@ class _CaseRunner:
         # flush or the re-poisoning (``prepare``), which run before it.
         host_ms: list[float] = []
         call_started = [0]
+        graphs: list[Any] = []  # with --cuda-graph, once captured after the warm-up: one graph per input set
 
         def prepare(i: int) -> None:
             fresh = self.definition.redraw_inputs(axes, redraw_rng, params)
@@ -344,7 +391,11 @@ class _CaseRunner:
 
         def call(i: int) -> None:
             call_started[0] = _now_ns()
-            latest[i % n] = call_solution(self.fn, self.dps, args[i % n], outs[i % n], self.names)
+            if graphs:
+                assert graph is not None
+                graph.replay(graphs[i % n])  # rewrites latest[i % n], the outputs its capture returned
+            else:
+                latest[i % n] = call_solution(self.fn, self.dps, args[i % n], outs[i % n], self.names)
 
         def after(i: int) -> None:
             if timed:
@@ -356,10 +407,14 @@ class _CaseRunner:
         self._sync()
         warmup_start = _now()
         phases["build_inputs"] += warmup_start - started
-        for i in range(job.warmup):
+        # with --cuda-graph, every input set is called eagerly before its capture (lazy set-up, compiling
+        # and autotuning cannot happen inside one)
+        for i in range(job.warmup if graph is None else max(job.warmup, n)):
             prepare(i)
             call(i)
         self._sync()
+        if graph is not None:  # its time counts as warm-up
+            graphs += self._capture(graph, args, outs, latest)
         timed_start = _now()
         phases["warmup"] += timed_start - warmup_start
         before = read_clocks()
@@ -376,6 +431,26 @@ class _CaseRunner:
             "redrawn": reply.values(redrawn, f"checked{k}/redrawn/", self._input_specs(job.case)),
         })  # fmt: skip
         phases["encode"] += _now() - encoded
+
+    def _capture(self, graph: GraphMode, args: list[list[Any]], outs: list[dict[str, Any]], latest: dict[int, dict[str, Any]]) -> list[Any]:
+        """One CUDA graph per input set of exactly the solution's call, in one memory pool for the trial;
+        ``latest[j]`` becomes what the capture returned (a non-DPS solution's outputs then live in the
+        pool, and every replay rewrites them). A failure is the case's, with a plain message."""
+        pool = graph.new_pool()
+        graphs = []
+        for j in range(len(args)):
+            captured = graph.new_graph()
+            try:
+                with graph.capture(captured, pool=pool, stream=graph.stream):
+                    latest[j] = call_solution(self.fn, self.dps, args[j], outs[j], self.names)
+            except Exception as exc:
+                raise GraphCaptureFailed(CAPTURE_FAILURE.format(error=capture_error(exc))) from None
+            graphs.append(captured)
+        self._sync()
+        for captured in graphs:  # an instantiated graph's first launch uploads it: not in a timed call
+            graph.replay(captured)
+        self._sync()
+        return graphs
 
 
 if __name__ == "__main__":

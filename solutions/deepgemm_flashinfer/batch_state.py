@@ -108,7 +108,9 @@ class GraphReplay:
 
     The first call of an argument signature runs eagerly (the peers' kernels compile at first
     use, which cannot happen during a capture). If a capture fails, every later call runs
-    eagerly and ``disabled_reason`` says why (the peers report it in their notes).
+    eagerly and ``disabled_reason`` says why (the peers report it in their notes). Inside a
+    capture of the caller's (run --cuda-graph) the launches run as they are, into that capture
+    (a capture cannot nest), and nothing here changes.
     """
 
     def __init__(self) -> None:
@@ -117,7 +119,7 @@ class GraphReplay:
         self.disabled_reason: str | None = None
 
     def __call__(self, state: BatchState, launch: Callable[[], None], tensors: tuple[torch.Tensor, ...]) -> None:
-        if self.disabled_reason is not None:
+        if self.disabled_reason is not None or torch.cuda.is_current_stream_capturing():
             launch()
             return
         signature = _signature(tensors)

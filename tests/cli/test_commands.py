@@ -69,6 +69,7 @@ def test_bad_input_gives_clear_errors_without_traceback(tmp_path):
         (["run", "-w", "indexer_smoke", "-s", str(FIXTURES / "solutions" / "no_entry_point")], "entry_point must look like"),
         (["run", "-w", "indexer_smoke", "-c", "nothing*"], "no case of workload 'indexer_smoke' matches"),
         (["run", "-w", "indexer_smoke", "--timer", "cupti"], "needs a CUDA device"),
+        (["run", "-w", "indexer_smoke", "--device", "cpu", "--cuda-graph"], "--cuda-graph needs a CUDA device: it times CUDA-graph"),
         (["run", "-w", "indexer_smoke", "--l2-flush", "warm"], "unknown L2 flush mode 'warm'; expected one of clean, dirty"),
         (["run", "-w", "sparse_attention_smoke", "-s", str(FIXTURES / "solutions" / "raises")], "has no entry for definition"),
     ]

@@ -68,3 +68,25 @@ def test_a_request_hands_its_options_to_the_case_loop_and_records_the_marked_one
     plan = plan_run(request, ROOT)
     assert (plan.options.worker_user, plan.options.l2_flush, plan.options.speedup_over) == ("harness", "dirty", "reference")
     assert str(plan.options.device) == "cpu" and plan.header().written()["speedup_over"] == "reference"
+
+
+def test_cuda_graph_is_a_bare_flag_handed_to_the_workers_and_recorded(monkeypatch):
+    """run --cuda-graph reaches RunOptions and every worker's config, the plan's line and the header's launch field
+    (a GPU run's timer and copy bandwidth stand in here, so no GPU is needed)."""
+    from conftest import ROOT
+
+    from dsa_bench.run import plan as plan_module
+    from dsa_bench.run.request import RunRequest
+    from dsa_bench.run.runner import WorkerHandle
+
+    assert re.search(r"--cuda-graph +Time each call as the replay of a CUDA graph", _help("run"))
+    monkeypatch.setattr(plan_module, "choose_timer", lambda requested, device: ("cupti", None))
+    monkeypatch.setattr(plan_module, "measure_copy_bandwidth", lambda device: 3e12)
+    for cuda_graph, line, launch in ((True, "timing with cupti, clean L2 flush, CUDA-graph replay", "cuda_graph"),
+                                     (False, "timing with cupti, clean L2 flush", "eager")):  # fmt: skip
+        request = RunRequest(workload="indexer_smoke", solutions=["reference"], device="cpu", no_save=True, cuda_graph=cuda_graph)
+        plan = plan_module.plan_run(request, ROOT)
+        assert plan.options.cuda_graph is cuda_graph and plan.mode == line
+        assert plan.header().written()["launch"] == launch
+        handle = WorkerHandle(plan.solutions[0], plan.workload.definition.name, plan.options, plan.identities["reference"])
+        assert handle.config.cuda_graph is cuda_graph

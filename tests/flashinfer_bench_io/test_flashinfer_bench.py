@@ -221,7 +221,8 @@ def test_export_writes_traces_flashinfer_bench_validates_and_maps_what_it_cannot
     assert evaluation["environment"] == {"hardware": "NVIDIA H200", "libs": libs}
     log = evaluation["log"]
     for line in (
-        "dsa-bench status: PASSED", "timer: cupti, L2 flush: clean", "settings: seed=7 input_sets=2 warmup=3 iterations=10 trials=2",
+        "dsa-bench status: PASSED", "timer: cupti, L2 flush: clean, launch: eager",
+        "settings: seed=7 input_sets=2 warmup=3 iterations=10 trials=2",
         "tolerance: atol=0.01 rtol=0.01 lse_atol=0.00025 score_rtol=0.5", 'seeds: {"correctness": [1, 2]}',
         "solution: triton (solutions/triton, sha256 bb)", "inputs flashinfer-bench cannot describe: seq_lens holds explicit values",
     ):  # fmt: skip

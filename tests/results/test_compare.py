@@ -265,6 +265,40 @@ def test_l2_flush_mismatch_is_a_warning(tmp_path):
     assert load_results(write_results(tmp_path / "cpu.json", WORKLOAD, latencies(), timed=False, l2_flush=None)).l2_flush is None
 
 
+def test_launch_mode_mismatch_is_a_warning(tmp_path):
+    """CUDA-graph replays (run --cuda-graph) leave out the launch gaps eager calls pay for: comparing
+    across launch modes says so. Results and baselines from before the mode existed timed eager calls."""
+    path = tmp_path / "launch-base.json"
+    update_baseline(path, [write_results(tmp_path / "base.json", WORKLOAD, latencies(), launch="eager")])
+    assert load_baseline(path)["workloads"][WORKLOAD]["launch"] == "eager"
+    graph = _compare(tmp_path, path, latencies=latencies(), launch="cuda_graph")
+    assert any("baseline launch 'eager', results launch 'cuda_graph'" in w for w in graph.warnings), graph.warnings
+    legacy = _compare(tmp_path, path, name="legacy.json", latencies=latencies())  # no launch field: eager
+    assert not any("launch" in w for w in legacy.warnings), legacy.warnings
+    document = json.loads(path.read_text())  # a baseline block from before the field: eager
+    del document["workloads"][WORKLOAD]["launch"]
+    path.write_text(json.dumps(document))
+    assert not any("launch" in w for w in _compare(tmp_path, path, name="again.json", latencies=latencies()).warnings)
+    assert any("launch" in w for w in _compare(tmp_path, path, name="graph2.json", latencies=latencies(), launch="cuda_graph").warnings)
+
+
+def test_results_header_records_the_launch_mode(tmp_path):
+    """The header's launch field round-trips; a file without it reads as eager when timed, None when untimed."""
+    graph = load_results(write_results(tmp_path / "graph.json", WORKLOAD, latencies(), launch="cuda_graph"))
+    assert graph.launch == "cuda_graph" and json.loads(graph.path.read_text())["launch"] == "cuda_graph"
+    older = write_results(tmp_path / "older.json", WORKLOAD, latencies())
+    document = json.loads(older.read_text())
+    del document["launch"]  # as a file from before run --cuda-graph holds it
+    older.write_text(json.dumps(document))
+    assert load_results(older).launch == "eager"
+    untimed = write_results(tmp_path / "cpu.json", WORKLOAD, latencies(), timed=False)
+    assert "launch" not in json.loads(untimed.read_text()) and load_results(untimed).launch is None
+    bad = document | {"launch": "lazy"}
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(DsaBenchError, match="launch"):
+        load_results(tmp_path / "bad.json")
+
+
 def _with_tolerance(path: Path, **tolerance: float) -> Path:
     document = json.loads(path.read_text())
     document["settings"]["tolerance"] = {"atol": 0.01, "rtol": 0.01, "lse_atol": 0.00025, "score_rtol": 0.0001, **tolerance}

@@ -37,3 +37,15 @@ def test_merge_joins_parts_and_refuses_overlaps(tmp_path):
     assert not (tmp_path / "bad.json").exists()
     result = merge(str(first), str(second), "-o", str(first))
     assert result.exit_code == 2 and "this is an input of the command" in result.stderr
+
+
+def test_merge_refuses_parts_timed_with_another_launch_mode(tmp_path):
+    eager = write_results(tmp_path / "eager.json", "indexer_h64", _latencies(["c0"]), launch="eager")
+    older = write_results(tmp_path / "older.json", "indexer_h64", _latencies(["c1"]))  # no launch field: eager
+    graph = write_results(tmp_path / "graph.json", "indexer_h64", _latencies(["c2"]), launch="cuda_graph")
+    result = merge(str(eager), str(older), "-o", str(tmp_path / "merged.json"))
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "merged.json").read_text())["launch"] == "eager"
+    result = merge(str(eager), str(graph), "-o", str(tmp_path / "bad.json"))
+    assert result.exit_code == 2 and "field 'launch' differs" in result.stderr, result.stderr
+    assert not (tmp_path / "bad.json").exists()

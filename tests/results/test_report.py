@@ -159,3 +159,16 @@ def test_html_report_renders_in_chromium(timed_results, tmp_path):
     assert colors is not None and len(colors) > 100  # text, tables and plots, not a blank page
     white = sum(count for count, color in colors if color == (255, 255, 255))
     assert white < 0.95 * pixels.width * pixels.height
+
+
+def test_the_environment_table_names_the_launch_mode(tmp_path):
+    from dsa_bench.results.report import _environment_rows, render_html
+
+    graph = load_results(write_results(tmp_path / "graph.json", "indexer_h64", LATENCIES, launch="cuda_graph"))
+    eager = load_results(write_results(tmp_path / "eager.json", "indexer_h64", LATENCIES))
+    untimed = load_results(write_results(tmp_path / "cpu.json", "indexer_h64", LATENCIES, timed=False))
+    assert ["launch", "CUDA-graph replay (run --cuda-graph)"] in _environment_rows(graph)
+    assert ["launch", "eager calls"] in _environment_rows(eager)
+    assert not any(row[0] == "launch" for row in _environment_rows(untimed))
+    page = render_html([graph, eager], [], {})
+    assert page.count("cupti, clean L2 flush, CUDA-graph replay") == 1 and page.count("cupti, clean L2 flush") == 2

@@ -141,3 +141,19 @@ def test_resume_refuses_a_changed_solution(tmp_path):
 
     message = _refusal(["run", "-w", "indexer_smoke", "-c", "smoke_passthrough", "-s", str(solution)], results)
     assert f"solution 'writes_nothing' has changed since: content hash {recorded} there, {content_hash(solution)} now" in message
+
+
+def test_resume_refuses_another_launch_mode():
+    """An interrupted eager run (or one from before run --cuda-graph) is not continued with CUDA-graph replays."""
+    from dsa_bench.results.records import ResultsHeader
+    from dsa_bench.run.resume import resume_problem
+
+    def header(**fields: object) -> ResultsHeader:
+        workload = {"name": "indexer_smoke", "definition": "d", "cases_sha256": "abc"}
+        return ResultsHeader.model_validate({"workload": workload, "timer": "cupti", "l2_flush": "clean", "cases": ["c"], **fields})
+
+    eager, graph, older = header(launch="eager"), header(launch="cuda_graph"), header()
+    assert resume_problem(eager, eager) is None and resume_problem(older, eager) is None
+    problem = resume_problem(eager, graph)
+    assert problem is not None and "launch is 'eager' there and 'cuda_graph' in this run" in problem
+    assert "launch is 'eager' there" in (resume_problem(older, graph) or "")

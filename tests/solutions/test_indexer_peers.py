@@ -113,6 +113,24 @@ def test_batch_state_never_serves_a_new_tensor_at_a_reused_id():
     assert seen == list(range(20))
 
 
+def test_graph_replay_runs_eagerly_inside_an_outer_capture(monkeypatch):
+    """Under run --cuda-graph the harness captures the call: the peers' own graphs must not nest in
+    it, and what the capture ran must leave no state a later eager call would trip on."""
+    replay = batch_state.GraphReplay()
+    state = batch_state.BatchState(None)
+    tensors = (torch.zeros(2, 3),)
+    launched = []
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    replay(state, lambda: launched.append("captured"), tensors)
+    replay(state, lambda: launched.append("captured"), tensors)
+    assert launched == ["captured", "captured"], "every call inside the capture launches as it is"
+    assert replay.warmed == set() and state.graphs == {} and replay.pool is None and replay.disabled_reason is None
+    # outside a capture its own graphs start as before: the first call of a signature runs eagerly
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    replay(state, lambda: launched.append("eager"), tensors)
+    assert launched[-1] == "eager" and len(replay.warmed) == 1
+
+
 def test_peer_input_checks_name_the_problem():
     q = torch.zeros(1, 64, 128).to(torch.float8_e4m3fn)
     cache = torch.zeros(2, 64, 1, 132, dtype=torch.int8)

@@ -641,3 +641,15 @@ def test_graph_replays_recompute_from_the_current_inputs():
     pointers = tuple(t.data_ptr() for t in [*args, out])
     assert any(tuple(part[-1] for part in key) == pointers for key in graphs.graphs), "these arguments' graph was captured"
     assert not torch.equal(answers[2], answers[3]), "different queries select different tokens"
+
+
+def test_launch_graphs_run_eagerly_inside_an_outer_capture(monkeypatch):
+    """Under run --cuda-graph the harness captures the call: LaunchGraphs must not nest a capture of
+    its own in it, and must not count the captured call as its signature's eager first call."""
+    launch_graphs = importlib.import_module(f"{entry_module.__package__.rsplit('.', 1)[0]}.common.launch_graphs")
+    calls = []
+    graphs = launch_graphs.LaunchGraphs(lambda x: calls.append(x))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    graphs(torch.zeros(2))
+    graphs(torch.zeros(2))
+    assert len(calls) == 2 and graphs.warmed == set() and not graphs.graphs and graphs.pool is None

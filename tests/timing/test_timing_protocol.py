@@ -6,6 +6,8 @@ harness code; only the clock differs on a GPU.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from conftest import ROOT
@@ -13,7 +15,7 @@ from conftest import ROOT
 from dsa_bench.definitions import indexer
 from dsa_bench.run.case_context import CaseContext, decode_timing, trial_seeds
 from dsa_bench.run.protocol import TimingJob, parse_reply
-from dsa_bench.run.worker import _CaseRunner
+from dsa_bench.run.worker import GraphCaptureFailed, GraphMode, _CaseRunner
 from dsa_bench.timing.events import HostClockTimer
 from dsa_bench.workloads import load_workload
 
@@ -31,14 +33,14 @@ def reference_kernel(q, k, w, s, bt, out):
     out.copy_(indexer.reference(q, k, w, s, bt)["topk_indices"])
 
 
-def time_with(fn, trials: int = 2, iterations: int = 6):
+def time_with(fn, trials: int = 2, iterations: int = 6, graph: GraphMode | None = None):
     workload = load_workload(ROOT / "workloads" / "indexer_smoke.yaml")
     case = next(c for c in workload.cases if c.id == "smoke_scored")
     settings = workload.settings.replace(trials=trials, iterations=iterations, input_sets=2)
     job = TimingJob(case, trial_seeds(settings, case), warmup=2, iterations=iterations, sample_seed=11)
     runner = _CaseRunner(indexer.DEFINITION, CPU, fn, dps=True)
     timer = HostClockTimer()
-    header, blob = runner.time(job, timer.time_iterations, NoFlush().flush, lambda: None, timer.name)
+    header, blob = runner.time(job, timer.time_iterations, NoFlush().flush, lambda: None, timer.name, None, graph)
     # through the same validation and decoding as a reply from a worker process
     ctx = CaseContext(workload, case, CPU, settings.tolerance)
     result = decode_timing(parse_reply({**header, "notes": ""}, ("timing",)), blob, ctx, job)
@@ -80,6 +82,94 @@ def test_outputs_are_repoisoned_before_every_timed_call():
 
     _, checks = time_with(writes_once, trials=1)
     assert not checks[0].passed and "neither -1 nor a token id" in checks[0].message
+
+
+# --------------------------------------------------------------------------- run --cuda-graph, with graphs of Python steps
+
+
+class StepGraph:
+    """Stands in for a CUDA graph: the solution adds the device work of a captured call (a Python step that
+    reads the tensors' current values, as a kernel does), and a replay runs exactly those steps again."""
+
+    capturing: StepGraph | None = None
+
+    def __init__(self) -> None:
+        self.steps: list = []
+        self.replays = 0
+
+
+@contextlib.contextmanager
+def step_capture(graph: StepGraph, pool: object = None, stream: object = None):
+    StepGraph.capturing = graph
+    try:
+        yield
+    finally:
+        StepGraph.capturing = None
+
+
+def replay_steps(graph: StepGraph) -> None:
+    graph.replays += 1
+    for step in graph.steps:
+        step()
+
+
+STEP_GRAPHS = GraphMode(stream=None, on_stream=lambda stream: contextlib.nullcontext(), new_graph=StepGraph, capture=step_capture,
+                        replay=replay_steps, new_pool=lambda: None)  # fmt: skip
+
+
+def device_work(step) -> None:
+    """Run ``step`` now, and during a capture also record it as the captured graph's work."""
+    step()
+    if StepGraph.capturing is not None:
+        StepGraph.capturing.steps.append(step)
+
+
+def test_graph_mode_times_replays_and_checks_what_they_produced():
+    calls, graphs = [], []
+
+    def kernel(q, k, w, s, bt, out):
+        calls.append(StepGraph.capturing is not None)
+        if StepGraph.capturing is not None:
+            graphs.append(StepGraph.capturing)
+        device_work(lambda: out.copy_(indexer.reference(q, k, w, s, bt)["topk_indices"]))
+
+    result, checks = time_with(kernel, trials=2, iterations=6, graph=STEP_GRAPHS)
+    # per trial: one eager warm-up call per input set (warmup 2), then one capture per input set
+    assert calls == [False, False, True, True] * 2
+    assert len(graphs) == 4 and [g.replays for g in graphs] == [1 + 3] * 4, "one untimed first launch, then 6 timed replays over 2 sets"
+    assert [len(s) for s in result.samples_ms] == [6, 6] and len(result.checked) == 2 and all(c.passed for c in checks)
+
+
+def test_graph_mode_checks_expose_a_replay_of_host_side_state():
+    """Eagerly right, replayed wrong: the answer is remembered per (input tensors, version counter), which the
+    harness's in-place redraw bumps, so an eager call recomputes; the capture finds a hit and records only the
+    copy of the remembered answer, so every replay writes a stale one."""
+    memo: dict = {}
+
+    def kernel(q, k, w, s, bt, out):
+        key = tuple((id(t), t._version) for t in (q, k, w, s, bt))
+        if key not in memo:
+            memo[key] = ((q, k, w, s, bt), indexer.reference(q, k, w, s, bt)["topk_indices"].clone())
+        device_work(lambda answer=memo[key][1]: out.copy_(answer))
+
+    _, eager_checks = time_with(kernel)
+    assert all(c.passed for c in eager_checks)
+    _, graph_checks = time_with(kernel, graph=STEP_GRAPHS)
+    assert not any(c.passed for c in graph_checks)
+
+
+def test_graph_mode_a_capture_that_fails_is_the_cases_plain_message():
+    def kernel(q, k, w, s, bt, out):
+        out.copy_(indexer.reference(q, k, w, s, bt)["topk_indices"])
+        if StepGraph.capturing is not None:  # what .item() raises inside a capture
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nCUDA kernel errors might be ...")
+
+    with pytest.raises(GraphCaptureFailed) as failed:
+        time_with(kernel, graph=STEP_GRAPHS)
+    assert str(failed.value) == (
+        "--cuda-graph: the call could not be captured in a CUDA graph (RuntimeError: CUDA error: operation not permitted when "
+        "stream is capturing); the solution must not synchronize with the host inside a call, or run without --cuda-graph"
+    )
 
 
 def test_timer_choice_falls_back_to_events_loudly(monkeypatch):
