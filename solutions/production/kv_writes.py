@@ -18,11 +18,13 @@ BLOCK_SIZE = 64
 def _scatter_rows(rows: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
     """``rows[block, offset] = values`` for every slot >= 0, without reading anything back to the host."""
     keep = slots >= 0
-    first = torch.argmax(keep.to(torch.int32))  # the first kept token (0 when none is kept)
+    # The first kept token (0 when none is kept), as a 1-element index: indexing with a 0-dim tensor
+    # would read it back to the host (torch turns it into a Python int), which a CUDA graph cannot capture.
+    first = torch.argmax(keep.to(torch.int32)).reshape(1)
     any_kept = keep.any()
-    target = torch.where(keep, slots, torch.where(any_kept, slots[first], 0))
+    target = torch.where(keep, slots, torch.where(any_kept, slots.index_select(0, first), 0))
     block, offset = target // BLOCK_SIZE, target % BLOCK_SIZE
-    stand_in = torch.where(any_kept, values[first], rows[0, 0])  # same bytes to the same place: order does not matter
+    stand_in = torch.where(any_kept, values.index_select(0, first)[0], rows[0, 0])  # same bytes to the same place: order does not matter
     rows[block, offset] = torch.where(keep[:, None], values, stand_in[None, :])
 
 
