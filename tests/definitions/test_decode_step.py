@@ -322,6 +322,29 @@ def test_production_writes_equal_the_descriptor_writer_without_a_host_sync(fmt):
         assert torch.equal(got, want), slots
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("fmt", [V32, V4, INDEXER_KEY_PAGE], ids=["v32", "v4", "indexer"])
+def test_production_writes_capture_in_a_cuda_graph(fmt):
+    # Any host synchronisation inside (a 0-dim tensor index reads its value back) fails the capture.
+    kv_writes = _solution_module("production", "kv_writes")
+    dev = torch.device("cuda")
+    s = torch.tensor([5, -1, 70, -1], device=dev)
+    parts = fmt.quantize(torch.randn(4, fmt.input_dims, device=dev), "raw" if fmt is INDEXER_KEY_PAGE else "source")
+    want = torch.randint(0, 255, (3, fmt.page_stride(64)), dtype=torch.uint8, device=dev)
+    got = want.clone()
+    fmt.write(want, 64, s, parts)
+    stream = torch.cuda.Stream(dev)
+    with torch.cuda.stream(stream):
+        kv_writes.write_records(fmt, got.clone(), s, parts)  # eager first, as the harness warms up
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            kv_writes.write_records(fmt, got, s, parts)
+        graph.replay()
+    torch.cuda.synchronize(dev)
+    assert torch.equal(got, want)
+
+
 @pytest.mark.slow  # a harness run (~10 s on two cores)
 def test_production_peer_is_skipped_naming_what_is_missing():
     proc = run_cli("run", "-w", "decode_step_v32_smoke", "-c", "smoke_b1*", "-s", "production", "--device", "cpu", "--no-save")
