@@ -190,6 +190,9 @@ class Definition:
     redraw_takes_params: bool = False
     #: the Tolerance fields its check reads (the others cannot change a status of this definition)
     tolerance_fields: tuple[str, ...] = ("atol", "rtol", "lse_atol", "score_rtol")
+    #: why ``reference`` cannot be captured in a CUDA graph (it synchronises with the host), or None: a run
+    #: with --cuda-graph then checks the reference's outputs but does not time it
+    reference_uncapturable: str | None = None
 
     @property
     def checked_outputs(self) -> tuple[TensorSpec, ...]:

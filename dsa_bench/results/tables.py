@@ -96,8 +96,8 @@ def record_line(record: CaseRecord, done: int, total: int) -> str:
             parts.append(f"{record.peer_speedup:.2f}x vs {record.peer}")
         if note := record_note(record):
             parts.append(note)
-    elif record.passed:
-        parts.append("correctness only")
+    elif record.passed:  # its message, if any, says why it was not timed
+        parts.append("correctness only" + (f" ({one_line(record.message)})" if record.message else ""))
     parts.append(f"{record.wall_s:.1f} s")
     line = ", ".join(parts)
     return f"{line}: {one_line(record.message)}" if record.message and not record.passed else line

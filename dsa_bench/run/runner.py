@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 import dsa_bench
+from dsa_bench.definitions.base import Definition
 from dsa_bench.definitions.checks import worst
 from dsa_bench.definitions.status import CheckResult, Status
 from dsa_bench.paths import safe_file_name
@@ -304,6 +305,15 @@ def timing_job(settings: RunSettings, case: Case, is_reference: bool) -> TimingJ
     return TimingJob(case, seeds, warmup, iterations, derive_seed(settings.seed, case.id, "sample"))
 
 
+def untimed_reason(solution: str, definition: Definition, options: RunOptions) -> str | None:
+    """Why a solution that passed is not timed in this run, or None: with --cuda-graph, a reference that
+    cannot be captured (its outputs are still the expectation; the run then has no speedups over it)."""
+    if options.cuda_graph and solution == REFERENCE_SOLUTION and definition.reference_uncapturable:
+        return (f"not timed: --cuda-graph cannot capture this definition's reference ({definition.reference_uncapturable}); "
+                "no speedups over the reference in this run")  # fmt: skip
+    return None
+
+
 def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> CaseRecord:
     """One solution on one case: correctness on every input set, then (GPU) timing."""
     settings = options.settings  # the run's settings: the workload's, with the command line's overrides
@@ -334,7 +344,10 @@ def run_one(handle: WorkerHandle, ctx: CaseContext, options: RunOptions) -> Case
         with clock.phase("checks", owner):
             result = worst([ctx.check(seed, out) for seed, out in zip(seeds, outputs, strict=True)])
         record.phases_s["checks"] = time.perf_counter() - checks_start
-        if result.passed and options.timer is not None:
+        untimed = untimed_reason(handle.solution.name, ctx.workload.definition, options)
+        if result.passed and untimed is not None and options.timer is not None:
+            result = CheckResult(result.status, untimed, result.max_abs_error, result.max_rel_error)
+        elif result.passed and options.timer is not None:
             job = timing_job(settings, case, handle.solution.name == REFERENCE_SOLUTION)
             limit = len(job.trial_seeds) * (output_bytes + value_bytes(ctx.redraw_specs)) + 2**20
             sent = time.perf_counter()

@@ -74,3 +74,20 @@ def test_captured_work_that_replays_host_side_state_is_caught_by_the_checked_cal
     assert code == 1, output
     (record,) = records_of(graph, "replays_host_state")
     assert record["status"].startswith("INCORRECT") and "timed call" in record["message"], record
+
+
+@pytest.mark.gpu
+def test_a_reference_that_cannot_be_captured_is_checked_but_not_timed(tmp_path):
+    # kv_insert's reference writer drops -1 slots by a boolean mask (a host sync): its outputs are still
+    # the expectation, its record says why it has no time, and the Triton writer is timed as replays.
+    save = tmp_path / "insert.json"
+    proc = run_cli("run", "-w", "kv_insert_v32_smoke", "-s", "reference", "-s", "triton", "--timer", "cupti", "--cuda-graph",
+                   "--save", str(save))  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    doc = json.loads(save.read_text())
+    for record in records_of(doc, "reference"):
+        assert record["status"] == "PASSED" and record["timing"] is None, record
+        assert record["message"].startswith("not timed: --cuda-graph cannot capture this definition's reference"), record
+    triton = records_of(doc, "triton")
+    assert triton and all(r["status"] == "PASSED" and r["timing"] and r.get("speedup") is None for r in triton), triton

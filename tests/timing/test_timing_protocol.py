@@ -243,3 +243,30 @@ def test_the_reference_is_timed_with_the_light_protocol_unless_asked_for_the_ful
     assert (full.warmup, full.iterations, full.trial_seeds) == (10, 50, solution.trial_seeds)
     tiny = timing_job(RunSettings(warmup=1, iterations=3, trials=1), case, True)
     assert (tiny.warmup, tiny.iterations) == (1, 3), "never more than the run's own settings"
+
+
+def test_cuda_graph_runs_check_an_uncapturable_reference_without_timing_it():
+    # The KV writers' references drop -1 slots by a boolean mask (a host sync): with --cuda-graph they
+    # are checked but not timed, and the log line says why; every other pairing is timed as before.
+    from dsa_bench.definitions import get_definition
+    from dsa_bench.definitions.status import Status
+    from dsa_bench.results.records import CaseRecord
+    from dsa_bench.results.tables import record_line
+    from dsa_bench.run.runner import RunOptions, untimed_reason
+    from dsa_bench.workloads import RunSettings
+
+    def options(cuda_graph: bool) -> RunOptions:
+        return RunOptions(device=torch.device("cuda"), settings=RunSettings(), timer="cupti", l2_flush="clean", cuda_graph=cuda_graph)
+
+    step = load_workload(ROOT / "workloads" / "decode_step_v32_smoke.yaml").definition
+    insert = get_definition("dsa_kv_insert_v32_fp8")
+    scorer = load_workload(ROOT / "workloads" / "indexer_smoke.yaml").definition
+    assert step.reference_uncapturable and insert.reference_uncapturable and scorer.reference_uncapturable is None
+    reason = untimed_reason("reference", step, options(True))
+    assert reason is not None and reason.startswith("not timed: --cuda-graph cannot capture this definition's reference (")
+    assert untimed_reason("reference", step, options(False)) is None
+    assert untimed_reason("triton", step, options(True)) is None
+    assert untimed_reason("reference", scorer, options(True)) is None
+    record = CaseRecord.new(case="smoke_b1", solution="reference", axes={}, status=Status.PASSED, seeds={})
+    record.message, record.wall_s = reason, 1.0
+    assert record_line(record, 1, 2) == f"[1/2] smoke_b1 reference: PASSED, correctness only ({reason}), 1.0 s"
