@@ -77,7 +77,12 @@ SHAPES = {
     "b64_l32k": [32768] * 64,
     "b128_l64k": [65536] * 128,
     "b4_l10k": [10000, 8193, 2049, 100],
+    # MTP: each sequence's two query rows (lengths L and L + 1) read one block-table row
+    "mtp_b32_l32k": [32768, 32769] * 16,
+    "mtp_b64_l64k": [65536, 65537] * 32,
 }
+#: rows per sequence of the MTP shapes (the others: one)
+ROWS_PER_SEQUENCE = {"mtp_b32_l32k": 2, "mtp_b64_l64k": 2}
 DISTRIBUTIONS = ("plain", "neg", "x1e3", "x1e-4", "mixed", "const", "ties3")
 DEFAULT_CASES = [f"{s}/plain" for s in SHAPES] + [f"{s}/{d}" for s in ("b1_l128k", "b8_l64k", "b32_l32k") for d in DISTRIBUTIONS[1:]]
 
@@ -87,6 +92,8 @@ def build(shape: str, distribution: str, device: torch.device, seed: int = 7) ->
     max_pages = -(-max(lens) // 64)
     axes = {"batch_size": len(lens), "max_num_pages": max_pages, "num_pages": sum(-(-n // 64) for n in lens) + 8}
     params = {"k_index_cache_fp8": {"distinct_keys": {"const": 1, "ties3": 3}[distribution]}} if distribution in ("const", "ties3") else {}
+    if shape in ROWS_PER_SEQUENCE:
+        params["block_table"] = {"rows_per_sequence": ROWS_PER_SEQUENCE[shape]}
     inputs = indexer.generate(axes, {"seq_lens": torch.tensor(lens, dtype=torch.int32)}, params, InputRng(seed, device))
     w = inputs["weights"]
     if distribution == "neg":
