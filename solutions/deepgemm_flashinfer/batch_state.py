@@ -63,7 +63,8 @@ class BatchState:
 
     def __init__(self, data: Any) -> None:
         self.data = data
-        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        #: per argument set: its graph and what the launch returned while captured (tensors every replay rewrites)
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, Any]] = {}
 
 
 class BatchCache:
@@ -104,7 +105,9 @@ def _signature(tensors: tuple[torch.Tensor, ...]) -> tuple:
 
 
 class GraphReplay:
-    """Runs a call's launches through one captured CUDA graph per batch state and argument addresses.
+    """Runs a call's launches through one captured CUDA graph per batch state and argument addresses,
+    and returns what ``launch`` returned: eagerly, its result; replayed, the result it returned while
+    captured (tensors of the graph's pool that every replay rewrites).
 
     The first call of an argument signature runs eagerly (the peers' kernels compile at first
     use, which cannot happen during a capture). If a capture fails, every later call runs
@@ -118,29 +121,28 @@ class GraphReplay:
         self.pool: Any = None
         self.disabled_reason: str | None = None
 
-    def __call__(self, state: BatchState, launch: Callable[[], None], tensors: tuple[torch.Tensor, ...]) -> None:
+    def __call__(self, state: BatchState, launch: Callable[[], Any], tensors: tuple[torch.Tensor, ...]) -> Any:
         if self.disabled_reason is not None or torch.cuda.is_current_stream_capturing():
-            launch()
-            return
+            return launch()
         signature = _signature(tensors)
         if signature not in self.warmed:
             self.warmed.add(signature)
-            launch()
-            return
+            return launch()
         key = (signature, tuple(t.data_ptr() for t in tensors))
-        graph = state.graphs.get(key)
-        if graph is None:
+        entry = state.graphs.get(key)
+        if entry is None:
             try:
                 self.pool = self.pool or torch.cuda.graph_pool_handle()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self.pool):
-                    launch()
+                    result = launch()
             except Exception as exc:  # reported through the notes, then eager for good
                 self.disabled_reason = f"{type(exc).__name__}: {exc}"
-                launch()
-                return
-            state.graphs[key] = graph
+                return launch()
+            entry = state.graphs[key] = (graph, result)
+        graph, result = entry
         graph.replay()
+        return result
 
     def notes(self) -> str:
         if self.disabled_reason is not None:

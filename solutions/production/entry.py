@@ -17,6 +17,9 @@
 3. Sparse decode: the ``flashmla`` peer's entry (FlashMLA's legacy SM90 path, heads padded to 64 where h_q < 64),
    fed the top-k's ids directly (block size 64 for both caches: the ids are the decode's).
 
+The three stages are replayed as one CUDA graph per batch and argument set (``GraphReplay``), as a serving
+engine replays its decode step; the peers' own graphs run inside that capture as plain launches.
+
 The files ``flashmla_entry.py``, ``heads.py``, ``deepgemm_flashinfer_entry.py`` and ``batch_state.py`` are
 symbolic links to the two peers' own files, so the three peers run the same code.
 """
@@ -32,7 +35,7 @@ from dsa_bench.definitions.kv_records import INDEXER_KEY_PAGE, KvRecordFormat
 
 from . import deepgemm_flashinfer_entry as indexer_peer
 from . import flashmla_entry as decode_peer
-from .batch_state import BatchCache
+from .batch_state import BatchCache, GraphReplay
 from .kv_writes import write_records
 
 BLOCK_SIZE = INDEXER_KEY_PAGE.block_size
@@ -42,7 +45,7 @@ INDEX_HEADS = 64
 
 def solution_notes() -> str:
     return ("decode step from production kernels: KV writes in torch (descriptor quantizers, sync-free scatter); indexer "
-            f"[{indexer_peer.solution_notes()}]; decode [{decode_peer.solution_notes()}]")
+            f"[{indexer_peer.solution_notes()}]; decode [{decode_peer.solution_notes()}]; the step: {_step_graphs.notes()}")
 
 
 def _batch_of(s_q: int, topk: int, seq_lens: torch.Tensor, block_table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -57,20 +60,29 @@ def _batch_of(s_q: int, topk: int, seq_lens: torch.Tensor, block_table: torch.Te
     return lens, block_table.repeat_interleave(s_q, dim=0).contiguous(), ids
 
 
-_batches: dict[tuple[int, int], BatchCache] = {}
+#: per (s_q, topk, sm_scale): sm_scale is baked into a captured step, so each value has its own states and graphs
+_batches: dict[tuple[int, int, float], BatchCache] = {}
+_step_graphs = GraphReplay()
 
 
 def _step(fmt: KvRecordFormat, decode, rows: dict, index_k, slot_mapping, kv_cache, index_cache, q, q_index_fp8, weights, seq_lens,
           block_table, sm_scale, attn_sink, topk: int = TOPK) -> dict[str, torch.Tensor]:  # fmt: skip
     b, s_q = slot_mapping.shape
     slots = slot_mapping.reshape(b * s_q)
-    write_records(fmt, kv_cache, slots, expected_records(fmt, {**rows, "slot_mapping": slots, "block_size": BLOCK_SIZE}).parts)
-    write_records(INDEXER_KEY_PAGE, index_cache, slots, INDEXER_KEY_PAGE.quantize(index_k.reshape(b * s_q, -1).float(), "raw"))
-    cache = _batches.setdefault((s_q, topk), BatchCache(functools.partial(_batch_of, s_q, topk)))
-    lens, table, ids = cache.get(seq_lens, block_table).data
-    indexer_peer.kernel(q_index_fp8.reshape(b * s_q, INDEX_HEADS, -1), index_cache, weights.reshape(b * s_q, INDEX_HEADS), lens, table,
-                        ids.view(b * s_q, topk))
-    out, lse = decode(q, kv_cache, ids, sm_scale, attn_sink)
+    cache = _batches.setdefault((s_q, topk, float(sm_scale)), BatchCache(functools.partial(_batch_of, s_q, topk)))
+    state = cache.get(seq_lens, block_table)
+    lens, table, ids = state.data
+
+    def launch() -> tuple[torch.Tensor, torch.Tensor]:
+        write_records(fmt, kv_cache, slots, expected_records(fmt, {**rows, "slot_mapping": slots, "block_size": BLOCK_SIZE}).parts)
+        write_records(INDEXER_KEY_PAGE, index_cache, slots, INDEXER_KEY_PAGE.quantize(index_k.reshape(b * s_q, -1).float(), "raw"))
+        indexer_peer.kernel(q_index_fp8.reshape(b * s_q, INDEX_HEADS, -1), index_cache, weights.reshape(b * s_q, INDEX_HEADS), lens,
+                            table, ids.view(b * s_q, topk))  # fmt: skip
+        return decode(q, kv_cache, ids, sm_scale, attn_sink)
+
+    tensors = (q, index_k, slot_mapping, kv_cache, index_cache, q_index_fp8, weights, seq_lens, block_table, *rows.values(),
+               *([attn_sink] if isinstance(attn_sink, torch.Tensor) else []))  # fmt: skip
+    out, lse = _step_graphs(state, launch, tensors)
     return {"out": out, "lse": lse, "topk_indices": ids}
 
 

@@ -10,6 +10,7 @@ missing is SKIPPED by the run with its reason, and the test skips it too.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import gc
 import importlib.util
@@ -129,6 +130,27 @@ def test_graph_replay_runs_eagerly_inside_an_outer_capture(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     replay(state, lambda: launched.append("eager"), tensors)
     assert launched[-1] == "eager" and len(replay.warmed) == 1
+
+
+def test_graph_replay_returns_what_the_captured_launch_returned(monkeypatch):
+    """A launch that returns its outputs (the production step's FlashMLA out and lse) gets, on every
+    replay, the tensors it returned while captured: those the replay rewrites."""
+    replay, state, tensors = batch_state.GraphReplay(), batch_state.BatchState(None), (torch.zeros(2, 3),)
+
+    class FakeGraph:
+        replays = 0
+
+        def replay(self) -> None:
+            FakeGraph.replays += 1
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: "pool")
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, pool=None: contextlib.nullcontext())
+    results = iter(["eager", "captured", "launched again"])
+    assert replay(state, lambda: next(results), tensors) == "eager"  # a signature's first call
+    assert replay(state, lambda: next(results), tensors) == "captured" and FakeGraph.replays == 1
+    assert replay(state, lambda: next(results), tensors) == "captured" and FakeGraph.replays == 2  # a replay, not a launch
 
 
 def test_peer_input_checks_name_the_problem():
