@@ -39,6 +39,7 @@ def test_command_line_settings_are_the_ones_used(tmp_path):
     assert record["seeds"]["correctness"] == [derive_seed(77, record["case"], "check", s) for s in range(3)]
 
 
+@pytest.mark.slow  # harness runs of failing fixtures (~11 s on two cores)
 def test_failing_solution_marks_cases_and_run_goes_on(tmp_path):
     save = tmp_path / "r.json"
     proc = run_cli(

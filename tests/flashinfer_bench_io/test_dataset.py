@@ -152,6 +152,7 @@ def test_bad_datasets_give_clear_errors(dataset, tmp_path):
         load_dataset_workload(dataset, RMSNORM)
 
 
+@pytest.mark.slow  # harness runs of a dataset (~13 s on two cores)
 def test_run_cli_on_a_dataset(dataset, tmp_path):
     save = tmp_path / "indexer.json"
     proc = run_cli("run", "--dataset", str(dataset), "-w", INDEXER, "-s", "reference", "--save", str(save))
@@ -187,6 +188,7 @@ SHIFTED_KERNEL = RMSNORM_SOLUTION["kernel.py"].replace("output.copy_((x / norm *
                                                        "output.copy_((x / norm * weight.float() + 0.005).bfloat16())")  # fmt: skip
 
 
+@pytest.mark.slow  # a run of the dataset's solutions (~15 s on two cores)
 def test_run_the_datasets_own_solutions(dataset, tmp_path):
     solutions = dataset / "solutions" / "norm"
     solutions.mkdir(parents=True)

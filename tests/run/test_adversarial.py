@@ -190,6 +190,7 @@ def marker(monkeypatch):
     shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.slow  # a run of every attack fixture (~11 s on two cores)
 def test_attacks_on_the_judging_side(tmp_path, marker, monkeypatch):
     """A pickle payload returned or forged into the pipe is never loaded, patching the judge in the
     solution's process changes nothing, and a child process ends with the run."""

@@ -38,6 +38,7 @@ def plain_run(tmp_path_factory):
     return _records(out)
 
 
+@pytest.mark.slow  # a run over two CPU devices beside a plain one (~13 s on two cores)
 def test_two_cpu_devices_give_the_plain_run_statuses_and_seeds(tmp_path, plain_run):
     out = tmp_path / "results.json"
     proc = run_cli("run", "-w", "indexer_smoke", *CASES, "-s", "reference", "-s", "triton", "--gpus", "2", "--save", str(out))

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import FIXTURES, ROOT
 
 SLEEPS = FIXTURES / "adversarial" / "sleeps"
@@ -23,6 +24,7 @@ def _wait_for_a_record(save, proc, seconds: float = 120) -> None:
     time.sleep(1)  # the sleeping solution's call is under way
 
 
+@pytest.mark.slow  # a run interrupted and resumed (~11 s on two cores)
 def test_sigint_to_a_background_run_under_a_gone_pipe_ends_it_with_130_and_the_resume_command(tmp_path):
     """As `dsa-bench run ... | tee log &` from a script, then `kill -INT` (which also ends tee):
     SIGINT arrives ignored from the shell, and stdout's reader is gone when the summary is printed."""

@@ -17,6 +17,7 @@ from dsa_bench.solution import Requirements, load_solution
 PEERS = FIXTURES / "solutions"
 
 
+@pytest.mark.slow  # a harness run with skipped peers (~8 s on two cores)
 def test_missing_module_and_missing_gpu_are_skipped_and_the_run_passes(tmp_path):
     out = tmp_path / "results.json"
     proc = run_cli(
