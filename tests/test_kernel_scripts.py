@@ -322,3 +322,15 @@ def test_peer_topk_probe_judges_selections_and_refuses_without_a_gpu():
     if not HAS_CUDA:
         proc = run_tool("peer_topk_probe.py")
         assert proc.returncode == 2 and "needs a CUDA GPU" in proc.stderr
+
+
+def test_cluster_topk_variants_edit_the_current_kernel():
+    # Every variant's edit finds its anchor in the shipped topk_cluster.cuh and changes it (`shipped`
+    # alone leaves it); a kernel that drops an anchor makes the script stop with a message, not time the shipped one.
+    script = load_script("cluster_topk_variants")
+    text = (ROOT / "solutions" / "triton" / "indexer" / "csrc" / "topk_cluster.cuh").read_text()
+    assert script.variant_source("shipped", text) == text
+    assert all(script.variant_source(name, text) != text for name in script.VARIANTS if name != "shipped")
+    with pytest.raises(SystemExit, match="no longer has the anchor"):
+        script.variant_source("match_any", text.replace("histogram_add_spread(s.hist", "histogram_add(s.hist"))
+    assert {"select", "cluster_capacity"} <= set(script.long_topk.SIGNATURES)

@@ -4,8 +4,8 @@
     python benchmarks/kernels/cluster_topk_variants.py [--variant shipped --variant match_any ...]
 
 Each variant is a copy of the shipped top-k sources with one edit made at a fixed anchor (the script
-fails if the kernel no longer has it), built with nvcc for sm_90a into its own library and called
-through the library's C entry (``dsa_topk_long_select`` with cluster = 1) on the same score rows:
+fails if the kernel no longer has it), built by the solution's own ``cuda_build`` for this GPU into
+its own library and called through the library's C entry (``dsa_topk_long_select`` with cluster = 1) on the same score rows:
 
 - ``shipped``: the kernel as it is;
 - ``match_any``: the first level's histogram by the filtered kernel's warp-aggregated ``histogram_add``
@@ -24,13 +24,13 @@ above the row's 2048th (``torch.topk``).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
 import shutil
-import subprocess
+import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -38,6 +38,11 @@ from dsa_bench.timing.bench import bench
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLUTION = ROOT / "solutions" / "triton"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from indexer_long import import_solution  # noqa: E402
+
+long_topk = import_solution()[3]  # the solution's indexer/cuda_topk_long.py: the library's sources and C signatures
+cuda_build = sys.modules[long_topk.__package__.rsplit(".", 1)[0] + ".common.cuda_build"]
 TOPK = 2048
 CUT = "\n  cluster_sync();\n  return;\n"
 PUSH = """  int* owned = s.owned[level];
@@ -88,28 +93,15 @@ def variant_source(name: str, text: str) -> str:
     raise SystemExit(f"unknown variant {name!r}; expected one of {', '.join(VARIANTS)}")
 
 
-def build(name: str, work: Path) -> ctypes.CDLL:
+def build(name: str, work: Path) -> Any:
+    """Variant ``name``'s library (a cuda_build.CudaLibrary), built by the solution's own build code from
+    a copy of its sources; the build cache is keyed by the sources, so each variant gets its own."""
     copy = work / name / "triton"
     shutil.copytree(SOLUTION, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    csrc = copy / "indexer" / "csrc"
-    header = csrc / "topk_cluster.cuh"
+    header = copy / "indexer" / "csrc" / "topk_cluster.cuh"
     header.write_text(variant_source(name, header.read_text()))
-    library = work / name / f"{name}.so"
-    subprocess.run(["nvcc", "-O3", "-std=c++17", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC", "-o", str(library),
-                    str(csrc / "topk_long_capi.cpp"), str(csrc / "topk_long.cu")], check=True)  # fmt: skip
-    lib = ctypes.CDLL(str(library))
-    fn = lib.dsa_topk_long_select
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                   ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                   ctypes.c_int, ctypes.c_int]  # fmt: skip
-    return lib
-
-
-def select_once(select: ctypes._CFuncPtr, name: str, select_args: tuple, _: int) -> None:
-    rc = select(*select_args)
-    if rc != 0:
-        raise SystemExit(f"{name}: dsa_topk_long_select returned {rc}")
+    return cuda_build.load_library(f"{long_topk.STEM}_{name}", f"{long_topk.WHAT} ({name})", copy / "indexer", long_topk.SOURCES,
+                                   long_topk.HEADERS, long_topk.PREFIX, long_topk.SIGNATURES)  # fmt: skip
 
 
 def rows(batch: int, length: int, kind: str, generator: torch.Generator) -> torch.Tensor:
@@ -140,8 +132,8 @@ def main() -> None:
                 stream = torch.cuda.current_stream().cuda_stream
                 select_args = (0, stream, scores.data_ptr(), length, lens.data_ptr(), table.data_ptr(), length // 64, out.data_ptr(),
                                TOPK, None, None, batch, length, TOPK, 0, 1)  # fmt: skip
-                call = functools.partial(select_once, libraries[name].dsa_topk_long_select, name, select_args)
-                us = bench(call, device=device, warmup=3, iterations=20, trials=1).mean_ms * 1e3
+                call = functools.partial(libraries[name].call, "select", *select_args)
+                us = bench(lambda _, call=call: call(), device=device, warmup=3, iterations=20, trials=1).mean_ms * 1e3
                 exact = ""
                 if name in FINISHES:  # physical id = b * length + position for this table
                     exact = f"  top-k set: {bool((torch.gather(scores, 1, out.long() % length) >= kth).all())}"

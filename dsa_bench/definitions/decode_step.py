@@ -49,7 +49,7 @@ from dsa_bench.definitions.base import (
     integer_param,
     unknown_params,
 )
-from dsa_bench.definitions.kv_records import INDEXER_KEY_PAGE, V4, V32, KvRecordFormat, ScaleConvention
+from dsa_bench.definitions.kv_records import INDEXER_KEY_PAGE, V4, V32, WRITE_SYNCS, KvRecordFormat, ScaleConvention
 from dsa_bench.definitions.status import CheckResult, Status
 
 #: Tokens per page of both caches: the indexer's page, so its physical ids are the decode's.
@@ -520,7 +520,7 @@ def _definition(fmt: KvRecordFormat, topk: int) -> Definition:
         expect=family.expect,
         check=family.check,
         key_axes=("b", "h_q", "s_q", "max_num_pages"),
-        reference_uncapturable="its KV writer drops -1 slots by a boolean mask, which reads their count back to the host",
+        reference_uncapturable=WRITE_SYNCS,
         notes=(
             "Caches are inputs updated in place; the harness reads back the page of every new token's slot in both caches "
             "(observed outputs kv_pages, index_pages) and compares them byte for byte.",

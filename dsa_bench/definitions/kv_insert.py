@@ -33,7 +33,16 @@ from dsa_bench.definitions.base import (
     integer_param,
     unknown_params,
 )
-from dsa_bench.definitions.kv_records import BASE_ALIGNMENT, V4, V32, V41, KvRecordFormat, RecordParts, ScaleConvention
+from dsa_bench.definitions.kv_records import (
+    BASE_ALIGNMENT,
+    V4,
+    V32,
+    V41,
+    WRITE_SYNCS,
+    KvRecordFormat,
+    RecordParts,
+    ScaleConvention,
+)
 from dsa_bench.definitions.status import CheckResult, Status
 
 #: The byte the harness pre-fills the cache with (0xA5, vLLM's byte-exact tests); untouched bytes keep it.
@@ -340,7 +349,7 @@ def _definition(fmt: KvRecordFormat, name: str) -> Definition:
         check=family.check,
         key_axes=("num_tokens", "block_size"),
         tolerance_fields=(),
-        reference_uncapturable="its KV writer drops -1 slots by a boolean mask, which reads their count back to the host",
+        reference_uncapturable=WRITE_SYNCS,
         notes=(
             f"Scale convention 'source': amax clamped at 1e-4, exponent ceil(log2(amax/448)) ({fmt.kv_format}).",
             f"The harness pre-fills kv_cache with byte {CACHE_POISON_BYTE} (0xA5); the check is byte-exact over the whole "

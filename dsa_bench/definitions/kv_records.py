@@ -290,6 +290,9 @@ class KvRecordFormat:
         return RecordParts(rows[:, : self.value_bytes], scale_rows[block, offset], rows[:, self.value_bytes :])
 
 
+#: why a reference built on :meth:`KvRecordFormat.write` cannot be captured in a CUDA graph (``Definition.reference_uncapturable``)
+WRITE_SYNCS = "its KV writer drops -1 slots by a boolean mask, which reads their count back to the host"
+
 _NO_PAD = "no scale pad bytes; a page stride past the packed page is padding no writer touches"
 V32 = KvRecordFormat("V32", 576, "per_token", 512, 512, "e4m3", "fp32", 128, 16, 64, tma_stride=656, page_alignment=656,
                      pad_byte=None, pad_rule=_NO_PAD)
