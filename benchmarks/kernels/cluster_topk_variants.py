@@ -1,11 +1,12 @@
 #!/usr/bin/env python
-"""Where the cluster top-k's time goes: variants of ``topk_cluster.cuh`` timed side by side, on a CUDA GPU.
+"""Where the long-row top-k kernels' time goes: variants of ``topk_cluster.cuh`` and ``topk_long.cuh`` timed side by side, on a CUDA GPU.
 
     python benchmarks/kernels/cluster_topk_variants.py [--variant shipped --variant match_any ...]
 
 Each variant is a copy of the shipped top-k sources with one edit made at a fixed anchor (the script
 fails if the kernel no longer has it), built by the solution's own ``cuda_build`` for this GPU into
-its own library and called through the library's C entry (``dsa_topk_long_select`` with cluster = 1) on the same score rows:
+its own library and called through the library's C entry (``dsa_topk_long_select``; cluster = 1 for the
+cluster kernel's variants, 0 for the multi-pass kernel's) on the same score rows:
 
 - ``shipped``: the kernel as it is;
 - ``match_any``: the first level's histogram by the filtered kernel's warp-aggregated ``histogram_add``
@@ -13,7 +14,10 @@ its own library and called through the library's C entry (``dsa_topk_long_select
 - ``cut_load``, ``cut_range``, ``cut_level0``: the kernel stopped after its loads, after the
   cluster-wide key range, after the first cluster-wide level (their outputs are not a top-k);
 - ``pull``: the owners sum their bins by remote loads of every block's histogram instead of each
-  block pushing its non-empty bins by remote atomics.
+  block pushing its non-empty bins by remote atomics;
+- ``long``: the multi-pass top-k (``topk_long.cuh``, four launches) as it is;
+- ``long_spread``: the multi-pass top-k with its three histograms updated by ``histogram_add_spread``
+  (one shared atomic per lane unless the warp is crowded) instead of ``match.any``'s ``histogram_add``.
 
 Rows: |randn| scores of B x L tokens (and a near-constant row: 99 % of the scores 1.0). Each line
 gives the top-k alone (the harness's timer and clean L2 flush through ``bench``, 3 warm-up and 20
@@ -62,20 +66,34 @@ PULL = """  int* owned = s.owned[level];
     }
   }
   cluster_sync();"""
-FINISHES = ("shipped", "match_any", "pull")
+#: variants of the multi-pass kernel (the others are the cluster kernel's)
+MULTI_PASS = ("long", "long_spread")
+FINISHES = ("shipped", "match_any", "pull", *MULTI_PASS)
 VARIANTS = (*FINISHES, "cut_load", "cut_range", "cut_level0")
-ROWS = ((1, 131072, "randn"), (8, 65536, "randn"), (1, 131072, "near_const"), (32, 32768, "randn"))
+ROWS = ((1, 131072, "randn"), (8, 65536, "randn"), (1, 131072, "near_const"), (32, 32768, "randn"), (64, 32768, "randn"),
+        (64, 131072, "randn"))  # fmt: skip
+#: the multi-pass kernel's histogram updates (levels 3, 1, 2 in file order)
+MATCH_ANY_UPDATES = ("histogram_add(s.hist, level_bin<kLongLevels - 1>(", "histogram_add(s.hist, level_bin<0>(", "histogram_add(s.hist, level_bin<kLevel + 1>(")
 
 
-def _replace(text: str, old: str, new: str) -> str:
+def _replace(text: str, old: str, new: str, header: str = "topk_cluster.cuh") -> str:
     if old not in text:
-        raise SystemExit(f"topk_cluster.cuh no longer has the anchor {old.splitlines()[0]!r}: update this script")
+        raise SystemExit(f"{header} no longer has the anchor {old.splitlines()[0]!r}: update this script")
     return text.replace(old, new)
+
+
+def long_variant_source(name: str, text: str) -> str:
+    """topk_long.cuh as variant ``name`` has it."""
+    if name != "long_spread":
+        return text
+    for old in MATCH_ANY_UPDATES:
+        text = _replace(text, old, old.replace("histogram_add(", "histogram_add_spread("), "topk_long.cuh")
+    return text
 
 
 def variant_source(name: str, text: str) -> str:
     """topk_cluster.cuh as variant ``name`` has it."""
-    if name == "shipped":
+    if name == "shipped" or name in MULTI_PASS:
         return text
     if name == "match_any":
         return _replace(text, "histogram_add_spread(s.hist, range_bin(", "histogram_add(s.hist, range_bin(")
@@ -100,6 +118,8 @@ def build(name: str, work: Path) -> Any:
     shutil.copytree(SOLUTION, copy, ignore=shutil.ignore_patterns("__pycache__"))
     header = copy / "indexer" / "csrc" / "topk_cluster.cuh"
     header.write_text(variant_source(name, header.read_text()))
+    header = copy / "indexer" / "csrc" / "topk_long.cuh"
+    header.write_text(long_variant_source(name, header.read_text()))
     return cuda_build.load_library(f"{long_topk.STEM}_{name}", f"{long_topk.WHAT} ({name})", copy / "indexer", long_topk.SOURCES,
                                    long_topk.HEADERS, long_topk.PREFIX, long_topk.SIGNATURES)  # fmt: skip
 
@@ -128,10 +148,12 @@ def main() -> None:
             table = torch.arange(batch * length // 64, dtype=torch.int32, device=device).view(batch, length // 64)
             out = torch.empty(batch, TOPK, dtype=torch.int32, device=device)
             kth = torch.topk(scores, TOPK, dim=1).values[:, -1:]
+            scratch, candidates = long_topk.scratch_for(device, batch, length)  # zero before and after every call
             for name in names:
                 stream = torch.cuda.current_stream().cuda_stream
+                buffers = (scratch.data_ptr(), candidates.data_ptr()) if name in MULTI_PASS else (None, None)
                 select_args = (0, stream, scores.data_ptr(), length, lens.data_ptr(), table.data_ptr(), length // 64, out.data_ptr(),
-                               TOPK, None, None, batch, length, TOPK, 0, 1)  # fmt: skip
+                               TOPK, *buffers, batch, length, TOPK, 0, int(name not in MULTI_PASS))  # fmt: skip
                 call = functools.partial(libraries[name].call, "select", *select_args)
                 us = bench(lambda _, call=call: call(), device=device, warmup=3, iterations=20, trials=1).mean_ms * 1e3
                 exact = ""

@@ -145,26 +145,6 @@ __device__ __forceinline__ uint32_t split_at(const uint32_t (&keys)[kSlots], uin
   return above;
 }
 
-// A warp whose lanes hold at most this many candidates equal to their left neighbour's bin adds
-// them with one shared atomic per lane; a more crowded warp aggregates equal bins (histogram_add).
-constexpr int kCrowdedNeighbours = 4;
-
-// Histogram update for range bins. They spread a row's keys over its whole key range, so a warp's
-// lanes rarely share a bin and one plain atomic per lane is cheapest: match.any's aggregation cost
-// this kernel about 8 of its 19 µs at B = 1 x 128K on an H100 (docs/kernels/indexer.md). Warps of
-// near-constant or outlier-stretched rows, where many neighbouring lanes share a bin, still
-// aggregate, so a hot bin never serialises a warp's atomics. Warp-collective.
-__device__ __forceinline__ void histogram_add_spread(int* hist, int bin, bool member) {
-  const int key = member ? bin : -1;
-  const int left = __shfl_up_sync(kFullMask, key, 1);  // lane 0 compares with itself
-  const int crowded = __popc(__ballot_sync(kFullMask, member && key == left));
-  if (crowded > kCrowdedNeighbours) {
-    histogram_add(hist, bin, member);
-  } else if (member) {
-    atomicAdd(&hist[bin], 1);
-  }
-}
-
 // A block's histogram of the bins (key - lo) >> shift of the `candidates` slots, in s.hist. Block-wide.
 template <int kSlots>
 __device__ __forceinline__ void block_histogram(const uint32_t (&keys)[kSlots], uint32_t candidates, uint32_t lo, int shift, ClusterShared& s) {

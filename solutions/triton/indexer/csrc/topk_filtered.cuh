@@ -170,6 +170,26 @@ __device__ __forceinline__ void histogram_add(int* hist, int bin, bool member) {
   if (member && static_cast<int>(threadIdx.x % kWarpSize) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
 }
 
+// A warp whose lanes hold at most this many candidates equal to their left neighbour's bin adds
+// them with one shared atomic per lane; a more crowded warp aggregates equal bins (histogram_add).
+constexpr int kCrowdedNeighbours = 4;
+
+// Histogram update for bins that spread a row's keys (the cluster top-k's range bins), so a warp's
+// lanes rarely share a bin and one plain atomic per lane is cheapest: match.any's aggregation cost
+// the cluster top-k about 8 of its 19 µs at B = 1 x 128K on an H100 (docs/kernels/indexer.md). Warps of
+// near-constant or outlier-stretched rows, where many neighbouring lanes share a bin, still
+// aggregate, so a hot bin never serialises a warp's atomics. Warp-collective.
+__device__ __forceinline__ void histogram_add_spread(int* hist, int bin, bool member) {
+  const int key = member ? bin : -1;
+  const int left = __shfl_up_sync(kFullMask, key, 1);  // lane 0 compares with itself
+  const int crowded = __popc(__ballot_sync(kFullMask, member && key == left));
+  if (crowded > kCrowdedNeighbours) {
+    histogram_add(hist, bin, member);
+  } else if (member) {
+    atomicAdd(&hist[bin], 1);
+  }
+}
+
 // The block's dynamic shared memory (the candidate buffers).
 template <typename T>
 __device__ __forceinline__ T* dynamic_shared() {
