@@ -73,7 +73,11 @@ VARIANTS = (*FINISHES, "cut_load", "cut_range", "cut_level0")
 ROWS = ((1, 131072, "randn"), (8, 65536, "randn"), (1, 131072, "near_const"), (32, 32768, "randn"), (64, 32768, "randn"),
         (64, 131072, "randn"))  # fmt: skip
 #: the multi-pass kernel's histogram updates (levels 3, 1, 2 in file order)
-MATCH_ANY_UPDATES = ("histogram_add(s.hist, level_bin<kLongLevels - 1>(", "histogram_add(s.hist, level_bin<0>(", "histogram_add(s.hist, level_bin<kLevel + 1>(")
+MATCH_ANY_UPDATES = (
+    "histogram_add(s.hist, level_bin<kLongLevels - 1>(",
+    "histogram_add(s.hist, level_bin<0>(",
+    "histogram_add(s.hist, level_bin<kLevel + 1>(",
+)
 
 
 def _replace(text: str, old: str, new: str, header: str = "topk_cluster.cuh") -> str:
