@@ -333,12 +333,13 @@ def test_cluster_topk_variants_edit_the_current_kernel():
     assert all(script.variant_source(name, text) != text for name in script.VARIANTS if name not in ("shipped", *script.MULTI_PASS))
     with pytest.raises(SystemExit, match="no longer has the anchor"):
         script.variant_source("match_any", text.replace("histogram_add_spread(s.hist", "histogram_add(s.hist"))
-    # The multi-pass kernel's variants edit topk_long.cuh instead: every histogram update of long_spread's list is there.
+    # The multi-pass kernel's variants edit topk_long.cuh instead: every histogram update of long_match_any's list is there.
     long_text = (ROOT / "solutions" / "triton" / "indexer" / "csrc" / "topk_long.cuh").read_text()
     assert all(script.variant_source(name, text) == text for name in script.MULTI_PASS)
     assert script.long_variant_source("long", long_text) == long_text
-    spread = script.long_variant_source("long_spread", long_text)
-    assert spread.count("histogram_add_spread(s.hist") == len(script.MATCH_ANY_UPDATES) and "histogram_add(s.hist" not in spread
+    aggregated = script.long_variant_source("long_match_any", long_text)
+    assert aggregated.count("histogram_add(s.hist") == len(script.SPREAD_UPDATES) and "histogram_add_spread(s.hist" not in aggregated
     with pytest.raises(SystemExit, match="topk_long.cuh no longer has the anchor"):
-        script.long_variant_source("long_spread", long_text.replace("histogram_add(s.hist, level_bin<0>(", "histogram_add(s.hist, bin0("))
+        anchor = "histogram_add_spread(s.hist, level_bin<0>("
+        script.long_variant_source("long_match_any", long_text.replace(anchor, "histogram_add(s.hist, level_bin<0>("))
     assert {"select", "cluster_capacity"} <= set(script.long_topk.SIGNATURES)

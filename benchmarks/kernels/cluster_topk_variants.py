@@ -16,8 +16,8 @@ cluster kernel's variants, 0 for the multi-pass kernel's) on the same score rows
 - ``pull``: the owners sum their bins by remote loads of every block's histogram instead of each
   block pushing its non-empty bins by remote atomics;
 - ``long``: the multi-pass top-k (``topk_long.cuh``, four launches) as it is;
-- ``long_spread``: the multi-pass top-k with its three histograms updated by ``histogram_add_spread``
-  (one shared atomic per lane unless the warp is crowded) instead of ``match.any``'s ``histogram_add``.
+- ``long_match_any``: the multi-pass top-k with its three histograms updated by ``match.any``'s
+  ``histogram_add`` instead of ``histogram_add_spread`` (as it was before 2026-12-07).
 
 Rows: |randn| scores of B x L tokens (and a near-constant row: 99 % of the scores 1.0). Each line
 gives the top-k alone (the harness's timer and clean L2 flush through ``bench``, 3 warm-up and 20
@@ -67,16 +67,16 @@ PULL = """  int* owned = s.owned[level];
   }
   cluster_sync();"""
 #: variants of the multi-pass kernel (the others are the cluster kernel's)
-MULTI_PASS = ("long", "long_spread")
+MULTI_PASS = ("long", "long_match_any")
 FINISHES = ("shipped", "match_any", "pull", *MULTI_PASS)
 VARIANTS = (*FINISHES, "cut_load", "cut_range", "cut_level0")
 ROWS = ((1, 131072, "randn"), (8, 65536, "randn"), (1, 131072, "near_const"), (32, 32768, "randn"), (64, 32768, "randn"),
         (64, 131072, "randn"))  # fmt: skip
 #: the multi-pass kernel's histogram updates (levels 3, 1, 2 in file order)
-MATCH_ANY_UPDATES = (
-    "histogram_add(s.hist, level_bin<kLongLevels - 1>(",
-    "histogram_add(s.hist, level_bin<0>(",
-    "histogram_add(s.hist, level_bin<kLevel + 1>(",
+SPREAD_UPDATES = (
+    "histogram_add_spread(s.hist, level_bin<kLongLevels - 1>(",
+    "histogram_add_spread(s.hist, level_bin<0>(",
+    "histogram_add_spread(s.hist, level_bin<kLevel + 1>(",
 )
 
 
@@ -88,10 +88,10 @@ def _replace(text: str, old: str, new: str, header: str = "topk_cluster.cuh") ->
 
 def long_variant_source(name: str, text: str) -> str:
     """topk_long.cuh as variant ``name`` has it."""
-    if name != "long_spread":
+    if name != "long_match_any":
         return text
-    for old in MATCH_ANY_UPDATES:
-        text = _replace(text, old, old.replace("histogram_add(", "histogram_add_spread("), "topk_long.cuh")
+    for old in SPREAD_UPDATES:
+        text = _replace(text, old, old.replace("histogram_add_spread(", "histogram_add("), "topk_long.cuh")
     return text
 
 

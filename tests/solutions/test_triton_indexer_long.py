@@ -81,13 +81,15 @@ def test_dispatch_keeps_short_tables_on_the_filtered_topk():
     assert not policy.uses_long_path(128, 512) and not policy.uses_long_path(128, 2048)
 
 
-def test_dispatch_takes_the_cluster_topk_where_its_clusters_fit_one_wave():
+def test_dispatch_takes_the_cluster_topk_where_its_clusters_fit_one_wave_or_two_at_b64():
     # Past 8192 tokens and up to 128K, while batch x blocks per row (8192 tokens a block, a power
-    # of two) stays within 132 blocks; the multi-pass top-k or the filtered one elsewhere.
+    # of two) stays within 132 blocks, or 264 at B <= 64; the multi-pass top-k or the filtered one elsewhere.
     assert [policy.cluster_blocks(p) for p in (129, 256, 257, 512, 1024, 2048)] == [2, 2, 4, 4, 8, 16]
     assert not policy.uses_cluster_path(1, 128) and not policy.uses_cluster_path(1, 2049)
     assert policy.uses_cluster_path(1, 129) and policy.uses_cluster_path(1, 2048) and policy.uses_cluster_path(8, 2048)
-    assert policy.uses_cluster_path(33, 512) and not policy.uses_cluster_path(34, 512) and policy.uses_cluster_path(66, 256)
+    assert policy.uses_cluster_path(33, 512) and policy.uses_cluster_path(66, 256)  # one wave
+    assert policy.uses_cluster_path(64, 512) and policy.uses_cluster_path(32, 1024) and policy.uses_cluster_path(32, 513)  # two, B <= 64
+    assert not policy.uses_cluster_path(66, 512) and not policy.uses_cluster_path(128, 256)  # two waves past B = 64
     assert not policy.uses_cluster_path(32, 2048) and not policy.uses_cluster_path(64, 2048) and not policy.uses_cluster_path(128, 1024)
     assert topk_long.CLUSTER_MAX_LEN == policy.cluster_blocks(2048) * policy.CLUSTER_BLOCK_TOKENS
 

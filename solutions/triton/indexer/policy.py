@@ -153,13 +153,18 @@ def uses_long_path(batch: int, max_num_pages: int) -> bool:
 #: in the cluster's registers, one launch) takes block tables of more than CLUSTER_PATH_MIN_TOKENS
 #: and at most CLUSTER_PATH_MAX_TOKENS tokens when the call's clusters fit one wave of blocks
 #: (batch x blocks per row <= CLUSTER_PATH_MAX_BLOCKS, one 1024-thread block per SM; 132 SMs on the
-#: H100 and H200), where the device runs its cluster (cuda_topk_long.cluster_capacity). Measured on
-#: the H100 (docs/kernels/indexer.md, "Cluster top-k"), whole pipelines: it beat the multi-pass long
-#: top-k at B = 1 (32K, 128K), B = 8 x 64K and B = 32 x 32K (128 blocks), and lost where the
-#: clusters ran in several waves (B = 32 ragged up to 128K: 512 blocks; B = 64 x 128K, B = 128 x 64K: 1024).
+#: H100 and H200), or two waves at B <= CLUSTER_PATH_TWO_WAVE_MAX_BATCH, where the device runs its
+#: cluster (cuda_topk_long.cluster_capacity). Measured on the H100 (docs/kernels/indexer.md, "Cluster
+#: top-k"), whole pipelines: it beat the multi-pass long top-k at B = 1 (32K, 128K), B = 8 x 64K and
+#: B = 32 x 32K (128 blocks); in two waves it beat both others at B = 64 x 32K (256 blocks: 134 us,
+#: the filtered top-k 154, the multi-pass one 143) and tied the multi-pass one on MTP rows of 32K
+#: and 32K + 1 tokens (B = 32, 8 blocks a row: 67.6 against 66.2), while at B = 128 the filtered
+#: top-k's one block per row already fills the GPU (B = 128 x 32K: 257 against 258); it lost in four
+#: or more waves (B = 32 ragged up to 128K: 512 blocks; B = 64 x 128K, B = 128 x 64K: 1024).
 CLUSTER_PATH_MIN_TOKENS = 8192
 CLUSTER_PATH_MAX_TOKENS = 16 * 8192
 CLUSTER_PATH_MAX_BLOCKS = 132
+CLUSTER_PATH_TWO_WAVE_MAX_BATCH = 64
 CLUSTER_BLOCK_TOKENS = 8192
 
 
@@ -177,4 +182,5 @@ def uses_cluster_path(batch: int, max_num_pages: int) -> bool:
     tokens = max_num_pages * PAGE_SIZE
     if not CLUSTER_PATH_MIN_TOKENS < tokens <= CLUSTER_PATH_MAX_TOKENS:
         return False
-    return batch * cluster_blocks(max_num_pages) <= CLUSTER_PATH_MAX_BLOCKS
+    blocks = batch * cluster_blocks(max_num_pages)
+    return blocks <= CLUSTER_PATH_MAX_BLOCKS or (batch <= CLUSTER_PATH_TWO_WAVE_MAX_BATCH and blocks <= 2 * CLUSTER_PATH_MAX_BLOCKS)

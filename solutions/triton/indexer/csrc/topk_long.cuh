@@ -306,7 +306,7 @@ __device__ void finish_in_block(const ChunkEntries& e, int need, int* scratch, i
   for (int b = threadIdx.x; b < kLongLastBins; b += kThreads) s.hist[b] = 0;
   __syncthreads();
 #pragma unroll
-  for (int i = 0; i < kLongSlots; ++i) histogram_add(s.hist, level_bin<kLongLevels - 1>(e.keys[i]), (tie >> i) & 1u);
+  for (int i = 0; i < kLongSlots; ++i) histogram_add_spread(s.hist, level_bin<kLongLevels - 1>(e.keys[i]), (tie >> i) & 1u);
   __syncthreads();
   const int need3 = need - t.above;
   const Threshold t3 = find_threshold<kThreads, kLongLastBins, false>(s.hist, need3, s.warp_totals, &s.threshold);
@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(kThreads) long_histogram_kernel(LongTopkArgs a
     ChunkEntries chunk;
     chunk.load_scores(a.scores + row * a.score_stride, at, len);
 #pragma unroll
-    for (int i = 0; i < kLongSlots; ++i) histogram_add(s.hist, level_bin<0>(chunk.keys[i]), (chunk.members >> i) & 1u);
+    for (int i = 0; i < kLongSlots; ++i) histogram_add_spread(s.hist, level_bin<0>(chunk.keys[i]), (chunk.members >> i) & 1u);
   }
   __syncthreads();
   int* scratch = scratch_of(a, row);
@@ -445,7 +445,7 @@ __global__ void __launch_bounds__(kThreads) long_level_kernel(LongTopkArgs a) {
       }
       // The next level's histogram of the threshold-bin keys.
 #pragma unroll
-      for (int i = 0; i < kLongSlots; ++i) histogram_add(s.hist, level_bin<kLevel + 1>(chunk.keys[i]), (tie_mask >> i) & 1u);
+      for (int i = 0; i < kLongSlots; ++i) histogram_add_spread(s.hist, level_bin<kLevel + 1>(chunk.keys[i]), (tie_mask >> i) & 1u);
     }
   }
   const int blocks = blocks_of_row(count);
