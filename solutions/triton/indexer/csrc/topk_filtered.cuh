@@ -174,9 +174,11 @@ __device__ __forceinline__ void histogram_add(int* hist, int bin, bool member) {
 // them with one shared atomic per lane; a more crowded warp aggregates equal bins (histogram_add).
 constexpr int kCrowdedNeighbours = 4;
 
-// Histogram update for bins that spread a row's keys (the cluster top-k's range bins), so a warp's
-// lanes rarely share a bin and one plain atomic per lane is cheapest: match.any's aggregation cost
-// the cluster top-k about 8 of its 19 µs at B = 1 x 128K on an H100 (docs/kernels/indexer.md). Warps of
+// Histogram update for bins a warp's lanes rarely share (the cluster top-k's range bins; the
+// multi-pass top-k's fixed 12-bit bins, which still spread a plain row's keys over several), where one
+// plain atomic per lane is cheapest: match.any's aggregation cost the cluster top-k about 8 of its
+// 19 µs at B = 1 x 128K on an H100, the multi-pass one a third of its time at B = 64 x 128K
+// (docs/kernels/indexer.md). Warps of
 // near-constant or outlier-stretched rows, where many neighbouring lanes share a bin, still
 // aggregate, so a hot bin never serialises a warp's atomics. Warp-collective.
 __device__ __forceinline__ void histogram_add_spread(int* hist, int bin, bool member) {
