@@ -9,6 +9,7 @@ harness checker.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import shutil
 import subprocess
@@ -293,6 +294,22 @@ def test_gpu_entry_long_rows_equal_scores_and_graph_replays():
         for name, value in indexer.draw_queries(axes, InputRng(200 + step, DEVICE)).items():
             inputs[name].copy_(value)
         assert_passes(axes, inputs, run(entry_module.kernel, inputs))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("groups", [2, 3])
+def test_gpu_row_groups_pass_the_checker_eager_and_replayed(groups):
+    # Each group's top-k on the side stream overlaps the next group's scores: every row's ids
+    # right, with rows of every path in each group, eager and through a captured graph.
+    lens = [70000, 2049, 33000, 100, 0, 16385, 131072, 8193, 40000]
+    axes, inputs = make_inputs(lens, max_pages=2048, seed=11, num_pages=sum(-(-n // 64) for n in lens) + 8)
+    launch_graphs = importlib.import_module(f"{entry_module.__package__.rsplit('.', 1)[0]}.common.launch_graphs")
+    grouped = launch_graphs.LaunchGraphs(functools.partial(entry_module.grouped_scored_path, groups, True))
+    for step in range(3):  # eager (new signature), capture + replay, replay
+        for name, value in indexer.draw_queries(axes, InputRng(300 + step, DEVICE)).items():
+            inputs[name].copy_(value)
+        assert_passes(axes, inputs, run(lambda *a: entry_module.run_pipeline(grouped, *a), inputs))
+    assert grouped.disabled_reason is None
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the CPU path")
