@@ -193,8 +193,10 @@ def run_case(case: str, entry, score, topk_long, graphs, old, args: argparse.Nam
         pipelines["cluster"] = lambda *x: entry.run_pipeline(clustered, *x)
     if args.no_old:
         del pipelines["old"]
-    for spec in args.groups:  # row groups whose top-k overlaps the next group's scores: "2", "4p" (high-priority side stream)
-        grouped = graphs.LaunchGraphs(functools.partial(entry.grouped_scored_path, int(spec.rstrip("p")), spec.endswith("p")))
+    # row groups whose top-k overlaps the next group's scores: "2", "4p" (p: high-priority side stream, l: long top-k)
+    for spec in args.groups:
+        select = topk_long.long_topk if "l" in spec else entry.select_topk_cuda
+        grouped = graphs.LaunchGraphs(functools.partial(entry.grouped_scored_path, int(spec.strip("pl")), "p" in spec, select))
         pipelines[f"rows{spec}"] = lambda *x, grouped=grouped: entry.run_pipeline(grouped, *x)
     for name, fn in pipelines.items():
         poison_(out)
@@ -248,7 +250,7 @@ def main() -> int:
         "--profile", default="b1_l128k/plain,b8_l64k/plain,b64_l128k/plain,b1_l128k/const", help="cases with a per-kernel profile"
     )
     p.add_argument("--no-old", action="store_true", help="skip the previous pipeline")
-    p.add_argument("--groups", action="append", default=[], help="also time row groups: '2', '4p' (p: high-priority top-k stream)")
+    p.add_argument("--groups", action="append", default=[], help="also time row groups: '2', '4p', '4pl'")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     device = torch.device("cuda")

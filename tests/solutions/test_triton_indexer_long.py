@@ -304,7 +304,7 @@ def test_gpu_row_groups_pass_the_checker_eager_and_replayed(groups):
     lens = [70000, 2049, 33000, 100, 0, 16385, 131072, 8193, 40000]
     axes, inputs = make_inputs(lens, max_pages=2048, seed=11, num_pages=sum(-(-n // 64) for n in lens) + 8)
     launch_graphs = importlib.import_module(f"{entry_module.__package__.rsplit('.', 1)[0]}.common.launch_graphs")
-    grouped = launch_graphs.LaunchGraphs(functools.partial(entry_module.grouped_scored_path, groups, True))
+    grouped = launch_graphs.LaunchGraphs(functools.partial(entry_module.grouped_scored_path, groups, True, entry_module.select_topk_cuda))
     for step in range(3):  # eager (new signature), capture + replay, replay
         for name, value in indexer.draw_queries(axes, InputRng(300 + step, DEVICE)).items():
             inputs[name].copy_(value)

@@ -155,13 +155,14 @@ _SIDE_STREAMS: dict[tuple, torch.cuda.Stream] = {}
 
 
 def grouped_scored_path(
-    groups: int, high_priority: bool, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices
+    groups: int, high_priority: bool, select_topk, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices
 ) -> None:
     """``scored_path`` in ``groups`` row groups, the top-k of one group overlapping the scores of the next.
 
     The score kernel runs group after group on the caller's stream; each group's top-k
-    (``cuda_topk_for`` of the group's shape) runs on a side stream once that group's scores are
-    written, so only the last group's top-k runs after the last score kernel. The top-k launches
+    (``select_topk``; ``select_topk_cuda`` takes the one for the group's shape) runs on a side
+    stream once that group's scores are written, so only the last group's top-k runs after the
+    last score kernel. The top-k launches
     stay in one stream, one after another: the multi-pass kernel's scratch is shared by calls of
     one shape. ``high_priority``: the side stream's blocks go first when an SM frees up.
     """
@@ -184,7 +185,7 @@ def grouped_scored_path(
         written.record(main)
         with torch.cuda.stream(side):
             side.wait_event(written)
-            select_topk_cuda(scores[rows], seq_lens[rows], block_table[rows], topk_indices[rows])
+            select_topk(scores[rows], seq_lens[rows], block_table[rows], topk_indices[rows])
     if not torch.cuda.is_current_stream_capturing():  # eager: the allocator must not reuse scores before the side stream is done
         scores.record_stream(side)
     main.wait_stream(side)
