@@ -36,6 +36,7 @@ from dsa_bench.definitions.base import INT_POISON, InputRng
 topk_long = importlib.import_module(f"{entry_module.__package__}.cuda_topk_long")
 policy = importlib.import_module(f"{entry_module.__package__}.policy")
 cuda_build = importlib.import_module(f"{entry_module.__package__.rsplit('.', 1)[0]}.common.cuda_build")
+launch_graphs = importlib.import_module(f"{entry_module.__package__.rsplit('.', 1)[0]}.common.launch_graphs")
 EMULATOR_SOURCE = Path(__file__).resolve().parent / "topk_long_emulator.cpp"  # includes csrc/topk_cluster.cuh, topk_long.cuh
 SCRATCH_INTS = topk_long.SCRATCH_INTS
 
@@ -303,7 +304,6 @@ def test_gpu_row_groups_pass_the_checker_eager_and_replayed(groups):
     # right, with rows of every path in each group, eager and through a captured graph.
     lens = [70000, 2049, 33000, 100, 0, 16385, 131072, 8193, 40000]
     axes, inputs = make_inputs(lens, max_pages=2048, seed=11, num_pages=sum(-(-n // 64) for n in lens) + 8)
-    launch_graphs = importlib.import_module(f"{entry_module.__package__.rsplit('.', 1)[0]}.common.launch_graphs")
     grouped = launch_graphs.LaunchGraphs(functools.partial(entry_module.grouped_scored_path, groups, True, entry_module.select_topk_cuda))
     for step in range(3):  # eager (new signature), capture + replay, replay
         for name, value in indexer.draw_queries(axes, InputRng(300 + step, DEVICE)).items():

@@ -162,9 +162,10 @@ def grouped_scored_path(
     The score kernel runs group after group on the caller's stream; each group's top-k
     (``select_topk``; ``select_topk_cuda`` takes the one for the group's shape) runs on a side
     stream once that group's scores are written, so only the last group's top-k runs after the
-    last score kernel. The top-k launches
-    stay in one stream, one after another: the multi-pass kernel's scratch is shared by calls of
-    one shape. ``high_priority``: the side stream's blocks go first when an SM frees up.
+    last score kernel. The top-k launches stay in one stream, one after another: the multi-pass
+    kernel's scratch is shared by calls of one shape. ``high_priority``: the side stream's blocks
+    go first when an SM frees up. An experiment timed by ``benchmarks/kernels/indexer_long.py
+    --groups``; ``kernel`` does not use it yet (docs/kernels/indexer.md).
     """
     batch, max_pages = block_table.shape
     device = q_index_fp8.device
