@@ -592,6 +592,26 @@ def results_kernels(
     typer.echo(kernels_table(records))
 
 
+@results_app.command("headroom")
+def results_headroom(
+    results: Path = typer.Argument(..., help="Results JSON file of a timed GPU run (`dsa-bench run --save`)."),
+    solution: list[str] = typer.Option([], "--solution", "-s", help="Only these solutions (repeatable)."),
+    case: list[str] = typer.Option([], "--case", "-c", help="Only cases matching these glob patterns (repeatable)."),
+    target: float | None = typer.Option(None, "--target", min=0.01, help="A speedup over the fastest passing peer to judge "
+                                                                         "(e.g. 1.25): met, open, or below the floor."),
+) -> None:
+    """Print each case's latency against its floor (the minimum bytes at the measured copy bandwidth, or the FLOPs at
+    the dense peak) and the fastest passing peer's, and whether a target over the peer is within reach."""
+    from fnmatch import fnmatchcase
+
+    from dsa_bench.results.records import load_results
+    from dsa_bench.results.roofline import headroom_table
+
+    records = [r for r in load_results(results).records
+               if (not solution or r.solution in solution) and (not case or any(fnmatchcase(r.case, p) for p in case))]  # fmt: skip
+    typer.echo(headroom_table(records, target))
+
+
 @results_app.command("redact")
 def results_redact(
     results: Path = typer.Argument(..., help="Results JSON file of `dsa-bench run --save`."),

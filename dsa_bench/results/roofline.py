@@ -272,3 +272,83 @@ def record_note(record: CaseRecord) -> str:
     if excess is not None and excess > HOST_EXCESS and record.timing is not None:
         parts.append(f"host {record.timing.host_mean_ms * 1e3:.1f} µs (+{100 * excess:.0f}%)")
     return ", ".join(parts)
+
+
+# --------------------------------------------------------------------------- headroom: can a target be met?
+
+
+def floor_ms(roofline: Roofline) -> float:
+    """The least latency this record's work allows on its device: the minimum bytes at the copy bandwidth the
+    run measured, or the useful FLOPs at the dense peak, whichever takes longer (ms)."""
+    memory_s = roofline.min_bytes / roofline.copy_bandwidth
+    compute_s = roofline.flops / (roofline.peak_tflops * 1e12) if roofline.peak_tflops else 0.0
+    return 1e3 * max(memory_s, compute_s)
+
+
+@dataclass
+class Headroom:
+    """One timed record against its floor and, where the run had one, the fastest peer that passed."""
+
+    case: str
+    solution: str
+    latency_ms: float
+    floor_ms: float
+    peer: str | None
+    peer_ms: float | None
+    target_ms: float | None  # the latency ``target`` x the peer needs (peer_ms / target); None without a target or a peer
+
+    @property
+    def verdict(self) -> str:
+        """"met", "open", or "below the floor" (the target asks for less time than the work takes on this device)."""
+        if self.target_ms is None:
+            return "-"
+        if self.latency_ms <= self.target_ms:
+            return "met"
+        return "below the floor" if self.target_ms < self.floor_ms else "open"
+
+
+def headroom(records: list[CaseRecord], target: float | None) -> list[Headroom]:
+    """Per passed, timed record with a roofline: its latency, its floor (:func:`floor_ms`), its peer's latency,
+    and the latency a speedup of ``target`` over that peer would need."""
+    rows = []
+    for record in records:
+        if not record.passed or record.timing is None or record.roofline is None:
+            continue
+        latency = record.timing.mean_ms
+        peer_ms = latency * record.peer_speedup if record.peer is not None and record.peer_speedup is not None else None
+        rows.append(Headroom(
+            case=record.case, solution=record.solution, latency_ms=latency, floor_ms=floor_ms(record.roofline),
+            peer=record.peer if peer_ms is not None else None, peer_ms=peer_ms,
+            target_ms=peer_ms / target if target is not None and peer_ms is not None else None,
+        ))  # fmt: skip
+    return rows
+
+
+def headroom_table(records: list[CaseRecord], target: float | None) -> str:
+    """``dsa-bench results headroom``: each record's latency, its peer's and the target's as multiples of the floor,
+    then how many cases met the target, stay open, or ask for less than the floor."""
+    from tabulate import tabulate
+
+    rows = headroom(records, target)
+    if not rows:
+        return "no passed record with a roofline (they come with timed GPU runs of definitions that declare their bytes or FLOPs)"
+
+    def us(ms: float | None, floor: float) -> str:
+        return "-" if ms is None else f"{1e3 * ms:.1f} ({ms / floor:.2f}x)"
+
+    headers = ["case", "solution", "floor µs", "µs (x floor)", "fastest peer", "peer µs (x floor)"]
+    if target is not None:
+        headers += [f"{target:g}x the peer: µs (x floor)", "verdict"]
+    table = []
+    for h in rows:
+        row = [h.case, h.solution, f"{1e3 * h.floor_ms:.1f}", us(h.latency_ms, h.floor_ms), h.peer or "-", us(h.peer_ms, h.floor_ms)]
+        if target is not None:
+            row += [us(h.target_ms, h.floor_ms), h.verdict]
+        table.append(row)
+    lines = [tabulate(table, headers=headers, disable_numparse=True)]
+    if target is not None:
+        judged = [h for h in rows if h.target_ms is not None]
+        counts = {v: sum(h.verdict == v for h in judged) for v in ("met", "open", "below the floor")}
+        lines.append(f"{target:g}x the fastest passing peer, over {len(judged)} records with a peer: {counts['met']} met, "
+                     f"{counts['open']} open, {counts['below the floor']} below the floor (out of reach on this device)")  # fmt: skip
+    return "\n".join(lines)

@@ -23,6 +23,9 @@ from dsa_bench.results.records import CaseRecord, ResultsFile, ResultsHeader, Ti
 from dsa_bench.results.roofline import (
     HOST_EXCESS,
     device_peak,
+    floor_ms,
+    headroom,
+    headroom_table,
     place,
     roofline_markdown,
     roofline_table,
@@ -217,6 +220,38 @@ def test_tables_show_the_roofline_and_the_host_time_only_where_it_exceeds_the_ke
     assert summary.mean_fraction == pytest.approx(0.595) and (summary.host_bound, summary.host_timed) == (1, 2)
     assert summary.timer == "cupti" and summary.timer_fallback is None
     assert HOST_EXCESS == 0.20
+
+
+def test_the_floor_is_the_slower_bound_and_a_target_under_it_is_out_of_reach():
+    # 10 µs calls at 50 % of the copy bandwidth: a 5 µs memory floor
+    memory = placed_record("c1", "triton", 0.010, None, 0.5)
+    assert floor_ms(memory.roofline) == pytest.approx(0.005)
+    h200 = device_peak("NVIDIA H200")
+    compute = place(10e-6, H200_COPY * 1e-6, 989.4e12 * 8e-6, "bf16", H200_COPY, h200)  # 8 µs of math, 1 µs of bytes
+    assert floor_ms(compute) == pytest.approx(0.008)
+    fast, slow, near = (placed_record(c, "triton", 0.010, None, 0.5) for c in ("fast", "slow", "near"))
+    fast.peer, fast.peer_speedup = "peer", 1.5  # the peer takes 15 µs: 12 µs for 1.25x, met at 10
+    slow.peer, slow.peer_speedup = "peer", 0.9  # 9 µs: 1.25x needs 7.2 µs, above the 5 µs floor
+    near.peer, near.peer_speedup = "peer", 0.6  # 6 µs: 1.25x needs 4.8 µs, under the floor
+    alone = placed_record("alone", "triton", 0.010, None, 0.5)  # no peer in the run
+    rows = {h.case: h for h in headroom([fast, slow, near, alone], 1.25)}
+    assert [rows[c].verdict for c in ("fast", "slow", "near", "alone")] == ["met", "open", "below the floor", "-"]
+    assert rows["slow"].target_ms == pytest.approx(0.0072) and rows["near"].peer_ms == pytest.approx(0.006)
+    table = headroom_table([fast, slow, near, alone], 1.25)
+    assert "over 3 records with a peer: 1 met, 1 open, 1 below the floor" in table
+    assert "4.8 (0.96x)" in table and "verdict" not in headroom_table([fast], None)
+    failed = placed_record("failed", "triton", 0.010, None, 0.5)
+    failed.status = Status.INCORRECT_NUMERICAL
+    assert headroom([failed], 1.25) == [] and "no passed record" in headroom_table([failed], 1.25)
+
+
+def test_results_headroom_judges_the_indexer_target_on_the_recorded_h100_run():
+    record = ROOT / "benchmarks" / "h100" / "indexer_long.json"
+    result = CliRunner().invoke(app, ["results", "headroom", str(record), "-s", "triton", "-c", "b*", "--target", "1.25"])
+    assert result.exit_code == 0, result.output
+    rows = {line.split()[0]: line for line in result.output.splitlines() if line.startswith(("b1_", "b64_l128k", "b128_l32k"))}
+    assert rows["b64_l128k"].endswith("below the floor") and rows["b128_l32k"].endswith("below the floor")
+    assert rows["b1_l128k"].endswith("met") and "deepgemm_flashinfer" in rows["b1_l128k"]
 
 
 def test_a_timer_fallback_is_stated_in_the_summary():
