@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import functools
 import importlib
 import json
 import sys
@@ -193,11 +192,6 @@ def run_case(case: str, entry, score, topk_long, graphs, old, args: argparse.Nam
         pipelines["cluster"] = lambda *x: entry.run_pipeline(clustered, *x)
     if args.no_old:
         del pipelines["old"]
-    # row groups whose top-k overlaps the next group's scores: "2", "4p" (p: high-priority side stream, l: long top-k)
-    for spec in args.groups:
-        select = topk_long.long_topk if "l" in spec else entry.select_topk_cuda
-        grouped = graphs.LaunchGraphs(functools.partial(entry.grouped_scored_path, int(spec.strip("pl")), "p" in spec, select))
-        pipelines[f"rows{spec}"] = lambda *x, grouped=grouped: entry.run_pipeline(grouped, *x)
     for name, fn in pipelines.items():
         poison_(out)
         fn(*a, out)
@@ -250,7 +244,6 @@ def main() -> int:
         "--profile", default="b1_l128k/plain,b8_l64k/plain,b64_l128k/plain,b1_l128k/const", help="cases with a per-kernel profile"
     )
     p.add_argument("--no-old", action="store_true", help="skip the previous pipeline")
-    p.add_argument("--groups", action="append", default=[], help="also time row groups: '2', '4p', '4pl'")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     device = torch.device("cuda")
@@ -278,10 +271,6 @@ def main() -> int:
         times += f" {r['score_us']:8.1f} {r['long_topk_us']:7.1f} {r.get('cluster_topk_us', float('nan')):7.1f}"
         times += f" {r['key_floor_us']:7.1f}"
         print(f"{r['case']:<22} {times}  {checks}")
-    for r in rows:
-        grouped = {k[:-3]: f"{r[k]:.1f} ({r[k[:-3]][:4]})" for k in r if k.startswith("rows") and k.endswith("_us")}
-        if grouped:
-            print(r["case"], "row groups:", grouped)
     for r in rows:
         for key in ("score_tiles_us", "kernels_us"):
             if key in r:

@@ -83,9 +83,8 @@ def solution_notes() -> str:
         return (
             "top-k: CUDA filtered select on 32-bit score keys (range-binned fast path, radix select fallback) with page-table emit "
             f"(library {_cuda_topk.name}); long block tables (policy.uses_long_path: more than "
-            f"{policy.LONG_PATH_MIN_TOKENS} tokens, batch <= {policy.LONG_PATH_MAX_BATCH}, "
-            f"or <= {policy.LONG_PATH_WIDE_BATCH} from "
-            f"{policy.LONG_PATH_WIDE_TOKENS} tokens): rows split over many "
+            f"{policy.LONG_PATH_MIN_TOKENS} tokens, batch <= {policy.LONG_PATH_MAX_BATCH}, or "
+            f"{', '.join(f'<= {most} from {fewest}' for most, fewest in policy.LONG_PATH_WIDE)} tokens): rows split over many "
             f"blocks (a histogram pass and three level passes; library {_cuda_long_topk.name}), "
             f"or, for {policy.CLUSTER_PATH_MIN_TOKENS + 1}-{policy.CLUSTER_PATH_MAX_TOKENS} tokens when the clusters fit "
             f"{policy.CLUSTER_PATH_MAX_BLOCKS} blocks, or twice that at batch <= {policy.CLUSTER_PATH_TWO_WAVE_MAX_BATCH} "
@@ -148,48 +147,6 @@ def scored_path(select_topk, dependent, q_index_fp8, k_index_cache_fp8, weights,
         select_topk(scores, seq_lens, block_table, topk_indices, dependent_launch=True)
     else:
         select_topk(scores, seq_lens, block_table, topk_indices)
-
-
-#: the side stream of ``grouped_scored_path`` per (device, priority), made on an eager first call
-_SIDE_STREAMS: dict[tuple, torch.cuda.Stream] = {}
-
-
-def grouped_scored_path(
-    groups: int, high_priority: bool, select_topk, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices
-) -> None:
-    """``scored_path`` in ``groups`` row groups, the top-k of one group overlapping the scores of the next.
-
-    The score kernel runs group after group on the caller's stream; each group's top-k
-    (``select_topk``; ``select_topk_cuda`` takes the one for the group's shape) runs on a side
-    stream once that group's scores are written, so only the last group's top-k runs after the
-    last score kernel. The top-k launches stay in one stream, one after another: the multi-pass
-    kernel's scratch is shared by calls of one shape. ``high_priority``: the side stream's blocks
-    go first when an SM frees up. An experiment timed by ``benchmarks/kernels/indexer_long.py
-    --groups``; ``kernel`` does not use it yet (docs/kernels/indexer.md).
-    """
-    batch, max_pages = block_table.shape
-    device = q_index_fp8.device
-    scores = torch.empty((batch, max_pages * PAGE_SIZE), dtype=torch.float32, device=device)
-    key = (device, high_priority)
-    if key not in _SIDE_STREAMS:
-        _SIDE_STREAMS[key] = torch.cuda.Stream(device, priority=-1 if high_priority else 0)
-    main, side = torch.cuda.current_stream(device), _SIDE_STREAMS[key]
-    side.wait_stream(main)
-    bounds = [batch * g // groups for g in range(groups + 1)]
-    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
-        if hi == lo:
-            continue
-        rows = slice(lo, hi)
-        triton_kernels.launch_scores(q_index_fp8[rows], k_index_cache_fp8, weights[rows], seq_lens[rows], block_table[rows],
-                                     scores[rows], skip_short_rows=True)  # fmt: skip
-        written = torch.cuda.Event()
-        written.record(main)
-        with torch.cuda.stream(side):
-            side.wait_event(written)
-            select_topk(scores[rows], seq_lens[rows], block_table[rows], topk_indices[rows])
-    if not torch.cuda.is_current_stream_capturing():  # eager: the allocator must not reuse scores before the side stream is done
-        scores.record_stream(side)
-    main.wait_stream(side)
 
 
 def portable_topk(scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, topk_indices: torch.Tensor) -> None:

@@ -136,9 +136,13 @@ LONG_PATH_MIN_TOKENS = 16384
 #: Large batches keep one block per row (up to 132 rows are one wave of blocks, each row's time
 #: growing with its length) where the long path's passes over every row cost more: measured on the
 #: H100 (docs/kernels/indexer.md, "Long rows") the long path won at B <= 32 (32K-128K tokens) and at
-#: B = 64 with 128K tokens, and lost at B = 64 with 32K tokens and at B = 128.
+#: B = 64 with 128K tokens, and lost at B = 64 with 32K tokens and at B = 128 x 32K. On the H200 it
+#: took a ragged B = 128 batch of rows up to 128K tokens in 203.8 us against 297.7 with one block per
+#: row, whose longest rows set that time (benchmarks/h200/indexer_long_paths.json; B = 128 x 128K
+#: rows, no workload case, is taken by the same rule unmeasured).
 LONG_PATH_MAX_BATCH = 32
-LONG_PATH_WIDE_BATCH, LONG_PATH_WIDE_TOKENS = 64, 65536
+#: Past LONG_PATH_MAX_BATCH rows: (largest batch, fewest tokens of the block table) that still take it.
+LONG_PATH_WIDE = ((64, 65536), (128, 131072))
 
 
 def uses_long_path(batch: int, max_num_pages: int) -> bool:
@@ -146,7 +150,7 @@ def uses_long_path(batch: int, max_num_pages: int) -> bool:
     tokens = max_num_pages * PAGE_SIZE
     if tokens <= LONG_PATH_MIN_TOKENS:
         return False
-    return batch <= LONG_PATH_MAX_BATCH or (batch <= LONG_PATH_WIDE_BATCH and tokens >= LONG_PATH_WIDE_TOKENS)
+    return batch <= LONG_PATH_MAX_BATCH or any(batch <= most and tokens >= fewest for most, fewest in LONG_PATH_WIDE)
 
 
 #: The cluster top-k (one thread-block cluster of 2-16 blocks of 8192 scores per row, the row held
