@@ -575,6 +575,16 @@ def results_merge(
     typer.echo(f"wrote {out}: {len(merged.records)} records over {cases} cases from {len(parts)} files")
 
 
+def _selected_records(results: Path, solutions: list[str], cases: list[str]) -> list:
+    """The records of a results file of these solutions (all when empty) on cases matching these globs (all when empty)."""
+    from fnmatch import fnmatchcase
+
+    from dsa_bench.results.records import load_results
+
+    return [r for r in load_results(results).records
+            if (not solutions or r.solution in solutions) and (not cases or any(fnmatchcase(r.case, p) for p in cases))]  # fmt: skip
+
+
 @results_app.command("kernels")
 def results_kernels(
     results: Path = typer.Argument(..., help="Results JSON file of `dsa-bench run --save` (timed with CUPTI)."),
@@ -582,14 +592,9 @@ def results_kernels(
     case: list[str] = typer.Option([], "--case", "-c", help="Only cases matching these glob patterns (repeatable)."),
 ) -> None:
     """Print where each timed call's GPU time went, kernel by kernel (a multi-kernel solution's breakdown)."""
-    from fnmatch import fnmatchcase
-
-    from dsa_bench.results.records import load_results
     from dsa_bench.results.tables import kernels_table
 
-    records = [r for r in load_results(results).records
-               if (not solution or r.solution in solution) and (not case or any(fnmatchcase(r.case, p) for p in case))]  # fmt: skip
-    typer.echo(kernels_table(records))
+    typer.echo(kernels_table(_selected_records(results, solution, case)))
 
 
 @results_app.command("headroom")
@@ -602,14 +607,9 @@ def results_headroom(
 ) -> None:
     """Print each case's latency against its floor (the minimum bytes at the measured copy bandwidth, or the FLOPs at
     the dense peak) and the fastest passing peer's, and whether a target over the peer is within reach."""
-    from fnmatch import fnmatchcase
-
-    from dsa_bench.results.records import load_results
     from dsa_bench.results.roofline import headroom_table
 
-    records = [r for r in load_results(results).records
-               if (not solution or r.solution in solution) and (not case or any(fnmatchcase(r.case, p) for p in case))]  # fmt: skip
-    typer.echo(headroom_table(records, target))
+    typer.echo(headroom_table(_selected_records(results, solution, case), target))
 
 
 @results_app.command("redact")
