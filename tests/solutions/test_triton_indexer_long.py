@@ -275,8 +275,10 @@ def test_gpu_entry_on_long_rows_passes_the_checker(weights):
 
 @pytest.mark.gpu
 def test_gpu_entry_on_long_rows_past_one_wave_of_clusters_takes_the_multi_pass_topk():
-    # 9 rows of a 128K-token table: 9 x 16 cluster blocks is more than one wave, so the multi-pass top-k.
-    lens = [131072, 131000, 70000, 33000, 16385, 8193, 2049, 100, 0]
+    # 17 rows of a 128K-token table: 17 x 16 cluster blocks is more than the two waves the policy
+    # allows the cluster top-k (policy.CLUSTER_PATH_MAX_BLOCKS), so the multi-pass top-k.
+    lens = [131072, 131000, 70000, 33000, 16385, 8193, 2049, 100, 0, 9000, 4097, 2048, 2047, 64, 1, 20000, 12345]
+    assert len(lens) * policy.cluster_blocks(2048) > 2 * policy.CLUSTER_PATH_MAX_BLOCKS
     axes, inputs = make_inputs(lens, max_pages=2048, seed=6, num_pages=sum(-(-n // 64) for n in lens) + 8)
     assert entry_module.cuda_topk_for(len(lens), 2048, DEVICE) is topk_long.long_topk
     assert_passes(axes, inputs, run(entry_module.kernel, inputs))
