@@ -2,13 +2,14 @@
 // tile per 16 heads over the same records, with the m64 consumers' online softmax (softmax.cuh),
 // bf16 rounding of P and partial format (PartialsM16).
 //
-// Per 64-record tile, warp w (of kM16Warps):
-//   S     [16 heads, records 16w .. 16w + 15] = Q K^T per m16 tile: A (Q) and B (the records, rows
-//         K-major) by ldmatrix from shared memory, 2 n8 tiles, d_qk / 16 k-steps;
+// Per 64-record tile, warp w (of kM16Warps = 8):
+//   S     [16 heads, records 8w .. 8w + 7] = Q K^T per m16 tile: A (Q) and B (the records, rows
+//         K-major) by ldmatrix from shared memory, one n8 tile, d_qk / 16 k-steps over kSChains
+//         independent accumulators per m16 tile;
 //   max   the rows' maxima over the quad, then over the warps through shared memory (barrier A);
 //   P     2^(S - ref) as bf16 into the shared P [heads, 64 records] (barrier B);
-//   O     [heads, value columns 128w .. 128w + 127] = alpha O + P V: A (P) by ldmatrix, B (V, the
-//         same record rows read transposed) by ldmatrix.trans, 16 n8 tiles per m16 tile;
+//   O     [heads, value columns 64w .. 64w + 63] = alpha O + P V: A (P) by ldmatrix, B (V, the
+//         same record rows read transposed) by ldmatrix.trans, 8 n8 tiles per m16 tile;
 // then lane 0 of each warp releases the stage. The rows' sums of P are per warp until the end.
 #pragma once
 
@@ -19,8 +20,9 @@
 namespace dsa_decode {
 namespace {
 
-constexpr int kM16BRowsPerLoad = 16;  // records (S) or value columns (O) one ldmatrix.x4 covers
-static_assert(kM16RecordsPerWarp == 16 && kM16ColsPerWarp % kM16BRowsPerLoad == 0, "S: two n8 tiles a warp; O: pairs of n8 tiles");
+constexpr int kM16BRowsPerLoad = 16;  // value columns (O) one ldmatrix.x4.trans covers
+constexpr int kM16KPerBLoad = 32;     // k of S one ldmatrix.x4 of a warp's 8 records covers (two k-steps)
+static_assert(kM16RecordsPerWarp == 8 && kM16ColsPerWarp % kM16BRowsPerLoad == 0, "S: one n8 tile a warp; O: pairs of n8 tiles");
 
 // Byte offset of the 16-byte chunk holding column `col` (a multiple of 8) of row `row` of a tile of
 // kRows-row atoms (64 bf16 a row, 128-byte swizzle as swizzled(): ldmatrix's 8 rows hit 8 bank groups).
@@ -86,21 +88,24 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
   const int g = lane / 4;  // rows g and g + 8 of each m16 tile
 
   // Q [kHeads, d_qk] into its swizzled tile; every load issued before the first store.
+  // (V3.2 at 16 heads has 1152 chunks for 256 threads: the last pass only the first 128 threads.)
   constexpr int kQChunks = L::kDqk / kChunkCols;
-  constexpr int kQChunksPerThread = kHeads * kQChunks / kM16ConsumerThreads;
-  static_assert(kHeads * kQChunks % kM16ConsumerThreads == 0, "Q's chunks split evenly over the consumers");
+  constexpr int kQChunksAll = kHeads * kQChunks;
+  constexpr int kQChunksPerThread = (kQChunksAll + kM16ConsumerThreads - 1) / kM16ConsumerThreads;
   const uint16_t* q_rows = a.q + row.bi * a.q_stride_b + row.si * a.q_stride_s;
   {
     uint4 q_chunks[kQChunksPerThread];
 #pragma unroll
     for (int k = 0; k < kQChunksPerThread; ++k) {
       const int c = ct + k * kM16ConsumerThreads;
-      q_chunks[k] = __ldg(reinterpret_cast<const uint4*>(q_rows + (c / kQChunks) * a.q_stride_h + (c % kQChunks) * kChunkCols));
+      if (kQChunksAll % kM16ConsumerThreads == 0 || c < kQChunksAll)
+        q_chunks[k] = __ldg(reinterpret_cast<const uint4*>(q_rows + (c / kQChunks) * a.q_stride_h + (c % kQChunks) * kChunkCols));
     }
 #pragma unroll
     for (int k = 0; k < kQChunksPerThread; ++k) {
       const int c = ct + k * kM16ConsumerThreads;
-      *reinterpret_cast<uint4*>(tiles.q + swizzled_rows<kHeads>(c / kQChunks, (c % kQChunks) * kChunkCols)) = q_chunks[k];
+      if (kQChunksAll % kM16ConsumerThreads == 0 || c < kQChunksAll)
+        *reinterpret_cast<uint4*>(tiles.q + swizzled_rows<kHeads>(c / kQChunks, (c % kQChunks) * kChunkCols)) = q_chunks[k];
     }
   }
   named_barrier(kMathBarrier, kM16ConsumerThreads);
@@ -115,10 +120,11 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
   for (int mi = 0; mi < kMTiles; ++mi) m_run[mi][0] = m_run[mi][1] = neg_inf(), l_run[mi][0] = l_run[mi][1] = 0.0f;
   const uint32_t q_base = smem_addr(tiles.q);
   const uint32_t p_base = smem_addr(tiles.p);
-  // ldmatrix addresses: A (rows lane % 16, k-offset 8 (lane / 16)); B of S (records 8 (lane / 16) + lane % 8,
-  // k-offset 8 ((lane / 8) % 2)); B of O (records 8 ((lane / 8) % 2) + lane % 8, columns 8 (lane / 16)).
+  // ldmatrix addresses: A (rows lane % 16, k-offset 8 (lane / 16)); B of S (the warp's records
+  // 8w + lane % 8, k-offset 8 (lane / 8): blocks 0, 1 are k-step kk's b0, b1 and blocks 2, 3 k-step
+  // kk + 16's); B of O (records 8 ((lane / 8) % 2) + lane % 8, columns 8 (lane / 16)).
   const int a_row = lane % 16, a_col = 8 * (lane / 16);
-  const int s_record = kM16RecordsPerWarp * w + 8 * (lane / 16) + lane % 8, s_col = 8 * ((lane / 8) % 2);
+  const int s_record = kM16RecordsPerWarp * w + lane % 8, s_col = 8 * (lane / 8);
   const int v_record = 8 * ((lane / 8) % 2) + lane % 8, v_col = kM16ColsPerWarp * w + 8 * (lane / 16);
 
   for (int i = 0; i < row.n_tiles; ++i) {
@@ -126,40 +132,52 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
     mbarrier_wait(&sm.full[stage], (i / kStages) & 1);
     const uint32_t kv_base = smem_addr(tiles.kv[stage]);
 
-    // S [heads, records 16w ..] per m16 tile: fragment j (n8 tile j) as softmax.cuh reads it. The
-    // even and odd k-steps accumulate apart (s, s_odd), so each warp has twice the independent mma
-    // chains in flight (one chain per n8 tile would wait on mma's latency at every k-step).
-    float s[kMTiles][8], s_odd[kMTiles][8];
+    // S [heads, records 8w .. 8w + 7] per m16 tile: one n8 tile as softmax.cuh reads it (fragment
+    // 0). The k-steps accumulate into kSChains chains in turn (k-step t into chain t % kSChains), so
+    // a warp has four independent mma chains in flight at either head count (one chain per n8
+    // tile would wait on mma's latency at every k-step).
+    constexpr int kSChains = kMTiles == 1 ? 4 : 2;
+    constexpr int kKPerPass = kSChains * kMmaK;
+    static_assert(L::kDqk % kKPerPass == 0 && kKPerPass % kM16KPerBLoad == 0, "whole passes of the chains");
+    float s[kMTiles][kSChains][4];
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) s[mi][j] = 0.0f, s_odd[mi][j] = 0.0f;
-    static_assert(L::kDqk % (2 * kMmaK) == 0, "an even number of k-steps");
-#pragma unroll(kMTiles == 1 ? 2 : 1)
-    for (int k = 0; k < L::kDqk; k += 2 * kMmaK) {
+      for (int c = 0; c < kSChains; ++c)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int kk = k + half * kMmaK;
+        for (int j = 0; j < 4; ++j) s[mi][c][j] = 0.0f;
+#pragma unroll 2
+    for (int k = 0; k < L::kDqk; k += kKPerPass) {
+#pragma unroll
+      for (int kb = 0; kb < kKPerPass; kb += kM16KPerBLoad) {
         uint32_t b[4];
-        ldmatrix_x4(kv_base + swizzled(s_record, kk + s_col), b);
+        ldmatrix_x4(kv_base + swizzled(s_record, k + kb + s_col), b);
 #pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi) {
-          uint32_t qa[4];
-          ldmatrix_x4(q_base + swizzled_rows<kHeads>(kMmaM * mi + a_row, kk + a_col), qa);
-          float* d = half == 0 ? s[mi] : s_odd[mi];
-          mma_m16n8k16(d, qa, b[0], b[1]);
-          mma_m16n8k16(d + 4, qa, b[2], b[3]);
+        for (int half = 0; half < 2; ++half) {
+          const int kk = k + kb + half * kMmaK;
+          const int chain = (kb / kMmaK + half) % kSChains;
+#pragma unroll
+          for (int mi = 0; mi < kMTiles; ++mi) {
+            uint32_t qa[4];
+            ldmatrix_x4(q_base + swizzled_rows<kHeads>(kMmaM * mi + a_row, kk + a_col), qa);
+            mma_m16n8k16(s[mi][chain], qa, b[2 * half], b[2 * half + 1]);
+          }
         }
       }
     }
+    float sc[kMTiles][4];  // the chains' sum
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) s[mi][j] += s_odd[mi][j];
+      for (int j = 0; j < 4; ++j) {
+        sc[mi][j] = s[mi][0][j];
+#pragma unroll
+        for (int c = 1; c < kSChains; ++c) sc[mi][j] += s[mi][c][j];
+      }
     float max[kMTiles][2];
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi) {
-      scale_and_row_max(s[mi], &sm.bias[stage][kM16RecordsPerWarp * w], quad, a.scale_log2, max[mi][0], max[mi][1]);
+      scale_and_row_max(sc[mi], &sm.bias[stage][kM16RecordsPerWarp * w], quad, a.scale_log2, max[mi][0], max[mi][1]);
       if (quad == 0) {
         sm.row_max[w][kMmaM * mi + g] = max[mi][0];
         sm.row_max[w][kMmaM * mi + g + 8] = max[mi][1];
@@ -180,10 +198,10 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
         softmax_step(m_run[mi][h], tile_max, ref[h], alpha[mi][h]);
       }
       float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const uint2 pair = softmax_p_pairs(s[mi], j, ref[0], ref[1], sum0, sum1);
-        const int token = kM16RecordsPerWarp * w + 8 * j + 2 * quad;
+      {
+        // The warp's 8 P columns are chunk w of each row: lanes (g, quad) hit bank 4 (w ^ g) + quad, no conflict.
+        const uint2 pair = softmax_p_pairs(sc[mi], 0, ref[0], ref[1], sum0, sum1);
+        const int token = kM16RecordsPerWarp * w + 2 * quad;
         const int within = (token % kChunkCols) * 2;
         *reinterpret_cast<uint32_t*>(tiles.p + swizzled_rows<kHeads>(kMmaM * mi + g, token) + within) = pair.x;
         *reinterpret_cast<uint32_t*>(tiles.p + swizzled_rows<kHeads>(kMmaM * mi + g + 8, token) + within) = pair.y;
@@ -193,7 +211,7 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
     }
     named_barrier(kMathBarrier, kM16ConsumerThreads);  // barrier B: all of P is stored
 
-    // O[:, 128w ..] = alpha O + P V.
+    // O[:, 64w ..] = alpha O + P V.
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
