@@ -95,8 +95,10 @@ struct PartialsM64 {
   __device__ __forceinline__ static bool writes_lse(int owner) { return owner < kWarpgroupThreads && owner % 4 == 0; }  // warpgroup 0, quad 0
 };
 // The 16/32-head kernel (kernel_m16.cuh): the producer warpgroup and kM16Warps consumer warps;
-// 16 heads are one m16 tile (mma.sync's M), 32 two over the same records. Warp w scores records
-// 8w .. 8w + 7 of a tile (one n8 tile of S per m16 tile) and owns value columns 64w .. 64w + 63 of O.
+// 16 heads are one m16 tile (mma.sync's M), 32 two over the same records. The warps work in pairs:
+// pair p scores records 16p .. 16p + 15 of a tile, each of its warps over half of d_qk's k-steps, and
+// the pair adds its halves through shared memory so that warp w holds S of records 8w .. 8w + 7
+// (one n8 tile per m16 tile) for the softmax; warp w owns value columns 64w .. 64w + 63 of O.
 constexpr int kMmaM = 16;
 constexpr int kM16Warps = 8;
 constexpr int kM16ConsumerThreads = kM16Warps * kWarpSize;

@@ -2,10 +2,14 @@
 // tile per 16 heads over the same records, with the m64 consumers' online softmax (softmax.cuh),
 // bf16 rounding of P and partial format (PartialsM16).
 //
-// Per 64-record tile, warp w (of kM16Warps = 8):
-//   S     [16 heads, records 8w .. 8w + 7] = Q K^T per m16 tile: A (Q) and B (the records, rows
-//         K-major) by ldmatrix from shared memory, one n8 tile, d_qk / 16 k-steps over kSChains
-//         independent accumulators per m16 tile;
+// Per 64-record tile, warp w (of kM16Warps = 8) of pair p = w / 2, half h = w % 2:
+//   S     the pair's partial [16 heads, records 16p .. 16p + 15] = Q K^T per m16 tile over the
+//         k-steps t of d_qk with t % 2 == h (half of Q's and of the records' columns each warp,
+//         so the eight warps read Q as often as four warps scoring all of d_qk): A (Q) and B (the
+//         records, rows K-major) by ldmatrix from shared memory, two n8 tiles;
+//   swap  the pair adds its partials through shared memory (s_swap, the pair's named barrier):
+//         warp h keeps n8 tile h (records 16p + 8h .. = 8w .. 8w + 7) and hands n8 tile 1 - h to
+//         its partner, so each warp ends with the full S of records 8w .. 8w + 7;
 //   max   the rows' maxima over the quad, then over the warps through shared memory (barrier A);
 //   P     2^(S - ref) as bf16 into the shared P [heads, 64 records] (barrier B);
 //   O     [heads, value columns 64w .. 64w + 63] = alpha O + P V: A (P) by ldmatrix, B (V, the
@@ -20,9 +24,15 @@
 namespace dsa_decode {
 namespace {
 
-constexpr int kM16BRowsPerLoad = 16;  // value columns (O) one ldmatrix.x4.trans covers
-constexpr int kM16KPerBLoad = 32;     // k of S one ldmatrix.x4 of a warp's 8 records covers (two k-steps)
-static_assert(kM16RecordsPerWarp == 8 && kM16ColsPerWarp % kM16BRowsPerLoad == 0, "S: one n8 tile a warp; O: pairs of n8 tiles");
+constexpr int kM16BRowsPerLoad = 16;  // records (S) or value columns (O) one ldmatrix.x4 covers
+constexpr int kM16Pairs = kM16Warps / 2;
+constexpr int kM16PairRecords = kTileTokens / kM16Pairs;  // records a pair scores: two n8 tiles
+static_assert(kM16RecordsPerWarp == 8 && kM16PairRecords == kM16BRowsPerLoad && kM16ColsPerWarp % kM16BRowsPerLoad == 0,
+              "S: a pair's two n8 tiles, one per warp after the swap; O: pairs of n8 tiles");
+// Named barriers of the pairs (64 threads each): kM16PairBarrier + p. Ids 2 and 3 are the 64-head
+// kernel's; this kernel uses kMathBarrier and these only.
+constexpr int kM16PairBarrier = 4;
+static_assert(kM16PairBarrier > kPFreeBarrier && kM16PairBarrier + kM16Pairs <= 16, "sixteen hardware barriers");
 
 // Byte offset of the 16-byte chunk holding column `col` (a multiple of 8) of row `row` of a tile of
 // kRows-row atoms (64 bf16 a row, 128-byte swizzle as swizzled(): ldmatrix's 8 rows hit 8 bank groups).
@@ -63,6 +73,9 @@ struct TilesM16 {
   alignas(1024) uint8_t kv[kStages][Layout<kFormat>::kAtoms * kAtomBytes];
   alignas(128) uint8_t q[Layout<kFormat>::kAtoms * kHeads * kAtomRowBytes];
   alignas(128) uint8_t p[kHeads * kAtomRowBytes];
+  // The pairs' S swap: [pair][the warp it is for (h)][m16 tile][lane], one fp32 n8 fragment (4
+  // values) a lane, so a warp's 512-byte store or load is whole 128-byte wavefronts.
+  float4 s_swap[kM16Pairs][2][kMTiles][kWarpSize];
 };
 struct SmallM16 {
   float bias[kStages][kTileTokens];  // 0 or -inf per record of a stage
@@ -120,11 +133,19 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
   for (int mi = 0; mi < kMTiles; ++mi) m_run[mi][0] = m_run[mi][1] = neg_inf(), l_run[mi][0] = l_run[mi][1] = 0.0f;
   const uint32_t q_base = smem_addr(tiles.q);
   const uint32_t p_base = smem_addr(tiles.p);
-  // ldmatrix addresses: A (rows lane % 16, k-offset 8 (lane / 16)); B of S (the warp's records
-  // 8w + lane % 8, k-offset 8 (lane / 8): blocks 0, 1 are k-step kk's b0, b1 and blocks 2, 3 k-step
-  // kk + 16's); B of O (records 8 ((lane / 8) % 2) + lane % 8, columns 8 (lane / 16)).
+  // Pair p = w / 2 scores records 16p .. 16p + 15 over the k-steps t = 2 u + h of d_qk (u = 0 ..
+  // kPairSteps - 1): k-step t is columns 32 (u % 2) + 16 h .. of atom u / 2, so a lane's chunk there
+  // is its chunk at u = 0 with bit 2 flipped for odd u (the 128-byte swizzle XORs the chunk with
+  // row % 8), and every ldmatrix address is one of two per-lane offsets plus a constant.
+  // ldmatrix lanes: A (heads lane % 16, k-offset 8 (lane / 16)); B of S (records 16p + 8 (lane / 16)
+  // + lane % 8, k-offset 8 ((lane / 8) % 2): blocks 0, 1 are n8 tile 0's b0, b1, blocks 2, 3 n8 tile
+  // 1's); B of O (records 8 ((lane / 8) % 2) + lane % 8, columns 8 (lane / 16)).
+  const int pair = w / 2, h = w % 2;
   const int a_row = lane % 16, a_col = 8 * (lane / 16);
-  const int s_record = kM16RecordsPerWarp * w + lane % 8, s_col = 8 * (lane / 8);
+  const int s_record = kM16PairRecords * pair + 8 * (lane / 16) + lane % 8, s_col = 8 * ((lane / 8) % 2);
+  constexpr uint32_t kOddStep = 4 * 16;  // chunk bit 2, in bytes
+  const uint32_t q_even = swizzled_rows<kHeads>(a_row, kMmaK * h + a_col), q_odd = q_even ^ kOddStep;
+  const uint32_t k_even = swizzled(s_record, kMmaK * h + s_col), k_odd = k_even ^ kOddStep;
   const int v_record = 8 * ((lane / 8) % 2) + lane % 8, v_col = kM16ColsPerWarp * w + 8 * (lane / 16);
 
   for (int i = 0; i < row.n_tiles; ++i) {
@@ -132,48 +153,54 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
     mbarrier_wait(&sm.full[stage], (i / kStages) & 1);
     const uint32_t kv_base = smem_addr(tiles.kv[stage]);
 
-    // S [heads, records 8w .. 8w + 7] per m16 tile: one n8 tile as softmax.cuh reads it (fragment
-    // 0). The k-steps accumulate into kSChains chains in turn (k-step t into chain t % kSChains), so
-    // a warp has four independent mma chains in flight at either head count (one chain per n8
-    // tile would wait on mma's latency at every k-step).
-    constexpr int kSChains = kMTiles == 1 ? 4 : 2;
-    constexpr int kKPerPass = kSChains * kMmaK;
-    static_assert(L::kDqk % kKPerPass == 0 && kKPerPass % kM16KPerBLoad == 0, "whole passes of the chains");
-    float s[kMTiles][kSChains][4];
+    // The pair's partial S over this warp's k-steps, per m16 tile: s[mi][chain][n8 tile][fragment].
+    // Odd and even u accumulate apart (two chains), so a warp has 4 (16 heads) or 8 (32 heads)
+    // independent mma accumulators in flight.
+    static_assert(L::kDqk % (2 * kMmaK) == 0 && (L::kDqk / (2 * kMmaK)) % 2 == 0,
+                  "d_qk splits into equal k-steps for the pair's two warps, an even number each");
+    constexpr int kPairSteps = L::kDqk / (2 * kMmaK);  // V3.2 18, V4 16 k-steps a warp
+    float s[kMTiles][2][2][4];
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
-      for (int c = 0; c < kSChains; ++c)
+      for (int c = 0; c < 2; ++c)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) s[mi][c][j] = 0.0f;
-#pragma unroll 2
-    for (int k = 0; k < L::kDqk; k += kKPerPass) {
+        for (int j = 0; j < 8; ++j) s[mi][c][j / 4][j % 4] = 0.0f;
 #pragma unroll
-      for (int kb = 0; kb < kKPerPass; kb += kM16KPerBLoad) {
-        uint32_t b[4];
-        ldmatrix_x4(kv_base + swizzled(s_record, k + kb + s_col), b);
+    for (int u = 0; u < kPairSteps; ++u) {
+      uint32_t b[4];
+      ldmatrix_x4(kv_base + (u % 2 ? k_odd : k_even) + (u / 2) * kAtomBytes, b);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int kk = k + kb + half * kMmaK;
-          const int chain = (kb / kMmaK + half) % kSChains;
-#pragma unroll
-          for (int mi = 0; mi < kMTiles; ++mi) {
-            uint32_t qa[4];
-            ldmatrix_x4(q_base + swizzled_rows<kHeads>(kMmaM * mi + a_row, kk + a_col), qa);
-            mma_m16n8k16(s[mi][chain], qa, b[2 * half], b[2 * half + 1]);
-          }
-        }
+      for (int mi = 0; mi < kMTiles; ++mi) {
+        uint32_t qa[4];
+        ldmatrix_x4(q_base + (u % 2 ? q_odd : q_even) + ((u / 2) * kHeads + kMmaM * mi) * kAtomRowBytes, qa);
+        mma_m16n8k16(s[mi][u % 2][0], qa, b[0], b[1]);
+        mma_m16n8k16(s[mi][u % 2][1], qa, b[2], b[3]);
       }
     }
-    float sc[kMTiles][4];  // the chains' sum
+    // The swap: warp h keeps n8 tile h (records 8w ..), stores its partial of n8 tile 1 - h for its
+    // partner and, after the pair's barrier, adds the partner's partial of n8 tile h. Both warps
+    // store and load one 512-byte fragment per m16 tile and take the softmax of 8 records.
+    // Reuse of s_swap: a warp rewrites its partner's slot at the next tile only after barrier A of
+    // this tile, which the partner reaches after its load here (bar.sync orders the accesses).
+    float sc[kMTiles][4];  // S of records 8w .. 8w + 7 (fragment 0 as softmax.cuh reads it)
 #pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
+    for (int mi = 0; mi < kMTiles; ++mi) {
+      float give[4];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        sc[mi][j] = s[mi][0][j];
-#pragma unroll
-        for (int c = 1; c < kSChains; ++c) sc[mi][j] += s[mi][c][j];
+        const float tile0 = s[mi][0][0][j] + s[mi][1][0][j], tile1 = s[mi][0][1][j] + s[mi][1][1][j];
+        sc[mi][j] = h == 0 ? tile0 : tile1;
+        give[j] = h == 0 ? tile1 : tile0;
       }
+      tiles.s_swap[pair][1 - h][mi][lane] = make_float4(give[0], give[1], give[2], give[3]);
+    }
+    named_barrier(kM16PairBarrier + pair, 2 * kWarpSize);
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi) {
+      const float4 got = tiles.s_swap[pair][h][mi][lane];
+      sc[mi][0] += got.x, sc[mi][1] += got.y, sc[mi][2] += got.z, sc[mi][3] += got.w;
+    }
     float max[kMTiles][2];
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi) {

@@ -1,5 +1,5 @@
-// The 16/32-head kernel: the producer warpgroup (producer.cuh) and eight consumer warps
-// (consumer_m16.cuh) per program, 384 threads as the 64-head kernel's; grid and launch: launch_m16.cu.
+// The 16/32-head kernel: the producer warpgroup (producer.cuh) and eight consumer warps in four
+// pairs (consumer_m16.cuh) per program, 384 threads as the 64-head kernel's; grid and launch: launch_m16.cu.
 #pragma once
 
 #include "consumer_m16.cuh"
