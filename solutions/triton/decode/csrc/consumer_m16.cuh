@@ -66,14 +66,14 @@ __device__ __forceinline__ void mma_m16n8k16(float* d, const uint32_t (&a)[4], u
 }
 
 // Shared memory of the 16/32-head kernel: the record stages the producer fills (its layout, as
-// Tiles), Q [heads, d_qk] and P [heads, 64 records] in atoms of kHeads rows.
+// Tiles), Q [heads, d_qk] and P [heads, 64 records] in atoms of kHeads rows, and the pairs' S swap.
 template <int kFormat, int kMTiles>
 struct TilesM16 {
   static constexpr int kHeads = kMmaM * kMTiles;
   alignas(1024) uint8_t kv[kStages][Layout<kFormat>::kAtoms * kAtomBytes];
   alignas(128) uint8_t q[Layout<kFormat>::kAtoms * kHeads * kAtomRowBytes];
   alignas(128) uint8_t p[kHeads * kAtomRowBytes];
-  // The pairs' S swap: [pair][the warp it is for (h)][m16 tile][lane], one fp32 n8 fragment (4
+  // The pairs' S swap: [pair][the warp it is for (w % 2)][m16 tile][lane], one fp32 n8 fragment (4
   // values) a lane, so a warp's 512-byte store or load is whole 128-byte wavefronts.
   float4 s_swap[kM16Pairs][2][kMTiles][kWarpSize];
 };
@@ -133,19 +133,19 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
   for (int mi = 0; mi < kMTiles; ++mi) m_run[mi][0] = m_run[mi][1] = neg_inf(), l_run[mi][0] = l_run[mi][1] = 0.0f;
   const uint32_t q_base = smem_addr(tiles.q);
   const uint32_t p_base = smem_addr(tiles.p);
-  // Pair p = w / 2 scores records 16p .. 16p + 15 over the k-steps t = 2 u + h of d_qk (u = 0 ..
-  // kPairSteps - 1): k-step t is columns 32 (u % 2) + 16 h .. of atom u / 2, so a lane's chunk there
+  // Pair p = w / 2 scores records 16p .. 16p + 15, warp w over the k-steps t = 2 u + w % 2 of d_qk
+  // (u = 0 .. kPairSteps - 1): k-step t is columns 32 (u % 2) + 16 (w % 2) .. of atom u / 2, so a lane's chunk there
   // is its chunk at u = 0 with bit 2 flipped for odd u (the 128-byte swizzle XORs the chunk with
   // row % 8), and every ldmatrix address is one of two per-lane offsets plus a constant.
   // ldmatrix lanes: A (heads lane % 16, k-offset 8 (lane / 16)); B of S (records 16p + 8 (lane / 16)
   // + lane % 8, k-offset 8 ((lane / 8) % 2): blocks 0, 1 are n8 tile 0's b0, b1, blocks 2, 3 n8 tile
   // 1's); B of O (records 8 ((lane / 8) % 2) + lane % 8, columns 8 (lane / 16)).
-  const int pair = w / 2, h = w % 2;
+  const int wp = w / 2, wh = w % 2;  // the warp's pair and its half of the k-steps
   const int a_row = lane % 16, a_col = 8 * (lane / 16);
-  const int s_record = kM16PairRecords * pair + 8 * (lane / 16) + lane % 8, s_col = 8 * ((lane / 8) % 2);
+  const int s_record = kM16PairRecords * wp + 8 * (lane / 16) + lane % 8, s_col = 8 * ((lane / 8) % 2);
   constexpr uint32_t kOddStep = 4 * 16;  // chunk bit 2, in bytes
-  const uint32_t q_even = swizzled_rows<kHeads>(a_row, kMmaK * h + a_col), q_odd = q_even ^ kOddStep;
-  const uint32_t k_even = swizzled(s_record, kMmaK * h + s_col), k_odd = k_even ^ kOddStep;
+  const uint32_t q_even = swizzled_rows<kHeads>(a_row, kMmaK * wh + a_col), q_odd = q_even ^ kOddStep;
+  const uint32_t k_even = swizzled(s_record, kMmaK * wh + s_col), k_odd = k_even ^ kOddStep;
   const int v_record = 8 * ((lane / 8) % 2) + lane % 8, v_col = kM16ColsPerWarp * w + 8 * (lane / 16);
 
   for (int i = 0; i < row.n_tiles; ++i) {
@@ -178,9 +178,9 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
         mma_m16n8k16(s[mi][u % 2][1], qa, b[2], b[3]);
       }
     }
-    // The swap: warp h keeps n8 tile h (records 8w ..), stores its partial of n8 tile 1 - h for its
-    // partner and, after the pair's barrier, adds the partner's partial of n8 tile h. Both warps
-    // store and load one 512-byte fragment per m16 tile and take the softmax of 8 records.
+    // The swap: warp wh of the pair keeps n8 tile wh (records 8w ..), stores its partial of n8 tile
+    // 1 - wh for its partner and, after the pair's barrier, adds the partner's partial of n8 tile
+    // wh. Both warps store and load one 512-byte fragment per m16 tile and take the softmax of 8 records.
     // Reuse of s_swap: a warp rewrites its partner's slot at the next tile only after barrier A of
     // this tile, which the partner reaches after its load here (bar.sync orders the accesses).
     float sc[kMTiles][4];  // S of records 8w .. 8w + 7 (fragment 0 as softmax.cuh reads it)
@@ -190,15 +190,15 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const float tile0 = s[mi][0][0][j] + s[mi][1][0][j], tile1 = s[mi][0][1][j] + s[mi][1][1][j];
-        sc[mi][j] = h == 0 ? tile0 : tile1;
-        give[j] = h == 0 ? tile1 : tile0;
+        sc[mi][j] = wh == 0 ? tile0 : tile1;
+        give[j] = wh == 0 ? tile1 : tile0;
       }
-      tiles.s_swap[pair][1 - h][mi][lane] = make_float4(give[0], give[1], give[2], give[3]);
+      tiles.s_swap[wp][1 - wh][mi][lane] = make_float4(give[0], give[1], give[2], give[3]);
     }
-    named_barrier(kM16PairBarrier + pair, 2 * kWarpSize);
+    named_barrier(kM16PairBarrier + wp, 2 * kWarpSize);
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi) {
-      const float4 got = tiles.s_swap[pair][h][mi][lane];
+      const float4 got = tiles.s_swap[wp][wh][mi][lane];
       sc[mi][0] += got.x, sc[mi][1] += got.y, sc[mi][2] += got.z, sc[mi][3] += got.w;
     }
     float max[kMTiles][2];
@@ -211,7 +211,8 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
       }
     }
     // Barrier A: every warp's maxima are in (and, by program order, every warp's P V of the
-    // previous tile has completed, so P may be overwritten below).
+    // previous tile has completed, so P may be overwritten below, and every warp's load of s_swap
+    // of this tile, so its partner may overwrite it at the next).
     named_barrier(kMathBarrier, kM16ConsumerThreads);
     float alpha[kMTiles][2];
 #pragma unroll
