@@ -372,17 +372,17 @@ def test_cuda_16_and_32_head_kernel_config_and_policy(h_q):
     sms = 132
     for (b, s_q), splits in {(1, 1): 32, (8, 1): 16, (8, 2): 8, (32, 1): 4, (128, 2): 1}.items():
         config = policy_mod.cuda_config(b * s_q, h_q, 2048, sms)
-        assert (config.kernel, config.block_h, config.num_warps, config.splits) == ("cuda", h_q, 8, splits), (b, s_q, config)
+        assert (config.kernel, config.block_h, config.num_warps, config.splits) == ("cuda", h_q, 12, splits), (b, s_q, config)
         assert config.combine == ("none" if splits == 1 else "two_launch")
         config.validate(h_q, 2048)
     with pytest.raises(ValueError, match="tiling is fixed"):  # the 64-head kernel's tiling at 16/32 heads
         replace(policy_mod.CUDA_CONFIG, splits=1, combine="none").validate(h_q, 2048)
     assert policy_mod.cuda_base_config(h_q).block_h == h_q and policy_mod.cuda_base_config(64) == policy_mod.CUDA_CONFIG
-    # partials: a unit is the h_q heads of one query token, 128 scales per 16 heads
+    # partials: a unit is the h_q heads of one query token, 256 scales per 16 heads (one per consumer thread)
     parts, cpu = 5, torch.device("cpu")
     partials = cuda_mod.SplitPartials.allocate(parts, cpu, h_q)
     assert partials.out.numel() == parts * h_q * 512 and partials.lse.numel() == parts * h_q
-    assert partials.scale.numel() == parts * h_q // 16 * 128 == parts * cuda_mod.partial_scales(h_q)
+    assert partials.scale.numel() == parts * h_q // 16 * 256 == parts * cuda_mod.partial_scales(h_q)
     partials.check(parts, cpu, h_q)
     with pytest.raises(ValueError, match="partials.out"):
         partials.check(parts + 1, cpu, h_q)

@@ -56,7 +56,7 @@ PARTIAL_SCALES = 256  # fp16 scales per split partial: one per consumer thread
 #: h_q the 16/32-head kernel takes (mma.sync m16n8k16: one m16 tile per 16 heads); its unit is all
 #: h_q heads of a query token, with SMALL_PARTIAL_SCALES_PER_16 scales per 16 heads of a partial
 SMALL_HEADS = (16, 32)
-SMALL_PARTIAL_SCALES_PER_16 = 128
+SMALL_PARTIAL_SCALES_PER_16 = 256  # eight consumer warps
 CAPABILITY = (9, 0)  # wgmma and setmaxnreg are sm_90a features
 EXPECTED_CONSTANTS = {
     "HEADS_PER_PROGRAM": HEADS_PER_PROGRAM, "TILE_TOKENS": TILE_TOKENS, "D_V": D_V, "STAGES": STAGES, "MAX_SPLITS": MAX_SPLITS,

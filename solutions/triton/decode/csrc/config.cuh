@@ -95,16 +95,18 @@ struct PartialsM64 {
   __device__ __forceinline__ static bool writes_lse(int owner) { return owner < kWarpgroupThreads && owner % 4 == 0; }  // warpgroup 0, quad 0
 };
 // The 16/32-head kernel (kernel_m16.cuh): the producer warpgroup and kM16Warps consumer warps;
-// 16 heads are one m16 tile (mma.sync's M), 32 two over the same records. Warp w scores records
-// 16w .. 16w + 15 of a tile and owns value columns 128w .. 128w + 127 of O.
+// 16 heads are one m16 tile (mma.sync's M), 32 two over the same records. The warps work in pairs:
+// pair p scores records 16p .. 16p + 15 of a tile, each of its warps over half of d_qk's k-steps, and
+// the pair adds its halves through shared memory so that warp w holds S of records 8w .. 8w + 7
+// (one n8 tile per m16 tile) for the softmax; warp w owns value columns 64w .. 64w + 63 of O.
 constexpr int kMmaM = 16;
-constexpr int kM16Warps = 4;
+constexpr int kM16Warps = 8;
 constexpr int kM16ConsumerThreads = kM16Warps * kWarpSize;
 constexpr int kM16Threads = kProducerThreads + kM16ConsumerThreads;
 constexpr int kM16RecordsPerWarp = kTileTokens / kM16Warps;
 constexpr int kM16ColsPerWarp = kDv / kM16Warps;
 // Its partials: owner mi * kM16ConsumerThreads + t is consumer thread t's accumulators of m16 tile
-// mi (heads 16 mi + lane / 4 and + 8, columns 128 (t / 32) + 8 j + 2 (lane % 4) + {0, 1}).
+// mi (heads 16 mi + lane / 4 and + 8, columns 64 (t / 32) + 8 j + 2 (lane % 4) + {0, 1}).
 template <int kMTiles>
 struct PartialsM16 {
   static constexpr int kHeads = kMmaM * kMTiles;
@@ -120,8 +122,8 @@ struct PartialsM16 {
 };
 static_assert(PartialsM16<1>::kOwners == kSmallPartialScalesPer16 && kSmallHeads[0] == kMmaM && kSmallHeads[1] == 2 * kMmaM,
               "decode_sm90.h's description of the 16/32-head kernel");
-static_assert(kM16Threads == 2 * kWarpgroupThreads && kM16RecordsPerWarp == 16 && kM16ColsPerWarp == 128,
-              "a producer warpgroup and four consumer warps");
+static_assert(kM16Threads == kThreads && kM16ConsumerThreads == kMathThreads && kM16RecordsPerWarp == 8 && kM16ColsPerWarp == 64,
+              "a producer warpgroup and eight consumer warps: the 64-head kernel's thread and register split");
 // Registers per thread before the warpgroups rebalance them (Layout sets the split per format).
 constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
 

@@ -2,13 +2,18 @@
 // tile per 16 heads over the same records, with the m64 consumers' online softmax (softmax.cuh),
 // bf16 rounding of P and partial format (PartialsM16).
 //
-// Per 64-record tile, warp w (of kM16Warps):
-//   S     [16 heads, records 16w .. 16w + 15] = Q K^T per m16 tile: A (Q) and B (the records, rows
-//         K-major) by ldmatrix from shared memory, 2 n8 tiles, d_qk / 16 k-steps;
+// Per 64-record tile, warp w (of kM16Warps = 8) of pair p = w / 2, half h = w % 2:
+//   S     the pair's partial [16 heads, records 16p .. 16p + 15] = Q K^T per m16 tile over the
+//         k-steps t of d_qk with t % 2 == h (half of Q's and of the records' columns each warp,
+//         so the eight warps read Q as often as four warps scoring all of d_qk): A (Q) and B (the
+//         records, rows K-major) by ldmatrix from shared memory, two n8 tiles;
+//   swap  the pair adds its partials through shared memory (s_swap, the pair's named barrier):
+//         warp h keeps n8 tile h (records 16p + 8h .. = 8w .. 8w + 7) and hands n8 tile 1 - h to
+//         its partner, so each warp ends with the full S of records 8w .. 8w + 7;
 //   max   the rows' maxima over the quad, then over the warps through shared memory (barrier A);
 //   P     2^(S - ref) as bf16 into the shared P [heads, 64 records] (barrier B);
-//   O     [heads, value columns 128w .. 128w + 127] = alpha O + P V: A (P) by ldmatrix, B (V, the
-//         same record rows read transposed) by ldmatrix.trans, 16 n8 tiles per m16 tile;
+//   O     [heads, value columns 64w .. 64w + 63] = alpha O + P V: A (P) by ldmatrix, B (V, the
+//         same record rows read transposed) by ldmatrix.trans, 8 n8 tiles per m16 tile;
 // then lane 0 of each warp releases the stage. The rows' sums of P are per warp until the end.
 #pragma once
 
@@ -20,7 +25,14 @@ namespace dsa_decode {
 namespace {
 
 constexpr int kM16BRowsPerLoad = 16;  // records (S) or value columns (O) one ldmatrix.x4 covers
-static_assert(kM16RecordsPerWarp == 16 && kM16ColsPerWarp % kM16BRowsPerLoad == 0, "S: two n8 tiles a warp; O: pairs of n8 tiles");
+constexpr int kM16Pairs = kM16Warps / 2;
+constexpr int kM16PairRecords = kTileTokens / kM16Pairs;  // records a pair scores: two n8 tiles
+static_assert(kM16RecordsPerWarp == 8 && kM16PairRecords == kM16BRowsPerLoad && kM16ColsPerWarp % kM16BRowsPerLoad == 0,
+              "S: a pair's two n8 tiles, one per warp after the swap; O: pairs of n8 tiles");
+// Named barriers of the pairs (64 threads each): kM16PairBarrier + p. Ids 2 and 3 are the 64-head
+// kernel's; this kernel uses kMathBarrier and these only.
+constexpr int kM16PairBarrier = 4;
+static_assert(kM16PairBarrier > kPFreeBarrier && kM16PairBarrier + kM16Pairs <= 16, "sixteen hardware barriers");
 
 // Byte offset of the 16-byte chunk holding column `col` (a multiple of 8) of row `row` of a tile of
 // kRows-row atoms (64 bf16 a row, 128-byte swizzle as swizzled(): ldmatrix's 8 rows hit 8 bank groups).
@@ -54,13 +66,16 @@ __device__ __forceinline__ void mma_m16n8k16(float* d, const uint32_t (&a)[4], u
 }
 
 // Shared memory of the 16/32-head kernel: the record stages the producer fills (its layout, as
-// Tiles), Q [heads, d_qk] and P [heads, 64 records] in atoms of kHeads rows.
+// Tiles), Q [heads, d_qk] and P [heads, 64 records] in atoms of kHeads rows, and the pairs' S swap.
 template <int kFormat, int kMTiles>
 struct TilesM16 {
   static constexpr int kHeads = kMmaM * kMTiles;
   alignas(1024) uint8_t kv[kStages][Layout<kFormat>::kAtoms * kAtomBytes];
   alignas(128) uint8_t q[Layout<kFormat>::kAtoms * kHeads * kAtomRowBytes];
   alignas(128) uint8_t p[kHeads * kAtomRowBytes];
+  // The pairs' S swap: [pair][the warp it is for (w % 2)][m16 tile][lane], one fp32 n8 fragment (4
+  // values) a lane, so a warp's 512-byte store or load is whole 128-byte wavefronts.
+  float4 s_swap[kM16Pairs][2][kMTiles][kWarpSize];
 };
 struct SmallM16 {
   float bias[kStages][kTileTokens];  // 0 or -inf per record of a stage
@@ -86,21 +101,24 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
   const int g = lane / 4;  // rows g and g + 8 of each m16 tile
 
   // Q [kHeads, d_qk] into its swizzled tile; every load issued before the first store.
+  // (V3.2 at 16 heads has 1152 chunks for 256 threads: the last pass only the first 128 threads.)
   constexpr int kQChunks = L::kDqk / kChunkCols;
-  constexpr int kQChunksPerThread = kHeads * kQChunks / kM16ConsumerThreads;
-  static_assert(kHeads * kQChunks % kM16ConsumerThreads == 0, "Q's chunks split evenly over the consumers");
+  constexpr int kQChunksAll = kHeads * kQChunks;
+  constexpr int kQChunksPerThread = (kQChunksAll + kM16ConsumerThreads - 1) / kM16ConsumerThreads;
   const uint16_t* q_rows = a.q + row.bi * a.q_stride_b + row.si * a.q_stride_s;
   {
     uint4 q_chunks[kQChunksPerThread];
 #pragma unroll
     for (int k = 0; k < kQChunksPerThread; ++k) {
       const int c = ct + k * kM16ConsumerThreads;
-      q_chunks[k] = __ldg(reinterpret_cast<const uint4*>(q_rows + (c / kQChunks) * a.q_stride_h + (c % kQChunks) * kChunkCols));
+      if (kQChunksAll % kM16ConsumerThreads == 0 || c < kQChunksAll)
+        q_chunks[k] = __ldg(reinterpret_cast<const uint4*>(q_rows + (c / kQChunks) * a.q_stride_h + (c % kQChunks) * kChunkCols));
     }
 #pragma unroll
     for (int k = 0; k < kQChunksPerThread; ++k) {
       const int c = ct + k * kM16ConsumerThreads;
-      *reinterpret_cast<uint4*>(tiles.q + swizzled_rows<kHeads>(c / kQChunks, (c % kQChunks) * kChunkCols)) = q_chunks[k];
+      if (kQChunksAll % kM16ConsumerThreads == 0 || c < kQChunksAll)
+        *reinterpret_cast<uint4*>(tiles.q + swizzled_rows<kHeads>(c / kQChunks, (c % kQChunks) * kChunkCols)) = q_chunks[k];
     }
   }
   named_barrier(kMathBarrier, kM16ConsumerThreads);
@@ -115,10 +133,19 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
   for (int mi = 0; mi < kMTiles; ++mi) m_run[mi][0] = m_run[mi][1] = neg_inf(), l_run[mi][0] = l_run[mi][1] = 0.0f;
   const uint32_t q_base = smem_addr(tiles.q);
   const uint32_t p_base = smem_addr(tiles.p);
-  // ldmatrix addresses: A (rows lane % 16, k-offset 8 (lane / 16)); B of S (records 8 (lane / 16) + lane % 8,
-  // k-offset 8 ((lane / 8) % 2)); B of O (records 8 ((lane / 8) % 2) + lane % 8, columns 8 (lane / 16)).
+  // Pair p = w / 2 scores records 16p .. 16p + 15, warp w over the k-steps t = 2 u + w % 2 of d_qk
+  // (u = 0 .. kPairSteps - 1): k-step t is columns 32 (u % 2) + 16 (w % 2) .. of atom u / 2, so a lane's chunk there
+  // is its chunk at u = 0 with bit 2 flipped for odd u (the 128-byte swizzle XORs the chunk with
+  // row % 8), and every ldmatrix address is one of two per-lane offsets plus a constant.
+  // ldmatrix lanes: A (heads lane % 16, k-offset 8 (lane / 16)); B of S (records 16p + 8 (lane / 16)
+  // + lane % 8, k-offset 8 ((lane / 8) % 2): blocks 0, 1 are n8 tile 0's b0, b1, blocks 2, 3 n8 tile
+  // 1's); B of O (records 8 ((lane / 8) % 2) + lane % 8, columns 8 (lane / 16)).
+  const int wp = w / 2, wh = w % 2;  // the warp's pair and its half of the k-steps
   const int a_row = lane % 16, a_col = 8 * (lane / 16);
-  const int s_record = kM16RecordsPerWarp * w + 8 * (lane / 16) + lane % 8, s_col = 8 * ((lane / 8) % 2);
+  const int s_record = kM16PairRecords * wp + 8 * (lane / 16) + lane % 8, s_col = 8 * ((lane / 8) % 2);
+  constexpr uint32_t kOddStep = 4 * 16;  // chunk bit 2, in bytes
+  const uint32_t q_even = swizzled_rows<kHeads>(a_row, kMmaK * wh + a_col), q_odd = q_even ^ kOddStep;
+  const uint32_t k_even = swizzled(s_record, kMmaK * wh + s_col), k_odd = k_even ^ kOddStep;
   const int v_record = 8 * ((lane / 8) % 2) + lane % 8, v_col = kM16ColsPerWarp * w + 8 * (lane / 16);
 
   for (int i = 0; i < row.n_tiles; ++i) {
@@ -126,47 +153,66 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
     mbarrier_wait(&sm.full[stage], (i / kStages) & 1);
     const uint32_t kv_base = smem_addr(tiles.kv[stage]);
 
-    // S [heads, records 16w ..] per m16 tile: fragment j (n8 tile j) as softmax.cuh reads it. The
-    // even and odd k-steps accumulate apart (s, s_odd), so each warp has twice the independent mma
-    // chains in flight (one chain per n8 tile would wait on mma's latency at every k-step).
-    float s[kMTiles][8], s_odd[kMTiles][8];
+    // The pair's partial S over this warp's k-steps, per m16 tile: s[mi][chain][n8 tile][fragment].
+    // Odd and even u accumulate apart (two chains), so a warp has 4 (16 heads) or 8 (32 heads)
+    // independent mma accumulators in flight.
+    static_assert(L::kDqk % (2 * kMmaK) == 0 && (L::kDqk / (2 * kMmaK)) % 2 == 0,
+                  "d_qk splits into equal k-steps for the pair's two warps, an even number each");
+    constexpr int kPairSteps = L::kDqk / (2 * kMmaK);  // V3.2 18, V4 16 k-steps a warp
+    float s[kMTiles][2][2][4];
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll
-      for (int j = 0; j < 8; ++j) s[mi][j] = 0.0f, s_odd[mi][j] = 0.0f;
-    static_assert(L::kDqk % (2 * kMmaK) == 0, "an even number of k-steps");
-#pragma unroll(kMTiles == 1 ? 2 : 1)
-    for (int k = 0; k < L::kDqk; k += 2 * kMmaK) {
+      for (int c = 0; c < 2; ++c)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int kk = k + half * kMmaK;
-        uint32_t b[4];
-        ldmatrix_x4(kv_base + swizzled(s_record, kk + s_col), b);
+        for (int j = 0; j < 8; ++j) s[mi][c][j / 4][j % 4] = 0.0f;
 #pragma unroll
-        for (int mi = 0; mi < kMTiles; ++mi) {
-          uint32_t qa[4];
-          ldmatrix_x4(q_base + swizzled_rows<kHeads>(kMmaM * mi + a_row, kk + a_col), qa);
-          float* d = half == 0 ? s[mi] : s_odd[mi];
-          mma_m16n8k16(d, qa, b[0], b[1]);
-          mma_m16n8k16(d + 4, qa, b[2], b[3]);
-        }
+    for (int u = 0; u < kPairSteps; ++u) {
+      uint32_t b[4];
+      ldmatrix_x4(kv_base + (u % 2 ? k_odd : k_even) + (u / 2) * kAtomBytes, b);
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) {
+        uint32_t qa[4];
+        ldmatrix_x4(q_base + (u % 2 ? q_odd : q_even) + ((u / 2) * kHeads + kMmaM * mi) * kAtomRowBytes, qa);
+        mma_m16n8k16(s[mi][u % 2][0], qa, b[0], b[1]);
+        mma_m16n8k16(s[mi][u % 2][1], qa, b[2], b[3]);
       }
     }
+    // The swap: warp wh of the pair keeps n8 tile wh (records 8w ..), stores its partial of n8 tile
+    // 1 - wh for its partner and, after the pair's barrier, adds the partner's partial of n8 tile
+    // wh. Both warps store and load one 512-byte fragment per m16 tile and take the softmax of 8 records.
+    // Reuse of s_swap: a warp rewrites its partner's slot at the next tile only after barrier A of
+    // this tile, which the partner reaches after its load here (bar.sync orders the accesses).
+    float sc[kMTiles][4];  // S of records 8w .. 8w + 7 (fragment 0 as softmax.cuh reads it)
 #pragma unroll
-    for (int mi = 0; mi < kMTiles; ++mi)
+    for (int mi = 0; mi < kMTiles; ++mi) {
+      float give[4];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) s[mi][j] += s_odd[mi][j];
+      for (int j = 0; j < 4; ++j) {
+        const float tile0 = s[mi][0][0][j] + s[mi][1][0][j], tile1 = s[mi][0][1][j] + s[mi][1][1][j];
+        sc[mi][j] = wh == 0 ? tile0 : tile1;
+        give[j] = wh == 0 ? tile1 : tile0;
+      }
+      tiles.s_swap[wp][1 - wh][mi][lane] = make_float4(give[0], give[1], give[2], give[3]);
+    }
+    named_barrier(kM16PairBarrier + wp, 2 * kWarpSize);
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi) {
+      const float4 got = tiles.s_swap[wp][wh][mi][lane];
+      sc[mi][0] += got.x, sc[mi][1] += got.y, sc[mi][2] += got.z, sc[mi][3] += got.w;
+    }
     float max[kMTiles][2];
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi) {
-      scale_and_row_max(s[mi], &sm.bias[stage][kM16RecordsPerWarp * w], quad, a.scale_log2, max[mi][0], max[mi][1]);
+      scale_and_row_max(sc[mi], &sm.bias[stage][kM16RecordsPerWarp * w], quad, a.scale_log2, max[mi][0], max[mi][1]);
       if (quad == 0) {
         sm.row_max[w][kMmaM * mi + g] = max[mi][0];
         sm.row_max[w][kMmaM * mi + g + 8] = max[mi][1];
       }
     }
     // Barrier A: every warp's maxima are in (and, by program order, every warp's P V of the
-    // previous tile has completed, so P may be overwritten below).
+    // previous tile has completed, so P may be overwritten below, and every warp's load of s_swap
+    // of this tile, so its partner may overwrite it at the next).
     named_barrier(kMathBarrier, kM16ConsumerThreads);
     float alpha[kMTiles][2];
 #pragma unroll
@@ -180,10 +226,10 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
         softmax_step(m_run[mi][h], tile_max, ref[h], alpha[mi][h]);
       }
       float sum0 = 0.0f, sum1 = 0.0f;
-#pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const uint2 pair = softmax_p_pairs(s[mi], j, ref[0], ref[1], sum0, sum1);
-        const int token = kM16RecordsPerWarp * w + 8 * j + 2 * quad;
+      {
+        // The warp's 8 P columns are chunk w of each row: lanes (g, quad) hit bank 4 (w ^ g) + quad, no conflict.
+        const uint2 pair = softmax_p_pairs(sc[mi], 0, ref[0], ref[1], sum0, sum1);
+        const int token = kM16RecordsPerWarp * w + 2 * quad;
         const int within = (token % kChunkCols) * 2;
         *reinterpret_cast<uint32_t*>(tiles.p + swizzled_rows<kHeads>(kMmaM * mi + g, token) + within) = pair.x;
         *reinterpret_cast<uint32_t*>(tiles.p + swizzled_rows<kHeads>(kMmaM * mi + g + 8, token) + within) = pair.y;
@@ -193,7 +239,7 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
     }
     named_barrier(kMathBarrier, kM16ConsumerThreads);  // barrier B: all of P is stored
 
-    // O[:, 128w ..] = alpha O + P V.
+    // O[:, 64w ..] = alpha O + P V.
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi)
 #pragma unroll

@@ -15,7 +15,7 @@ constexpr int kDv = 512;              // value and output width of every format
 constexpr int kStages = 2;            // dequantized record tiles in shared memory
 constexpr int kMaxSplits = 32;        // programs sharing one (query token, head block)
 constexpr int kSmallHeads[] = {16, 32};  // the head counts of the 16/32-head kernel (mma.sync, M = 16)
-constexpr int kSmallPartialScalesPer16 = 128;  // its part_scale entries per 16 heads: one per consumer thread
+constexpr int kSmallPartialScalesPer16 = 256;  // its part_scale entries per 16 heads: one per consumer thread
 constexpr int kPartialScales = 256;   // part_scale entries per split partial: one per consumer thread
 
 // Record formats this kernel reads (the dims; the byte geometry comes from DecodeArgs).

@@ -1,5 +1,5 @@
-// The 16/32-head kernel: the producer warpgroup (producer.cuh) and four consumer warps
-// (consumer_m16.cuh) per program; grid and launch: launch_m16.cu.
+// The 16/32-head kernel: the producer warpgroup (producer.cuh) and eight consumer warps in four
+// pairs (consumer_m16.cuh) per program, 384 threads as the 64-head kernel's; grid and launch: launch_m16.cu.
 #pragma once
 
 #include "consumer_m16.cuh"
@@ -10,6 +10,13 @@ namespace {
 
 template <int kFormat, int kMTiles>
 __global__ void __launch_bounds__(kM16Threads, 1) decode_kernel_m16(const __grid_constant__ DecodeArgs a) {
+  using L = Layout<kFormat>;
+  // 384 threads start at kLaunchRegisters; the producer gives up what the consumers take, as in
+  // the 64-head kernel (its Layout's split: the same 128 producer and 256 consumer threads).
+  static_assert(kM16Threads == kThreads && kLaunchRegisters == 65536 / kM16Threads / 8 * 8, "the 64-head kernel's launch");
+  static_assert(kProducerThreads * (kLaunchRegisters - L::kProducerRegisters) >=
+                    kM16ConsumerThreads * (L::kConsumerRegisters - kLaunchRegisters),
+                "the consumers take only what the producer released");
   extern __shared__ uint8_t shared_raw[];
   uint8_t* base = shared_raw + ((1024 - (smem_addr(shared_raw) & 1023)) & 1023);
   TilesM16<kFormat, kMTiles>& tiles = *reinterpret_cast<TilesM16<kFormat, kMTiles>*>(base);
@@ -22,13 +29,16 @@ __global__ void __launch_bounds__(kM16Threads, 1) decode_kernel_m16(const __grid
     }
     fence_mbarrier_init();
   }
+  // The program's row once, before the roles rebalance their registers (as the 64-head kernel).
+  const Row row = program_row(a);
   __syncthreads();
-  // 256 threads of up to 255 registers fit the register file: no rebalancing. The row is computed
-  // in each role (computed once before the branch, V3.2's producer spilled a value of it).
+  // The consumers' branch first in the source, as in the 64-head kernel (the producer first in the SASS).
   if (threadIdx.x >= kProducerThreads) {
-    consume_m16<kFormat, kMTiles>(a, program_row(a), tiles, sm);
+    set_registers_up<L::kConsumerRegisters>();
+    consume_m16<kFormat, kMTiles>(a, row, tiles, sm);
   } else {
-    produce<kFormat>(a, program_row(a), tiles, sm);
+    set_registers_down<L::kProducerRegisters>();
+    produce<kFormat>(a, row, tiles, sm);
   }
 }
 

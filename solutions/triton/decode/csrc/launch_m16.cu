@@ -1,5 +1,5 @@
 // The launcher of the 16/32-head decode (kernel_m16.cuh; docs/kernels/mla_decode.md, "16 and 32
-// heads"): grid (1, S splits, b * s_q query tokens), 256 threads, one program per SM; with S > 1
+// heads"): grid (1, S splits, b * s_q query tokens), 384 threads, one program per SM; with S > 1
 // its partials (PartialsM16) are merged by the combine kernel (combine.cuh), launched next as a
 // programmatic dependent as for 64 heads. Its own translation unit, so the 64-head kernels'
 // code (launch_sm90.cu) does not change with it.
