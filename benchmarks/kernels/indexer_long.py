@@ -12,7 +12,9 @@ own generator (``dsa_bench.definitions.indexer.generate``). Per case it
    dependent launch) with the harness checker, and the long-row top-k alone on the score buffer
    against ``torch.topk`` exactly (the same multiset of scores per row);
 2. times, with ``dsa_bench.timing.bench.bench`` (clean L2 flush before every call): the entry,
-   the previous pipeline, the score kernel alone, the long-row top-k alone;
+   the previous pipeline, the score kernel alone, the long-row top-k alone; on block tables of
+   8193-32768 tokens also the one-block top-k with its radix select forced (``radix``: what those
+   rows took before the shared-memory rows) and both one-block top-ks alone, checked exactly;
 3. with ``--variants``' cases, the score kernel alone in a few looping tiles;
 4. with ``--profile``'s cases, after all the timing, each kernel of the entry's scored path (torch.profiler).
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import importlib
 import json
 import sys
@@ -174,7 +177,12 @@ def profile_case(case: str, entry, device: torch.device) -> dict[str, float]:
     return kernel_times_us(lambda: entry.scored_path(entry.select_topk_cuda, True, *a, out))
 
 
-def run_case(case: str, entry, score, topk_long, graphs, old, args: argparse.Namespace, timed: dict) -> dict:
+#: block tables whose rows the one-block top-k keeps in shared memory (topk_filtered.cuh's SharedRow);
+#: before, their rows took the radix select, which its ``fast_candidates=0`` still forces
+SHARED_ROW_TOKENS = (8192, 32768)
+
+
+def run_case(case: str, entry, score, topk, topk_long, graphs, old, args: argparse.Namespace, timed: dict) -> dict:
     """Checks and times one case (see the module doc); returns its row."""
     device = timed["device"]
     shape, distribution = case.split("/")
@@ -190,6 +198,11 @@ def run_case(case: str, entry, score, topk_long, graphs, old, args: argparse.Nam
     if cluster_fits:
         clustered = entry.scored_pipeline(topk_long.cluster_topk, dependent=True)
         pipelines["cluster"] = lambda *x: entry.run_pipeline(clustered, *x)
+    shared_rows = SHARED_ROW_TOKENS[0] < max_pages * 64 <= SHARED_ROW_TOKENS[1]
+    radix_topk = functools.partial(topk.filtered_topk, fast_candidates=0)
+    if shared_rows:
+        radix = entry.scored_pipeline(radix_topk, dependent=True)
+        pipelines["radix"] = lambda *x: entry.run_pipeline(radix, *x)
     if args.no_old:
         del pipelines["old"]
     for name, fn in pipelines.items():
@@ -211,6 +224,12 @@ def run_case(case: str, entry, score, topk_long, graphs, old, args: argparse.Nam
         topk_long.cluster_topk(scores, lens, table, alone)
         torch.cuda.synchronize()
         verdict["cluster_topk_exact"] = exact_topk_failure(scores, lens, table, alone) or "PASS"
+    if shared_rows:
+        for name, select in (("filtered_topk_exact", topk.filtered_topk), ("radix_topk_exact", radix_topk)):
+            poison_(alone)
+            select(scores, lens, table, alone)
+            torch.cuda.synchronize()
+            verdict[name] = exact_topk_failure(scores, lens, table, alone) or "PASS"
     row = {"case": case, "batch": batch, "max_len": max_pages * 64, "tokens": int(lens.sum()), **verdict}
     for name, fn in pipelines.items():
         row[f"{name}_us"] = us(bench(lambda i, fn=fn: fn(*a, out), prepare=lambda i: poison_(out), **timed))
@@ -222,6 +241,10 @@ def run_case(case: str, entry, score, topk_long, graphs, old, args: argparse.Nam
     if cluster_fits:
         cluster_alone = graphs.LaunchGraphs(topk_long.cluster_topk)
         row["cluster_topk_us"] = us(bench(lambda i: cluster_alone(scores, lens, table, alone), **timed))
+    if shared_rows:
+        for name, select in (("filtered_topk", topk.filtered_topk), ("radix_topk", radix_topk)):
+            alone_graph = graphs.LaunchGraphs(select)
+            row[f"{name}_us"] = us(bench(lambda i, g=alone_graph: g(scores, lens, table, alone), **timed))
     row["key_floor_us"] = row["tokens"] * 132 / 4.24e12 * 1e6
     if case in args.variants.split(","):
         variants = {}
@@ -255,20 +278,24 @@ def main() -> int:
     rows = []
     for case in cases:
         timed = dict(warmup=args.warmup, iterations=args.iterations, trials=1, device=device)
-        rows.append(run_case(case, entry, score, topk_long, graphs, old, args, timed))
+        rows.append(run_case(case, entry, score, topk, topk_long, graphs, old, args, timed))
         print(json.dumps(rows[-1]), flush=True)
         torch.cuda.empty_cache()
     for row in rows:  # last: the profiler leaves CUPTI blind for the rest of the process
         if row["case"] in args.profile.split(","):
             row["kernels_us"] = profile_case(row["case"], entry, device)
             torch.cuda.empty_cache()
-    columns = ("new", "old", "old/new", "long", "cluster", "score", "ltopk", "ctopk", "floor")
+    columns = ("new", "old", "old/new", "long", "cluster", "radix", "score", "ltopk", "ctopk", "ftopk", "rtopk", "floor")
     print(f"\n{'case':<22} " + " ".join(f"{c:>8}" if i < 5 or c == "score" else f"{c:>7}" for i, c in enumerate(columns)) + "  checks")
     for r in rows:
         old_us = r.get("old_us", float("nan"))
-        checks = " ".join(f"{k}={r[k][:4]}" for k in ("new", "old", "long", "cluster", "long_topk_exact", "cluster_topk_exact") if k in r)
-        times = f"{r['new_us']:8.1f} {old_us:8.1f} {old_us / r['new_us']:7.2f} {r['long_us']:8.1f} {r.get('cluster_us', float('nan')):8.1f}"
-        times += f" {r['score_us']:8.1f} {r['long_topk_us']:7.1f} {r.get('cluster_topk_us', float('nan')):7.1f}"
+        names = ("new", "old", "long", "cluster", "radix")
+        names += ("long_topk_exact", "cluster_topk_exact", "filtered_topk_exact", "radix_topk_exact")
+        checks = " ".join(f"{k}={r[k][:4]}" for k in names if k in r)
+        nan = float("nan")
+        times = f"{r['new_us']:8.1f} {old_us:8.1f} {old_us / r['new_us']:7.2f} {r['long_us']:8.1f} {r.get('cluster_us', nan):8.1f}"
+        times += f" {r.get('radix_us', nan):8.1f} {r['score_us']:8.1f} {r['long_topk_us']:7.1f} {r.get('cluster_topk_us', nan):7.1f}"
+        times += f" {r.get('filtered_topk_us', nan):7.1f} {r.get('radix_topk_us', nan):7.1f}"
         times += f" {r['key_floor_us']:7.1f}"
         print(f"{r['case']:<22} {times}  {checks}")
     for r in rows:

@@ -508,6 +508,33 @@ def test_emulated_cuda_topk_mid_and_long_row_blocks(emulator, max_pages):
     assert_exact_topk(scores, seq_lens, table, out)
 
 
+def shared_memory_rows(max_pages: int):
+    """Rows for the 1024-thread block that keeps its row's keys in shared memory (max_len 8193-16384
+    and 16385-32768: 4 and 8 float4 per thread): full rows, rows one past the register caches, a row of
+    equal scores and one of three huge tie groups (the fast path gives up: radix select over the same
+    memory), a narrow cluster, all-negative scores, clamped extremes, and short rows beside them."""
+    scores, _, table = synthetic_rows(seed=max_pages, max_pages=max_pages)
+    width = max_pages * 64
+    lens = [width, 8193, width, width - 1, min(16385, width - 5), 0, 2048, 2049, min(9000, width - 64), width]
+    g = torch.Generator().manual_seed(max_pages)
+    scores[4] = torch.randn((width,), generator=g) * 1e-3 + 5.0
+    scores[7] = torch.randn((width,), generator=g)
+    scores[8] = torch.rand((width,), generator=g) - 2.0
+    scores[9, :100] = torch.finfo(torch.float32).max
+    scores[9, 100:200] = -torch.finfo(torch.float32).max
+    return scores, torch.tensor(lens, dtype=torch.int32), table
+
+
+@pytest.mark.parametrize("max_pages", [129, 256, 257, 512])
+def test_emulated_cuda_topk_shared_memory_rows(emulator, max_pages):
+    scores, seq_lens, table = shared_memory_rows(max_pages)
+    out = emulate_topk(emulator, scores, seq_lens, table)
+    assert_exact_topk(scores, seq_lens, table, out)
+    for topk in (512, 1024):
+        out = emulate_topk(emulator, scores[:4], seq_lens[:4], table[:4], topk=topk)
+        assert_exact_topk(scores[:4], seq_lens[:4], table[:4], out, topk)
+
+
 def test_emulated_cuda_topk_survives_nan_scores(emulator):
     # NaN scores are a score kernel's bug, but the top-k must still write 2048 distinct reachable
     # ids: the NaNs with the extreme keys (all-ones payloads) send the fast path to the radix select.
@@ -562,6 +589,18 @@ def test_cuda_topk_matches_torch_topk(capacity, max_pages, fast_candidates):
     _cuda_topk()(scores, seq_lens, table, out, capacity, fast_candidates)
     torch.cuda.synchronize()
     assert_exact_topk(scores, seq_lens, table, out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fast_candidates", [-1, 0])
+@pytest.mark.parametrize("max_pages", [129, 256, 512])  # rows of up to 16384 and 32768 keys in shared memory
+def test_cuda_topk_shared_memory_rows_match_torch_topk(max_pages, fast_candidates):
+    scores, seq_lens, table = (t.cuda() for t in shared_memory_rows(max_pages))
+    for topk in (indexer.TOPK, 512):
+        out = torch.full((scores.shape[0], topk), INT_POISON, dtype=torch.int32, device="cuda")
+        _cuda_topk()(scores, seq_lens, table, out, -1, fast_candidates)
+        torch.cuda.synchronize()
+        assert_exact_topk(scores, seq_lens, table, out, topk)
 
 
 @pytest.mark.gpu

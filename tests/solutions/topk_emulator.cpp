@@ -213,11 +213,15 @@ struct uint2 {
 struct alignas(16) int4 {
   int x, y, z, w;
 };
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
 struct float4 {
   float x, y, z, w;
 };
 inline uint2 make_uint2(unsigned x, unsigned y) { return uint2{x, y}; }
 inline int4 make_int4(int x, int y, int z, int w) { return int4{x, y, z, w}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 inline void __syncthreads() { simt::sync_block(); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
@@ -346,10 +350,11 @@ namespace {
 
 using simt::read_into;
 
-template <int kThreads, int kVectors = dsa_topk::kCachedVectors>
+template <int kThreads, int kVectors = dsa_topk::kCachedVectors, bool kSharedRow = false>
 void run(dsa_topk::TopkArgs args) {
   for (int row = 0; row < args.batch; ++row) {
-    simt::run_block(simt::Dim3{static_cast<unsigned>(row), 0, 0}, kThreads, [&] { dsa_topk::filtered_topk_kernel<kThreads, kVectors>(args); });
+    simt::run_block(simt::Dim3{static_cast<unsigned>(row), 0, 0}, kThreads,
+                    [&] { dsa_topk::filtered_topk_kernel<kThreads, kVectors, kSharedRow>(args); });
   }
 }
 
@@ -381,7 +386,10 @@ int main(int argc, char** argv) {
   std::fclose(in);
 
   const int cap = capacity < 0 ? dsa_topk::default_candidate_capacity(max_len) : capacity;
-  simt::dynamic_storage().assign(2 * static_cast<size_t>(cap) * sizeof(uint2) + 16, 0);
+  // The candidate buffers, or a shared row's keys (the same memory), whichever is larger.
+  const size_t candidates = 2 * static_cast<size_t>(cap) * sizeof(uint2) + 16;
+  const size_t shared_row = static_cast<size_t>(dsa_topk::kSharedRowMaxLen) * sizeof(uint32_t);
+  simt::dynamic_storage().assign(candidates > shared_row ? candidates : shared_row, 0);
   dsa_topk::TopkArgs args{scores.data(), score_stride, seq_lens.data(), table.data(), bt_stride, out.data(), topk, batch, max_len, cap, fast};
   args.topk = topk;
   switch (threads) {
@@ -391,7 +399,12 @@ int main(int argc, char** argv) {
       else if (max_len <= dsa_topk::kMidRowMaxLen) run<512, dsa_topk::kMidRowCachedVectors>(args);
       else run<512, dsa_topk::kLongRowCachedVectors>(args);
       break;
-    case 1024: run<1024>(args); break;
+    case 1024:  // as the launcher: rows past kLongRowMaxLen keep their keys in shared memory
+      if (max_len <= dsa_topk::kLongRowMaxLen) run<1024>(args);
+      else if (max_len <= dsa_topk::kHalfSharedRowMaxLen) run<1024, dsa_topk::kHalfSharedRowVectors, true>(args);
+      else if (max_len <= dsa_topk::kSharedRowMaxLen) run<1024, dsa_topk::kSharedRowVectors, true>(args);
+      else run<1024>(args);
+      break;
     default: std::fprintf(stderr, "emulator: threads must be 256, 512 or 1024\n"); return 2;
   }
   return simt::write_all(argv[2], out) ? 0 : 2;

@@ -9,46 +9,56 @@ constexpr int kMaxDevices = 64;
 
 size_t candidate_bytes(int capacity) { return 2 * static_cast<size_t>(capacity) * sizeof(uint2); }
 
-// Largest candidate capacity that fits the device's opt-in shared memory next to the kernel's
-// static shared memory; on first use per device it also opts the kernel in to that much dynamic
-// shared memory (needed as soon as static + dynamic exceed 48 KiB). Cached per device and block size.
-template <int kThreads, int kVectors>
-cudaError_t capacity_limit(int device, int* limit) {
-  static int cached[kMaxDevices] = {0};
+// Dynamic shared memory the kernel may use on `device`: the device's opt-in shared memory less the
+// kernel's static shared memory; on first use per device it also opts the kernel in to that much
+// (needed as soon as static + dynamic exceed 48 KiB). Cached per device and kernel.
+template <int kThreads, int kVectors, bool kSharedRow>
+cudaError_t dynamic_limit(int device, long long* bytes) {
+  static long long cached[kMaxDevices] = {0};
   if (device >= 0 && device < kMaxDevices && cached[device] > 0) {
-    *limit = cached[device];
+    *bytes = cached[device];
     return cudaSuccess;
   }
   int optin = 0;
   cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) return err;
   cudaFuncAttributes attributes;
-  err = cudaFuncGetAttributes(&attributes, filtered_topk_kernel<kThreads, kVectors>);
+  err = cudaFuncGetAttributes(&attributes, filtered_topk_kernel<kThreads, kVectors, kSharedRow>);
   if (err != cudaSuccess) return err;
   const long long spare = static_cast<long long>(optin) - static_cast<long long>(attributes.sharedSizeBytes);
   if (spare > 0) {
-    err = cudaFuncSetAttribute(filtered_topk_kernel<kThreads, kVectors>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(spare));
+    err = cudaFuncSetAttribute(filtered_topk_kernel<kThreads, kVectors, kSharedRow>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(spare));
     if (err != cudaSuccess) return err;
   }
-  const long long fit = spare > 0 ? spare / static_cast<long long>(candidate_bytes(1)) : 0;
-  *limit = static_cast<int>(fit < kMaxCandidates ? fit : kMaxCandidates);
-  if (device >= 0 && device < kMaxDevices) cached[device] = *limit;
+  *bytes = spare > 0 ? spare : 0;
+  if (device >= 0 && device < kMaxDevices) cached[device] = *bytes;
   return cudaSuccess;
 }
 
-template <int kThreads, int kVectors>
-cudaError_t launch(TopkArgs args, cudaStream_t stream) {
+// Launches filtered_topk_kernel<kThreads, kVectors, kSharedRow>. Its dynamic shared memory holds
+// the radix select's candidate buffers (as many entries as fit, at most the request) and, with
+// kSharedRow, the row's keys before them (the same memory: SharedRow). *launched is false, and
+// nothing is launched, when a shared row does not fit the device's shared memory.
+template <int kThreads, int kVectors, bool kSharedRow = false>
+cudaError_t launch(TopkArgs args, cudaStream_t stream, bool* launched = nullptr) {
+  if (launched != nullptr) *launched = false;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  int limit = 0;
-  err = capacity_limit<kThreads, kVectors>(device, &limit);
+  long long spare = 0;
+  err = dynamic_limit<kThreads, kVectors, kSharedRow>(device, &spare);
   if (err != cudaSuccess) return err;
+  constexpr size_t kRowBytes = kSharedRow ? SharedRow<kThreads, kVectors>::kBytes : 0;
+  if (static_cast<long long>(kRowBytes) > spare) return cudaSuccess;
+  const long long fit = spare / static_cast<long long>(candidate_bytes(1));
+  const int limit = static_cast<int>(fit < kMaxCandidates ? fit : kMaxCandidates);
   const int wanted = args.candidate_capacity < 0 ? default_candidate_capacity(args.max_len) : args.candidate_capacity;
   // A smaller buffer only moves rows with many candidates to the (correct, slower) filter path.
   args.candidate_capacity = wanted < limit ? wanted : limit;
   if (args.fast_candidates < 0 || args.fast_candidates > kFastCandidates) args.fast_candidates = kFastCandidates;
-  const size_t smem = candidate_bytes(args.candidate_capacity);
+  const size_t candidates = candidate_bytes(args.candidate_capacity);
+  const size_t smem = candidates > kRowBytes ? candidates : kRowBytes;
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
@@ -59,8 +69,9 @@ cudaError_t launch(TopkArgs args, cudaStream_t stream) {
   config.stream = stream;
   config.attrs = &dependent;
   config.numAttrs = args.dependent_launch ? 1 : 0;
-  err = cudaLaunchKernelEx(&config, filtered_topk_kernel<kThreads, kVectors>, args);
+  err = cudaLaunchKernelEx(&config, filtered_topk_kernel<kThreads, kVectors, kSharedRow>, args);
   if (err != cudaSuccess) return err;
+  if (launched != nullptr) *launched = true;
   return cudaGetLastError();
 }
 
@@ -71,6 +82,16 @@ cudaError_t launch_filtered_topk(const TopkArgs& args, cudaStream_t stream) {
   if (args.max_len <= kSmallRowMaxLen) return launch<kSmallRowThreads, kCachedVectors>(args, stream);
   if (args.max_len <= kMidRowMaxLen) return launch<kSmallRowThreads, kMidRowCachedVectors>(args, stream);
   if (args.max_len <= kLongRowMaxLen) return launch<kSmallRowThreads, kLongRowCachedVectors>(args, stream);
+  // Longer rows keep their keys in shared memory where the device has room for them, else the
+  // 1024-thread block's registers hold 8192 and longer rows take the radix select.
+  bool launched = false;
+  cudaError_t err = cudaSuccess;
+  if (args.max_len <= kHalfSharedRowMaxLen) {
+    err = launch<kLargeRowThreads, kHalfSharedRowVectors, true>(args, stream, &launched);
+  } else if (args.max_len <= kSharedRowMaxLen) {
+    err = launch<kLargeRowThreads, kSharedRowVectors, true>(args, stream, &launched);
+  }
+  if (err != cudaSuccess || launched) return err;
   return launch<kLargeRowThreads, kCachedVectors>(args, stream);
 }
 

@@ -36,6 +36,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #ifndef DSA_TOPK_HOST_EMULATION
 #include <cuda_runtime.h>
@@ -85,14 +86,29 @@ constexpr int kMaxWarps = 1024 / kWarpSize;
 constexpr int kCachedVectors = 2;
 constexpr int kMidRowCachedVectors = 3;
 constexpr int kLongRowCachedVectors = 4;
-// Block-table entries a block copies to shared memory (rows up to 256 pages = 16384 tokens;
+// Rows longer than kLongRowMaxLen and up to kSharedRowMaxLen scores take a kLargeRowThreads block
+// that keeps the row's keys in shared memory instead of registers (SharedRow: 8 float4 of keys
+// per thread, 128 KiB; 4 up to kHalfSharedRowMaxLen), so the fast path's four passes read shared
+// memory, not the row again from global memory digit by digit as the radix select does. Longer
+// rows take the radix select.
+constexpr int kHalfSharedRowMaxLen = 16384;
+constexpr int kHalfSharedRowVectors = 4;
+constexpr int kSharedRowMaxLen = 32768;
+constexpr int kSharedRowVectors = 8;
+// float4 a thread loads before converting and storing them (registers: 1024-thread blocks have 64).
+constexpr int kSharedRowLoadBatch = 4;
+// Block-table entries a block copies to shared memory (rows up to 512 pages = 32768 tokens;
 // longer rows read the table from global memory).
-constexpr int kSharedTablePages = 256;
+constexpr int kSharedTablePages = 512;
 
 static_assert(kTopK % kPageSize == 0, "rows are whole pages");
 static_assert(kSmallRowThreads * kCachedVectors * kScoresPerVector >= kSmallRowMaxLen, "the small-row block caches its longest row");
 static_assert(kSmallRowThreads * kMidRowCachedVectors * kScoresPerVector >= kMidRowMaxLen, "the mid-row block caches its longest row");
 static_assert(kSmallRowThreads * kLongRowCachedVectors * kScoresPerVector >= kLongRowMaxLen, "the long-row block caches its longest row");
+static_assert(kLargeRowThreads * kHalfSharedRowVectors * kScoresPerVector == kHalfSharedRowMaxLen, "the half shared row holds its longest row");
+static_assert(kLargeRowThreads * kSharedRowVectors * kScoresPerVector == kSharedRowMaxLen, "the shared row holds its longest row");
+static_assert(kSharedRowVectors % kSharedRowLoadBatch == 0 && kHalfSharedRowVectors % kSharedRowLoadBatch == 0, "whole load batches");
+static_assert(kSharedTablePages * kPageSize >= kSharedRowMaxLen, "a shared row's block table fits shared memory");
 static_assert(kFastCandidates * 2 <= kFastBins, "the level-2 ties (uint2) fit in the histogram's storage");
 static_assert(kFastCandidates <= kFastSubBins && kFastSubBinBits <= kFastBinBits, "level 2 needs no third level of bins");
 static_assert(kRadix % kWarpSize == 0, "the threshold scan gives each warp whole bins");
@@ -308,6 +324,9 @@ struct CachedRow {
   // Row position of cached slot i of the calling thread.
   static __device__ __forceinline__ int position(int i) { return score_position<kThreads>(0, i); }
 
+  // The keys of the calling thread's slots 4c..4c+3 (free: they are registers).
+  __device__ __forceinline__ uint4 vector(int c) const { return make_uint4(keys[4 * c], keys[4 * c + 1], keys[4 * c + 2], keys[4 * c + 3]); }
+
   // Issues every load first (they overlap); the caller needs len <= kCapacity. (Not load_score_keys:
   // this form is the one measured on the contest's rows; it keeps the row's length test per vector.)
   __device__ __forceinline__ void load(const float* __restrict__ row, int len) {
@@ -330,6 +349,66 @@ struct CachedRow {
     }
   }
 };
+
+// One row of scores as order keys in the block's dynamic shared memory, for rows too long for
+// registers (kLongRowMaxLen < len <= kSharedRowMaxLen). The slots are CachedRow's (thread t's slot i
+// is row position score_position(0, i)) and the keys lie in row order, so a thread's slots 4c..4c+3
+// are one 16-byte vector: the passes read a warp's vectors without bank conflicts. Each thread
+// reads only the slots it stored, so no barrier separates the load from the passes. Slots past
+// len hold kNoKey, as in CachedRow. The radix select's candidate buffers reuse this memory: they
+// are written only after the fast path has given up on the row, past a barrier.
+template <int kThreads, int kVectors>
+struct SharedRow {
+  static constexpr int kCachedKeys = kVectors * kScoresPerVector;
+  static constexpr int kCapacity = kThreads * kCachedKeys;
+  static constexpr int kBytes = kCapacity * static_cast<int>(sizeof(uint32_t));
+
+  uint4* vectors = dynamic_shared<uint4>();  // vector v: the keys of row positions 4v..4v+3
+
+  static __device__ __forceinline__ int position(int i) { return score_position<kThreads>(0, i); }
+
+  __device__ __forceinline__ uint4 vector(int c) const { return vectors[c * kThreads + static_cast<int>(threadIdx.x)]; }
+
+  // The caller needs len <= kCapacity. Loads kSharedRowLoadBatch float4 at a time, then stores their keys.
+  __device__ __forceinline__ void load(const float* __restrict__ row, int len) {
+    const int row_vectors = (len + kScoresPerVector - 1) / kScoresPerVector;
+#pragma unroll
+    for (int c0 = 0; c0 < kVectors; c0 += kSharedRowLoadBatch) {
+      float4 x[kSharedRowLoadBatch];
+#pragma unroll
+      for (int b = 0; b < kSharedRowLoadBatch; ++b) {
+        const int v = (c0 + b) * kThreads + static_cast<int>(threadIdx.x);
+        x[b] = v < row_vectors ? __ldg(reinterpret_cast<const float4*>(row) + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int b = 0; b < kSharedRowLoadBatch; ++b) {
+        const int v = (c0 + b) * kThreads + static_cast<int>(threadIdx.x);
+        const float values[kScoresPerVector] = {x[b].x, x[b].y, x[b].z, x[b].w};
+        uint32_t keys[kScoresPerVector];
+#pragma unroll
+        for (int e = 0; e < kScoresPerVector; ++e) {
+          const uint32_t key = order_key(values[e]);
+          keys[e] = v * kScoresPerVector + e < len ? (key > kNoKey ? key : kNoKey + 1u) : kNoKey;
+        }
+        vectors[v] = make_uint4(keys[0], keys[1], keys[2], keys[3]);
+      }
+    }
+  }
+};
+
+// Calls visit(slot, key) for each of the calling thread's slots of a cached row (CachedRow or
+// SharedRow), a 16-byte vector at a time; fully unrolled, so `slot` is a constant in each call.
+template <typename Row, typename Visit>
+__device__ __forceinline__ void for_each_slot(const Row& row, Visit&& visit) {
+#pragma unroll
+  for (int c = 0; c < Row::kCachedKeys / kScoresPerVector; ++c) {
+    const uint4 v = row.vector(c);
+    visit(4 * c + 0, v.x);
+    visit(4 * c + 1, v.y);
+    visit(4 * c + 2, v.z);
+    visit(4 * c + 3, v.w);
+  }
+}
 
 // Calls visit(key, position, member) for each entry of a shared candidate buffer, with the
 // same all-threads-call guarantee as for_each_score.
@@ -452,15 +531,14 @@ __device__ __forceinline__ void fast_threshold(FastState& f, int need) {
 // The fast path (see the top of this file) for one cached row of more than kTopK scores. Returns false,
 // having written nothing, when the row's threshold bin holds more than `max_candidates` keys.
 // Block-wide: every thread calls it and all get the same result.
-template <int kThreads, int kVectors>
-__device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_candidates, const int32_t* table_row,
-                            int32_t* __restrict__ out_row, FastState& f, const int topk) {
+template <int kThreads, typename Row>
+__device__ bool fast_select(const Row& row, int max_candidates, const int32_t* table_row, int32_t* __restrict__ out_row,
+                            FastState& f, const int topk) {
   constexpr int kWarps = kThreads / kWarpSize;
   const int tid = threadIdx.x;
   const int lane = tid % kWarpSize;
   const int warp = tid / kWarpSize;
 
-  using Row = CachedRow<kThreads, kVectors>;
   constexpr int kSlots = Row::kCachedKeys;
   static_assert(kSlots <= 32, "a thread's slot classes fit one 32-bit mask");
 
@@ -469,12 +547,11 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
   zero_bins<kThreads, kFastBins>(f.hist);
   if (tid == 0) f.pass3_offsets = 0;
   unsigned lo_less_one = 0xffffffffu, hi = 0u;
-#pragma unroll
-  for (int i = 0; i < kSlots; ++i) {
-    const uint32_t less_one = row.keys[i] - 1u;
+  for_each_slot(row, [&](int, uint32_t key) {
+    const uint32_t less_one = key - 1u;
     lo_less_one = less_one < lo_less_one ? less_one : lo_less_one;
-    hi = row.keys[i] > hi ? row.keys[i] : hi;
-  }
+    hi = key > hi ? key : hi;
+  });
   // (Not block_min_max: this form, with the caller's lane and warp, is the one measured on the contest's rows.)
   lo_less_one = warp_reduce(lo_less_one, false);
   hi = warp_reduce(hi, true);
@@ -497,10 +574,9 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
   // Pass 2: level-1 histogram, and its threshold bin for kTopK. Plain shared atomics: the
   // thread does not wait for them, and range bins seldom collide (a row of equal keys does,
   // and then falls back to the radix select anyway).
-#pragma unroll
-  for (int i = 0; i < kSlots; ++i) {
-    if (row.keys[i] != kNoKey) atomicAdd(&f.hist[(row.keys[i] - lo) >> shift], 1);
-  }
+  for_each_slot(row, [&](int, uint32_t key) {
+    if (key != kNoKey) atomicAdd(&f.hist[(key - lo) >> shift], 1);
+  });
   __syncthreads();
   fast_threshold<kThreads, kFastBins>(f, topk);
   const int threshold = f.threshold;
@@ -524,11 +600,10 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
   // `in_bin` <= kFastCandidates, fit 16 bits).
   uint32_t above_mask = 0u;
   uint32_t tie_mask = 0u;
-#pragma unroll
-  for (int i = 0; i < kSlots; ++i) {
-    if (row.keys[i] >= bin_end) above_mask |= 1u << i;
-    if (row.keys[i] - bin_lo < bin_end - bin_lo) tie_mask |= 1u << i;
-  }
+  for_each_slot(row, [&](int i, uint32_t key) {
+    if (key >= bin_end) above_mask |= 1u << i;
+    if (key - bin_lo < bin_end - bin_lo) tie_mask |= 1u << i;
+  });
   const int packed = __popc(above_mask) | (__popc(tie_mask) << 16);
   const int inclusive = warp_inclusive_sum(packed, lane);
   int warp_base = 0;
@@ -543,10 +618,9 @@ __device__ bool fast_select(const CachedRow<kThreads, kVectors>& row, int max_ca
   }
   if (tie_mask != 0u) {
     int tie_at = exclusive >> 16;
-#pragma unroll
-    for (int i = 0; i < kSlots; ++i) {
-      if (tie_mask & (1u << i)) f.candidates[tie_at++] = make_uint2(row.keys[i], static_cast<uint32_t>(Row::position(i)));
-    }
+    for_each_slot(row, [&](int i, uint32_t key) {
+      if (tie_mask & (1u << i)) f.candidates[tie_at++] = make_uint2(key, static_cast<uint32_t>(Row::position(i)));
+    });
   }
   const bool subdivide = in_bin > kFastDirectRank;  // block-uniform
   if (subdivide) zero_bins<kThreads, kFastSubBins>(f.hist);
@@ -630,11 +704,13 @@ __device__ __forceinline__ void wait_for_preceding_grid() {
 #endif
 }
 
-// kVectors: float4 of the row cached per thread (CachedRow). Every block asks for one block per
-// SM, so that ptxas may give it the registers it needs without spilling: left to itself it held
-// the 8-key block to 40 registers and spilled 16 bytes (more blocks still share an SM when they fit).
-template <int kThreads, int kVectors = kCachedVectors>
+// kVectors: float4 of the row cached per thread, in registers (CachedRow) or, with kSharedRow, in
+// the dynamic shared memory (SharedRow). Every block asks for one block per SM, so that ptxas may
+// give it the registers it needs without spilling: left to itself it held the 8-key block to 40
+// registers and spilled 16 bytes (more blocks still share an SM when they fit).
+template <int kThreads, int kVectors = kCachedVectors, bool kSharedRow = false>
 __global__ void __launch_bounds__(kThreads, 1) filtered_topk_kernel(TopkArgs args) {
+  using Row = std::conditional_t<kSharedRow, SharedRow<kThreads, kVectors>, CachedRow<kThreads, kVectors>>;
   static_assert(kThreads % kWarpSize == 0 && kThreads >= kRadix, "whole warps, one thread per bin");
   __shared__ SelectState s;
   uint2* candidate_buffers = dynamic_shared<uint2>();  // [2][capacity] (key, position) pairs
@@ -652,8 +728,8 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_topk_kernel(TopkArgs arg
   if (len > args.max_len) __trap();  // seq_len beyond max_num_pages * 64 breaks the contract: fail loudly
   const float* __restrict__ scores = args.scores + row * args.score_stride;
   // The row's pages go to shared memory; every path below passes a barrier before its first emit.
-  const bool try_fast = args.fast_candidates > 0 && len <= CachedRow<kThreads, kVectors>::kCapacity;  // block-uniform
-  CachedRow<kThreads, kVectors> cached;
+  const bool try_fast = args.fast_candidates > 0 && len <= Row::kCapacity;  // block-uniform
+  Row cached;
   __shared__ int32_t shared_table[kSharedTablePages];
   const int pages = (len + kPageSize - 1) / kPageSize;
   auto copy_table = [&] {
@@ -675,7 +751,7 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_topk_kernel(TopkArgs arg
   }
   if (try_fast) {
     __shared__ FastState fast;
-    if (fast_select<kThreads, kVectors>(cached, args.fast_candidates, table_row, out_row, fast, topk)) return;
+    if (fast_select<kThreads>(cached, args.fast_candidates, table_row, out_row, fast, topk)) return;
   }
   const int capacity = args.candidate_capacity;
 
