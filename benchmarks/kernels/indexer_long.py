@@ -179,7 +179,7 @@ def profile_case(case: str, entry, device: torch.device) -> dict[str, float]:
 
 #: block tables whose rows the one-block top-k keeps in shared memory (topk_filtered.cuh's SharedRow);
 #: before, their rows took the radix select, which its ``fast_candidates=0`` still forces
-SHARED_ROW_TOKENS = (8192, 32768)
+SHARED_ROW_TOKENS = (8192, 36864)
 
 
 def run_case(case: str, entry, score, topk, topk_long, graphs, old, args: argparse.Namespace, timed: dict) -> dict:

@@ -509,8 +509,8 @@ def test_emulated_cuda_topk_mid_and_long_row_blocks(emulator, max_pages):
 
 
 def shared_memory_rows(max_pages: int):
-    """Rows for the 1024-thread block that keeps its row's keys in shared memory (max_len 8193-16384
-    and 16385-32768: 4 and 8 float4 per thread): full rows, rows one past the register caches, a row of
+    """Rows for the 1024-thread block that keeps its row's keys in shared memory (max_len 8193-16384,
+    16385-32768 and 32769-36864: 4, 8 and 9 float4 per thread): full rows, rows one past the register caches, a row of
     equal scores and one of three huge tie groups (the fast path gives up: radix select over the same
     memory), a narrow cluster, all-negative scores, clamped extremes, and short rows beside them."""
     scores, _, table = synthetic_rows(seed=max_pages, max_pages=max_pages)
@@ -525,7 +525,7 @@ def shared_memory_rows(max_pages: int):
     return scores, torch.tensor(lens, dtype=torch.int32), table
 
 
-@pytest.mark.parametrize("max_pages", [129, 256, 257, 512])
+@pytest.mark.parametrize("max_pages", [129, 256, 257, 512, 513, 576])
 def test_emulated_cuda_topk_shared_memory_rows(emulator, max_pages):
     scores, seq_lens, table = shared_memory_rows(max_pages)
     out = emulate_topk(emulator, scores, seq_lens, table)
@@ -593,7 +593,7 @@ def test_cuda_topk_matches_torch_topk(capacity, max_pages, fast_candidates):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fast_candidates", [-1, 0])
-@pytest.mark.parametrize("max_pages", [129, 256, 512])  # rows of up to 16384 and 32768 keys in shared memory
+@pytest.mark.parametrize("max_pages", [129, 256, 512, 513])  # rows of up to 16384, 32768 and 36864 keys in shared memory
 def test_cuda_topk_shared_memory_rows_match_torch_topk(max_pages, fast_candidates):
     scores, seq_lens, table = (t.cuda() for t in shared_memory_rows(max_pages))
     for topk in (indexer.TOPK, 512):

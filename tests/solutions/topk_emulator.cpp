@@ -225,6 +225,7 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
 inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 inline void __syncthreads() { simt::sync_block(); }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
 inline int __ffs(unsigned x) { return __builtin_ffs(static_cast<int>(x)); }
 inline int __clz(unsigned x) { return x == 0 ? 32 : __builtin_clz(x); }
 inline int atomicAdd(int* address, int value) {  // fibers never interleave inside it
@@ -388,7 +389,7 @@ int main(int argc, char** argv) {
   const int cap = capacity < 0 ? dsa_topk::default_candidate_capacity(max_len) : capacity;
   // The candidate buffers, or a shared row's keys (the same memory), whichever is larger.
   const size_t candidates = 2 * static_cast<size_t>(cap) * sizeof(uint2) + 16;
-  const size_t shared_row = static_cast<size_t>(dsa_topk::kSharedRowMaxLen) * sizeof(uint32_t);
+  const size_t shared_row = static_cast<size_t>(dsa_topk::kMtpSharedRowMaxLen) * sizeof(uint32_t);
   simt::dynamic_storage().assign(candidates > shared_row ? candidates : shared_row, 0);
   dsa_topk::TopkArgs args{scores.data(), score_stride, seq_lens.data(), table.data(), bt_stride, out.data(), topk, batch, max_len, cap, fast};
   args.topk = topk;
@@ -403,6 +404,7 @@ int main(int argc, char** argv) {
       if (max_len <= dsa_topk::kLongRowMaxLen) run<1024>(args);
       else if (max_len <= dsa_topk::kHalfSharedRowMaxLen) run<1024, dsa_topk::kHalfSharedRowVectors, true>(args);
       else if (max_len <= dsa_topk::kSharedRowMaxLen) run<1024, dsa_topk::kSharedRowVectors, true>(args);
+      else if (max_len <= dsa_topk::kMtpSharedRowMaxLen) run<1024, dsa_topk::kMtpSharedRowVectors, true>(args);
       else run<1024>(args);
       break;
     default: std::fprintf(stderr, "emulator: threads must be 256, 512 or 1024\n"); return 2;

@@ -90,6 +90,8 @@ cudaError_t launch_filtered_topk(const TopkArgs& args, cudaStream_t stream) {
     err = launch<kLargeRowThreads, kHalfSharedRowVectors, true>(args, stream, &launched);
   } else if (args.max_len <= kSharedRowMaxLen) {
     err = launch<kLargeRowThreads, kSharedRowVectors, true>(args, stream, &launched);
+  } else if (args.max_len <= kMtpSharedRowMaxLen) {
+    err = launch<kLargeRowThreads, kMtpSharedRowVectors, true>(args, stream, &launched);
   }
   if (err != cudaSuccess || launched) return err;
   return launch<kLargeRowThreads, kCachedVectors>(args, stream);

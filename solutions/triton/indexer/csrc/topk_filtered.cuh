@@ -86,20 +86,22 @@ constexpr int kMaxWarps = 1024 / kWarpSize;
 constexpr int kCachedVectors = 2;
 constexpr int kMidRowCachedVectors = 3;
 constexpr int kLongRowCachedVectors = 4;
-// Rows longer than kLongRowMaxLen and up to kSharedRowMaxLen scores take a kLargeRowThreads block
-// that keeps the row's keys in shared memory instead of registers (SharedRow: 8 float4 of keys
-// per thread, 128 KiB; 4 up to kHalfSharedRowMaxLen), so the fast path's four passes read shared
-// memory, not the row again from global memory digit by digit as the radix select does. Longer
-// rows take the radix select.
+// Rows longer than kLongRowMaxLen and up to kMtpSharedRowMaxLen scores take a kLargeRowThreads
+// block that keeps the row's keys in shared memory instead of registers (SharedRow: 4, 8 or 9 float4
+// of keys per thread, 64, 128 or 144 KiB), so the fast path's four passes read shared memory, not
+// the row again from global memory digit by digit as the radix select does. The 9-vector block
+// takes an MTP batch's rows of 32K + 1 tokens (block tables of 32832). Longer rows take the radix select.
 constexpr int kHalfSharedRowMaxLen = 16384;
 constexpr int kHalfSharedRowVectors = 4;
 constexpr int kSharedRowMaxLen = 32768;
 constexpr int kSharedRowVectors = 8;
+constexpr int kMtpSharedRowMaxLen = 36864;
+constexpr int kMtpSharedRowVectors = 9;
 // float4 a thread loads before converting and storing them (registers: 1024-thread blocks have 64).
 constexpr int kSharedRowLoadBatch = 4;
-// Block-table entries a block copies to shared memory (rows up to 512 pages = 32768 tokens;
+// Block-table entries a block copies to shared memory (rows up to 576 pages = 36864 tokens;
 // longer rows read the table from global memory).
-constexpr int kSharedTablePages = 512;
+constexpr int kSharedTablePages = 576;
 
 static_assert(kTopK % kPageSize == 0, "rows are whole pages");
 static_assert(kSmallRowThreads * kCachedVectors * kScoresPerVector >= kSmallRowMaxLen, "the small-row block caches its longest row");
@@ -107,8 +109,8 @@ static_assert(kSmallRowThreads * kMidRowCachedVectors * kScoresPerVector >= kMid
 static_assert(kSmallRowThreads * kLongRowCachedVectors * kScoresPerVector >= kLongRowMaxLen, "the long-row block caches its longest row");
 static_assert(kLargeRowThreads * kHalfSharedRowVectors * kScoresPerVector == kHalfSharedRowMaxLen, "the half shared row holds its longest row");
 static_assert(kLargeRowThreads * kSharedRowVectors * kScoresPerVector == kSharedRowMaxLen, "the shared row holds its longest row");
-static_assert(kSharedRowVectors % kSharedRowLoadBatch == 0 && kHalfSharedRowVectors % kSharedRowLoadBatch == 0, "whole load batches");
-static_assert(kSharedTablePages * kPageSize >= kSharedRowMaxLen, "a shared row's block table fits shared memory");
+static_assert(kLargeRowThreads * kMtpSharedRowVectors * kScoresPerVector == kMtpSharedRowMaxLen, "the MTP shared row holds its longest row");
+static_assert(kSharedTablePages * kPageSize >= kMtpSharedRowMaxLen, "a shared row's block table fits shared memory");
 static_assert(kFastCandidates * 2 <= kFastBins, "the level-2 ties (uint2) fit in the histogram's storage");
 static_assert(kFastCandidates <= kFastSubBins && kFastSubBinBits <= kFastBinBits, "level 2 needs no third level of bins");
 static_assert(kRadix % kWarpSize == 0, "the threshold scan gives each warp whole bins");
@@ -374,14 +376,15 @@ struct SharedRow {
     const int row_vectors = (len + kScoresPerVector - 1) / kScoresPerVector;
 #pragma unroll
     for (int c0 = 0; c0 < kVectors; c0 += kSharedRowLoadBatch) {
-      float4 x[kSharedRowLoadBatch];
+      constexpr int kBatch = kSharedRowLoadBatch;
+      float4 x[kBatch];
 #pragma unroll
-      for (int b = 0; b < kSharedRowLoadBatch; ++b) {
+      for (int b = 0; b < kBatch && c0 + b < kVectors; ++b) {
         const int v = (c0 + b) * kThreads + static_cast<int>(threadIdx.x);
         x[b] = v < row_vectors ? __ldg(reinterpret_cast<const float4*>(row) + v) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
-      for (int b = 0; b < kSharedRowLoadBatch; ++b) {
+      for (int b = 0; b < kBatch && c0 + b < kVectors; ++b) {
         const int v = (c0 + b) * kThreads + static_cast<int>(threadIdx.x);
         const float values[kScoresPerVector] = {x[b].x, x[b].y, x[b].z, x[b].w};
         uint32_t keys[kScoresPerVector];
@@ -395,6 +398,9 @@ struct SharedRow {
     }
   }
 };
+
+__device__ __forceinline__ int bit_count(uint32_t mask) { return __popc(mask); }
+__device__ __forceinline__ int bit_count(unsigned long long mask) { return __popcll(mask); }
 
 // Calls visit(slot, key) for each of the calling thread's slots of a cached row (CachedRow or
 // SharedRow), a 16-byte vector at a time; fully unrolled, so `slot` is a constant in each call.
@@ -540,7 +546,9 @@ __device__ bool fast_select(const Row& row, int max_candidates, const int32_t* t
   const int warp = tid / kWarpSize;
 
   constexpr int kSlots = Row::kCachedKeys;
-  static_assert(kSlots <= 32, "a thread's slot classes fit one 32-bit mask");
+  static_assert(kSlots <= 64, "a thread's slot classes fit one mask");
+  // One bit per slot: 32-bit masks where they suffice (every register row), 64-bit past 32 slots.
+  using Mask = std::conditional_t<(kSlots > 32), unsigned long long, uint32_t>;
 
   // Pass 1 over the row: its key range (the histogram is zeroed meanwhile). kNoKey - 1 wraps to
   // the largest value, so slots past len drop out of the minimum without a test.
@@ -598,13 +606,13 @@ __device__ bool fast_select(const Row& row, int max_candidates, const int32_t* t
   // candidate offsets, so pass 4 writes without per-key votes or atomics, and no barrier waits
   // for the other warps. Both counts travel packed in one int (the totals, `above` < kTopK and
   // `in_bin` <= kFastCandidates, fit 16 bits).
-  uint32_t above_mask = 0u;
-  uint32_t tie_mask = 0u;
+  Mask above_mask = 0u;
+  Mask tie_mask = 0u;
   for_each_slot(row, [&](int i, uint32_t key) {
-    if (key >= bin_end) above_mask |= 1u << i;
-    if (key - bin_lo < bin_end - bin_lo) tie_mask |= 1u << i;
+    if (key >= bin_end) above_mask |= Mask{1} << i;
+    if (key - bin_lo < bin_end - bin_lo) tie_mask |= Mask{1} << i;
   });
-  const int packed = __popc(above_mask) | (__popc(tie_mask) << 16);
+  const int packed = bit_count(above_mask) | (bit_count(tie_mask) << 16);
   const int inclusive = warp_inclusive_sum(packed, lane);
   int warp_base = 0;
   if (lane == kWarpSize - 1) warp_base = atomicAdd(&f.pass3_offsets, inclusive);
@@ -614,12 +622,12 @@ __device__ bool fast_select(const Row& row, int max_candidates, const int32_t* t
   // Pass 4: emit the slots above the threshold bin, collect the ones in it (few threads have any).
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) {
-    if (above_mask & (1u << i)) f.selected[out_at++] = Row::position(i);
+    if (above_mask & (Mask{1} << i)) f.selected[out_at++] = Row::position(i);
   }
   if (tie_mask != 0u) {
     int tie_at = exclusive >> 16;
     for_each_slot(row, [&](int i, uint32_t key) {
-      if (tie_mask & (1u << i)) f.candidates[tie_at++] = make_uint2(key, static_cast<uint32_t>(Row::position(i)));
+      if (tie_mask & (Mask{1} << i)) f.candidates[tie_at++] = make_uint2(key, static_cast<uint32_t>(Row::position(i)));
     });
   }
   const bool subdivide = in_bin > kFastDirectRank;  // block-uniform
