@@ -20,12 +20,13 @@
 // every key above it and collect the keys inside it in shared memory; bin those once more
 // (8192 sub-bins of the bin's range) when there are many, and rank the few keys of the last
 // threshold bin against each other (ties broken by position; a few threads per key). The row
-// is read from global memory once, into registers (8 to 16 keys per thread); four passes over
-// those registers (range, histogram, per-thread counts, writes at scanned offsets), none of
-// them with a per-key vote or atomic on the critical path, and about ten barriers; the
-// digit-by-digit select needs about twenty, re-reads the row, and votes for every key. When the
-// row is longer than the register cache, or its threshold bin holds more than
-// `fast_candidates` keys (e.g. a row of equal scores), the block runs the radix select instead.
+// is read from global memory once, into registers (8 to 16 keys per thread; rows of 8193-36864
+// scores into shared memory, 16 to 36 keys per thread: SharedRow); four passes over those keys
+// (range, histogram, per-thread counts, writes at scanned offsets), none of them with a per-key
+// vote or atomic on the critical path, and about ten barriers; the digit-by-digit select needs
+// about twenty, re-reads the row, and votes for every key. When the row is longer than the
+// cache, or its threshold bin holds more than `fast_candidates` keys (e.g. a row of equal
+// scores), the block runs the radix select instead.
 //
 // Selected positions are turned into physical ids (block_table[row][pos / 64] * 64 + pos % 64)
 // and written straight to the output row; order inside the row is free. Pure CUDA: nvcc can
