@@ -21,6 +21,7 @@ from conftest import HAS_CUDA
 from test_triton_indexer import (
     DEVICE,
     NUM_PAGES,
+    TOPK_CSRC,
     assert_exact_topk,
     assert_passes,
     build_emulator,
@@ -80,6 +81,18 @@ def test_dispatch_keeps_short_tables_on_the_filtered_topk():
     assert not policy.uses_long_path(64, 512) and policy.uses_long_path(64, 1024) and policy.uses_long_path(64, 2048)
     assert not policy.uses_long_path(128, 512) and not policy.uses_long_path(128, 2047) and policy.uses_long_path(128, 2048)
     assert not policy.uses_long_path(129, 2048)
+
+
+def test_dispatch_keeps_8k_to_36k_rows_in_shared_memory_from_two_rows():
+    # 8193-36864 tokens (MTP rows of 32K + 1 included) at B >= 2: the filtered top-k, its rows in
+    # shared memory, whatever the cluster and long-row rules say; one row alone keeps the cluster.
+    assert policy.uses_shared_rows(2, 129) and policy.uses_shared_rows(32, 513) and policy.uses_shared_rows(128, 576)
+    assert not policy.uses_shared_rows(1, 512) and not policy.uses_shared_rows(64, 128) and not policy.uses_shared_rows(8, 577)
+    header = (TOPK_CSRC / "topk_filtered.cuh").read_text()
+    assert f"kMtpSharedRowMaxLen = {policy.SHARED_ROW_MAX_TOKENS};" in header
+    assert f"kLongRowMaxLen = {policy.LONG_ROW_REGISTER_TOKENS};" in header
+    for batch, pages in ((2, 129), (32, 513), (64, 512), (128, 256)):
+        assert entry_module.cuda_topk_for(batch, pages, torch.device("cpu")) is entry_module.cuda_topk.filtered_topk
 
 
 def test_dispatch_takes_the_cluster_topk_where_its_clusters_fit_one_wave_or_two_at_b64():
@@ -270,6 +283,17 @@ def test_gpu_entry_on_long_rows_passes_the_checker(weights):
         w.mul_(1e3)
     elif weights == "scaled_down":
         w.mul_(1e-4)
+    assert_passes(axes, inputs, run(entry_module.kernel, inputs))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("distinct_keys", [None, 1, 3])
+def test_gpu_entry_on_shared_memory_rows_passes_the_checker(distinct_keys):
+    # MTP-like rows of 32K and 32K + 1 tokens and shorter ones: the filtered top-k with its rows in
+    # shared memory; all-equal and three-key rows take the one-key threshold bin or the radix select.
+    lens = [32769, 32768, 20000, 8193, 2049, 0]
+    axes, inputs = make_inputs(lens, max_pages=513, seed=8, distinct_keys=distinct_keys, num_pages=sum(-(-n // 64) for n in lens) + 8)
+    assert entry_module.cuda_topk_for(len(lens), 513, DEVICE) is entry_module.cuda_topk.filtered_topk
     assert_passes(axes, inputs, run(entry_module.kernel, inputs))
 
 

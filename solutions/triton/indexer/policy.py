@@ -126,6 +126,29 @@ def emit_block() -> int:
     return INTERPRETER_EMIT_BLOCK if INTERPRETED else GPU_EMIT_BLOCK
 
 
+# --------------------------------------------------------------------------- shared-memory rows
+
+
+#: Block tables of more than 8192 and at most SHARED_ROW_MAX_TOKENS tokens (topk_filtered.cuh's
+#: kMtpSharedRowMaxLen: 1024 threads x 9 float4, an MTP batch's rows of 32K + 1 tokens included)
+#: take the filtered top-k at every batch of at least SHARED_ROW_MIN_BATCH rows: one block per row
+#: keeps the row's keys in shared memory and selects them on its fast path. Measured on the H100
+#: (benchmarks/kernels/indexer_long.py, whole pipelines against the cluster and multi-pass top-ks
+#: of the same score kernel; docs/kernels/indexer.md, "Shared-memory rows"), it beat both at
+#: B = 4-128 with rows of 10K-32K tokens and on MTP rows of 32K and 32K + 1. One row alone stays on
+#: the cluster top-k, which splits it over several SMs.
+SHARED_ROW_MAX_TOKENS = 36864
+SHARED_ROW_MIN_BATCH = 2
+#: The filtered top-k's register rows end here (topk_filtered.cuh's kLongRowMaxLen).
+LONG_ROW_REGISTER_TOKENS = 8192
+
+
+def uses_shared_rows(batch: int, max_num_pages: int) -> bool:
+    """Whether a call of ``batch`` rows of block tables of ``max_num_pages`` pages takes the filtered
+    top-k with its rows in shared memory (before the cluster and long-row rules)."""
+    return batch >= SHARED_ROW_MIN_BATCH and LONG_ROW_REGISTER_TOKENS < max_num_pages * PAGE_SIZE <= SHARED_ROW_MAX_TOKENS
+
+
 # --------------------------------------------------------------------------- the long-row top-k
 
 

@@ -321,6 +321,7 @@ template <int kThreads, int kVectors = kCachedVectors>
 struct CachedRow {
   static constexpr int kCachedKeys = kVectors * kScoresPerVector;
   static constexpr int kCapacity = kThreads * kCachedKeys;
+  static constexpr bool kOneKeyBins = false;  // fast_select: a large one-key threshold bin gives up
 
   uint32_t keys[kCachedKeys];
 
@@ -365,6 +366,7 @@ struct SharedRow {
   static constexpr int kCachedKeys = kVectors * kScoresPerVector;
   static constexpr int kCapacity = kThreads * kCachedKeys;
   static constexpr int kBytes = kCapacity * static_cast<int>(sizeof(uint32_t));
+  static constexpr bool kOneKeyBins = true;  // fast_select hands a one-key threshold bin's keys out itself
 
   uint4* vectors = dynamic_shared<uint4>();  // vector v: the keys of row positions 4v..4v+3
 
@@ -591,7 +593,13 @@ __device__ bool fast_select(const Row& row, int max_candidates, const int32_t* t
   const int threshold = f.threshold;
   const int above = f.above;
   const int in_bin = f.in_bin;  // read from f, not f.hist: other threads zero the bins after pass 4
-  if (in_bin > max_candidates) return false;  // block-uniform; nothing written yet
+  // A threshold bin of one key value (shift 0: every bin is one key, as in a near-constant row or
+  // a row of a few distinct scores) holds equal scores, any of which will do: pass 4 hands its
+  // keys the slots left after the keys above it by their scanned offsets, however many there are.
+  // Only shared rows: the register rows' blocks (the contest's) keep their code and registers, and
+  // their rows of equal scores, at most 8192, take the radix select.
+  const bool one_key_bin = Row::kOneKeyBins && shift == 0;  // block-uniform
+  if (in_bin > max_candidates && !one_key_bin) return false;  // block-uniform; nothing written yet
 
   // The threshold bin as keys: [bin_lo, bin_end), its end clamped to hi + 1 (a bin past the
   // range holds no key; hi < 0xffffffff, so hi + 1 does not wrap). A member key is above the bin
@@ -605,28 +613,47 @@ __device__ bool fast_select(const Row& row, int max_candidates, const int32_t* t
   // and counts them; a scan over the warp and one shared atomic per warp (its block of offsets,
   // in whatever order the warps come) turn the counts into the thread's own output and
   // candidate offsets, so pass 4 writes without per-key votes or atomics, and no barrier waits
-  // for the other warps. Both counts travel packed in one int (the totals, `above` < kTopK and
-  // `in_bin` <= kFastCandidates, fit 16 bits).
+  // for the other warps. Both counts travel packed in one int: the in-bin count in the low 16
+  // bits (at most a row, 36864), `above` (< kTopK) above them.
   Mask above_mask = 0u;
   Mask tie_mask = 0u;
   for_each_slot(row, [&](int i, uint32_t key) {
     if (key >= bin_end) above_mask |= Mask{1} << i;
     if (key - bin_lo < bin_end - bin_lo) tie_mask |= Mask{1} << i;
   });
-  const int packed = bit_count(above_mask) | (bit_count(tie_mask) << 16);
+  const int packed = bit_count(tie_mask) | (bit_count(above_mask) << 16);
   const int inclusive = warp_inclusive_sum(packed, lane);
   int warp_base = 0;
   if (lane == kWarpSize - 1) warp_base = atomicAdd(&f.pass3_offsets, inclusive);
   const int exclusive = __shfl_sync(kFullMask, warp_base, kWarpSize - 1) + inclusive - packed;
-  int out_at = exclusive & 0xffff;
+  int out_at = exclusive >> 16;
 
   // Pass 4: emit the slots above the threshold bin, collect the ones in it (few threads have any).
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) {
     if (above_mask & (Mask{1} << i)) f.selected[out_at++] = Row::position(i);
   }
+  // The row's ids in coalesced stores: the scattered per-thread runs went to shared memory.
+  auto copy_out = [&] {
+    __syncthreads();
+    for (int i = tid; i < topk; i += kThreads) out_row[i] = physical_id(table_row, f.selected[i]);
+  };
+  if constexpr (Row::kOneKeyBins) {
+    if (one_key_bin) {
+      int tie_at = exclusive & 0xffff;
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {
+        if (tie_mask & (Mask{1} << i)) {
+          if (tie_at < topk - above) f.selected[above + tie_at] = Row::position(i);
+          ++tie_at;
+        }
+      }
+      copy_out();
+      return true;
+    }
+  }
   if (tie_mask != 0u) {
-    int tie_at = exclusive >> 16;
+    int tie_at = exclusive & 0xffff;
     for_each_slot(row, [&](int i, uint32_t key) {
       if (tie_mask & (Mask{1} << i)) f.candidates[tie_at++] = make_uint2(key, static_cast<uint32_t>(Row::position(i)));
     });
@@ -699,9 +726,7 @@ __device__ bool fast_select(const Row& row, int max_candidates, const int32_t* t
     for (int offset = lanes / 2; offset > 0; offset >>= 1) rank += __shfl_xor_sync(kFullMask, rank, offset);
     if (member && member_lane == 0 && rank < tie_need) f.selected[first_tie_slot + rank] = static_cast<int>(me.y);
   }
-  // The row's ids in coalesced stores: the scattered per-thread runs above went to shared memory.
-  __syncthreads();
-  for (int i = tid; i < topk; i += kThreads) out_row[i] = physical_id(table_row, f.selected[i]);
+  copy_out();
   return true;
 }
 
