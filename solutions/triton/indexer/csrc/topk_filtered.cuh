@@ -405,6 +405,18 @@ struct SharedRow {
 __device__ __forceinline__ int bit_count(uint32_t mask) { return __popc(mask); }
 __device__ __forceinline__ int bit_count(unsigned long long mask) { return __popcll(mask); }
 
+// The fast path's threshold bin as keys: [bin_lo, bin_end), its end clamped to hi + 1 (a bin past the
+// range holds no key; hi < 0xffffffff, so hi + 1 does not wrap). A member key is above the bin iff
+// key >= bin_end and in it iff key - bin_lo < bin_end - bin_lo; kNoKey is neither.
+__device__ __forceinline__ uint32_t threshold_bin_lo(uint32_t lo, int threshold, int shift) {
+  return lo + (static_cast<uint32_t>(threshold) << shift);
+}
+__device__ __forceinline__ uint32_t threshold_bin_end(uint32_t lo, uint32_t range, int threshold, int shift) {
+  const uint64_t bin_span = static_cast<uint64_t>(range) + 1u - (static_cast<uint64_t>(threshold) << shift);
+  const uint64_t bin_width = static_cast<uint64_t>(1) << shift;
+  return threshold_bin_lo(lo, threshold, shift) + static_cast<uint32_t>(bin_width < bin_span ? bin_width : bin_span);
+}
+
 // Calls visit(slot, key) for each of the calling thread's slots of a cached row (CachedRow or
 // SharedRow), a 16-byte vector at a time; fully unrolled, so `slot` is a constant in each call.
 template <typename Row, typename Visit>
@@ -593,21 +605,32 @@ __device__ bool fast_select(const Row& row, int max_candidates, const int32_t* t
   const int threshold = f.threshold;
   const int above = f.above;
   const int in_bin = f.in_bin;  // read from f, not f.hist: other threads zero the bins after pass 4
-  // A threshold bin of one key value (shift 0: every bin is one key, as in a near-constant row or
-  // a row of a few distinct scores) holds equal scores, any of which will do: pass 4 hands its
-  // keys the slots left after the keys above it by their scanned offsets, however many there are.
-  // Only shared rows: the register rows' blocks (the contest's) keep their code and registers, and
-  // their rows of equal scores, at most 8192, take the radix select.
-  const bool one_key_bin = Row::kOneKeyBins && shift == 0;  // block-uniform
+  // A threshold bin of one key value holds equal scores, any of which will do: pass 4 hands its keys
+  // the slots left after the keys above it by their scanned offsets, however many there are. With
+  // shift 0 every bin is one key (a near-constant row, or one of a few close scores); a larger bin
+  // with more keys than the candidate buffer takes (a few distinct scores far apart) is checked by
+  // one more pass over the row and a barrier, on that path only. Only shared rows: the register
+  // rows' blocks (the contest's) keep their code and registers, and their rows of equal scores, at
+  // most 8192, take the radix select.
+  bool one_key_bin = Row::kOneKeyBins && shift == 0;  // block-uniform
+  if constexpr (Row::kOneKeyBins) {
+    if (!one_key_bin && in_bin > max_candidates) {
+      const uint32_t bin_lo = threshold_bin_lo(lo, threshold, shift);
+      const uint32_t bin_end = threshold_bin_end(lo, range, threshold, shift);
+      unsigned bin_min = 0xffffffffu, bin_max = 0u;
+      for_each_slot(row, [&](int, uint32_t key) {
+        if (key - bin_lo < bin_end - bin_lo) {
+          bin_min = key < bin_min ? key : bin_min;
+          bin_max = key > bin_max ? key : bin_max;
+        }
+      });
+      block_min_max<kThreads>(bin_min, bin_max, f.warp_lo, f.warp_hi);
+      one_key_bin = bin_min == bin_max;
+    }
+  }
   if (in_bin > max_candidates && !one_key_bin) return false;  // block-uniform; nothing written yet
-
-  // The threshold bin as keys: [bin_lo, bin_end), its end clamped to hi + 1 (a bin past the
-  // range holds no key; hi < 0xffffffff, so hi + 1 does not wrap). A member key is above the bin
-  // iff key >= bin_end and in it iff key - bin_lo < bin_end - bin_lo; kNoKey is neither.
-  const uint32_t bin_lo = lo + (static_cast<uint32_t>(threshold) << shift);
-  const uint64_t bin_span = static_cast<uint64_t>(range) + 1u - (static_cast<uint64_t>(threshold) << shift);
-  const uint64_t bin_width = static_cast<uint64_t>(1) << shift;
-  const uint32_t bin_end = bin_lo + static_cast<uint32_t>(bin_width < bin_span ? bin_width : bin_span);
+  const uint32_t bin_lo = threshold_bin_lo(lo, threshold, shift);
+  const uint32_t bin_end = threshold_bin_end(lo, range, threshold, shift);
 
   // Pass 3: each thread classifies its slots into two bit masks (above the threshold bin, in it)
   // and counts them; a scan over the warp and one shared atomic per warp (its block of offsets,
