@@ -187,7 +187,9 @@ def uses_long_path(batch: int, max_num_pages: int) -> bool:
 #: the filtered top-k 154, the multi-pass one 143) and tied the multi-pass one on MTP rows of 32K
 #: and 32K + 1 tokens (B = 32, 8 blocks a row: 67.6 against 66.2), while at B = 128 the filtered
 #: top-k's one block per row already fills the GPU (B = 128 x 32K: 257 against 258); it lost in four
-#: or more waves (B = 32 ragged up to 128K: 512 blocks; B = 64 x 128K, B = 128 x 64K: 1024).
+#: or more waves (B = 32 ragged up to 128K: 512 blocks; B = 64 x 128K, B = 128 x 64K: 1024). Since,
+#: the shared-memory rows (uses_shared_rows, checked first) took every table of 8193-36864 tokens
+#: from B = 2 on; the cluster keeps B = 1 and tables of 36865-131072 tokens.
 CLUSTER_PATH_MIN_TOKENS = 8192
 CLUSTER_PATH_MAX_TOKENS = 16 * 8192
 CLUSTER_PATH_MAX_BLOCKS = 132
