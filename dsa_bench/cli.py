@@ -590,11 +590,25 @@ def results_kernels(
     results: Path = typer.Argument(..., help="Results JSON file of `dsa-bench run --save` (timed with CUPTI)."),
     solution: list[str] = typer.Option([], "--solution", "-s", help="Only these solutions (repeatable)."),
     case: list[str] = typer.Option([], "--case", "-c", help="Only cases matching these glob patterns (repeatable)."),
+    exclude: list[str] = typer.Option([], "--exclude", "-x", help="With --sum: leave out kernels whose names match this "
+                                                                  "regular expression (repeatable)."),
+    sum_kernels: bool = typer.Option(False, "--sum", help="One line per record: its kernels' summed time, the excluded "
+                                                          "part and the rest."),
+    against: str | None = typer.Option(None, "--against", help="With --sum: also this solution's kept time over each "
+                                                               "record's, case by case."),
 ) -> None:
-    """Print where each timed call's GPU time went, kernel by kernel (a multi-kernel solution's breakdown)."""
-    from dsa_bench.results.tables import kernels_table
+    """Print where each timed call's GPU time went, kernel by kernel (a multi-kernel solution's breakdown), or with
+    --sum each call's kernels summed, some of them left out (a decode step without its KV writes, say)."""
+    from dsa_bench.errors import DsaBenchError
+    from dsa_bench.results.tables import kernel_patterns, kernel_sums_table, kernels_table
 
-    typer.echo(kernels_table(_selected_records(results, solution, case)))
+    if (exclude or against) and not sum_kernels:
+        raise DsaBenchError("--exclude and --against go with --sum", where="dsa-bench results kernels")
+    records = _selected_records(results, solution + ([against] if against and solution else []), case)
+    if sum_kernels:
+        typer.echo(kernel_sums_table(records, kernel_patterns(exclude), against))
+    else:
+        typer.echo(kernels_table(records))
 
 
 @results_app.command("headroom")

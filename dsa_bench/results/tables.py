@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import signal
 import statistics
 import time
@@ -231,6 +232,49 @@ def kernels_table(records: list[CaseRecord]) -> str:
     if not rows:
         return "no record holds per-kernel times (they come with CUPTI timing: dsa-bench run on a GPU)"
     return tabulate(rows, headers=["case", "solution", "kernel", "µs per call", "of latency"], disable_numparse=True)
+
+
+def kernel_patterns(patterns: list[str], option: str = "--exclude") -> list[re.Pattern[str]]:
+    """``patterns`` compiled as regular expressions; a bad one is refused, naming it and the option."""
+    from dsa_bench.errors import DsaBenchError
+
+    compiled = []
+    for pattern in patterns:
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as e:
+            raise DsaBenchError(f"not a regular expression: {pattern!r} ({e})", where=option) from None
+    return compiled
+
+
+def kernel_sums_table(records: list[CaseRecord], exclude: list[re.Pattern[str]], against: str | None = None) -> str:
+    """Per timed record with GPU activity names: the call's latency, its kernels' summed time, the part of it in
+    kernels whose names match ``exclude`` (a regular expression searched in the name), and the rest ("kept").
+    With ``against`` (a solution of the same file), also that solution's kept time over this record's, case by
+    case: a comparison of two multi-kernel solutions with some of their kernels left out (a step's KV writes,
+    say). Kernel times add up where they overlap, so kept times bound the GPU's work, not a latency."""
+    from tabulate import tabulate
+
+    def sums(record: CaseRecord) -> tuple[float, float]:
+        kernels = record.timing.kernels_mean_ms
+        left_out = sum(ms for name, ms in kernels.items() if any(p.search(name) for p in exclude))
+        return 1000 * sum(kernels.values()), 1000 * left_out
+
+    timed = [r for r in records if r.timing is not None and r.timing.kernel_ms]
+    if not timed:
+        return "no record holds per-kernel times (they come with CUPTI timing: dsa-bench run on a GPU)"
+    kept_by = {(r.case, r.solution): total - left_out for r in timed for total, left_out in [sums(r)]}
+    rows = []
+    for record in timed:
+        total, left_out = sums(record)
+        row = [record.case, record.solution, f"{1000 * record.timing.mean_ms:.1f}"]
+        row += [f"{total:.1f}", f"{left_out:.1f}", f"{total - left_out:.1f}"]
+        if against is not None:
+            other = kept_by.get((record.case, against))
+            row.append(f"{other / (total - left_out):.2f}x" if other is not None and total > left_out else "-")
+        rows.append(row)
+    headers = ["case", "solution", "latency µs", "kernels µs", "excluded µs", "kept µs"]
+    return tabulate(rows, headers=headers + ([f"{against} kept / kept"] if against is not None else []), disable_numparse=True)
 
 
 def sagged(records: list[CaseRecord], max_sm_mhz: str | float | None, fraction: float = 0.9) -> list[str]:

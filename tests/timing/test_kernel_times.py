@@ -88,3 +88,36 @@ def test_a_reply_with_bad_kernel_times_is_refused() -> None:
     for bad in ([{"a": float("nan")}], [{"a": -1.0}], [too_many], [{"x" * 201: 1.0}]):
         with pytest.raises(ProtocolError, match="kernel_ms"):
             parse_reply({**reply, "kernel_ms": bad}, ("timing",))
+
+
+def test_results_kernels_sum_leaves_out_matching_kernels_and_compares_the_rest(tmp_path) -> None:
+    import json
+
+    from conftest import cli
+    from synthetic_results import write_results
+
+    from dsa_bench.results.records import Timing
+
+    path = write_results(tmp_path / "run.json", "indexer_h64", {"c0": {"reference": 1.0, "triton": 0.05, "production": 0.2}})
+    document = json.loads(path.read_text())
+    kernels = {"triton": {"kv_insert_kernel": 0.004, "score": 0.03, "topk": 0.016},
+               "production": {"_ZN2at6native_where": 0.1, "[memcpy]": 0.02, "logits": 0.05, "topk": 0.03}}  # fmt: skip
+    for record in document["records"]:
+        if record["solution"] in kernels:
+            timing = Timing.model_construct(timer="cupti", samples_ms=[[0.05]], clocks=[], host_samples_ms=[],
+                                            kernel_ms=[kernels[record["solution"]]])  # fmt: skip
+            record["timing"] = json.loads(json.dumps(timing.model_dump()))
+    path.write_text(json.dumps(document))
+    proc = cli("results", "kernels", str(path), "--sum", "-x", "^_ZN2at", "-x", r"\[memcpy\]", "-x", "insert", "--against", "production")
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[1]: line.split() for line in proc.stdout.splitlines()[2:]}
+    assert rows["production"][3:7] == ["200.0", "120.0", "80.0", "1.00x"], proc.stdout
+    assert rows["triton"][3:7] == ["50.0", "4.0", "46.0", "1.74x"], proc.stdout  # 80 / 46
+    assert "reference" not in rows  # untimed per kernel: no line
+    proc = cli("results", "kernels", str(path), "-s", "triton", "--sum", "--against", "production")  # the peer is read too
+    assert proc.returncode == 0, proc.stderr
+    rows = {line.split()[1]: line.split() for line in proc.stdout.splitlines()[2:]}
+    assert set(rows) == {"triton", "production"} and rows["triton"][6] == "4.00x", proc.stdout  # nothing excluded: 200 / 50
+    for bad, says in ((["--sum", "-x", "(unclosed"], "not a regular expression"), (["-x", "at"], "go with --sum")):
+        proc = cli("results", "kernels", str(path), *bad)
+        assert proc.returncode == 2 and says in proc.stderr + proc.stdout and "Traceback" not in proc.stderr, proc.stderr
