@@ -605,29 +605,13 @@ __device__ bool fast_select(const Row& row, int max_candidates, const int32_t* t
   const int threshold = f.threshold;
   const int above = f.above;
   const int in_bin = f.in_bin;  // read from f, not f.hist: other threads zero the bins after pass 4
-  // A threshold bin of one key value holds equal scores, any of which will do: pass 4 hands its keys
-  // the slots left after the keys above it by their scanned offsets, however many there are. With
-  // shift 0 every bin is one key (a near-constant row, or one of a few close scores); a larger bin
-  // with more keys than the candidate buffer takes (a few distinct scores far apart) is checked by
-  // one more pass over the row and a barrier, on that path only. Only shared rows: the register
-  // rows' blocks (the contest's) keep their code and registers, and their rows of equal scores, at
-  // most 8192, take the radix select.
-  bool one_key_bin = Row::kOneKeyBins && shift == 0;  // block-uniform
-  if constexpr (Row::kOneKeyBins) {
-    if (!one_key_bin && in_bin > max_candidates) {
-      const uint32_t bin_lo = threshold_bin_lo(lo, threshold, shift);
-      const uint32_t bin_end = threshold_bin_end(lo, range, threshold, shift);
-      unsigned bin_min = 0xffffffffu, bin_max = 0u;
-      for_each_slot(row, [&](int, uint32_t key) {
-        if (key - bin_lo < bin_end - bin_lo) {
-          bin_min = key < bin_min ? key : bin_min;
-          bin_max = key > bin_max ? key : bin_max;
-        }
-      });
-      block_min_max<kThreads>(bin_min, bin_max, f.warp_lo, f.warp_hi);
-      one_key_bin = bin_min == bin_max;
-    }
-  }
+  // A threshold bin of one key value (shift 0: every bin is one key, as in a near-constant row or
+  // a row of a few close scores) holds equal scores, any of which will do: pass 4 hands its keys the
+  // slots left after the keys above it by their scanned offsets, however many there are. Only shared
+  // rows: the register rows' blocks (the contest's) keep their code and registers, and their rows of
+  // equal scores, at most 8192, take the radix select. (A min/max pass finding one-key bins at
+  // shift > 0 as well cost more than it saved: docs/kernels/indexer.md, experiments.)
+  const bool one_key_bin = Row::kOneKeyBins && shift == 0;  // block-uniform
   if (in_bin > max_candidates && !one_key_bin) return false;  // block-uniform; nothing written yet
   const uint32_t bin_lo = threshold_bin_lo(lo, threshold, shift);
   const uint32_t bin_end = threshold_bin_end(lo, range, threshold, shift);
