@@ -83,7 +83,7 @@ constexpr int kMaxWarps = 1024 / kWarpSize;
 // The fast path keeps its row in registers: kCachedVectors float4 per thread, so a row of up to
 // kThreads * 4 * kCachedVectors scores (8192 at 1024 threads, 4096 at 512; the mid- and long-row
 // blocks cache 3 and 4 float4) is read from global memory once; the four passes then cost no
-// loads. Longer rows take the radix select.
+// loads. Longer rows go to shared memory (below) or the radix select.
 constexpr int kCachedVectors = 2;
 constexpr int kMidRowCachedVectors = 3;
 constexpr int kLongRowCachedVectors = 4;
