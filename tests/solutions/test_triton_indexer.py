@@ -510,9 +510,10 @@ def test_emulated_cuda_topk_mid_and_long_row_blocks(emulator, max_pages):
 
 def shared_memory_rows(max_pages: int):
     """Rows for the 1024-thread block that keeps its row's keys in shared memory (max_len 8193-16384,
-    16385-32768 and 32769-36864: 4, 8 and 9 float4 per thread): full rows, rows one past the register caches, a row of
-    equal scores (a one-key threshold bin, handed out by the fast path), one of three huge tie groups and
-    one of distinct scores crowding one bin between extremes (radix select over the same memory), a narrow cluster, all-negative scores, clamped extremes, and short rows beside them."""
+    16385-32768 and 32769-36864: 4, 8 and 9 float4 per thread): full rows, rows one past the register
+    caches, a row of equal scores (a one-key threshold bin, handed out by the fast path), one of three
+    huge tie groups and one of distinct scores crowding one bin between extremes (radix select over the
+    same memory), a narrow cluster, all-negative scores, clamped extremes, and short rows beside them."""
     scores, _, table = synthetic_rows(seed=max_pages, max_pages=max_pages)
     width = max_pages * 64
     lens = [width, 8193, width, width - 1, min(16385, width - 5), 0, 2048, 2049, min(9000, width - 64), width]
