@@ -256,6 +256,7 @@ def kernel_sums_table(records: list[CaseRecord], exclude: list[re.Pattern[str]],
     from tabulate import tabulate
 
     def sums(record: CaseRecord) -> tuple[float, float]:
+        assert record.timing is not None  # only timed records are summed
         kernels = record.timing.kernels_mean_ms
         left_out = sum(ms for name, ms in kernels.items() if any(p.search(name) for p in exclude))
         return 1000 * sum(kernels.values()), 1000 * left_out
@@ -267,7 +268,8 @@ def kernel_sums_table(records: list[CaseRecord], exclude: list[re.Pattern[str]],
     rows = []
     for record in timed:
         total, left_out = sums(record)
-        row = [record.case, record.solution, f"{1000 * record.timing.mean_ms:.1f}"]
+        latency = record.timing.mean_ms if record.timing is not None else float("nan")
+        row = [record.case, record.solution, f"{1000 * latency:.1f}"]
         row += [f"{total:.1f}", f"{left_out:.1f}", f"{total - left_out:.1f}"]
         if against is not None:
             other = kept_by.get((record.case, against))
