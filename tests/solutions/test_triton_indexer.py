@@ -538,6 +538,29 @@ def test_emulated_cuda_topk_shared_memory_rows(emulator, max_pages):
         assert_exact_topk(scores[:4], seq_lens[:4], table[:4], out, topk)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_emulated_cuda_topk_shared_rows_bin_clustered_scores_level_by_level(emulator, seed):
+    # Scores in a few tight clusters far apart, some rows stretched by extremes: threshold bins of
+    # thousands of distinct keys, which the shared rows bin again over the row itself, level by level,
+    # down to one-key bins (exact ties) where the noise is below a key's resolution.
+    g = torch.Generator().manual_seed(100 + seed)
+    batch, width = 8, 16384
+    scores = torch.empty((batch, width))
+    for r in range(batch):
+        centers = torch.rand((int(torch.randint(2, 6, (1,), generator=g)),), generator=g) * 6 - 3
+        centers = torch.sign(torch.randn(centers.shape, generator=g)) * 10.0**centers
+        pick = torch.randint(0, len(centers), (width,), generator=g)
+        noise = 10.0 ** -(3 + 5 * torch.rand((1,), generator=g))
+        scores[r] = centers[pick] * (1 + noise * torch.randn((width,), generator=g))
+        if r % 2:
+            scores[r, :7], scores[r, 7:14] = 3e38, -3e38
+    lens = torch.full((batch,), width, dtype=torch.int32)
+    table = torch.stack([torch.randperm(NUM_PAGES, generator=g)[: width // 64] for _ in range(batch)]).int()
+    for topk in (indexer.TOPK, 512):
+        out = emulate_topk(emulator, scores, lens, table, topk=topk)
+        assert_exact_topk(scores, lens, table, out, topk)
+
+
 def test_emulated_cuda_topk_survives_nan_scores(emulator):
     # NaN scores are a score kernel's bug, but the top-k must still write 2048 distinct reachable
     # ids: the NaNs with the extreme keys (all-ones payloads) send the fast path to the radix select.

@@ -26,7 +26,8 @@
 // vote or atomic on the critical path, and about ten barriers; the digit-by-digit select needs
 // about twenty, re-reads the row, and votes for every key. When the row is longer than the
 // cache, or its threshold bin holds more than `fast_candidates` keys (e.g. a row of equal
-// scores), the block runs the radix select instead.
+// scores), the block runs the radix select instead; a shared row instead bins that bin again over
+// the row, level by level, and hands out a one-key bin's equal scores as ties (fast_select).
 //
 // Selected positions are turned into physical ids (block_table[row][pos / 64] * 64 + pos % 64)
 // and written straight to the output row; order inside the row is free. Pure CUDA: nvcc can
@@ -602,19 +603,46 @@ __device__ bool fast_select(const Row& row, int max_candidates, const int32_t* t
   });
   __syncthreads();
   fast_threshold<kThreads, kFastBins>(f, topk);
-  const int threshold = f.threshold;
-  const int above = f.above;
-  const int in_bin = f.in_bin;  // read from f, not f.hist: other threads zero the bins after pass 4
-  // A threshold bin of one key value (shift 0: every bin is one key, as in a near-constant row or
-  // a row of a few close scores) holds equal scores, any of which will do: pass 4 hands its keys the
-  // slots left after the keys above it by their scanned offsets, however many there are. Only shared
-  // rows: the register rows' blocks (the contest's) keep their code and registers, and their rows of
-  // equal scores, at most 8192, take the radix select. (A min/max pass finding one-key bins at
-  // shift > 0 as well cost more than it saved: docs/kernels/indexer.md, experiments.)
-  const bool one_key_bin = Row::kOneKeyBins && shift == 0;  // block-uniform
-  if (in_bin > max_candidates && !one_key_bin) return false;  // block-uniform; nothing written yet
-  const uint32_t bin_lo = threshold_bin_lo(lo, threshold, shift);
-  const uint32_t bin_end = threshold_bin_end(lo, range, threshold, shift);
+  // The threshold bin: bin `threshold` of the level whose bins of 2^level_shift keys start at
+  // level_lo and span level_range + 1 keys (level 1: the row's range).
+  int threshold = f.threshold;
+  int above = f.above;
+  int in_bin = f.in_bin;  // read from f, not f.hist: other threads zero the bins after pass 4
+  uint32_t level_lo = lo;
+  uint32_t level_range = range;
+  int level_shift = shift;
+  // Shared rows only (the register rows' blocks, the contest's, keep their code and registers, and
+  // their rare overfull bins take the radix select): a threshold bin with more keys than the
+  // candidate buffer takes is binned again over the row itself, kFastBins sub-bins of its key range
+  // (the next kFastBinBits bits), until its threshold sub-bin fits or is one key wide. Each level is
+  // one pass over the thread's own slots, the scan and three barriers; a 32-bit key needs at most
+  // three levels. Keys above a level's threshold bin count as `above`.
+  if constexpr (Row::kOneKeyBins) {
+    while (in_bin > max_candidates && level_shift > 0) {  // block-uniform
+      const uint32_t bin_lo = threshold_bin_lo(level_lo, threshold, level_shift);
+      const uint32_t bin_span = threshold_bin_end(level_lo, level_range, threshold, level_shift) - bin_lo;  // >= 1
+      const int sub_shift = level_shift > kFastBinBits ? level_shift - kFastBinBits : 0;
+      zero_bins<kThreads, kFastBins>(f.hist);  // the last scan's walk read the bins before its barrier
+      __syncthreads();
+      for_each_slot(row, [&](int, uint32_t key) {
+        if (key - bin_lo < bin_span) atomicAdd(&f.hist[(key - bin_lo) >> sub_shift], 1);
+      });
+      __syncthreads();
+      fast_threshold<kThreads, kFastBins>(f, topk - above);
+      threshold = f.threshold;
+      above += f.above;
+      in_bin = f.in_bin;
+      level_lo = bin_lo;
+      level_range = bin_span - 1u;
+      level_shift = sub_shift;
+    }
+  }
+  // A threshold bin one key wide holds equal scores, any of which will do: pass 4 hands its keys the
+  // slots left after the keys above it by their scanned offsets, however many there are.
+  const bool one_key_bin = Row::kOneKeyBins && level_shift == 0;  // block-uniform
+  if (in_bin > max_candidates && !one_key_bin) return false;   // block-uniform; nothing written yet
+  const uint32_t bin_lo = threshold_bin_lo(level_lo, threshold, level_shift);
+  const uint32_t bin_end = threshold_bin_end(level_lo, level_range, threshold, level_shift);
 
   // Pass 3: each thread classifies its slots into two bit masks (above the threshold bin, in it)
   // and counts them; a scan over the warp and one shared atomic per warp (its block of offsets,
@@ -677,8 +705,8 @@ __device__ bool fast_select(const Row& row, int max_candidates, const int32_t* t
   // other (larger key first, then lower position) for the remaining slots. A small level-1 bin
   // skips the sub-binning: all its keys are ranked.
   const int need = topk - above;  // slots left for the threshold bin's keys, >= 1
-  const int shift2 = shift > kFastSubBinBits ? shift - kFastSubBinBits : 0;
-  const uint32_t base = lo + (static_cast<uint32_t>(threshold) << shift);  // smallest key of the bin
+  const int shift2 = level_shift > kFastSubBinBits ? level_shift - kFastSubBinBits : 0;
+  const uint32_t base = bin_lo;  // smallest key of the bin
   auto sub_bin = [&](uint32_t key) { return subdivide ? static_cast<int>((key - base) >> shift2) : 0; };
   int sub_threshold = 0;
   int sub_above = 0;
