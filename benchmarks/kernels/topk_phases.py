@@ -36,7 +36,7 @@ MARKS: list[tuple[int, str]] = [
     (0, "const int len = args.seq_lens[row];"),
     (1, "if (len > args.max_len) __trap();"),
     (2, "    f.warp_hi[warp] = hi;\n  }\n  __syncthreads();"),
-    (3, "    if (row.keys[i] != kNoKey) atomicAdd(&f.hist[(row.keys[i] - lo) >> shift], 1);\n  }\n  __syncthreads();"),
+    (3, "    if (key != kNoKey) atomicAdd(&f.hist[(key - lo) >> shift], 1);\n  });\n  __syncthreads();"),
     (4, "fast_threshold<kThreads, kFastBins>(f, topk);"),
     (5, "const int exclusive = __shfl_sync(kFullMask, warp_base, kWarpSize - 1) + inclusive - packed;"),
     (6, "  if (tid == 0) f.emitted = above;  // level 2 hands out the slots after the keys above\n  __syncthreads();"),
@@ -59,7 +59,7 @@ def instrument(source: str) -> str:
         at = source.index(anchor) + len(anchor)
         source = source[:at] + f" DSA_MARK({mark});" + source[at:]
     source = source.replace("namespace dsa_topk {", "namespace dsa_topk {" + STAMPS, 1)
-    guard = "if (in_bin > max_candidates) return false;"
+    guard = "if (in_bin > max_candidates && !one_key_bin) return false;"
     if guard not in source:
         raise SystemExit(f"topk_phases: anchor {guard!r} not found in topk_filtered.cuh")
     return source.replace(guard, "if (tid == 0) g_info[blockIdx.x * 4] = in_bin;\n  " + guard, 1)

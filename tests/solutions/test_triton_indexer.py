@@ -528,7 +528,7 @@ def shared_memory_rows(max_pages: int):
     return scores, torch.tensor(lens, dtype=torch.int32), table
 
 
-@pytest.mark.parametrize("max_pages", [129, 256, 257, 512, 513, 576])
+@pytest.mark.parametrize("max_pages", [129, 256, 257, 512, 513, 36864 // 64])
 def test_emulated_cuda_topk_shared_memory_rows(emulator, max_pages):
     scores, seq_lens, table = shared_memory_rows(max_pages)
     out = emulate_topk(emulator, scores, seq_lens, table)

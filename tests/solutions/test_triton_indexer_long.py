@@ -86,8 +86,9 @@ def test_dispatch_keeps_short_tables_on_the_filtered_topk():
 def test_dispatch_keeps_8k_to_36k_rows_in_shared_memory_from_two_rows():
     # 8193-36864 tokens (MTP rows of 32K + 1 included) at B >= 2: the filtered top-k, its rows in
     # shared memory, whatever the cluster and long-row rules say; one row alone keeps the cluster.
-    assert policy.uses_shared_rows(2, 129) and policy.uses_shared_rows(32, 513) and policy.uses_shared_rows(128, 576)
-    assert not policy.uses_shared_rows(1, 512) and not policy.uses_shared_rows(64, 128) and not policy.uses_shared_rows(8, 577)
+    most = policy.SHARED_ROW_MAX_TOKENS // 64  # pages
+    assert policy.uses_shared_rows(2, 129) and policy.uses_shared_rows(32, 513) and policy.uses_shared_rows(128, most)
+    assert not policy.uses_shared_rows(1, 512) and not policy.uses_shared_rows(64, 128) and not policy.uses_shared_rows(8, most + 1)
     header = (TOPK_CSRC / "topk_filtered.cuh").read_text()
     assert f"kMtpSharedRowMaxLen = {policy.SHARED_ROW_MAX_TOKENS};" in header
     assert f"kLongRowMaxLen = {policy.LONG_ROW_REGISTER_TOKENS};" in header

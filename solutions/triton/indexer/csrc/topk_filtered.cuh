@@ -101,9 +101,9 @@ constexpr int kMtpSharedRowMaxLen = 36864;
 constexpr int kMtpSharedRowVectors = 9;
 // float4 a thread loads before converting and storing them (registers: 1024-thread blocks have 64).
 constexpr int kSharedRowLoadBatch = 4;
-// Block-table entries a block copies to shared memory (rows up to 576 pages = 36864 tokens;
-// longer rows read the table from global memory).
-constexpr int kSharedTablePages = 576;
+// Block-table entries a block copies to shared memory (every page of a shared row; longer rows read
+// the table from global memory).
+constexpr int kSharedTablePages = kMtpSharedRowMaxLen / kPageSize;
 
 static_assert(kTopK % kPageSize == 0, "rows are whole pages");
 static_assert(kSmallRowThreads * kCachedVectors * kScoresPerVector >= kSmallRowMaxLen, "the small-row block caches its longest row");
