@@ -261,15 +261,14 @@ def kernel_sums_table(records: list[CaseRecord], exclude: list[re.Pattern[str]],
         left_out = sum(ms for name, ms in kernels.items() if any(p.search(name) for p in exclude))
         return 1000 * sum(kernels.values()), 1000 * left_out
 
-    timed = [r for r in records if r.timing is not None and r.timing.kernel_ms]
+    timed = [(r, *sums(r)) for r in records if r.timing is not None and r.timing.kernel_ms]
     if not timed:
         return "no record holds per-kernel times (they come with CUPTI timing: dsa-bench run on a GPU)"
-    kept_by = {(r.case, r.solution): total - left_out for r in timed for total, left_out in [sums(r)]}
+    kept_by = {(r.case, r.solution): total - left_out for r, total, left_out in timed}
     rows = []
-    for record in timed:
-        total, left_out = sums(record)
-        latency = record.timing.mean_ms if record.timing is not None else float("nan")
-        row = [record.case, record.solution, f"{1000 * latency:.1f}"]
+    for record, total, left_out in timed:
+        assert record.timing is not None
+        row = [record.case, record.solution, f"{1000 * record.timing.mean_ms:.1f}"]
         row += [f"{total:.1f}", f"{left_out:.1f}", f"{total - left_out:.1f}"]
         if against is not None:
             other = kept_by.get((record.case, against))

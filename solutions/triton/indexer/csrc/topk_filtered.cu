@@ -36,21 +36,24 @@ cudaError_t dynamic_limit(int device, long long* bytes) {
   return cudaSuccess;
 }
 
-// Launches filtered_topk_kernel<kThreads, kVectors, kSharedRow>. Its dynamic shared memory holds
-// the radix select's candidate buffers (as many entries as fit, at most the request) and, with
-// kSharedRow, the row's keys before them (the same memory: SharedRow). *launched is false, and
-// nothing is launched, when a shared row does not fit the device's shared memory.
-template <int kThreads, int kVectors, bool kSharedRow = false>
-cudaError_t launch(TopkArgs args, cudaStream_t stream, bool* launched = nullptr) {
-  if (launched != nullptr) *launched = false;
+// Dynamic shared memory filtered_topk_kernel<kThreads, kVectors, kSharedRow> may use on the current device.
+template <int kThreads, int kVectors, bool kSharedRow>
+cudaError_t current_dynamic_limit(long long* bytes) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
+  return dynamic_limit<kThreads, kVectors, kSharedRow>(device, bytes);
+}
+
+// Launches filtered_topk_kernel<kThreads, kVectors, kSharedRow>. Its dynamic shared memory holds
+// the radix select's candidate buffers (as many entries as fit, at most the request) and, with
+// kSharedRow, the row's keys (the same memory: SharedRow), which the caller has checked fit.
+template <int kThreads, int kVectors, bool kSharedRow = false>
+cudaError_t launch(TopkArgs args, cudaStream_t stream) {
   long long spare = 0;
-  err = dynamic_limit<kThreads, kVectors, kSharedRow>(device, &spare);
+  cudaError_t err = current_dynamic_limit<kThreads, kVectors, kSharedRow>(&spare);
   if (err != cudaSuccess) return err;
   constexpr size_t kRowBytes = kSharedRow ? SharedRow<kThreads, kVectors>::kBytes : 0;
-  if (static_cast<long long>(kRowBytes) > spare) return cudaSuccess;
   const long long fit = spare / static_cast<long long>(candidate_bytes(1));
   const int limit = static_cast<int>(fit < kMaxCandidates ? fit : kMaxCandidates);
   const int wanted = args.candidate_capacity < 0 ? default_candidate_capacity(args.max_len) : args.candidate_capacity;
@@ -71,8 +74,18 @@ cudaError_t launch(TopkArgs args, cudaStream_t stream, bool* launched = nullptr)
   config.numAttrs = args.dependent_launch ? 1 : 0;
   err = cudaLaunchKernelEx(&config, filtered_topk_kernel<kThreads, kVectors, kSharedRow>, args);
   if (err != cudaSuccess) return err;
-  if (launched != nullptr) *launched = true;
   return cudaGetLastError();
+}
+
+// A 1024-thread block with the row's keys in shared memory (kVectors float4 a thread) where the
+// device has room for them, else the 1024-thread register block, whose rows past 8192 take the radix select.
+template <int kVectors>
+cudaError_t launch_shared_row(const TopkArgs& args, cudaStream_t stream) {
+  long long spare = 0;
+  const cudaError_t err = current_dynamic_limit<kLargeRowThreads, kVectors, true>(&spare);
+  if (err != cudaSuccess) return err;
+  if (SharedRow<kLargeRowThreads, kVectors>::kBytes > spare) return launch<kLargeRowThreads, kCachedVectors>(args, stream);
+  return launch<kLargeRowThreads, kVectors, true>(args, stream);
 }
 
 }  // namespace
@@ -82,18 +95,9 @@ cudaError_t launch_filtered_topk(const TopkArgs& args, cudaStream_t stream) {
   if (args.max_len <= kSmallRowMaxLen) return launch<kSmallRowThreads, kCachedVectors>(args, stream);
   if (args.max_len <= kMidRowMaxLen) return launch<kSmallRowThreads, kMidRowCachedVectors>(args, stream);
   if (args.max_len <= kLongRowMaxLen) return launch<kSmallRowThreads, kLongRowCachedVectors>(args, stream);
-  // Longer rows keep their keys in shared memory where the device has room for them, else the
-  // 1024-thread block's registers hold 8192 and longer rows take the radix select.
-  bool launched = false;
-  cudaError_t err = cudaSuccess;
-  if (args.max_len <= kHalfSharedRowMaxLen) {
-    err = launch<kLargeRowThreads, kHalfSharedRowVectors, true>(args, stream, &launched);
-  } else if (args.max_len <= kSharedRowMaxLen) {
-    err = launch<kLargeRowThreads, kSharedRowVectors, true>(args, stream, &launched);
-  } else if (args.max_len <= kMtpSharedRowMaxLen) {
-    err = launch<kLargeRowThreads, kMtpSharedRowVectors, true>(args, stream, &launched);
-  }
-  if (err != cudaSuccess || launched) return err;
+  if (args.max_len <= kHalfSharedRowMaxLen) return launch_shared_row<kHalfSharedRowVectors>(args, stream);
+  if (args.max_len <= kSharedRowMaxLen) return launch_shared_row<kSharedRowVectors>(args, stream);
+  if (args.max_len <= kMtpSharedRowMaxLen) return launch_shared_row<kMtpSharedRowVectors>(args, stream);
   return launch<kLargeRowThreads, kCachedVectors>(args, stream);
 }
 
