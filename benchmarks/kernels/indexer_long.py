@@ -16,7 +16,10 @@ own generator (``dsa_bench.definitions.indexer.generate``). Per case it
    8193-32768 tokens also the one-block top-k with its radix select forced (``radix``: what those
    rows took before the shared-memory rows) and both one-block top-ks alone, checked exactly;
 3. with ``--variants``' cases, the score kernel alone in a few looping tiles;
-4. with ``--profile``'s cases, after all the timing, each kernel of the entry's scored path (torch.profiler).
+4. with ``--split``, the split top-k (rows cut into chunks of each given length, a block per chunk,
+   then a block per row over the chunks' selections): its pipeline checked and timed, and the
+   top-k alone checked exactly and timed (columns ``split<N>k``);
+5. with ``--profile``'s cases, after all the timing, each kernel of the entry's scored path (torch.profiler).
 
 Score distributions (``--case`` names end in them): ``plain`` (the generator's), ``neg`` (head
 weights all negative: every score <= 0), ``x1e3`` / ``x1e-4`` (weights scaled), ``mixed``
@@ -203,6 +206,13 @@ def run_case(case: str, entry, score, topk, topk_long, graphs, old, args: argpar
     if shared_rows:
         radix = entry.scored_pipeline(radix_topk, dependent=True)
         pipelines["radix"] = lambda *x: entry.run_pipeline(radix, *x)
+    splits = {}  # name -> the split top-k of that chunk length, where the call's shape allows it
+    for split_len in (int(n) for n in args.split.split(",") if n):
+        if topk.split_chunks(max_pages * 64, split_len) * K <= topk.SPLIT_MAX_CANDIDATES:
+            name = f"split{split_len // 1024}k"
+            splits[name] = functools.partial(topk.split_topk, split_len=split_len)
+            split_pipeline = entry.scored_pipeline(splits[name], dependent=True)
+            pipelines[name] = lambda *x, g=split_pipeline: entry.run_pipeline(g, *x)
     if args.no_old:
         del pipelines["old"]
     for name, fn in pipelines.items():
@@ -230,6 +240,11 @@ def run_case(case: str, entry, score, topk, topk_long, graphs, old, args: argpar
             select(scores, lens, table, alone)
             torch.cuda.synchronize()
             verdict[name] = exact_topk_failure(scores, lens, table, alone) or "PASS"
+    for name, select in splits.items():
+        poison_(alone)
+        select(scores, lens, table, alone)
+        torch.cuda.synchronize()
+        verdict[f"{name}_topk_exact"] = exact_topk_failure(scores, lens, table, alone) or "PASS"
     row = {"case": case, "batch": batch, "max_len": max_pages * 64, "tokens": int(lens.sum()), **verdict}
     for name, fn in pipelines.items():
         row[f"{name}_us"] = us(bench(lambda i, fn=fn: fn(*a, out), prepare=lambda i: poison_(out), **timed))
@@ -245,6 +260,9 @@ def run_case(case: str, entry, score, topk, topk_long, graphs, old, args: argpar
         for name, select in (("filtered_topk", topk.filtered_topk), ("radix_topk", radix_topk)):
             alone_graph = graphs.LaunchGraphs(select)
             row[f"{name}_us"] = us(bench(lambda i, g=alone_graph: g(scores, lens, table, alone), **timed))
+    for name, select in splits.items():
+        alone_graph = graphs.LaunchGraphs(select)
+        row[f"{name}_topk_us"] = us(bench(lambda i, g=alone_graph: g(scores, lens, table, alone), **timed))
     row["key_floor_us"] = row["tokens"] * 132 / 4.24e12 * 1e6
     if case in args.variants.split(","):
         variants = {}
@@ -267,6 +285,7 @@ def main() -> int:
         "--profile", default="b1_l128k/plain,b8_l64k/plain,b64_l128k/plain,b1_l128k/const", help="cases with a per-kernel profile"
     )
     p.add_argument("--no-old", action="store_true", help="skip the previous pipeline")
+    p.add_argument("--split", default="", help="chunk lengths of the split top-k to check and time, comma-separated (e.g. 8192,32768)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()
     device = torch.device("cuda")
@@ -298,6 +317,13 @@ def main() -> int:
         times += f" {r.get('filtered_topk_us', nan):7.1f} {r.get('radix_topk_us', nan):7.1f}"
         times += f" {r['key_floor_us']:7.1f}"
         print(f"{r['case']:<22} {times}  {checks}")
+    for r in rows:
+        split_names = sorted(k[: -len("_topk_us")] for k in r if k.startswith("split") and k.endswith("_topk_us"))
+        if split_names:
+            cells = ", ".join(
+                f"{n} {r[n + '_us']:.1f} (top-k alone {r[n + '_topk_us']:.1f}; {r[n][:4]}/{r[n + '_topk_exact'][:4]})" for n in split_names
+            )
+            print(f"{r['case']:<22} new {r['new_us']:.1f}; {cells}")
     for r in rows:
         for key in ("score_tiles_us", "kernels_us"):
             if key in r:

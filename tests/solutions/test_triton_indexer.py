@@ -290,6 +290,10 @@ def test_topk_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
         with pytest.raises(RuntimeError, match=r"topk must be in 1\.\.TOPK"):
             library.call("filtered", *[*args[:2], 16, *args[3:-1], topk])
     library.call("filtered", *[*args[:2], 16, *args[3:9], 0, *args[10:]])  # batch 0: nothing to launch, returns 0
+    no_rows = [*args[:2], 16, *args[3:9], 0, *args[10:]]
+    with pytest.raises(RuntimeError, match="dsa_topk_split failed: split rows need split_len a multiple of PAGE_SIZE"):
+        library.call("split", *no_rows, 2048, 1, 0)  # chunks of k tokens
+    library.call("split", *no_rows, 4096, 1, 0)  # a valid split of no rows
     nm = shutil.which("nm")
     if nm:
         proc = subprocess.run([nm, "-D", "--defined-only", str(compiled.path)], capture_output=True, text=True, check=True)
@@ -391,15 +395,16 @@ def emulator(tmp_path_factory) -> Path:
 
 def emulate_topk(
     exe: Path, scores: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor, capacity=-1, threads=None, fast_candidates=-1,
-    topk: int = indexer.TOPK,
+    topk: int = indexer.TOPK, split_len: int = 0,
 ) -> torch.Tensor:
-    """Runs filtered_topk_kernel of topk_filtered.cuh on the emulator; returns [B, topk] int32."""
+    """Runs filtered_topk_kernel of topk_filtered.cuh on the emulator (with ``split_len``, the split
+    top-k's two stages); returns [B, topk] int32."""
     scores = scores.detach().float().cpu().contiguous()
     batch, width = scores.shape
     max_len = block_table.shape[1] * 64
     if threads is None:  # what the CUDA launcher picks
         threads = 512 if max_len <= 8192 else 1024
-    header = np.array([batch, width, block_table.shape[1], max_len, capacity, threads, fast_candidates, topk], dtype=np.int32)
+    header = np.array([batch, width, block_table.shape[1], max_len, capacity, threads, fast_candidates, topk, split_len], dtype=np.int32)
     folder = exe.parent
     parts = (header, scores.numpy(), seq_lens.cpu().numpy().astype(np.int32), block_table.cpu().numpy().astype(np.int32))
     (folder / "in.bin").write_bytes(b"".join(np.ascontiguousarray(part).tobytes() for part in parts))
@@ -538,6 +543,45 @@ def test_emulated_cuda_topk_shared_memory_rows(emulator, max_pages):
         assert_exact_topk(scores[:4], seq_lens[:4], table[:4], out, topk)
 
 
+def split_rows(max_pages: int, split_len: int, seed: int = 0):
+    """Rows for the split top-k: full and ragged rows, rows ending on a chunk boundary and one past
+    it, a last chunk of at most k tokens, short rows and empty ones; all-equal scores, three tie
+    groups, a row whose top keys all sit in one chunk, near-constant rows, -inf padding, +-0."""
+    g = torch.Generator().manual_seed(seed)
+    width = max_pages * 64
+    lens = [width, width - 5, 2 * split_len, 2 * split_len + 1, split_len + 100, split_len, 9000, 2049, 2048, 0, 1, width]
+    lens = [min(n, width) for n in lens]
+    scores = torch.randn((len(lens), width), generator=g)
+    scores[0] = 0.25  # all equal: every chunk and the merge pick among ties
+    scores[1] = torch.randint(0, 3, (width,), generator=g).float()  # three huge tie groups
+    scores[2, :split_len] += 100.0  # the whole top-k in the first chunk
+    scores[3] = torch.randn((width,), generator=g) * 1e-3 + 5.0  # near-constant
+    scores[4, 4097:] = float("-inf")  # the score kernel's padding
+    scores[5, ::2], scores[5, 1::2] = 0.0, -0.0
+    scores[11, -3000:] += 50.0  # the top keys spread over the last chunks
+    pages = max(NUM_PAGES, max_pages + 100)
+    table = torch.stack([torch.randperm(pages, generator=g)[:max_pages] for _ in lens]).int()
+    return scores, torch.tensor(lens, dtype=torch.int32), table
+
+
+@pytest.mark.parametrize(
+    ("max_pages", "split_len", "topk"),
+    [
+        (400, 8192, indexer.TOPK),  # register chunks, 4 chunks a row: register merge of 8192
+        (400, 4096, indexer.TOPK),  # 7 chunks: merge of 14336 in a half shared row
+        (400, 2560, indexer.TOPK),  # 10 chunks: merge of 20480 in a shared row
+        (300, 16384, 512),          # shared-row chunks (16384), k = 512
+        (513, 32768, 1024),         # 32768-token chunks, the second one short
+    ],
+)  # fmt: skip
+def test_emulated_split_topk_is_exact(emulator, max_pages, split_len, topk):
+    # Stage 1 selects each chunk's top-k into `partial` (poisoned beforehand by the emulator, so a
+    # read of an unwritten entry fails), stage 2 the row's among its chunks' selections.
+    scores, seq_lens, table = split_rows(max_pages, split_len, seed=max_pages)
+    out = emulate_topk(emulator, scores, seq_lens, table, topk=topk, split_len=split_len)
+    assert_exact_topk(scores, seq_lens, table, out, topk)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_emulated_cuda_topk_shared_rows_bin_clustered_scores_level_by_level(emulator, seed):
     # Scores in a few tight clusters far apart, some rows stretched by extremes: threshold bins of
@@ -630,6 +674,20 @@ def test_cuda_topk_shared_memory_rows_match_torch_topk(max_pages, fast_candidate
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize(
+    ("max_pages", "split_len", "topk"),
+    [(400, 8192, indexer.TOPK), (400, 4096, indexer.TOPK), (400, 2560, indexer.TOPK), (300, 16384, 512), (2049, 32768, indexer.TOPK)],
+)
+def test_cuda_split_topk_matches_torch_topk(max_pages, split_len, topk):
+    scores, seq_lens, table = (t.cuda() for t in split_rows(max_pages, split_len, seed=max_pages))
+    out = torch.full((scores.shape[0], topk), INT_POISON, dtype=torch.int32, device="cuda")
+    cuda_topk.load_topk_extension()
+    cuda_topk.split_topk(scores, seq_lens, table, out, split_len)
+    torch.cuda.synchronize()
+    assert_exact_topk(scores, seq_lens, table, out, topk)
+
+
+@pytest.mark.gpu
 def test_cuda_topk_threshold_bin_larger_than_shared_memory():
     # All-equal long rows: the threshold bin holds every token, more than the candidate buffer
     # (forced down to 16 entries and to the 8192-entry maximum with a row longer than that).
@@ -676,6 +734,9 @@ def test_cuda_topk_rejects_bad_arguments():
         topk(scores, lens.cpu(), table, out)
     with pytest.raises(ValueError, match="topk_indices must be"):
         topk(scores, lens, table, out.long())
+    for split_len in (2048, 2100, 65536):  # not above k, not whole pages, longer than a block holds
+        with pytest.raises(ValueError, match=f"split_len {split_len} with topk 2048"):
+            cuda_topk.split_topk(scores, lens, table, out, split_len)
 
 
 @pytest.mark.gpu

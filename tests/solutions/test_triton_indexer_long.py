@@ -96,6 +96,19 @@ def test_dispatch_keeps_8k_to_36k_rows_in_shared_memory_from_two_rows():
         assert entry_module.cuda_topk_for(batch, pages, torch.device("cpu")) is entry_module.cuda_topk.filtered_topk
 
 
+def test_dispatch_splits_longer_rows_of_large_batches():
+    # Past the shared rows (36864 tokens) at B >= 32, up to 16 chunks of 32768: the split top-k, before
+    # the cluster and multi-pass rules; smaller batches keep those, and so do longer tables.
+    most = policy.SPLIT_MAX_TOKENS // 64
+    assert policy.uses_split_rows(32, 577) and policy.uses_split_rows(64, 2048) and policy.uses_split_rows(128, most)
+    assert not policy.uses_split_rows(31, 2048) and not policy.uses_split_rows(128, 576) and not policy.uses_split_rows(32, most + 1)
+    assert policy.SPLIT_MAX_TOKENS // policy.SPLIT_LEN * indexer.TOPK == entry_module.cuda_topk.SPLIT_MAX_CANDIDATES
+    assert policy.SPLIT_LEN <= entry_module.cuda_topk.SPLIT_MAX_CHUNK_LEN
+    for batch, pages in ((32, 1024), (64, 2048), (128, 1025)):
+        chosen = entry_module.cuda_topk_for(batch, pages, torch.device("cpu"))
+        assert chosen.func is entry_module.cuda_topk.split_topk and chosen.keywords == {"split_len": policy.SPLIT_LEN}
+
+
 def test_dispatch_takes_the_cluster_topk_where_its_clusters_fit_one_wave_or_two_at_b64():
     # Past 8192 tokens and up to 128K, while batch x blocks per row (8192 tokens a block, a power
     # of two) stays within 132 blocks, or 264 at B <= 64; the multi-pass top-k or the filtered one elsewhere.
@@ -296,6 +309,19 @@ def test_gpu_entry_on_shared_memory_rows_passes_the_checker(distinct_keys):
     axes, inputs = make_inputs(lens, max_pages=513, seed=8, distinct_keys=distinct_keys, num_pages=sum(-(-n // 64) for n in lens) + 8)
     assert entry_module.cuda_topk_for(len(lens), 513, DEVICE) is entry_module.cuda_topk.filtered_topk
     assert_passes(axes, inputs, run(entry_module.kernel, inputs))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("distinct_keys", [None, 1, 3])
+def test_gpu_entry_on_split_rows_passes_the_checker(distinct_keys):
+    # A ragged batch of 32 rows up to 128K tokens (chunk boundaries, one past them, short and empty
+    # rows): the split top-k, checked by the harness checker, eagerly and through the graph.
+    lens = [131072, 131071, 98305, 65536, 65537, 32768, 32769, 40000, 2049, 2048, 0, 1, 9000, 70000, 100000, 36865] * 2
+    pages = sum(-(-n // 64) for n in lens) + 8
+    axes, inputs = make_inputs(lens, max_pages=2048, seed=12, distinct_keys=distinct_keys, num_pages=pages)
+    assert entry_module.cuda_topk_for(len(lens), 2048, DEVICE) is entry_module._split_topk
+    for _ in range(2):  # eager, then captured and replayed
+        assert_passes(axes, inputs, run(entry_module.kernel, inputs))
 
 
 @pytest.mark.gpu

@@ -10,8 +10,10 @@
 // Build:  g++ -O2 -std=c++17 -DDSA_TOPK_HOST_EMULATION -Isolutions/triton/indexer/csrc topk_emulator.cpp -o topk_emulator
 // Run:    topk_emulator INPUT OUTPUT
 // INPUT (little-endian): int32 batch, score_stride, bt_stride, max_len, candidate_capacity,
-//   threads (256, 512 or 1024), fast_candidates; float32 scores[batch * score_stride]; int32 seq_lens[batch];
-//   int32 block_table[batch * bt_stride].  OUTPUT: int32 out[batch * 2048].
+//   threads (256, 512 or 1024), fast_candidates, topk, split_len (0: whole rows; else the split
+//   top-k's two stages, their blocks picked as launch_split_topk does); float32 scores[batch *
+//   score_stride]; int32 seq_lens[batch]; int32 block_table[batch * bt_stride].
+//   OUTPUT: int32 out[batch * topk].
 #define DSA_TOPK_HOST_EMULATION 1
 
 #include <ucontext.h>
@@ -351,12 +353,21 @@ namespace {
 
 using simt::read_into;
 
-template <int kThreads, int kVectors = dsa_topk::kCachedVectors, bool kSharedRow = false>
+template <int kThreads, int kVectors = dsa_topk::kCachedVectors, bool kSharedRow = false, int kKind = dsa_topk::kWholeRows>
 void run(dsa_topk::TopkArgs args) {
-  for (int row = 0; row < args.batch; ++row) {
+  const int blocks = kKind == dsa_topk::kChunkRows ? args.batch * args.split_chunks : args.batch;
+  for (int row = 0; row < blocks; ++row) {
     simt::run_block(simt::Dim3{static_cast<unsigned>(row), 0, 0}, kThreads,
-                    [&] { dsa_topk::filtered_topk_kernel<kThreads, kVectors, kSharedRow>(args); });
+                    [&] { dsa_topk::filtered_topk_kernel<kThreads, kVectors, kSharedRow, kKind>(args); });
   }
+}
+
+// One stage of the split top-k, on the block launch_split_stage picks for `longest` entries.
+template <int kKind>
+void run_split_stage(const dsa_topk::TopkArgs& args, int longest) {
+  if (longest <= dsa_topk::kLongRowMaxLen) run<512, dsa_topk::kLongRowCachedVectors, false, kKind>(args);
+  else if (longest <= dsa_topk::kHalfSharedRowMaxLen) run<1024, dsa_topk::kHalfSharedRowVectors, true, kKind>(args);
+  else run<1024, dsa_topk::kSharedRowVectors, true, kKind>(args);
 }
 
 }  // namespace
@@ -368,8 +379,8 @@ int main(int argc, char** argv) {
   }
   std::FILE* in = std::fopen(argv[1], "rb");
   if (!in) return 2;
-  int32_t header[8];
-  read_into(in, header, 8);
+  int32_t header[9];
+  read_into(in, header, 9);
   const int batch = header[0], score_stride = header[1], bt_stride = header[2], max_len = header[3];
   const int capacity = header[4], threads = header[5];
   const int fast = header[6] < 0 || header[6] > dsa_topk::kFastCandidates ? dsa_topk::kFastCandidates : header[6];
@@ -393,6 +404,20 @@ int main(int argc, char** argv) {
   simt::dynamic_storage().assign(candidates > shared_row ? candidates : shared_row, 0);
   dsa_topk::TopkArgs args{scores.data(), score_stride, seq_lens.data(), table.data(), bt_stride, out.data(), topk, batch, max_len, cap, fast};
   args.topk = topk;
+  const int split_len = header[8];
+  if (split_len > 0) {  // the split top-k: stage 1 into `partial` (unwritten entries poisoned), then stage 2
+    args.split_len = split_len;
+    args.split_chunks = (max_len + split_len - 1) / split_len;
+    if (split_len <= topk || split_len > dsa_topk::kSplitMaxChunkLen || args.split_chunks * topk > dsa_topk::kSplitMaxCandidates) {
+      std::fprintf(stderr, "emulator: bad split_len %d for topk %d and max_len %d\n", split_len, topk, max_len);
+      return 2;
+    }
+    std::vector<int32_t> partial(static_cast<size_t>(batch) * args.split_chunks * topk, INT32_MIN);
+    args.partial = partial.data();
+    run_split_stage<dsa_topk::kChunkRows>(args, split_len);
+    run_split_stage<dsa_topk::kMergedChunks>(args, args.split_chunks * topk);
+    return simt::write_all(argv[2], out) ? 0 : 2;
+  }
   switch (threads) {
     case 256: run<256>(args); break;
     case 512:  // as the launcher: rows past kSmallRowMaxLen cache more keys per thread

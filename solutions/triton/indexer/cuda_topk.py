@@ -32,14 +32,23 @@ SIGNATURES = {
         ctypes.c_int,  # dependent_launch
         _I64,  # topk: tokens kept per row (the definition's k)
     )),
+    "split": (ctypes.c_int, (
+        ctypes.c_int, _P, _P, _I64, _P, _P, _I64, _P, _I64, _I64, _I64, _I64, _I64, ctypes.c_int, _I64,  # as "filtered"
+        _I64, _I64, _P,  # split_len, split_chunks, partial [batch * split_chunks, topk]
+    )),
 }  # fmt: skip
 #: constants of csrc/topk_filtered.h (checked against the built library in load_topk_extension, as are
 #: its TOPK and PAGE_SIZE against shapes.py)
 MAX_CANDIDATES = 8192  # the radix select's largest shared candidate buffer (entries)
 FAST_CANDIDATES = 1024  # the fast path's largest threshold bin
+SPLIT_MAX_CHUNK_LEN = 32768  # the split top-k's longest chunk (its stage-1 blocks hold one)
+SPLIT_MAX_CANDIDATES = 32768  # its most candidates per row (split_chunks * topk; a stage-2 block holds them)
 
 #: what the built library's exported constants must be
-EXPECTED_CONSTANTS = {"TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "MAX_CANDIDATES": MAX_CANDIDATES, "FAST_CANDIDATES": FAST_CANDIDATES}
+EXPECTED_CONSTANTS = {
+    "TOPK": TOPK, "PAGE_SIZE": PAGE_SIZE, "MAX_CANDIDATES": MAX_CANDIDATES, "FAST_CANDIDATES": FAST_CANDIDATES,
+    "SPLIT_MAX_CHUNK_LEN": SPLIT_MAX_CHUNK_LEN, "SPLIT_MAX_CANDIDATES": SPLIT_MAX_CANDIDATES,
+}  # fmt: skip
 #: the library's stem (its cache folder is <stem>_<digest>) and its name in errors
 STEM, WHAT = "dsa_topk_filtered", "the CUDA filtered top-k"
 
@@ -87,6 +96,21 @@ def check_topk_tensors(
     return batch, max_len
 
 
+def _checked_topk(topk_indices: torch.Tensor, topk: int | None, candidate_capacity: int, fast_candidates: int) -> int:
+    """The call's k (default: ``topk_indices``' width), after checking it and the test hooks."""
+    if topk is None:
+        topk = topk_indices.shape[1]
+    if not 1 <= topk <= TOPK:
+        raise ValueError(f"topk must be in 1..{TOPK}, got {topk}")
+    if topk_indices.shape[1] != topk:
+        raise ValueError(f"topk_indices must have topk = {topk} columns, got {topk_indices.shape[1]}")
+    if not -1 <= candidate_capacity <= 2**31 - 1:
+        raise ValueError(f"candidate_capacity must be -1 or non-negative, got {candidate_capacity}")
+    if not -1 <= fast_candidates <= FAST_CANDIDATES:
+        raise ValueError(f"fast_candidates must be -1 or 0..{FAST_CANDIDATES}, got {fast_candidates}")
+    return topk
+
+
 def filtered_topk(
     scores: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -110,20 +134,53 @@ def filtered_topk(
     before it ends and wait for its completion before they read a score.
     """
     batch, max_len = check_topk_tensors(scores, seq_lens, block_table, topk_indices)
-    if topk is None:
-        topk = topk_indices.shape[1]
-    if not 1 <= topk <= TOPK:
-        raise ValueError(f"topk must be in 1..{TOPK}, got {topk}")
-    if topk_indices.shape[1] != topk:
-        raise ValueError(f"topk_indices must have topk = {topk} columns, got {topk_indices.shape[1]}")
-    if not -1 <= candidate_capacity <= 2**31 - 1:
-        raise ValueError(f"candidate_capacity must be -1 or non-negative, got {candidate_capacity}")
-    if not -1 <= fast_candidates <= FAST_CANDIDATES:
-        raise ValueError(f"fast_candidates must be -1 or 0..{FAST_CANDIDATES}, got {fast_candidates}")
+    topk = _checked_topk(topk_indices, topk, candidate_capacity, fast_candidates)
     device = scores.device
     load_topk_extension().call(
         "filtered", device.index, torch.cuda.current_stream(device).cuda_stream,  # the stream now: captured when capturing
         scores.data_ptr(), scores.stride(0), seq_lens.data_ptr(), block_table.data_ptr(), block_table.stride(0),
         topk_indices.data_ptr(), topk_indices.stride(0), batch, max_len, candidate_capacity, fast_candidates,
         int(dependent_launch), topk,
+    )  # fmt: skip
+
+
+def split_chunks(max_len: int, split_len: int) -> int:
+    """Chunks per row of the split top-k for block tables of ``max_len`` tokens."""
+    return -(-max_len // split_len)
+
+
+def split_topk(
+    scores: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    topk_indices: torch.Tensor,
+    split_len: int,
+    candidate_capacity: int = -1,
+    fast_candidates: int = -1,
+    dependent_launch: bool = False,
+    topk: int | None = None,
+) -> None:
+    """``filtered_topk``'s result by the split top-k (csrc/topk_filtered.h): each row cut into chunks
+    of ``split_len`` tokens (a multiple of 64 above ``topk``, at most SPLIT_MAX_CHUNK_LEN), one block
+    selecting each chunk's top-k, then one block per row selecting among its chunks' selections
+    (at most SPLIT_MAX_CANDIDATES). Two launches, the second the first's programmatic dependent;
+    the chunks' selections go to a scratch tensor of ``B * chunks * topk`` int32 allocated here
+    (from the capture's pool when a graph is being captured). Arguments as ``filtered_topk``'s.
+    """
+    batch, max_len = check_topk_tensors(scores, seq_lens, block_table, topk_indices)
+    topk = _checked_topk(topk_indices, topk, candidate_capacity, fast_candidates)
+    chunks = split_chunks(max_len, split_len)
+    fits = chunks * topk <= SPLIT_MAX_CANDIDATES
+    if not (topk < split_len <= SPLIT_MAX_CHUNK_LEN and split_len % PAGE_SIZE == 0 and topk % 4 == 0 and fits):
+        raise ValueError(
+            f"split_len {split_len} with topk {topk} and {max_len}-token block tables: split_len must be a multiple of {PAGE_SIZE} "
+            f"in ({topk}, {SPLIT_MAX_CHUNK_LEN}], topk a multiple of 4, and ceil(max_len / split_len) * topk <= {SPLIT_MAX_CANDIDATES}"
+        )
+    device = scores.device
+    partial = torch.empty((batch * chunks, topk), dtype=torch.int32, device=device)
+    load_topk_extension().call(
+        "split", device.index, torch.cuda.current_stream(device).cuda_stream,
+        scores.data_ptr(), scores.stride(0), seq_lens.data_ptr(), block_table.data_ptr(), block_table.stride(0),
+        topk_indices.data_ptr(), topk_indices.stride(0), batch, max_len, candidate_capacity, fast_candidates,
+        int(dependent_launch), topk, split_len, chunks, partial.data_ptr(),
     )  # fmt: skip

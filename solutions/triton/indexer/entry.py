@@ -55,13 +55,20 @@ _cuda_topk = cuda_topk.load_topk_extension() if USE_CUDA_TOPK else None
 _cuda_long_topk = cuda_topk_long.load_long_topk_extension() if USE_CUDA_TOPK else None
 
 
+#: the split top-k of the policy's chunk length
+_split_topk = functools.partial(cuda_topk.split_topk, split_len=policy.SPLIT_LEN)
+
+
 def cuda_topk_for(batch: int, max_num_pages: int, device: torch.device):
     """The CUDA top-k for a call's shape: the one-block-per-row filtered top-k for rows it keeps in
-    shared memory (``policy.uses_shared_rows``), else the cluster top-k (``policy.uses_cluster_path``,
-    where the device runs its cluster), else the multi-pass long-row top-k for long block tables
+    shared memory (``policy.uses_shared_rows``), else the split top-k for longer rows in large
+    batches (``policy.uses_split_rows``), else the cluster top-k (``policy.uses_cluster_path``, where
+    the device runs its cluster), else the multi-pass long-row top-k for long block tables
     (``policy.uses_long_path``), else the filtered top-k."""
     if policy.uses_shared_rows(batch, max_num_pages):
         return cuda_topk.filtered_topk
+    if policy.uses_split_rows(batch, max_num_pages):
+        return _split_topk
     if policy.uses_cluster_path(batch, max_num_pages) and cuda_topk_long.cluster_capacity(device, max_num_pages * PAGE_SIZE) > 0:
         return cuda_topk_long.cluster_topk
     if policy.uses_long_path(batch, max_num_pages):
@@ -87,7 +94,9 @@ def solution_notes() -> str:
             "top-k: CUDA filtered select on 32-bit score keys (range-binned fast path, radix select fallback) with page-table emit "
             f"(library {_cuda_topk.name}), one block per row, the row's keys in registers up to {policy.LONG_ROW_REGISTER_TOKENS} "
             f"tokens and in shared memory up to {policy.SHARED_ROW_MAX_TOKENS} (policy.uses_shared_rows: batch >= "
-            f"{policy.SHARED_ROW_MIN_BATCH}); other long block tables (policy.uses_long_path: more than "
+            f"{policy.SHARED_ROW_MIN_BATCH}); longer ones up to {policy.SPLIT_MAX_TOKENS} tokens at batch >= "
+            f"{policy.SPLIT_MIN_BATCH} split into chunks of {policy.SPLIT_LEN} (policy.uses_split_rows: a block per chunk, "
+            "then a block per row over the chunks' selections); other long block tables (policy.uses_long_path: more than "
             f"{policy.LONG_PATH_MIN_TOKENS} tokens, batch <= {policy.LONG_PATH_MAX_BATCH}, or "
             f"{', '.join(f'<= {most} from {fewest}' for most, fewest in policy.LONG_PATH_WIDE)} tokens): rows split over many "
             f"blocks (a histogram pass and three level passes; library {_cuda_long_topk.name}), "

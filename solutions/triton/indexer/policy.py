@@ -149,6 +149,32 @@ def uses_shared_rows(batch: int, max_num_pages: int) -> bool:
     return batch >= SHARED_ROW_MIN_BATCH and LONG_ROW_REGISTER_TOKENS < max_num_pages * PAGE_SIZE <= SHARED_ROW_MAX_TOKENS
 
 
+# --------------------------------------------------------------------------- split rows
+
+
+#: Block tables of more than SHARED_ROW_MAX_TOKENS tokens at batches of at least SPLIT_MIN_BATCH
+#: rows take the split top-k (cuda_topk.split_topk): each row cut into chunks of SPLIT_LEN tokens,
+#: one block per chunk selecting its top-k (in shared memory), then one block per row selecting among
+#: its chunks' selections. Measured on the H100 (benchmarks/kernels/indexer_long.py --split,
+#: docs/kernels/indexer.md, "Split rows"), whole pipelines: it beat the multi-pass top-k and the
+#: filtered one at B = 64 x 128K (437.8 against 462.0 us), B = 128 x 64K (438.5 against 472.5), MTP
+#: B = 64 x 64K (150.2 against 174.6) and the ragged batches of 32, 64 and 128 rows up to 128K
+#: (93.4 / 123.6 / 222.1 against 99.6 / 135.8 / 241.3); it lost to the cluster top-k at B = 1 x 128K
+#: and B = 8 x 64K, whose rows it splits into too few blocks to fill the GPU. 32768-token chunks were
+#: the fastest on all but the ragged B = 32 (16384: 91.3) and all-equal rows.
+SPLIT_LEN = 32768
+SPLIT_MIN_BATCH = 32
+#: its longest block table: SPLIT_MAX_CANDIDATES / k chunks (cuda_topk.py; 16 at k = 2048)
+SPLIT_MAX_TOKENS = 16 * SPLIT_LEN
+
+
+def uses_split_rows(batch: int, max_num_pages: int) -> bool:
+    """Whether a call of ``batch`` rows of block tables of ``max_num_pages`` pages takes the split
+    top-k (after the shared-memory rows' rule, before the cluster and long-row rules)."""
+    tokens = max_num_pages * PAGE_SIZE
+    return batch >= SPLIT_MIN_BATCH and SHARED_ROW_MAX_TOKENS < tokens <= SPLIT_MAX_TOKENS
+
+
 # --------------------------------------------------------------------------- the long-row top-k
 
 

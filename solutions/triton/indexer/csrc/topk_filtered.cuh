@@ -169,6 +169,77 @@ __device__ __forceinline__ int32_t physical_id(const int32_t* table, int pos) {
   return table[pos / kPageSize] * kPageSize + pos % kPageSize;
 }
 
+// Data an earlier grid of the same call wrote (the split stages' `partial`, the long top-k's scratch
+// and candidates): read through L2, never from a possibly stale L1 line.
+__device__ __forceinline__ int load_l2(const int* p) {
+#ifdef DSA_TOPK_HOST_EMULATION
+  return *p;
+#else
+  return __ldcg(p);
+#endif
+}
+__device__ __forceinline__ uint2 load_l2(const uint2* p) {
+#ifdef DSA_TOPK_HOST_EMULATION
+  return *p;
+#else
+  return __ldcg(p);
+#endif
+}
+__device__ __forceinline__ int4 load_l2(const int4* p) {
+#ifdef DSA_TOPK_HOST_EMULATION
+  return *p;
+#else
+  return __ldcg(p);
+#endif
+}
+
+// What a block of filtered_topk_kernel selects from (its kKind): `vector(v)` the scores of its
+// entries 4v..4v+3 (asked only for vectors that start below the block's length), `id(i)` what
+// its entry i becomes in the output.
+enum RowKind : int {
+  kWholeRows = 0,     // a batch row; ids through the block table
+  kChunkRows = 1,     // split stage 1: one chunk of a batch row; ids are row positions
+  kMergedChunks = 2,  // split stage 2: the row's chunks' selections; ids through the block table
+};
+
+template <int kKind>
+struct RowSource;
+
+template <>
+struct RowSource<kWholeRows> {
+  const float* __restrict__ scores;  // the row's position 0; rows are 16-byte aligned
+  const int32_t* table;              // its block table (moved to shared memory when it fits)
+  __device__ __forceinline__ float4 vector(int v) const { return __ldg(reinterpret_cast<const float4*>(scores) + v); }
+  __device__ __forceinline__ int32_t id(int pos) const { return physical_id(table, pos); }
+};
+
+template <>
+struct RowSource<kChunkRows> {
+  const float* __restrict__ scores;  // the chunk's first score (16-byte aligned: split_len % 4 == 0)
+  int first;                         // its position in the row
+  __device__ __forceinline__ float4 vector(int v) const { return __ldg(reinterpret_cast<const float4*>(scores) + v); }
+  __device__ __forceinline__ int32_t id(int pos) const { return first + pos; }
+};
+
+template <>
+struct RowSource<kMergedChunks> {
+  const float* __restrict__ scores;  // the batch row's position 0
+  const int32_t* positions;          // its candidates' row positions: the row's `partial` entries (16-byte aligned)
+  int count;                         // candidates
+  const int32_t* table;              // the batch row's block table
+  __device__ __forceinline__ float4 vector(int v) const {
+    int4 p = load_l2(reinterpret_cast<const int4*>(positions) + v);
+    // The last vector's entries past `count` are not candidates: read position 0 for them (their
+    // keys are dropped by the length test, and the entries may hold anything).
+    const int at = v * kScoresPerVector;
+    p.y = at + 1 < count ? p.y : 0;
+    p.z = at + 2 < count ? p.z : 0;
+    p.w = at + 3 < count ? p.w : 0;
+    return make_float4(__ldg(scores + p.x), __ldg(scores + p.y), __ldg(scores + p.z), __ldg(scores + p.w));
+  }
+  __device__ __forceinline__ int32_t id(int i) const { return physical_id(table, load_l2(positions + i)); }
+};
+
 // Warp-collective: reserves one slot of `*counter` per lane with `take`, with one shared-memory
 // atomic per warp. Returns the lane's slot, or -1. Every lane of the warp must call it.
 __device__ __forceinline__ int warp_reserve(bool take, int* counter) {
@@ -258,17 +329,17 @@ __device__ __forceinline__ void select_threshold(const int* hist, int need, Sele
   __syncthreads();
 }
 
-// Calls visit(key, position, member) for each position of a score row in float4 steps;
+// Calls visit(key, position, member) for each entry of a block's row (a RowSource) in float4 steps;
 // `member` is false past `len`. Every thread makes the same number of calls, so `visit` may use
 // warp-collective operations.
-template <int kThreads, typename Visit>
-__device__ __forceinline__ void for_each_score(const float* __restrict__ row, int len, Visit&& visit) {
+template <int kThreads, typename Source, typename Visit>
+__device__ __forceinline__ void for_each_score(const Source& src, int len, Visit&& visit) {
   const int vectors = (len + kScoresPerVector - 1) / kScoresPerVector;
   for (int first = 0; first < vectors; first += kThreads) {
     const int v = first + static_cast<int>(threadIdx.x);
     // Rows are 16-byte aligned and padded to whole pages, so a vector starting below len is in bounds.
     float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (v < vectors) x = __ldg(reinterpret_cast<const float4*>(row) + v);
+    if (v < vectors) x = src.vector(v);
     const int pos = v * kScoresPerVector;
     visit(order_key(x.x), pos + 0, pos + 0 < len);
     visit(order_key(x.y), pos + 1, pos + 1 < len);
@@ -334,13 +405,14 @@ struct CachedRow {
 
   // Issues every load first (they overlap); the caller needs len <= kCapacity. (Not load_score_keys:
   // this form is the one measured on the contest's rows; it keeps the row's length test per vector.)
-  __device__ __forceinline__ void load(const float* __restrict__ row, int len) {
+  template <typename Source>
+  __device__ __forceinline__ void load(const Source& src, int len) {
     const int vectors = (len + kScoresPerVector - 1) / kScoresPerVector;
     float4 x[kVectors];
 #pragma unroll
     for (int c = 0; c < kVectors; ++c) {
       const int v = c * kThreads + static_cast<int>(threadIdx.x);
-      x[c] = v < vectors ? __ldg(reinterpret_cast<const float4*>(row) + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+      x[c] = v < vectors ? src.vector(v) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int c = 0; c < kVectors; ++c) {
@@ -376,7 +448,8 @@ struct SharedRow {
   __device__ __forceinline__ uint4 vector(int c) const { return vectors[c * kThreads + static_cast<int>(threadIdx.x)]; }
 
   // The caller needs len <= kCapacity. Loads kSharedRowLoadBatch float4 at a time, then stores their keys.
-  __device__ __forceinline__ void load(const float* __restrict__ row, int len) {
+  template <typename Source>
+  __device__ __forceinline__ void load(const Source& src, int len) {
     const int row_vectors = (len + kScoresPerVector - 1) / kScoresPerVector;
 #pragma unroll
     for (int c0 = 0; c0 < kVectors; c0 += kSharedRowLoadBatch) {
@@ -385,7 +458,7 @@ struct SharedRow {
 #pragma unroll
       for (int b = 0; b < kBatch && c0 + b < kVectors; ++b) {
         const int v = (c0 + b) * kThreads + static_cast<int>(threadIdx.x);
-        x[b] = v < row_vectors ? __ldg(reinterpret_cast<const float4*>(row) + v) : make_float4(0.f, 0.f, 0.f, 0.f);
+        x[b] = v < row_vectors ? src.vector(v) : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int b = 0; b < kBatch && c0 + b < kVectors; ++b) {
@@ -553,8 +626,8 @@ __device__ __forceinline__ void fast_threshold(FastState& f, int need) {
 // The fast path (see the top of this file) for one cached row of more than kTopK scores. Returns false,
 // having written nothing, when the row's threshold bin holds more than `max_candidates` keys.
 // Block-wide: every thread calls it and all get the same result.
-template <int kThreads, typename Row>
-__device__ bool fast_select(const Row& row, int max_candidates, const int32_t* table_row, int32_t* __restrict__ out_row,
+template <int kThreads, typename Row, typename Source>
+__device__ bool fast_select(const Row& row, int max_candidates, const Source& src, int32_t* __restrict__ out_row,
                             FastState& f, const int topk) {
   constexpr int kWarps = kThreads / kWarpSize;
   const int tid = threadIdx.x;
@@ -671,7 +744,7 @@ __device__ bool fast_select(const Row& row, int max_candidates, const int32_t* t
   // The row's ids in coalesced stores: the scattered per-thread runs went to shared memory.
   auto copy_out = [&] {
     __syncthreads();
-    for (int i = tid; i < topk; i += kThreads) out_row[i] = physical_id(table_row, f.selected[i]);
+    for (int i = tid; i < topk; i += kThreads) out_row[i] = src.id(f.selected[i]);
   };
   if constexpr (Row::kOneKeyBins) {
     if (one_key_bin) {
@@ -777,34 +850,69 @@ __device__ __forceinline__ void wait_for_preceding_grid() {
 // the dynamic shared memory (SharedRow). Every block asks for one block per SM, so that ptxas may
 // give it the registers it needs without spilling: left to itself it held the 8-key block to 40
 // registers and spilled 16 bytes (more blocks still share an SM when they fit).
-template <int kThreads, int kVectors = kCachedVectors, bool kSharedRow = false>
+// kKind (RowKind): what a block selects from; kWholeRows is the top-k of a batch row, the other two
+// are the stages of the split top-k (topk_filtered.h).
+template <int kThreads, int kVectors = kCachedVectors, bool kSharedRow = false, int kKind = kWholeRows>
 __global__ void __launch_bounds__(kThreads, 1) filtered_topk_kernel(TopkArgs args) {
   using Row = std::conditional_t<kSharedRow, SharedRow<kThreads, kVectors>, CachedRow<kThreads, kVectors>>;
   static_assert(kThreads % kWarpSize == 0 && kThreads >= kRadix, "whole warps, one thread per bin");
   __shared__ SelectState s;
   uint2* candidate_buffers = dynamic_shared<uint2>();  // [2][capacity] (key, position) pairs
 
-  const int row = blockIdx.x;
-  const int len = args.seq_lens[row];
-  const int32_t* table_row = args.block_table + row * args.bt_stride;
-  int32_t* __restrict__ out_row = args.out + row * args.out_stride;
-
   const int topk = args.topk;  // 1..kTopK (the C ABI checks)
-  if (len <= topk) {  // passthrough: every token is selected, no scores needed
-    for (int i = threadIdx.x; i < topk; i += kThreads) out_row[i] = i < len ? __ldg(table_row + i / kPageSize) * kPageSize + i % kPageSize : -1;
+  const int row = blockIdx.x;  // the batch row; with kChunkRows, batch row * split_chunks + chunk
+  RowSource<kKind> src;
+  int len;  // entries the block selects from
+  int32_t* __restrict__ out_row;
+  const int32_t* table_row = nullptr;
+  int row_len;  // tokens of the batch row
+  if constexpr (kKind == kChunkRows) {
+    const int batch_row = row / args.split_chunks;
+    const int first = (row - batch_row * args.split_chunks) * args.split_len;
+    row_len = args.seq_lens[batch_row];
+    const int rest = row_len - first;
+    len = rest < 0 ? 0 : rest < args.split_len ? rest : args.split_len;
+    src = RowSource<kChunkRows>{args.scores + batch_row * args.score_stride + first, first};
+    out_row = args.partial + static_cast<int64_t>(row) * topk;
+  } else {
+    row_len = args.seq_lens[row];
+    table_row = args.block_table + row * args.bt_stride;
+    out_row = args.out + row * args.out_stride;
+    if constexpr (kKind == kMergedChunks) {
+      const int chunks = (row_len + args.split_len - 1) / args.split_len;
+      const int last = row_len - (chunks - 1) * args.split_len;  // tokens of the last chunk
+      len = chunks == 0 ? 0 : (chunks - 1) * topk + (last < topk ? last : topk);
+      const int32_t* positions = args.partial + static_cast<int64_t>(row) * args.split_chunks * topk;
+      src = RowSource<kMergedChunks>{args.scores + row * args.score_stride, positions, len, table_row};
+      // Even a passthrough reads `partial`, which stage 1 writes.
+      wait_for_preceding_grid();
+    } else {
+      len = row_len;
+      src = RowSource<kWholeRows>{args.scores + row * args.score_stride, table_row};
+    }
+  }
+  // seq_len beyond max_num_pages * 64 breaks the contract (and would lose a split row's chunks): fail loudly
+  if (row_len > args.max_len) __trap();
+
+  if (len <= topk) {  // passthrough: every entry is selected, no scores needed
+    if constexpr (kKind == kWholeRows) {
+      for (int i = threadIdx.x; i < topk; i += kThreads) out_row[i] = i < len ? __ldg(table_row + i / kPageSize) * kPageSize + i % kPageSize : -1;
+    } else {
+      for (int i = threadIdx.x; i < topk; i += kThreads) out_row[i] = i < len ? src.id(i) : -1;
+    }
     return;
   }
-  if (len > args.max_len) __trap();  // seq_len beyond max_num_pages * 64 breaks the contract: fail loudly
-  const float* __restrict__ scores = args.scores + row * args.score_stride;
   // The row's pages go to shared memory; every path below passes a barrier before its first emit.
   const bool try_fast = args.fast_candidates > 0 && len <= Row::kCapacity;  // block-uniform
   Row cached;
   __shared__ int32_t shared_table[kSharedTablePages];
-  const int pages = (len + kPageSize - 1) / kPageSize;
+  const int pages = (row_len + kPageSize - 1) / kPageSize;
   auto copy_table = [&] {
-    if (pages <= kSharedTablePages) {
-      for (int i = threadIdx.x; i < pages; i += kThreads) shared_table[i] = __ldg(table_row + i);
-      table_row = shared_table;
+    if constexpr (kKind != kChunkRows) {  // a chunk's ids are row positions
+      if (pages <= kSharedTablePages) {
+        for (int i = threadIdx.x; i < pages; i += kThreads) shared_table[i] = __ldg(table_row + i);
+        src.table = shared_table;
+      }
     }
   };
   if (args.dependent_launch) {
@@ -812,15 +920,15 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_topk_kernel(TopkArgs arg
     // its completion and memory flush before the first score is read.
     copy_table();
     wait_for_preceding_grid();
-    if (try_fast) cached.load(scores, len);
+    if (try_fast) cached.load(src, len);
   } else {
     // The fast path's row loads are issued first, so that they overlap the block-table copy.
-    if (try_fast) cached.load(scores, len);
+    if (try_fast) cached.load(src, len);
     copy_table();
   }
   if (try_fast) {
     __shared__ FastState fast;
-    if (fast_select<kThreads>(cached, args.fast_candidates, table_row, out_row, fast, topk)) return;
+    if (fast_select<kThreads>(cached, args.fast_candidates, src, out_row, fast, topk)) return;
   }
   const int capacity = args.candidate_capacity;
 
@@ -830,7 +938,7 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_topk_kernel(TopkArgs arg
     s.candidates[0] = s.candidates[1] = 0;
   }
   __syncthreads();
-  for_each_score<kThreads>(scores, len, [&](uint32_t key, int, bool member) { histogram_add(s.hist[0], digit_of(key, 0), member); });
+  for_each_score<kThreads>(src, len, [&](uint32_t key, int, bool member) { histogram_add(s.hist[0], digit_of(key, 0), member); });
   __syncthreads();
 
   bool in_shared = false;  // block-uniform: candidates live in shared memory (else: filter the row)
@@ -861,10 +969,10 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_topk_kernel(TopkArgs arg
       const bool take = member && digit > threshold;
       const bool tie = member && digit == threshold;
       const int slot = warp_reserve(take, &s.emitted);
-      if (take) out_row[slot] = physical_id(table_row, pos);
+      if (take) out_row[slot] = src.id(pos);
       if (last) {
         const int ticket = warp_reserve(tie, &s.ties);
-        if (tie && ticket < need - above) out_row[first_tie_slot + ticket] = physical_id(table_row, pos);
+        if (tie && ticket < need - above) out_row[first_tie_slot + ticket] = src.id(pos);
       } else {
         histogram_add(next_hist, digit_of(key, d + 1), tie);
         if (in_shared) {
@@ -874,11 +982,11 @@ __global__ void __launch_bounds__(kThreads, 1) filtered_topk_kernel(TopkArgs arg
       }
     };
     if (d == 0) {
-      for_each_score<kThreads>(scores, len, classify);
+      for_each_score<kThreads>(src, len, classify);
     } else if (in_shared) {
       for_each_candidate<kThreads>(source, source_count, classify);
     } else {
-      for_each_score<kThreads>(scores, len, [&](uint32_t key, int pos, bool member) { classify(key, pos, member && has_prefix(key, d, prefix)); });
+      for_each_score<kThreads>(src, len, [&](uint32_t key, int pos, bool member) { classify(key, pos, member && has_prefix(key, d, prefix)); });
     }
     __syncthreads();
     if (last) break;

@@ -39,11 +39,29 @@ struct TopkArgs {
                               // (the score kernel): the blocks start during its tail, copy their
                               // block-table rows, and read scores only after it has completed
   int topk;                   // tokens kept per row, 1..kTopK: the definition's k (out holds topk per row)
+  // Split rows (launch_split_topk; 0 elsewhere): each row is cut into chunks of split_len tokens.
+  int split_len;              // tokens per chunk: a multiple of kPageSize above kTopK
+  int split_chunks;           // chunks per row: ceil(max_len / split_len)
+  int32_t* partial;           // [batch * split_chunks, topk] each chunk's selection as row positions
 };
+
+// Split rows: the top-k of a row is among the union of its chunks' top-k. Stage 1 selects each
+// chunk's top-k with one block per chunk (a row's chunks run on different SMs at once) and writes
+// them to `partial` as row positions (a chunk of at most topk tokens lists all of them); stage 2,
+// one block per row and the programmatic dependent of stage 1, selects the row's top-k among its
+// chunks' selections (at most split_chunks * topk scores, read through `partial`) and writes the
+// physical ids. Every chunk but a row's last holds split_len > topk tokens and gives exactly topk
+// positions, so a row's candidates are the first (chunks - 1) * topk + min(last chunk, topk)
+// entries of its `partial` rows.
+constexpr int kSplitMaxChunkLen = 32768;  // stage 1's blocks keep a chunk in registers or shared memory
+constexpr int kSplitMaxCandidates = 32768;  // stage 2's likewise: split_chunks * topk
 
 #ifndef DSA_TOPK_HOST_EMULATION
 // Launches the top-k on `stream`. Returns the CUDA error of the launch (cudaSuccess when fine).
 cudaError_t launch_filtered_topk(const TopkArgs& args, cudaStream_t stream);
+// Launches both stages of the split top-k (above) on `stream`; the caller has checked split_len,
+// split_chunks, partial and that topk is a multiple of 4 (stage 2 reads `partial` as int4).
+cudaError_t launch_split_topk(const TopkArgs& args, cudaStream_t stream);
 #endif
 
 // Candidate capacity the launcher uses for rows up to `max_len` when none is requested: a row's

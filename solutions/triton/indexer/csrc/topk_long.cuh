@@ -55,23 +55,6 @@ __device__ __forceinline__ int level_hist() {
   return kLevel == 0 ? kLongHist1 : kLevel == 1 ? kLongHist2 : kLongHist3;
 }
 
-// Scratch and candidates are written by earlier grids of the same call (and atomically by this
-// one): read through L2, never from a possibly stale L1 line.
-__device__ __forceinline__ int load_l2(const int* p) {
-#ifdef DSA_TOPK_HOST_EMULATION
-  return *p;
-#else
-  return __ldcg(p);
-#endif
-}
-__device__ __forceinline__ uint2 load_l2(const uint2* p) {
-#ifdef DSA_TOPK_HOST_EMULATION
-  return *p;
-#else
-  return __ldcg(p);
-#endif
-}
-
 // Programmatic dependent launch: lets the next kernel of the stream launch now (it waits for
 // this grid's completion itself before it reads what this grid writes).
 __device__ __forceinline__ void launch_dependents() {
