@@ -148,8 +148,15 @@ def us(result) -> float:
     return result.mean_ms * 1e3
 
 
-#: score tiles timed on --variants' cases: (pages per program, pipeline stages, rows first)
-TILES = ((1, 1, False), (2, 2, True), (4, 2, True), (4, 3, True), (8, 3, True), (16, 3, True), (16, 4, True), (32, 3, True))
+#: score tiles timed on --variants' cases: (pages per program, pipeline stages, rows first, rows paired)
+TILES = (
+    (1, 1, False, False), (2, 2, True, False), (4, 2, True, False), (4, 3, True, False), (8, 3, True, False), (16, 3, True, False),
+    (16, 4, True, False), (32, 3, True, False), (8, 3, True, True), (16, 3, True, True), (16, 2, True, True),
+)
+
+
+def tile_name(pages: int, stages: int, rows_first: bool, pairs: bool) -> str:
+    return f"loop{pages}_s{stages}{'_rf' if rows_first else ''}{'_pairs' if pairs else ''}"
 
 
 def kernel_times_us(fn, iterations: int = 5) -> dict[str, float]:
@@ -266,11 +273,24 @@ def run_case(case: str, entry, score, topk, topk_long, graphs, old, args: argpar
     row["key_floor_us"] = row["tokens"] * 132 / 4.24e12 * 1e6
     if case in args.variants.split(","):
         variants = {}
-        for pages, stages, rows_first in TILES:
-            tile = entry.policy.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=pages, num_stages=stages, rows_first=rows_first)
+        policy_scores = torch.full_like(scores, float("nan"))
+        score.launch_scores(*a[:5], policy_scores, skip_short_rows=True)
+        for pages, stages, rows_first, pairs in TILES:
+            name = tile_name(pages, stages, rows_first, pairs)
+            if args.tiles and name not in args.tiles.split(","):
+                continue
+            tile = entry.policy.ScoreTile(
+                pages=1, num_warps=4, dot="fp8", loop_pages=pages, num_stages=stages, rows_first=rows_first, pair_rows=pairs
+            )
             tiled = graphs.LaunchGraphs(lambda *x, tile=tile: score.launch_scores(*x, skip_short_rows=True, tile=tile))
             t = us(bench(lambda i, tiled=tiled: tiled(*a[:5], scores), **timed))
-            variants[f"loop{pages}_s{stages}{'_rf' if rows_first else ''}"] = round(t, 1)
+            variants[name] = round(t, 1)
+            # the tile's scores against the policy tile's, on the rows both score (L > k; -inf past L)
+            tiled_scores = torch.full_like(scores, float("nan"))
+            score.launch_scores(*a[:5], tiled_scores, skip_short_rows=True, tile=tile)
+            scored = lens > K
+            same = torch.equal(tiled_scores[scored], policy_scores[scored])
+            variants[f"{name}_same_scores"] = same
         row["score_tiles_us"] = variants
     return row
 
@@ -285,6 +305,7 @@ def main() -> int:
         "--profile", default="b1_l128k/plain,b8_l64k/plain,b64_l128k/plain,b1_l128k/const", help="cases with a per-kernel profile"
     )
     p.add_argument("--no-old", action="store_true", help="skip the previous pipeline")
+    p.add_argument("--tiles", default="", help="score tiles --variants times, comma-separated names (default: all of TILES)")
     p.add_argument("--split", default="", help="chunk lengths of the split top-k to check and time, comma-separated (e.g. 8192,32768)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args()

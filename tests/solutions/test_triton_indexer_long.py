@@ -99,9 +99,9 @@ def test_dispatch_keeps_8k_to_36k_rows_in_shared_memory_from_two_rows():
 def test_dispatch_splits_longer_rows_of_large_batches():
     # Past the shared rows (36864 tokens) at B >= 32, up to 16 chunks of 32768: the split top-k, before
     # the cluster and multi-pass rules; smaller batches keep those, and so do longer tables.
-    most = policy.SPLIT_MAX_TOKENS // 64
-    assert policy.uses_split_rows(32, 577) and policy.uses_split_rows(64, 2048) and policy.uses_split_rows(128, most)
-    assert not policy.uses_split_rows(31, 2048) and not policy.uses_split_rows(128, 576) and not policy.uses_split_rows(32, most + 1)
+    most, shared = policy.SPLIT_MAX_TOKENS // 64, policy.SHARED_ROW_MAX_TOKENS // 64  # pages
+    assert policy.uses_split_rows(32, shared + 1) and policy.uses_split_rows(64, 2048) and policy.uses_split_rows(128, most)
+    assert not policy.uses_split_rows(31, 2048) and not policy.uses_split_rows(128, shared) and not policy.uses_split_rows(32, most + 1)
     assert policy.SPLIT_MAX_TOKENS // policy.SPLIT_LEN * indexer.TOPK == entry_module.cuda_topk.SPLIT_MAX_CANDIDATES
     assert policy.SPLIT_LEN <= entry_module.cuda_topk.SPLIT_MAX_CHUNK_LEN
     for batch, pages in ((32, 1024), (64, 2048), (128, 1025)):
