@@ -33,8 +33,8 @@ DEFAULT_CASES = ["indexer_086_b31_p36", "indexer_108_b1_p82", "indexer_127_b31_p
 
 #: (mark, anchor): the stamp goes right after the anchor, a line of the kernel's source.
 MARKS: list[tuple[int, str]] = [
-    (0, "const int len = args.seq_lens[row];"),
-    (1, "if (len > args.max_len) __trap();"),
+    (0, "      len = row_len;"),
+    (1, "if (row_len > args.max_len) __trap();"),
     (2, "    f.warp_hi[warp] = hi;\n  }\n  __syncthreads();"),
     (3, "    if (key != kNoKey) atomicAdd(&f.hist[(key - lo) >> shift], 1);\n  });\n  __syncthreads();"),
     (4, "fast_threshold<kThreads, kFastBins>(f, topk);"),
@@ -42,7 +42,7 @@ MARKS: list[tuple[int, str]] = [
     (6, "  if (tid == 0) f.emitted = above;  // level 2 hands out the slots after the keys above\n  __syncthreads();"),
     (7, "const int first_tie_slot = above + sub_above;"),
     (8, "    if (member && member_lane == 0 && rank < tie_need) f.selected[first_tie_slot + rank] = static_cast<int>(me.y);\n  }"),
-    (9, "out_row[i] = physical_id(table_row, f.selected[i]);"),
+    (9, "out_row[i] = src.id(f.selected[i]);"),
 ]
 STAMPS = """
 __device__ long long g_marks[4096 * 16];
