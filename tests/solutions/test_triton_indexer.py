@@ -175,7 +175,6 @@ SCORE_TILES = {
     "loop3": policy.ScoreTile(pages=1, num_warps=4, loop_pages=3, num_stages=2),  # not a power of two (91 = 30 x 3 + 1)
     "loop3_rows_first": policy.ScoreTile(pages=1, num_warps=4, loop_pages=3, num_stages=2, rows_first=True),
     "one_page_rows_first": policy.ScoreTile(pages=1, num_warps=4, rows_first=True),
-    "loop3_pairs": policy.ScoreTile(pages=1, num_warps=4, loop_pages=3, num_stages=2, rows_first=True, pair_rows=True),  # odd batch
 }
 
 
@@ -197,30 +196,6 @@ def test_score_kernel_matches_row_scores(tile):
         # fp32 accumulation in another order: far inside the checker's 1e-4 * max|score|.
         assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
         assert torch.all(scores[b, n:] == float("-inf")), "positions >= seq_len must hold the sentinel"
-
-
-@pytest.mark.parametrize("skip_short_rows", [True, False])
-def test_paired_score_rows_share_pages_of_a_shared_block_table(skip_short_rows):
-    # MTP-like pairs (rows 2p and 2p + 1 on one block-table row, lengths L and L + 1, the extra token
-    # on the shared last page or on a page of its own), a pair on different tables, short rows beside
-    # long ones, and an odd batch whose last row has no partner: every row as the reference scores it.
-    lens = [5000, 5001, 4095, 4096, 3000, 70, 2049, 2048, 4000]
-    axes, inputs = make_inputs(lens, max_pages=91, seed=5)
-    table = inputs["block_table"]
-    for b in (0, 2):  # the longer row's pages (slots past a row's length hold NaN bytes)
-        table[b] = table[b + 1]
-    width = 91 * 64
-    marker = 12345.0
-    scores = torch.full((len(lens), width), marker, dtype=torch.float32, device=DEVICE)
-    tile = policy.ScoreTile(pages=1, num_warps=4, loop_pages=4, num_stages=2, rows_first=True, pair_rows=True)
-    kernels.launch_scores(*args_of(inputs), scores, skip_short_rows=skip_short_rows, tile=tile)
-    for b, n in enumerate(lens):
-        if skip_short_rows and n <= indexer.TOPK:
-            assert torch.all(scores[b] == marker), f"row {b} (L = {n}) is passed through and must stay unscored"
-            continue
-        ref = reference_scores(inputs, b)
-        assert (scores[b, :n] - ref).abs().max() <= 1e-5 * ref.abs().max(), f"row {b}"
-        assert torch.all(scores[b, n:] == float("-inf")), f"row {b}: positions >= seq_len must hold the sentinel"
 
 
 def test_gpu_score_tile_policy(monkeypatch):
@@ -352,19 +327,16 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
                 "launch_dependents": "griddepcontrol.launch_dependents" in ptx}
 
     score_sig = {"q_ptr": "*fp8e4nv", "k_values_ptr": "*fp8e4nv", "k_scales_ptr": "*fp32", "weights_ptr": "*fp32",
-                 "seq_lens_ptr": "*i32", "block_table_ptr": "*i32", "scores_ptr": "*fp32", "row_width": "i32", "stride_bt_row": "i32",
-                 "batch": "i32"}
+                 "seq_lens_ptr": "*i32", "block_table_ptr": "*i32", "scores_ptr": "*fp32", "row_width": "i32", "stride_bt_row": "i32"}
     tile = policy.GPU_SCORE_TILE
     result = {}
     consts = {"NUM_HEADS": shapes.NUM_HEADS, "HEAD_DIM": shapes.HEAD_DIM, "PAGE_SIZE": shapes.PAGE_SIZE, "PAGE_BYTES": shapes.PAGE_BYTES,
               "TOPK": shapes.TOPK, "PAGES": tile.pages, "BLOCK_N": tile.block_n, "LOOP_PAGES": tile.loop_pages, "LOOP_SLOTS": 1,
               "SKIP_SHORT_ROWS": True,
-              "DOT": tile.dot, "SENTINEL": K.SENTINEL_SCORE, "LAUNCH_DEPENDENTS": False, "ROWS_FIRST": tile.rows_first,
-              "PAIR_ROWS": False}
+              "DOT": tile.dot, "SENTINEL": K.SENTINEL_SCORE, "LAUNCH_DEPENDENTS": False, "ROWS_FIRST": tile.rows_first}
     result["gpu"] = compile_kernel(K._score_kernel, score_sig, consts, tile.num_warps)
     loop_consts = dict(consts, LOOP_PAGES=4, LOOP_SLOTS=4, ROWS_FIRST=True)
     result["gpu_loop"] = compile_kernel(K._score_kernel, score_sig, loop_consts, tile.num_warps)
-    result["gpu_pairs"] = compile_kernel(K._score_kernel, score_sig, dict(loop_consts, PAIR_ROWS=True), tile.num_warps)
     result["fp16"] = compile_kernel(K._score_kernel, score_sig, dict(consts, DOT="fp16"), tile.num_warps)
     if hasattr(triton.language.extra.cuda, "gdc_launch_dependents"):
         result["pdl"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LAUNCH_DEPENDENTS=True), tile.num_warps)
@@ -393,7 +365,6 @@ def test_triton_kernels_compile_for_sm90():
     assert result["gpu"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3"], result
     assert result["gpu"]["vector_loads"], "key loads did not vectorise"
     assert result["gpu_loop"]["mma"] == result["gpu"]["mma"] and result["gpu_loop"]["vector_loads"], result
-    assert result["gpu_pairs"]["mma"] == result["gpu"]["mma"] and result["gpu_pairs"]["vector_loads"], result
     assert result["fp16"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"], result
     assert not result["gpu"]["launch_dependents"]
     if "pdl" in result:  # this Triton can trigger the top-k's dependent launch

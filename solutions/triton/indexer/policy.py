@@ -51,9 +51,6 @@ class ScoreTile:
     #: True puts every row's first tile first (axis 0 = row), so a long row's pages are not
     #: left to the last programs launched.
     rows_first: bool = False
-    #: A looping program scores two rows (2p, 2p + 1) page by page: a page both rows' block tables
-    #: name (an MTP sequence's two query rows share its table) is loaded once for both dots.
-    pair_rows: bool = False
 
     def __post_init__(self) -> None:
         """Tiling relations, checked when a tile is made: raises ValueError naming the tile."""
@@ -63,8 +60,6 @@ class ScoreTile:
             raise ValueError(f"{self}: num_warps must be 1, 2, 4 or 8")
         if self.loop_pages < 1 or (self.loop_pages > 1 and self.pages != 1):
             raise ValueError(f"{self}: loop_pages must be >= 1, and a looping program takes one-page tiles")
-        if self.pair_rows and self.loop_pages == 1:
-            raise ValueError(f"{self}: pair_rows needs a looping program (loop_pages > 1)")
         if self.dot not in DOTS:
             raise ValueError(f"{self}: dot must be one of {sorted(DOTS)}")
 

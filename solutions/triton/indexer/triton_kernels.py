@@ -107,84 +107,6 @@ def _score_pages_loop(
 
 
 @triton.jit
-def _score_pages_loop_pair(
-    q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
-    pid_n, row, batch, seq_len, seq_len_b,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, TOPK: tl.constexpr,
-    LOOP_PAGES: tl.constexpr, LOOP_SLOTS: tl.constexpr, SKIP_SHORT_ROWS: tl.constexpr, DOT: tl.constexpr,
-    SENTINEL: tl.constexpr,
-):
-    """``_score_pages_loop`` for rows ``row`` and ``row + 1`` (absent past ``batch``: its length 0)
-    together, with ``seq_len`` and ``seq_len_b`` their lengths.
-
-    Each step loads the first row's page once for both rows when the second row's block table names
-    the same page (an MTP sequence's two query rows), covering the tokens either row scores there;
-    the second row's own load is masked off then, so it moves no bytes. Different pages cost two
-    loads, as two programs would. A row skipped as short (SKIP_SHORT_ROWS) scores nothing and
-    stores nothing; otherwise positions at or beyond a row's length get the sentinel, as in the
-    one-row loop.
-    """
-    first_page = pid_n * LOOP_PAGES
-    row_b = row + 1
-    table_slots = tl.arange(0, LOOP_SLOTS)
-    in_table = (table_slots < LOOP_PAGES) & ((first_page + table_slots) * PAGE_SIZE < row_width)
-    table_a = tl.load(block_table_ptr + row * stride_bt_row + first_page + table_slots, mask=in_table, other=0)
-    partner = tl.minimum(row_b, batch - 1)  # an absent second row reads the first's table and query: it stores nothing
-    table_b = tl.load(block_table_ptr + partner * stride_bt_row + first_page + table_slots, mask=in_table, other=0)
-    if SKIP_SHORT_ROWS:
-        stores_a = seq_len > TOPK
-        stores_b = (row_b < batch) & (seq_len_b > TOPK)
-        if (seq_len <= TOPK) & ((row_b >= batch) | (seq_len_b <= TOPK)):
-            return  # both rows pass through the top-k unscored
-    else:
-        stores_a = seq_len >= 0
-        stores_b = row_b < batch
-    len_a = tl.where(stores_a, seq_len, 0)  # tokens each row scores
-    len_b = tl.where(stores_b, seq_len_b, 0)
-    # positions each row stores below: its width, or none (the masks stay vector comparisons)
-    width_a = tl.where(stores_a, row_width, 0)
-    width_b = tl.where(stores_b, row_width, 0)
-    slot = tl.arange(0, PAGE_SIZE)
-    out_a = scores_ptr + row * row_width
-    out_b = scores_ptr + row_b * row_width
-    for j in tl.static_range(LOOP_PAGES):
-        span = (first_page + j) * PAGE_SIZE + slot
-        tl.store(out_a + span, tl.full([PAGE_SIZE], SENTINEL, tl.float32), mask=(span >= len_a) & (span < width_a))
-        tl.store(out_b + span, tl.full([PAGE_SIZE], SENTINEL, tl.float32), mask=(span >= len_b) & (span < width_b))
-    scored_pages = tl.minimum(tl.cdiv(tl.maximum(len_a, len_b), PAGE_SIZE) - first_page, LOOP_PAGES)
-
-    dims = tl.arange(0, HEAD_DIM)
-    heads = tl.arange(0, NUM_HEADS)
-    token_offsets = slot[:, None] * HEAD_DIM + dims[None, :]
-    q_offsets = heads[None, :] * HEAD_DIM + dims[:, None]
-    q_a = tl.load(q_ptr + row * (NUM_HEADS * HEAD_DIM) + q_offsets)
-    q_b = tl.load(q_ptr + partner * (NUM_HEADS * HEAD_DIM) + q_offsets)
-    w_a = tl.load(weights_ptr + row * NUM_HEADS + heads)
-    w_b = tl.load(weights_ptr + partner * NUM_HEADS + heads)
-    for i in range(0, scored_pages):
-        tokens = (first_page + i) * PAGE_SIZE + slot
-        valid_a = tokens < len_a
-        valid_b = tokens < len_b
-        page_a = tl.sum(tl.where(table_slots == i, table_a, 0)).to(tl.int64)
-        page_b = tl.sum(tl.where(table_slots == i, table_b, 0)).to(tl.int64)
-        shared = page_a == page_b
-        # The first row's load serves both on a shared page; the second row loads only a page of its own.
-        # (Scalar conditions enter the masks as bounds: the interpreter takes no bool scalar in a mask.)
-        need_a = valid_a | (tokens < tl.where(shared, len_b, 0))
-        keys_a = tl.load(k_values_ptr + page_a * PAGE_BYTES + token_offsets, mask=need_a[:, None])
-        scale_a = tl.load(k_scales_ptr + page_a * (PAGE_BYTES // 4) + slot, mask=need_a, other=0.0)
-        own_b = tokens < tl.where(shared, 0, len_b)
-        keys_b = tl.load(k_values_ptr + page_b * PAGE_BYTES + token_offsets, mask=own_b[:, None])
-        scale_b = tl.load(k_scales_ptr + page_b * (PAGE_BYTES // 4) + slot, mask=own_b, other=0.0)
-        keys_b = tl.where(shared, keys_a, keys_b)
-        scale_b = tl.where(shared, scale_a, scale_b)
-        sum_a = tl.sum(tl.maximum(_page_logits(keys_a, q_a, DOT), 0.0) * w_a[None, :], axis=1)
-        sum_b = tl.sum(tl.maximum(_page_logits(keys_b, q_b, DOT), 0.0) * w_b[None, :], axis=1)
-        tl.store(out_a + tokens, tl.where(valid_a, sum_a * scale_a, SENTINEL), mask=tokens < width_a)
-        tl.store(out_b + tokens, tl.where(valid_b, sum_b * scale_b, SENTINEL), mask=tokens < width_b)
-
-
-@triton.jit
 def _score_kernel(
     q_ptr,  # [B, NUM_HEADS, HEAD_DIM] float8_e4m3fn, contiguous
     k_values_ptr,  # [P, PAGE_SIZE, HEAD_DIM] float8_e4m3fn view of the cache (page stride PAGE_BYTES)
@@ -195,7 +117,6 @@ def _score_kernel(
     scores_ptr,  # [B, row_width] float32, contiguous; written
     row_width,  # max_num_pages * PAGE_SIZE
     stride_bt_row,
-    batch,  # rows (PAIR_ROWS: the last pair's second row may be absent)
     NUM_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     PAGE_SIZE: tl.constexpr,
@@ -210,7 +131,6 @@ def _score_kernel(
     SENTINEL: tl.constexpr,
     LAUNCH_DEPENDENTS: tl.constexpr,  # let a dependent launch (the top-k) start now (CAN_LAUNCH_DEPENDENTS)
     ROWS_FIRST: tl.constexpr,  # grid axis 0 is the row (ScoreTile.rows_first)
-    PAIR_ROWS: tl.constexpr,  # a program scores rows 2p and 2p + 1 (ScoreTile.pair_rows; needs LOOP_PAGES > 1)
 ):
     """Scores of pages ``[pid_n * PAGES, (pid_n + 1) * PAGES)`` of row ``pid_b``.
 
@@ -231,14 +151,6 @@ def _score_kernel(
     else:
         pid_n = tl.program_id(0)
         row = tl.program_id(1)
-    if PAIR_ROWS:
-        row = 2 * row
-        seq_len = tl.load(seq_lens_ptr + row)
-        seq_len_b = tl.load(seq_lens_ptr + row + 1, mask=row + 1 < batch, other=0)
-        _score_pages_loop_pair(q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
-                               pid_n, row, batch, seq_len, seq_len_b, NUM_HEADS, HEAD_DIM, PAGE_SIZE, PAGE_BYTES, TOPK, LOOP_PAGES,
-                               LOOP_SLOTS, SKIP_SHORT_ROWS, DOT, SENTINEL)
-        return
     seq_len = tl.load(seq_lens_ptr + row)
     if LOOP_PAGES > 1:
         _score_pages_loop(q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
@@ -325,16 +237,16 @@ def launch_scores(
     if values.stride() != (PAGE_BYTES, HEAD_DIM, 1) or scales.stride() != (PAGE_BYTES // SCALE_BYTES, 1):
         strides = f"{values.stride()} and {scales.stride()}"
         raise ValueError(f"k_index_cache_fp8 views must have the {PAGE_BYTES}-byte page stride, got {strides}")
-    grid = (triton.cdiv(max_pages, tile.pages_per_program), triton.cdiv(batch, 2) if tile.pair_rows else batch)
+    grid = (triton.cdiv(max_pages, tile.pages_per_program), batch)
     if tile.rows_first:
         grid = grid[::-1]
     _score_kernel[grid](
-        q_index_fp8, values, scales, weights, seq_lens, block_table, scores, row_width, block_table.stride(0), batch,
+        q_index_fp8, values, scales, weights, seq_lens, block_table, scores, row_width, block_table.stride(0),
         NUM_HEADS=NUM_HEADS, HEAD_DIM=HEAD_DIM, PAGE_SIZE=PAGE_SIZE, PAGE_BYTES=PAGE_BYTES, TOPK=TOPK,
         PAGES=tile.pages, BLOCK_N=tile.block_n, LOOP_PAGES=tile.loop_pages, LOOP_SLOTS=triton.next_power_of_2(tile.loop_pages),
         SKIP_SHORT_ROWS=skip_short_rows,
         DOT=tile.dot, SENTINEL=SENTINEL_SCORE, LAUNCH_DEPENDENTS=launch_dependents and CAN_LAUNCH_DEPENDENTS,
-        ROWS_FIRST=tile.rows_first, PAIR_ROWS=tile.pair_rows, num_warps=tile.num_warps, num_stages=tile.num_stages,
+        ROWS_FIRST=tile.rows_first, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
 
 
