@@ -171,21 +171,9 @@ __device__ __forceinline__ int32_t physical_id(const int32_t* table, int pos) {
 
 // Data an earlier grid of the same call wrote (the split stages' `partial`, the long top-k's scratch
 // and candidates): read through L2, never from a possibly stale L1 line.
-__device__ __forceinline__ int load_l2(const int* p) {
-#ifdef DSA_TOPK_HOST_EMULATION
-  return *p;
-#else
-  return __ldcg(p);
-#endif
-}
-__device__ __forceinline__ uint2 load_l2(const uint2* p) {
-#ifdef DSA_TOPK_HOST_EMULATION
-  return *p;
-#else
-  return __ldcg(p);
-#endif
-}
-__device__ __forceinline__ int4 load_l2(const int4* p) {
+// (int, uint2, int4: the types __ldcg takes that these kernels read.)
+template <typename T>
+__device__ __forceinline__ T load_l2(const T* p) {
 #ifdef DSA_TOPK_HOST_EMULATION
   return *p;
 #else
