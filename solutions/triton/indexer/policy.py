@@ -191,6 +191,8 @@ LONG_PATH_MIN_TOKENS = 16384
 #: rows, no workload case, is taken by the same rule unmeasured).
 LONG_PATH_MAX_BATCH = 32
 #: Past LONG_PATH_MAX_BATCH rows: (largest batch, fewest tokens of the block table) that still take it.
+#: Since the split rows (uses_split_rows, checked first, B >= 32 up to SPLIT_MAX_TOKENS) only block
+#: tables longer than SPLIT_MAX_TOKENS reach this rule past B = 32.
 LONG_PATH_WIDE = ((64, 65536), (128, 131072))
 
 
