@@ -568,8 +568,8 @@ def split_rows(max_pages: int, split_len: int, seed: int = 0):
     ("max_pages", "split_len", "topk"),
     [
         (400, 8192, indexer.TOPK),  # register chunks, 4 chunks a row: register merge of 8192
-        (400, 4096, indexer.TOPK),  # 7 chunks: merge of 14336 in a half shared row
-        (400, 2560, indexer.TOPK),  # 10 chunks: merge of 20480 in a shared row
+        pytest.param(400, 4096, indexer.TOPK, marks=pytest.mark.slow),  # 7 chunks: merge of 14336 in a half shared row
+        pytest.param(400, 2560, indexer.TOPK, marks=pytest.mark.slow),  # 10 chunks: merge of 20480 in a shared row
         (300, 16384, 512),          # shared-row chunks (16384), k = 512
         (513, 32768, 1024),         # 32768-token chunks, the second one short
     ],
