@@ -47,10 +47,11 @@ run: install
 	$(VENV)/bin/dsa-bench run --workload $(WORKLOAD) $(ARGS)
 
 # The README's test command: everything but the `slow` set (toolchain compiles, the Chromium
-# render, full-workload runs, tests over ~10 s on 2 cores); `test-all` runs the whole suite.
-# .ci/run runs both.
+# render, full-workload runs, tests over ~10 s on 2 cores), over TEST_WORKERS processes
+# (pytest-xdist; the tests are hermetic); `test-all` runs the whole suite in one. .ci/run runs both.
+TEST_WORKERS ?= 2
 test: install-dev
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" $(ARGS)
 
 test-all: install-dev
 	$(PY) -m pytest -q $(ARGS)

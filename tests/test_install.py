@@ -32,4 +32,4 @@ def test_make_run_installs_the_runtime_only(tmp_path):
 def test_make_test_adds_the_dev_tools_and_ray(tmp_path):
     commands = _dry_run("test", tmp_path)
     assert "pip install -e \".[dev,ray]\"" in commands and "flashinfer-bench==" in commands
-    assert "pytest -q -m \"not slow\"" in commands
+    assert "pytest -q -n 2 -m \"not slow\"" in commands  # two workers (pytest-xdist, a dev tool)
