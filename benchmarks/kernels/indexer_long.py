@@ -15,7 +15,8 @@ own generator (``dsa_bench.definitions.indexer.generate``). Per case it
    the previous pipeline, the score kernel alone, the long-row top-k alone; on block tables of
    8193-32768 tokens also the one-block top-k with its radix select forced (``radix``: what those
    rows took before the shared-memory rows) and both one-block top-ks alone, checked exactly;
-3. with ``--variants``' cases, the score kernel alone in a few looping tiles;
+3. with ``--variants``' cases, the score kernel alone in a few looping tiles (``--tiles`` picks some), each
+   tile's scores compared bitwise with the policy tile's;
 4. with ``--split``, the split top-k (rows cut into chunks of each given length, a block per chunk,
    then a block per row over the chunks' selections): its pipeline checked and timed, and the
    top-k alone checked exactly and timed (columns ``split<N>k``);
