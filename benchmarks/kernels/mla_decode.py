@@ -6,6 +6,7 @@
     python benchmarks/kernels/mla_decode.py --configs [--format V32 --hq 128 --batch 2]   # sweep the config table's knobs
     python benchmarks/kernels/mla_decode.py --list                                         # the configs the policy picks, no GPU
     python benchmarks/kernels/mla_decode.py --variant NAME=REV_OR_DIR [--variant ...]       # other builds of the CUDA kernel beside it
+                                            [--time-failed-variants]                       # ablations: timed though they fail the check
 
 Shapes: FlashMLA's production decode shapes by default (V3.2 and V4 records, h_q 128 and 64,
 s_q 2, topk 2048, s_k 32768 per sequence, b in {2, 64, 74, 128}, block size 64). Per shape it
@@ -344,8 +345,15 @@ def print_rules(best: dict[Shape, dict[str, Any]]) -> None:
 def list_configs(config_mod, shapes: list[Shape], sms: int) -> None:
     for shape in shapes:
         config = config_mod.select_config(shape.kv_format, shape.h_q, shape.b * shape.s_q, shape.topk, sms)
-        programs = shape.b * shape.s_q * (shape.h_q // config.block_h) * config.splits
+        tokens = shape.b * shape.s_q
+        programs = tokens * (shape.h_q // config.block_h) * config.splits
         print(f"{shape}: {config} -> {programs} programs")
+        if shape.h_q in (16, 32) or shape.h_q % 64 == 0:  # the SM90 kernel's schedule (both of FORMATS)
+            cuda = config_mod.cuda_config(tokens, shape.h_q, shape.topk, sms)
+            whole, split = cuda.whole_tokens if cuda.splits > 1 else tokens, tokens - cuda.whole_tokens if cuda.splits > 1 else 0
+            programs = (whole + split * cuda.splits) * (shape.h_q // cuda.block_h)
+            split_part = f", {split} split {cuda.splits} ways" if split else ""
+            print(f"{shape}: SM90 CUDA kernel: {whole} tokens whole{split_part} -> {programs} programs")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -369,6 +377,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="write the records as JSON")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=REV_OR_DIR",
                    help="also time the CUDA kernel built from git revision REV or from DIR, a copy of solutions/triton")  # fmt: skip
+    p.add_argument("--time-failed-variants", action="store_true",
+                   help="time a --variant even when it fails the check (an ablation that skips part of the work)")  # fmt: skip
     p.add_argument(
         "--cpu-dry-run",
         action="store_true",
@@ -444,7 +454,11 @@ def main(argv: list[str] | None = None) -> int:
                 for name, variant_entry in variants:
                     theirs = Candidates(variant_entry, shape, sets)
                     check, _ = check_triton(variant_entry, shape, sets[0], None, ref)
-                    us, timer = time_call(theirs.triton(None), theirs, args) if check[0] else (None, "FAIL")
+                    if check[0] or args.time_failed_variants:
+                        us, timer = time_call(theirs.triton(None), theirs, args)
+                        timer = timer if check[0] else f"FAIL, timed: {timer}"
+                    else:
+                        us, timer = None, "FAIL"
                     records.append(row(shape, f"variant {name}", us, timer, check, moved))
                 config = config_mod.select_config(shape.kv_format, shape.h_q, shape.b * shape.s_q, shape.topk, sms)
                 check, used = check_triton(entry, shape, sets[0], config, ref)

@@ -336,12 +336,23 @@ def test_16_and_32_heads_and_mtp_query_tokens(name, h_q, s_q):
 
 
 def test_cuda_kernel_config_and_policy():
-    """The CUDA kernel's tiling is fixed; its split count follows auto_splits on one program per SM."""
+    """The CUDA kernel's tiling is fixed; its schedule (whole tokens, then split ones) follows
+    cuda_schedule on one program per SM."""
     sms = 132
-    for (b, h_q), splits in {(2, 128): 16, (2, 64): 32, (64, 128): 1, (128, 128): 1, (74, 128): 2}.items():
+    schedules = {(2, 128): (0, 16), (2, 64): (0, 32), (64, 128): (0, 1), (128, 128): (0, 1), (74, 128): (132, 4), (74, 64): (132, 8)}
+    for (b, h_q), (whole, splits) in schedules.items():
         config = policy_mod.cuda_config(b * 2, h_q, 2048, sms)
-        assert (config.kernel, config.splits, config.combine) == ("cuda", splits, "none" if splits == 1 else "two_launch"), (b, h_q)
+        assert (config.kernel, config.whole_tokens, config.splits) == ("cuda", whole, splits), (b, h_q)
+        assert config.combine == ("none" if splits == 1 else "two_launch")
         config.validate(h_q, 2048)
+    # b = 74, h_q 128: two waves of whole rows (132 tokens x 2 head blocks), then 16 tokens x 2 x 4 splits
+    # (128 programs, one wave), against 4.5 waves with every token split in 2
+    assert policy_mod.cuda_schedule(148, 2, 2048, 64, sms) == (132, 4)
+    assert policy_mod.cuda_schedule(0, 2, 2048, 64, sms) == (0, 1)
+    with pytest.raises(ValueError, match="whole_tokens must be >= 0, and 0 with one split"):
+        replace(policy_mod.CUDA_CONFIG, splits=1, whole_tokens=3, combine="none").validate(128, 2048)
+    with pytest.raises(ValueError, match="whole_tokens is the CUDA kernel's schedule"):
+        DecodeConfig(splits=2, whole_tokens=1).validate(64, 2048)
     cuda = policy_mod.CUDA_CONFIG
     with pytest.raises(ValueError, match="tiling is fixed"):
         replace(cuda, splits=1, combine="none", block_n=32).validate(128, 2048)
@@ -407,6 +418,9 @@ def test_cuda_split_partials_scratch_is_checked_by_name():
         replace(partials, lse=torch.empty(parts * 128, dtype=torch.float32)[::2]).check(parts, cpu)
     with pytest.raises(ValueError, match="partials.out is on cpu, q on meta"):
         partials.check(parts, torch.device("meta"))
+    # only the split tokens' units write partials: b = 74, s_q 2, h_q 128 with 132 whole tokens, 4 splits
+    assert cuda_mod.split_parts(148, 128, 4, 132) == 16 * 2 * 4 and cuda_mod.split_parts(148, 16, 4, 0) == 148 * 4
+    assert cuda_mod.split_parts(148, 128, 1, 0) == 0 == cuda_mod.split_parts(148, 128, 4, 148)
 
 
 PAGE_MAGIC_CHECK = r"""
@@ -491,9 +505,10 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
 
     g = shapes_mod.RecordGeometry.of(kvr.V32, 64)
 
-    def launch_args(fmt=0, h_q=128, splits=1, q=16):
+    def launch_args(fmt=0, h_q=128, splits=1, q=16, whole=0):
         return [0, None, fmt, q, 0, 0, 0, 16, g.packed_page_bytes, 64, g.data_slot_bytes, g.scale_base, g.scale_slot_bytes,
-                g.rope_offset, 16, 0, 0, None, None, 16, 0, 0, 0, 16, 0, 0, 0, None, None, None, 2, 2, h_q, 2048, splits, 0.1]  # fmt: skip
+                g.rope_offset, 16, 0, 0, None, None, 16, 0, 0, 0, 16, 0, 0, 0, None, None, None, 2, 2, h_q, 2048, splits, whole,
+                0.1]  # fmt: skip
 
     with pytest.raises(RuntimeError, match="format must be 0"):
         library.call("launch", *launch_args(fmt=2))
@@ -505,6 +520,10 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
         library.call("launch", *launch_args(splits=33))
     with pytest.raises(RuntimeError, match="null tensor pointer"):
         library.call("launch", *launch_args(splits=2))  # no partial scratch
+    with pytest.raises(RuntimeError, match="null tensor pointer"):
+        library.call("launch", *launch_args(splits=2, whole=3))  # one token split: scratch needed
+    with pytest.raises(RuntimeError, match=r"whole_tokens must be in \[0, batch \* s_q\]"):
+        library.call("launch", *launch_args(whole=5))
     with pytest.raises(RuntimeError, match="16-byte aligned"):
         library.call("launch", *launch_args(q=8))
     exported = exported_symbols(compiled.path)
@@ -606,9 +625,11 @@ def test_benchmark_lists_the_policy_without_a_gpu():
                            "--hq", "128", "--batch", "2", "--batch", "128"], capture_output=True, text=True, env=env, cwd=ROOT,
                           timeout=300, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 2 and "splits=16" in lines[0] and "combine='barrier'" in lines[0] and lines[0].endswith("128 programs")
-    assert "splits=1," in lines[1] and lines[1].endswith("512 programs")
+    lines = proc.stdout.strip().splitlines()  # per shape the Triton kernel's config, then the SM90 CUDA kernel's schedule
+    assert len(lines) == 4 and "splits=16" in lines[0] and "combine='barrier'" in lines[0] and lines[0].endswith("128 programs")
+    assert lines[1].endswith("SM90 CUDA kernel: 0 tokens whole, 4 split 16 ways -> 128 programs")
+    assert "splits=1," in lines[2] and lines[2].endswith("512 programs")
+    assert lines[3].endswith("SM90 CUDA kernel: 256 tokens whole -> 512 programs")
 
 
 def test_benchmark_cpu_dry_run_checks_its_inputs_and_reference():
@@ -737,6 +758,26 @@ def test_gpu_cuda_kernel_is_the_default_and_matches_on_every_split(name):
     for splits in (1, 2, 4, 32):
         _, _, used = check(fmt, case, replace(policy_mod.CUDA_CONFIG, splits=splits))
         assert (used.kernel, used.splits) == ("cuda", splits)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["V32", "V4"])
+@pytest.mark.parametrize("h_q", [128, 64, 32, 16])
+def test_gpu_cuda_kernel_with_whole_and_split_tokens(name, h_q):
+    """cuda_schedule's mixed grid: the first whole_tokens query tokens whole, the later ones split
+    (any count, 2 to 32), the combine merging only those; with an empty row and a short one among
+    both, sinks and V4's topk_length. A mutation of the split units' partial index or of the combine's
+    token fails it."""
+    fmt = FORMATS[name]
+    b, s_q = 3, 2
+    lengths = [2048, 0, 700] if fmt is kvr.V4 else None
+    case, _, _ = _gpu_case(fmt, b, s_q, h_q, valid_frac=0.9, empty_rows=(1, 4), sink=True, topk_length=lengths, seed=h_q)
+    base = policy_mod.cuda_base_config(h_q)
+    for whole, splits in ((1, 2), (3, 3), (5, 32), (4, 7), (0, 4)):
+        _, _, used = check(fmt, case, replace(base, splits=splits, whole_tokens=whole, combine="two_launch"))
+        assert (used.kernel, used.splits, used.whole_tokens) == ("cuda", splits, whole)
+    with pytest.raises(ValueError, match=r"whole_tokens must be in \[0, 6\]"):
+        run(fmt, case, replace(base, splits=2, whole_tokens=7, combine="two_launch"))
 
 
 @pytest.mark.gpu

@@ -42,7 +42,7 @@ SIGNATURES = {
         _P, _I64, _I64, _P, _P,  # indices and its strides, topk_length, attn_sink
         _P, _I64, _I64, _I64, _P, _I64, _I64, _I64,  # out, lse with their strides
         _P, _P, _P,  # part_out, part_scale, part_lse
-        _I64, _I64, _I64, _I64, _I64, ctypes.c_double,  # batch, s_q, h_q, topk, splits, sm_scale * log2(e)
+        _I64, _I64, _I64, _I64, _I64, _I64, ctypes.c_double,  # batch, s_q, h_q, topk, splits, whole_tokens, sm_scale * log2(e)
     )),
 }  # fmt: skip
 #: the formats the kernel reads (decode_sm90.h, Format)
@@ -70,6 +70,11 @@ LOG2_E = 1.4426950408889634
 def unit_heads(h_q: int) -> int:
     """Heads of one unit (a program's heads, and one partial's): h_q itself at 16 and 32, else 64."""
     return h_q if h_q in SMALL_HEADS else HEADS_PER_PROGRAM
+
+
+def split_parts(tokens: int, h_q: int, splits: int, whole_tokens: int) -> int:
+    """The partials a call writes: one per split of every head-block unit of its split tokens."""
+    return 0 if splits == 1 else (tokens - whole_tokens) * (h_q // unit_heads(h_q)) * splits
 
 
 def partial_scales(h_q: int) -> int:
@@ -148,10 +153,11 @@ def unsupported_reason(fmt: KvRecordFormat, q: torch.Tensor, kv_cache: torch.Ten
 
 def run(fmt: KvRecordFormat, geometry: RecordGeometry, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
         sm_scale: float, attn_sink: torch.Tensor | None, topk_length: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor,
-        splits: int, partials: SplitPartials | None = None) -> None:  # fmt: skip
+        splits: int, partials: SplitPartials | None = None, whole_tokens: int = 0) -> None:  # fmt: skip
     """Launch the decode (shapes: decode/entry.py, checked there by check_io): it writes ``out``
-    and ``lse``. With ``splits`` > 1 the partials go to the scratch ``partials``
-    (``SplitPartials.allocate``), which the library's combine kernel, launched next, merges."""
+    and ``lse``. Query tokens from ``whole_tokens`` on are split ``splits`` ways (policy.cuda_schedule);
+    their partials go to the scratch ``partials`` (``split_parts`` of them: ``SplitPartials.allocate``),
+    which the library's combine kernel, launched next, merges."""
     reason = unsupported_reason(fmt, q, kv_cache, out)
     if reason is not None:
         raise ValueError(f"the CUDA MLA decode cannot take this call: {reason}")
@@ -163,10 +169,13 @@ def run(fmt: KvRecordFormat, geometry: RecordGeometry, q: torch.Tensor, kv_cache
         raise ValueError(f"indices: the topk dimension must be contiguous (stride {indices.stride(2)})")
     if out.stride(3) != 1:
         raise ValueError(f"out: the last dimension must be contiguous (stride {out.stride(3)})")
-    if splits > 1:
+    if not 0 <= whole_tokens <= b * s_q:
+        raise ValueError(f"whole_tokens must be in [0, {b * s_q}] (b * s_q), got {whole_tokens}")
+    parts = split_parts(b * s_q, h_q, splits, whole_tokens)
+    if parts:
         if partials is None:
             raise ValueError(f"{splits} splits need the partials' scratch (SplitPartials.allocate)")
-        partials.check(b * s_q * (h_q // unit_heads(h_q)) * splits, q.device, h_q)
+        partials.check(parts, q.device, h_q)
     if any(t.device != q.device for t in (kv_cache, indices, out, lse)):
         raise ValueError("every tensor must be on q's device")
 
@@ -183,5 +192,5 @@ def run(fmt: KvRecordFormat, geometry: RecordGeometry, q: torch.Tensor, kv_cache
         indices.data_ptr(), indices.stride(0), indices.stride(1), ptr(topk_length), ptr(attn_sink),
         out.data_ptr(), out.stride(0), out.stride(1), out.stride(2), lse.data_ptr(), lse.stride(0), lse.stride(1), lse.stride(2),
         *(partials.pointers() if partials is not None else (None, None, None)), b, s_q, h_q, topk, splits,
-        float(sm_scale) * LOG2_E,
+        whole_tokens, float(sm_scale) * LOG2_E,
     )  # fmt: skip

@@ -148,7 +148,8 @@ def plan_config(fmt: KvRecordFormat, b: int, s_q: int, h_q: int, topk: int, devi
         if interp:
             raise ValueError(f"{config}: the CUDA kernel does not run under the Triton interpreter")
         if config.splits == 0:
-            config = replace(config, splits=cuda_config(b * s_q, h_q, topk, sms).splits)
+            chosen = cuda_config(b * s_q, h_q, topk, sms)
+            config = replace(config, splits=chosen.splits, whole_tokens=chosen.whole_tokens)
         if config.combine == "auto":
             config = replace(config, combine="none" if config.splits == 1 else "two_launch")
         config.validate(h_q, topk)
@@ -181,8 +182,9 @@ def mla_decode(fmt: KvRecordFormat, q, kv_cache, indices, sm_scale, attn_sink, t
     splits = config.splits
     cache = kv_cache if kv_cache.dtype == torch.uint8 else kv_cache.view(torch.uint8)
     if config.kernel == "cuda":
-        partials = cuda.SplitPartials.allocate(units * splits, device, h_q) if splits > 1 else None
-        cuda.run(fmt, geometry, q, cache, indices, sm_scale, attn_sink, topk_length, out, lse, splits, partials)
+        parts = cuda.split_parts(tokens, h_q, splits, config.whole_tokens) if config.whole_tokens <= tokens else 0
+        partials = cuda.SplitPartials.allocate(parts, device, h_q) if parts else None
+        cuda.run(fmt, geometry, q, cache, indices, sm_scale, attn_sink, topk_length, out, lse, splits, partials, config.whole_tokens)
         return config
     mode = {"none": triton_kernels.MODE_DIRECT, "two_launch": triton_kernels.MODE_PARTIAL, "barrier": triton_kernels.MODE_BARRIER,
             "last": triton_kernels.MODE_LAST}[config.combine]  # fmt: skip

@@ -43,7 +43,9 @@ MAX_SPLITS = 32  #: 512 / 32 = 16 value columns per combining program; divides T
 class DecodeConfig:
     """One call's tiling. ``splits`` 0: chosen by ``auto_splits``; ``combine``: see the module docstring;
     ``l2_prefetch``: the next block's records are prefetched into L2 while the current one is
-    attended (``prefetch.global.L2``; compiled code only)."""
+    attended (``prefetch.global.L2``; compiled code only); ``whole_tokens`` (CUDA kernel only): the
+    first that many query tokens take one program per head block and only the later ones are split
+    ``splits`` ways (``cuda_schedule``; 0: every token split)."""
 
     block_h: int = DESIGN_BLOCK_H
     block_n: int = 64
@@ -54,6 +56,7 @@ class DecodeConfig:
     partial_dtype: str = "fp32"
     l2_prefetch: bool = True
     kernel: str = "triton"
+    whole_tokens: int = 0
 
     def validate(self, h_q: int, topk: int) -> None:
         """Raises ValueError naming the config and what it gets wrong for (h_q, topk)."""
@@ -62,6 +65,8 @@ class DecodeConfig:
         if self.kernel == "cuda":
             self._validate_cuda(h_q)
             return
+        if self.whole_tokens:
+            raise ValueError(f"{self}: whole_tokens is the CUDA kernel's schedule; the Triton kernel splits every token")
         if not _is_pow2(self.block_h) or self.block_h < MIN_DOT_DIM or h_q % self.block_h:
             raise ValueError(f"{self}: block_h must be a power of two >= {MIN_DOT_DIM} dividing h_q = {h_q}")
         if not _is_pow2(self.block_n) or self.block_n < MIN_DOT_DIM:
@@ -83,14 +88,16 @@ class DecodeConfig:
 
     def _validate_cuda(self, h_q: int) -> None:
         base = cuda_base_config(h_q)
-        if self != replace(base, splits=self.splits, combine=self.combine):
-            raise ValueError(f"{self}: the CUDA kernel's tiling is fixed ({base}); only splits and combine vary")
+        if self != replace(base, splits=self.splits, combine=self.combine, whole_tokens=self.whole_tokens):
+            raise ValueError(f"{self}: the CUDA kernel's tiling is fixed ({base}); only splits, whole_tokens and combine vary")
         if h_q % self.block_h:
             raise ValueError(f"{self}: h_q = {h_q} must be a multiple of {self.block_h}")
         if not 1 <= self.splits <= MAX_SPLITS:
             raise ValueError(f"{self}: splits must be in [1, {MAX_SPLITS}]")
         if self.combine not in ("none", "two_launch") or (self.combine == "none") != (self.splits == 1):
             raise ValueError(f"{self}: the CUDA kernel combines splits in a second launch ('two_launch'), one split needs none")
+        if self.whole_tokens < 0 or (self.splits == 1 and self.whole_tokens):
+            raise ValueError(f"{self}: whole_tokens must be >= 0, and 0 with one split (every token is whole then)")
 
 
 #: The hand-written SM90 kernel (cuda.py, csrc/): 64 heads x 64 records per step,
@@ -113,12 +120,47 @@ def cuda_base_config(h_q: int) -> DecodeConfig:
 
 
 def cuda_config(tokens: int, h_q: int, topk: int, sm_count: int) -> DecodeConfig:
-    """The CUDA kernel's config of a call: auto_splits over its one-program-per-SM grid (at 16 and
-    32 heads one program per query token and split, e.g. b = 8, s_q = 1: 8 x 16 programs), the
-    second-launch combine when split."""
+    """The CUDA kernel's config of a call: ``cuda_schedule`` over its one-program-per-SM grid (at 16
+    and 32 heads one program per query token and split, e.g. b = 8, s_q = 1: 8 x 16 programs), the
+    second-launch combine when a token is split."""
     base = cuda_base_config(h_q)
-    splits = auto_splits(tokens * (h_q // base.block_h), topk, base.block_n, sm_count)
-    return replace(base, splits=splits, combine="none" if splits == 1 else "two_launch")
+    whole, splits = cuda_schedule(tokens, h_q // base.block_h, topk, base.block_n, sm_count)
+    return replace(base, splits=splits, whole_tokens=whole, combine="none" if splits == 1 else "two_launch")
+
+
+#: cuda_schedule's cost model, in tiles of 64 records: what a program costs besides its tiles (its
+#: barriers, Q, the first gather), what a split program adds (its partial) and the combine launch.
+PROGRAM_OVERHEAD_TILES = 1
+SPLIT_OVERHEAD_TILES = 1
+COMBINE_TILES = 1
+
+
+def cuda_schedule(tokens: int, head_blocks: int, topk: int, block_n: int, sm_count: int) -> tuple[int, int]:
+    """(whole_tokens, splits) for the CUDA kernel (one program per SM, programs started in grid
+    order): the first ``whole_tokens`` query tokens take one program per head block, the rest
+    ``splits`` programs each, which fill the SMs the whole rows leave idle. Equal programs started
+    together run in waves, so the model's time is k waves of whole programs (k = 0, 1, ...), then
+    the waves of the split programs, then the combine; the least wins, ties to fewer splits and
+    fewer split tokens. E.g. 132 SMs, topk 2048, h_q 128 (two head blocks): b * s_q = 148 (b = 74)
+    -> 132 whole tokens (two waves) and 16 split 4 ways (one wave) instead of every token split in 2
+    (4.5 waves); 4 (b = 2) -> (0, 16); 256 -> (256, 1)."""
+    tiles = max(-(-topk // block_n), 1)
+    whole_cost = tiles + PROGRAM_OVERHEAD_TILES
+    best: tuple[float, int, int] = (float("inf"), 0, 1)
+    units = tokens * head_blocks
+    for waves in range(-(-units // sm_count) + 1):
+        whole = min(tokens, waves * sm_count // head_blocks)
+        rest = tokens - whole
+        whole_time = -(-whole * head_blocks // sm_count) * whole_cost
+        for splits in range(1, min(MAX_SPLITS, tiles) + 1):
+            if rest == 0 and splits > 1:
+                break
+            split_cost = -(-tiles // splits) + PROGRAM_OVERHEAD_TILES + (SPLIT_OVERHEAD_TILES if splits > 1 else 0)
+            time = whole_time + -(-rest * head_blocks * splits // sm_count) * split_cost + (COMBINE_TILES if splits > 1 else 0)
+            if time < best[0]:
+                best = (time, whole, splits)
+    _, whole, splits = best
+    return (0, 1) if splits == 1 else (whole, splits)
 
 
 @dataclass(frozen=True)

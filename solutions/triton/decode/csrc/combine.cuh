@@ -6,8 +6,9 @@
 namespace dsa_decode {
 namespace {
 
-// Grid (units, kCombinePrograms), P::kOwners threads (P: the partials' format, config.cuh): program
-// (u, c) merges the splits' partials of unit u (kHeads heads of a query token) for fragments
+// Grid (split units, kCombinePrograms), P::kOwners threads (P: the partials' format, config.cuh): program
+// (u, c) merges the splits' partials of split unit u (kHeads heads of query token whole_tokens + u / head
+// blocks: DecodeArgs' schedule) for fragments
 // j = c * kCombineFragRows .. (P::fragment): thread mt takes fragment j * kOwners + mt of every split.
 // With M = max_s lse2_s (0 when every split is empty) and w_s = 2^(lse2_s - M),
 // out = sum_s w_s out_s / sum_s w_s, lse = (M + log2 sum_s w_s) ln 2, then the sink factor.
@@ -25,7 +26,7 @@ __device__ __forceinline__ void combine_unit(const DecodeArgs& a) {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");  // the decode grid's partials are complete and visible
   const int unit = blockIdx.x;
   const int head_blocks = a.h_q / P::kHeads;
-  const int t = unit / head_blocks, hb = unit - t * head_blocks;
+  const int tail = unit / head_blocks, hb = unit - tail * head_blocks, t = a.whole_tokens + tail;
   const int bi = t / a.s_q, si = t - bi * a.s_q;
   const int mt = threadIdx.x;
   const Fragment at = P::fragment(mt, 0);

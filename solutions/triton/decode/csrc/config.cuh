@@ -102,7 +102,6 @@ struct PartialsM64 {
 constexpr int kMmaM = 16;
 constexpr int kM16Warps = 8;
 constexpr int kM16ConsumerThreads = kM16Warps * kWarpSize;
-constexpr int kM16Threads = kProducerThreads + kM16ConsumerThreads;
 constexpr int kM16RecordsPerWarp = kTileTokens / kM16Warps;
 constexpr int kM16ColsPerWarp = kDv / kM16Warps;
 // Its partials: owner mi * kM16ConsumerThreads + t is consumer thread t's accumulators of m16 tile
@@ -122,8 +121,8 @@ struct PartialsM16 {
 };
 static_assert(PartialsM16<1>::kOwners == kSmallPartialScalesPer16 && kSmallHeads[0] == kMmaM && kSmallHeads[1] == 2 * kMmaM,
               "decode_sm90.h's description of the 16/32-head kernel");
-static_assert(kM16Threads == kThreads && kM16ConsumerThreads == kMathThreads && kM16RecordsPerWarp == 8 && kM16ColsPerWarp == 64,
-              "a producer warpgroup and eight consumer warps: the 64-head kernel's thread and register split");
+static_assert(kM16ConsumerThreads == kMathThreads && kM16RecordsPerWarp == 8 && kM16ColsPerWarp == 64,
+              "eight consumer warps: the 64-head kernel's consumer threads");
 // Registers per thread before the warpgroups rebalance them (Layout sets the split per format).
 constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
 
@@ -158,17 +157,7 @@ struct Layout {
   static constexpr bool kFp32Scales = kDims.fp32_scales;
   static constexpr bool kScalesInRow = kFormat == kFormatV32;  // per-token records: scales inside the data row
   static constexpr int kAtoms = kDqk / kAtomCols;
-  // Threads per record: R threads take its 16-byte vectors R v + part, so one load of a warp
-  // reads 16 R contiguous bytes of each of 32 / R records; each thread fills kPasses records of
-  // a tile, all their loads issued before any is used. V3.2 is fastest at 4 (its 512 FP8 dims
-  // split in 8 vectors a thread), V4 at 2 (docs/kernels/mla_decode.md).
-  static constexpr int kRecordThreads = kFormat == kFormatV32 ? 4 : 2;
-  static constexpr int kPasses = kTileTokens * kRecordThreads / kWarpgroupThreads;  // records per producer thread
-  static constexpr int kFp8PerThread = kQuantDims / kRecordThreads;
-  static constexpr int kFp8Vecs = kFp8PerThread / 16;             // 16-byte vectors of FP8 values
-  static constexpr int kRopePerThread = kRopeDims / kRecordThreads;
-  static constexpr int kRopeVecs = kRopePerThread / kChunkCols;   // 16-byte vectors of bf16 RoPE
-  static constexpr int kScaleWords = kFp32Scales ? 4 : 2;         // one 16-byte or 8-byte load
+  static constexpr int kScaleWords = kFp32Scales ? 4 : 2;  // a record's scales: one 16-byte or 8-byte load
   // After setmaxnreg: the producer gives up what the consumers' accumulators take. The
   // producer of V3.2 holds two records' vectors; other splits spilled under nvcc 13.0.
   static constexpr int kProducerRegisters = kFormat == kFormatV32 ? 152 : 136;
@@ -185,16 +174,59 @@ struct Layout {
   // at b = 128); V4's producer spilled the head block it needs for the test, so V4 keeps the prefetch in every head block.
   static constexpr bool kFirstHeadBlockPrefetches = kFormat == kFormatV32;
   static_assert(kDqk % kAtomCols == 0 && kDqk >= kDv, "whole atoms; V is the first kDv dims");
-  static_assert(kPasses >= 1 && kPasses * kWarpgroupThreads == kTileTokens * kRecordThreads, "whole records per producer thread");
-  static_assert(kFp8PerThread % 16 == 0 && kRopePerThread % kChunkCols == 0, "whole vectors per producer thread");
   static_assert(kFp32Scales ? kDims.num_scales == kScaleWords : kDims.num_scales <= 4 * kScaleWords,
                 "scales in one 16-byte (fp32) or 8-byte (UE8M0) load");
-  static_assert(kScaleTile % (16 * kRecordThreads) == 0, "vectors R v .. R v + R - 1 share a scale tile");
   static_assert(kWarpgroupThreads * (kLaunchRegisters - kProducerRegisters) >= kMathThreads * (kConsumerRegisters - kLaunchRegisters),
                 "the consumers take only what the producer released");
   static_assert(kProducerRegisters + kScorerRegisters + kSecondRegisters <= 3 * kLaunchRegisters,
                 "the scorer takes only what the producer and the second warpgroup released");
 };
+
+// How the producer warpgroups split a tile's records (producer.cuh): kGroups warpgroups each fill
+// kGroupTokens = kTileTokens / kGroups records of every tile. R threads take a record's 16-byte
+// vectors R v + part, so one load of a warp reads 16 R contiguous bytes of each of 32 / R records;
+// each thread fills kPasses records of a tile, all their loads issued before any is used. With one
+// warpgroup V3.2 is fastest at R = 4 (its 512 FP8 dims in 8 vectors a thread, two records a
+// thread), V4 at 2 (one record a thread: its producer has fewer registers); with two warpgroups
+// (the 16/32-head kernel) both take 4, one record a thread (docs/kernels/mla_decode.md).
+template <int kFormat, int kGroups>
+struct ProducerPlan {
+  using L = Layout<kFormat>;
+  static constexpr int kGroupTokens = kTileTokens / kGroups;
+  static constexpr int kThreads = kGroups * kWarpgroupThreads;
+  static constexpr int kRecordThreads = kGroups == 1 && kFormat == kFormatV4 ? 2 : 4;
+  static constexpr int kPasses = kGroupTokens * kRecordThreads / kWarpgroupThreads;  // records per producer thread
+  static constexpr int kFp8PerThread = L::kQuantDims / kRecordThreads;
+  static constexpr int kFp8Vecs = kFp8PerThread / 16;             // 16-byte vectors of FP8 values
+  static constexpr int kRopePerThread = L::kRopeDims / kRecordThreads;
+  static constexpr int kRopeVecs = kRopePerThread / kChunkCols;   // 16-byte vectors of bf16 RoPE
+  // Where a thread reads the ids two tiles on: after its stores when it holds two V3.2 records of
+  // vectors (no registers for them during the gathers), else before the L2 prefetch (Layout;
+  // with one record a thread that was faster for V3.2 too: 167.9 against 173.6 µs at 16 heads, b = 128).
+  static constexpr bool kIdsAfterStores = L::kIdsAfterStores && kPasses > 1;
+  static_assert(kGroups >= 1 && kTileTokens % kGroups == 0, "whole records per producer warpgroup");
+  static_assert(kPasses >= 1 && kPasses * kWarpgroupThreads == kGroupTokens * kRecordThreads, "whole records per producer thread");
+  static_assert(kFp8PerThread % 16 == 0 && kRopePerThread % kChunkCols == 0, "whole vectors per producer thread");
+  static_assert(L::kScaleTile % (16 * kRecordThreads) == 0, "vectors R v .. R v + R - 1 share a scale tile");
+};
+
+// The 16/32-head kernel's roles (kernel_m16.cuh): kGroups producer warpgroups (ProducerPlan), then
+// the eight consumer warps. With one producer warpgroup it is the 64-head kernel's 384 threads and
+// register split; with two (512 threads, 128 registers each at launch) a producer thread fills one
+// record a tile and gives up what the consumers' m16 accumulators need.
+template <int kFormat, int kGroups>
+struct M16Roles {
+  static constexpr int kProducers = ProducerPlan<kFormat, kGroups>::kThreads;
+  static constexpr int kThreads = kProducers + kM16ConsumerThreads;
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegisters = kGroups == 1 ? Layout<kFormat>::kProducerRegisters : 80;
+  static constexpr int kConsumerRegisters = kGroups == 1 ? Layout<kFormat>::kConsumerRegisters : 176;
+  static_assert(kGroups == 1 ? kThreads == dsa_decode::kThreads : kThreads <= 1024, "one program per SM");
+  static_assert(kProducers * (kLaunchRegisters - kProducerRegisters) >= kM16ConsumerThreads * (kConsumerRegisters - kLaunchRegisters),
+                "the consumers take only what the producers released");
+};
+// Producer warpgroups of the 16/32-head kernel, per m16 tiles (1: 16 heads, 2: 32).
+constexpr int m16_producer_groups(int m_tiles) { return m_tiles == 1 ? 2 : 2; }
 
 template <int kFormat>
 struct Tiles {

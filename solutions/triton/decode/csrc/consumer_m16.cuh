@@ -91,12 +91,12 @@ constexpr int shared_bytes_m16() {
 static_assert(shared_bytes_m16<kFormatV32, 2>() <= 227 * 1024, "V3.2 tiles fit Hopper's 227 KB per block");
 
 template <int kFormat, int kMTiles>
-__device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row, TilesM16<kFormat, kMTiles>& tiles, SmallM16& sm) {
+__device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row, TilesM16<kFormat, kMTiles>& tiles, SmallM16& sm,
+                                            int ct) {  // ct: the consumer thread, 0 .. kM16ConsumerThreads - 1
   using L = Layout<kFormat>;
   using P = PartialsM16<kMTiles>;
   constexpr int kHeads = P::kHeads;
   constexpr int kOTiles = kM16ColsPerWarp / 8;  // n8 tiles of O per m16 tile
-  const int ct = threadIdx.x - kProducerThreads;  // 0 .. kM16ConsumerThreads - 1
   const int w = ct / kWarpSize, lane = ct % kWarpSize, quad = lane % 4;
   const int g = lane / 4;  // rows g and g + 8 of each m16 tile
 
@@ -291,7 +291,7 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
     const int head0 = kMmaM * mi + g, head1 = head0 + 8;
     const int col0 = kM16ColsPerWarp * w + 2 * quad;  // + 8 j
     const float* o = acc[mi];
-    if (a.splits == 1) {
+    if (row.splits == 1) {
       const float lse0 = lse2_0 * kLn2, lse1 = lse2_1 * kLn2;
       float f0 = 1.0f, f1 = 1.0f;
       if (a.sink != nullptr) {
@@ -313,7 +313,7 @@ __device__ __forceinline__ void consume_m16(const DecodeArgs& a, const Row& row,
       }
     } else {
       // The m64 consumers' partial (consumer_m64.cuh): fp16 with the owner's largest |O / l| at 2^14.
-      const int64_t part = static_cast<int64_t>(row.bi * a.s_q + row.si) * a.splits + row.split;
+      const int64_t part = row.part;
       const int owner = mi * kM16ConsumerThreads + ct;
       const float inv0 = empty0 ? 0.0f : 1.0f / l0, inv1 = empty1 ? 0.0f : 1.0f / l1;
       float top0 = 0.0f, top1 = 0.0f;

@@ -221,7 +221,7 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
   const float lse2_0 = m_run0 + fast_log2(empty0 ? 1.0f : l0), lse2_1 = m_run1 + fast_log2(empty1 ? 1.0f : l1);
   const int head0 = row.hb * kHeadsPerProgram + r0, head1 = head0 + 8;
   const int col0 = m * kPvCols + 2 * quad;  // + 8 j
-  if (a.splits == 1) {
+  if (row.splits == 1) {
     const float lse0 = lse2_0 * kLn2, lse1 = lse2_1 * kLn2;
     float f0 = 1.0f, f1 = 1.0f;
     if (a.sink != nullptr) {
@@ -244,8 +244,7 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
       lse[head1 * a.lse_stride_h] = empty1 ? pos_inf() : lse1;
     }
   } else {
-    const int64_t unit = static_cast<int64_t>(row.bi * a.s_q + row.si) * (a.h_q / kHeadsPerProgram) + row.hb;
-    const int64_t part = unit * a.splits + row.split;
+    const int64_t part = row.part;
     // fp16 with the thread's largest |O / l| at 2^14: every element keeps fp16's 11 bits (2^-11
     // of itself) and none overflows; part_scale undoes the factor.
     const float inv0 = empty0 ? 0.0f : 1.0f / l0, inv1 = empty1 ? 0.0f : 1.0f / l1;

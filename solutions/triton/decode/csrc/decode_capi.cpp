@@ -22,6 +22,7 @@ enum ArgumentError : int {
   kTooLarge = -4,
   kMisaligned = -5,
   kNullPointer = -6,
+  kBadWholeTokens = -7,
 };
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -52,12 +53,14 @@ DSA_EXPORT const char* dsa_decode_error_string(int code) {
     case kTooLarge: return "problem too large for the grid or 32-bit indexing";
     case kMisaligned: return "q, the cache, its page stride and the record rows must be 16-byte aligned, the scales 8-byte";
     case kNullPointer: return "null tensor pointer";
+    case kBadWholeTokens: return "whole_tokens must be in [0, batch * s_q]";
     default: return code >= 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown argument error";
   }
 }
 
 // Shapes: decode_sm90.h (DecodeArgs). q and out are bf16 as their bits. topk_length and sink may
-// be null, and the partials' scratch (part_out fp16, part_scale, part_lse) when splits == 1.
+// be null, and the partials' scratch (part_out fp16, part_scale, part_lse) when no token is split
+// (splits == 1 or whole_tokens == batch * s_q).
 DSA_EXPORT int dsa_decode_launch(int device, void* stream, int format,
                                  const void* q, int64_t q_stride_b, int64_t q_stride_s, int64_t q_stride_h,
                                  const void* cache, int64_t page_stride, int64_t block_size,
@@ -67,19 +70,22 @@ DSA_EXPORT int dsa_decode_launch(int device, void* stream, int format,
                                  void* out, int64_t out_stride_b, int64_t out_stride_s, int64_t out_stride_h,
                                  float* lse, int64_t lse_stride_b, int64_t lse_stride_s, int64_t lse_stride_h,
                                  void* part_out, float* part_scale, float* part_lse,
-                                 int64_t batch, int64_t s_q, int64_t h_q, int64_t topk, int64_t splits, double scale_log2) {
+                                 int64_t batch, int64_t s_q, int64_t h_q, int64_t topk, int64_t splits, int64_t whole_tokens,
+                                 double scale_log2) {
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
   constexpr int64_t kGridMax = 65535;
   if (format != dsa_decode::kFormatV32 && format != dsa_decode::kFormatV4) return kBadFormat;
   const bool small_heads = h_q == dsa_decode::kSmallHeads[0] || h_q == dsa_decode::kSmallHeads[1];
   if (!small_heads && (h_q <= 0 || h_q % dsa_decode::kHeadsPerProgram != 0 || h_q / dsa_decode::kHeadsPerProgram > kGridMax)) return kBadHeads;
   if (splits < 1 || splits > dsa_decode::kMaxSplits) return kBadSplits;
-  if (batch < 0 || s_q < 0 || topk < 0 || topk > kIntMax || batch * s_q > kGridMax || block_size < 1 || block_size > kIntMax ||
+  if (whole_tokens < 0 || whole_tokens > batch * s_q) return kBadWholeTokens;
+  const bool any_split = splits > 1 && whole_tokens < batch * s_q;
+  if (batch < 0 || s_q < 0 || topk < 0 || topk > kIntMax || whole_tokens + (batch * s_q - whole_tokens) * splits > kGridMax || block_size < 1 || block_size > kIntMax ||
       data_slot_bytes > kIntMax || scale_base > kIntMax || scale_slot_bytes > kIntMax || rope_offset > kIntMax)
     return kTooLarge;
   if (batch * s_q == 0) return 0;
   if (q == nullptr || cache == nullptr || indices == nullptr) return kNullPointer;
-  if (out == nullptr || lse == nullptr || (splits > 1 && (part_out == nullptr || part_scale == nullptr || part_lse == nullptr))) return kNullPointer;
+  if (out == nullptr || lse == nullptr || (any_split && (part_out == nullptr || part_scale == nullptr || part_lse == nullptr))) return kNullPointer;
   if (!aligned16(q) || !aligned16(cache) || page_stride % 16 != 0 || data_slot_bytes % 16 != 0 || rope_offset % 16 != 0 ||
       scale_base % 8 != 0 || scale_slot_bytes % 8 != 0)
     return kMisaligned;
@@ -120,6 +126,7 @@ DSA_EXPORT int dsa_decode_launch(int device, void* stream, int format,
   a.h_q = static_cast<int>(h_q);
   a.topk = static_cast<int>(topk);
   a.splits = static_cast<int>(splits);
+  a.whole_tokens = static_cast<int>(whole_tokens);
   a.scale_log2 = static_cast<float>(scale_log2);
   a.format = format;
   return static_cast<int>(dsa_decode::launch_decode(a, static_cast<cudaStream_t>(stream)));

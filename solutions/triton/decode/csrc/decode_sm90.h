@@ -56,7 +56,11 @@ struct DecodeArgs {
   int64_t lse_stride_b, lse_stride_s, lse_stride_h;
   // (h_q 16 and 32: one unit of h_q heads per query token, h_q / 16 * kSmallPartialScalesPer16 scales
   // per partial, in the 16/32-head consumers' fragment order: config.cuh, PartialsM16.)
-  // splits > 1: partial (unit * splits + split) of unit (token * head_blocks + head block):
+  // The schedule: query tokens 0 .. whole_tokens - 1 take one program per head block (their whole
+  // index rows); each later token t takes `splits` programs per head block (split s: positions
+  // s, s + splits, ...). Grid (head_blocks, 1, whole_tokens + (b * s_q - whole_tokens) * splits),
+  // the split tokens' programs last, so they fill the SMs the whole rows leave idle at the end.
+  // splits > 1: partial (unit * splits + split) of split unit ((t - whole_tokens) * head_blocks + head block):
   // part_out [.., kHeadsPerProgram, kDv] fp16 bits in the consumers' fragment order = output / l
   // / part_scale, part_scale [.., kPartialScales] fp32 (per consumer thread: its largest |output / l| over
   // 2^14), part_lse [.., kHeadsPerProgram] = m + log2 l (-inf for a split without a valid id);
@@ -65,7 +69,7 @@ struct DecodeArgs {
   uint16_t* part_out;
   float* part_scale;
   float* part_lse;
-  int batch, s_q, h_q, topk, splits;
+  int batch, s_q, h_q, topk, splits, whole_tokens;
   float scale_log2;  // sm_scale * log2(e)
   int format;        // a Format
 };

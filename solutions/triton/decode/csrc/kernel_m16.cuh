@@ -1,5 +1,5 @@
-// The 16/32-head kernel: the producer warpgroup (producer.cuh) and eight consumer warps in four
-// pairs (consumer_m16.cuh) per program, 384 threads as the 64-head kernel's; grid and launch: launch_m16.cu.
+// The 16/32-head kernel: kGroups producer warpgroups (producer.cuh) and eight consumer warps in four
+// pairs (consumer_m16.cuh) per program (M16Roles); grid and launch: launch_m16.cu.
 #pragma once
 
 #include "consumer_m16.cuh"
@@ -8,15 +8,9 @@
 namespace dsa_decode {
 namespace {
 
-template <int kFormat, int kMTiles>
-__global__ void __launch_bounds__(kM16Threads, 1) decode_kernel_m16(const __grid_constant__ DecodeArgs a) {
-  using L = Layout<kFormat>;
-  // 384 threads start at kLaunchRegisters; the producer gives up what the consumers take, as in
-  // the 64-head kernel (its Layout's split: the same 128 producer and 256 consumer threads).
-  static_assert(kM16Threads == kThreads && kLaunchRegisters == 65536 / kM16Threads / 8 * 8, "the 64-head kernel's launch");
-  static_assert(kProducerThreads * (kLaunchRegisters - L::kProducerRegisters) >=
-                    kM16ConsumerThreads * (L::kConsumerRegisters - kLaunchRegisters),
-                "the consumers take only what the producer released");
+template <int kFormat, int kMTiles, int kGroups>
+__global__ void __launch_bounds__(M16Roles<kFormat, kGroups>::kThreads, 1) decode_kernel_m16(const __grid_constant__ DecodeArgs a) {
+  using Roles = M16Roles<kFormat, kGroups>;
   extern __shared__ uint8_t shared_raw[];
   uint8_t* base = shared_raw + ((1024 - (smem_addr(shared_raw) & 1023)) & 1023);
   TilesM16<kFormat, kMTiles>& tiles = *reinterpret_cast<TilesM16<kFormat, kMTiles>*>(base);
@@ -24,7 +18,7 @@ __global__ void __launch_bounds__(kM16Threads, 1) decode_kernel_m16(const __grid
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&sm.full[s], kProducerThreads);
+      mbarrier_init(&sm.full[s], Roles::kProducers);
       mbarrier_init(&sm.empty[s], kM16Warps);
     }
     fence_mbarrier_init();
@@ -33,12 +27,12 @@ __global__ void __launch_bounds__(kM16Threads, 1) decode_kernel_m16(const __grid
   const Row row = program_row(a);
   __syncthreads();
   // The consumers' branch first in the source, as in the 64-head kernel (the producer first in the SASS).
-  if (threadIdx.x >= kProducerThreads) {
-    set_registers_up<L::kConsumerRegisters>();
-    consume_m16<kFormat, kMTiles>(a, row, tiles, sm);
+  if (threadIdx.x >= Roles::kProducers) {
+    set_registers_up<Roles::kConsumerRegisters>();
+    consume_m16<kFormat, kMTiles>(a, row, tiles, sm, threadIdx.x - Roles::kProducers);
   } else {
-    set_registers_down<L::kProducerRegisters>();
-    produce<kFormat>(a, row, tiles, sm);
+    set_registers_down<Roles::kProducerRegisters>();
+    produce<kFormat, kGroups>(a, row, tiles, sm);
   }
 }
 

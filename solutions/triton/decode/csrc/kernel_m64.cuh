@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     }
   } else {
     set_registers_down<L::kProducerRegisters>();
-    produce<kFormat>(a, row, tiles, sm);
+    produce<kFormat, 1>(a, row, tiles, sm);
   }
 }
 

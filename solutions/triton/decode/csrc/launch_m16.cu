@@ -1,6 +1,6 @@
 // The launcher of the 16/32-head decode (kernel_m16.cuh; docs/kernels/mla_decode.md, "16 and 32
-// heads"): grid (1, S splits, b * s_q query tokens), 384 threads, one program per SM; with S > 1
-// its partials (PartialsM16) are merged by the combine kernel (combine.cuh), launched next as a
+// heads"): grid (1, 1, programs: DecodeArgs' schedule), M16Roles' threads, one program per SM; split tokens'
+// partials (PartialsM16) are merged by the combine kernel (combine.cuh), launched next as a
 // programmatic dependent as for 64 heads. Its own translation unit, so the 64-head kernels'
 // code (launch_sm90.cu) does not change with it.
 #include "combine.cuh"
@@ -12,19 +12,22 @@ namespace {
 
 template <int kFormat, int kMTiles>
 cudaError_t launch_m16(const DecodeArgs& a, cudaStream_t stream) {
+  constexpr int groups = m16_producer_groups(kMTiles);
   constexpr int bytes = shared_bytes_m16<kFormat, kMTiles>();
-  cudaError_t err = cudaFuncSetAttribute(decode_kernel_m16<kFormat, kMTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  const auto kernel = decode_kernel_m16<kFormat, kMTiles, groups>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
-  const dim3 grid(1, a.splits, a.batch * a.s_q);
-  decode_kernel_m16<kFormat, kMTiles><<<grid, kM16Threads, bytes, stream>>>(a);
+  const int split_tokens = a.batch * a.s_q - a.whole_tokens;
+  const dim3 grid(1, 1, a.whole_tokens + split_tokens * a.splits);
+  kernel<<<grid, M16Roles<kFormat, groups>::kThreads, bytes, stream>>>(a);
   err = cudaGetLastError();
-  if (err != cudaSuccess || a.splits == 1) return err;
+  if (err != cudaSuccess || a.splits == 1 || split_tokens == 0) return err;
   using P = PartialsM16<kMTiles>;
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(a.batch * a.s_q), combine_programs<P>());
+  config.gridDim = dim3(static_cast<unsigned>(split_tokens), combine_programs<P>());
   config.blockDim = dim3(P::kOwners);
   config.stream = stream;
   config.attrs = &dependent;

@@ -3,9 +3,9 @@
 // Pure CUDA (no torch); nvcc links it with decode_capi.cpp, the C ABI, into one shared library
 // (common/cuda_build.py). docs/kernels/mla_decode.md explains the design.
 //
-// Grid (h_q / 64 head blocks, S splits, b * s_q query tokens); 384 threads = three warpgroups,
-// one program per SM (the dequantized tiles fill shared memory). Program (hb, s, t) attends the
-// 64 heads hb*64.. of query token t over the positions s, s + S, s + 2S, ... of its index row,
+// Grid (h_q / 64 head blocks, 1, programs: DecodeArgs' schedule); 384 threads = three warpgroups,
+// one program per SM (the dequantized tiles fill shared memory). Program (hb, split s of S, token t)
+// attends the 64 heads hb*64.. of query token t over the positions s, s + S, s + 2S, ... of its index row (S = 1: all),
 // in tiles of 64 records:
 //   producer   warpgroup 0: the index row into L2 first; then R threads per record (V3.2 4,
 //              V4 2: Layout) gather its FP8 bytes, scales and RoPE into registers, taking its
@@ -46,15 +46,16 @@ cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
   constexpr int bytes = shared_bytes<kFormat>();
   cudaError_t err = cudaFuncSetAttribute(decode_kernel<kFormat, kScorerSchedule>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
-  const dim3 grid(a.h_q / kHeadsPerProgram, a.splits, a.batch * a.s_q);
+  const int split_tokens = a.batch * a.s_q - a.whole_tokens;
+  const dim3 grid(a.h_q / kHeadsPerProgram, 1, a.whole_tokens + split_tokens * a.splits);
   decode_kernel<kFormat, kScorerSchedule><<<grid, kThreads, bytes, stream>>>(a);
   err = cudaGetLastError();
-  if (err != cudaSuccess || a.splits == 1) return err;
+  if (err != cudaSuccess || a.splits == 1 || split_tokens == 0) return err;
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(a.batch * a.s_q * (a.h_q / kHeadsPerProgram)), kCombinePrograms);
+  config.gridDim = dim3(static_cast<unsigned>(split_tokens * (a.h_q / kHeadsPerProgram)), kCombinePrograms);
   config.blockDim = dim3(kCombineThreads);
   config.stream = stream;
   config.attrs = &dependent;
@@ -63,10 +64,10 @@ cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
   return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-// Whether the consumers take the scorer schedule (Role): V3.2 programs of at least
-// kScorerMinTiles tiles of the index row.
+// Whether the consumers take the scorer schedule (Role): V3.2 calls whose longest programs have at
+// least kScorerMinTiles tiles of the index row.
 bool takes_scorer_schedule(const DecodeArgs& args) {
-  const int64_t positions = (static_cast<int64_t>(args.topk) + args.splits - 1) / args.splits;  // a program's share
+  const int64_t positions = args.whole_tokens > 0 ? args.topk : (static_cast<int64_t>(args.topk) + args.splits - 1) / args.splits;
   return args.format == kFormatV32 && positions >= static_cast<int64_t>(kScorerMinTiles) * kTileTokens;
 }
 
