@@ -491,14 +491,15 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     compiled = cuda_build.compile_library(*build, root=tmp_path, extra_flags=("-Xptxas", "-v"))
     assert "spill stores" in compiled.log and not re.search(r"[1-9]\d* bytes spill stores", compiled.log), compiled.log
     assert "C7512" not in compiled.log, "wgmma serialized for lack of registers"
-    # Both formats with the halves schedule, V3.2 also with the scorer schedule (csrc/config.cuh, Role).
-    # The 16/32-head kernel (launch_m16.cu): both formats at one and two m16 tiles, and its combines.
-    entries = re.findall(r"Compiling entry function '\w*?(decode_kernel_m16ILi[01]ELi[12]E|decode_kernelILi[01]ELb[01]E|"
+    # Both formats with the halves schedule, V3.2 also with the scorer schedule (csrc/config.cuh, Role),
+    # each for uniform and mixed whole+split schedules (kMixed). The 16/32-head kernel (launch_m16.cu):
+    # both formats at one and two m16 tiles, two producer warpgroups, both schedules, and its combines.
+    entries = re.findall(r"Compiling entry function '\w*?(decode_kernel_m16ILi[01]ELi[12]ELi2ELb[01]E|decode_kernelILi[01]ELb[01]ELb[01]E|"
                          r"combine_kernel_forINS0_11PartialsM16ILi[12]E|combine_kernelE)\w*'", compiled.log)  # fmt: skip
-    assert sorted(entries) == sorted(["combine_kernelE", "decode_kernelILi0ELb0E", "decode_kernelILi0ELb1E", "decode_kernelILi1ELb0E",
-                                      "decode_kernel_m16ILi0ELi1E", "decode_kernel_m16ILi0ELi2E", "decode_kernel_m16ILi1ELi1E",
-                                      "decode_kernel_m16ILi1ELi2E", "combine_kernel_forINS0_11PartialsM16ILi1E",
-                                      "combine_kernel_forINS0_11PartialsM16ILi2E"]), compiled.log  # fmt: skip
+    m64 = [f"decode_kernelILi{f}ELb{s}ELb{m}E" for f, s in ((0, 0), (0, 1), (1, 0)) for m in (0, 1)]
+    m16 = [f"decode_kernel_m16ILi{f}ELi{t}ELi2ELb{m}E" for f in (0, 1) for t in (1, 2) for m in (0, 1)]
+    combines = ["combine_kernelE", "combine_kernel_forINS0_11PartialsM16ILi1E", "combine_kernel_forINS0_11PartialsM16ILi2E"]
+    assert sorted(entries) == sorted(m64 + m16 + combines), compiled.log
     library = cuda_build.CudaLibrary(compiled, cuda_mod.WHAT, cuda_mod.PREFIX, cuda_mod.SIGNATURES)  # opens without a GPU
     assert library.mismatched(cuda_mod.EXPECTED_CONSTANTS) == []
     assert library.mismatched(dict(cuda_mod.EXPECTED_CONSTANTS, V4_QUANT_DIMS=512)) == ["V4_QUANT_DIMS"]

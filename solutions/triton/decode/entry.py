@@ -246,9 +246,9 @@ def kernel_v41(q, kv_cache, indices, sm_scale, attn_sink, topk_length, out, lse)
 
 #: What runs for 16 and 32 heads (a TP8 / TP4 GPU's share of 128), on every device.
 SMALL_HEADS_NOTE = (
-    "h_q 16 and 32 (TP8 / TP4): on SM90 for V3.2 and V4 a native 16/32-head CUDA kernel (the same producer "
-    "warpgroup, eight consumer warps on mma.sync m16n8k16, one m16 tile per 16 heads, split over the topk positions "
-    "until the SMs have work); elsewhere the Triton kernel with one head block of h_q (tl.dot M = 16 or 32)"
+    "h_q 16 and 32 (TP8 / TP4): on SM90 for V3.2 and V4 a native 16/32-head CUDA kernel (two warpgroups of the same "
+    "producer, eight consumer warps on mma.sync m16n8k16, one m16 tile per 16 heads, the same schedule of whole and "
+    "split tokens); elsewhere the Triton kernel with one head block of h_q (tl.dot M = 16 or 32)"
 )
 
 
@@ -258,9 +258,9 @@ def solution_notes() -> str:
                 f"no splits. {SMALL_HEADS_NOTE}")
     return (
         "MLA decode: on SM90 for V3.2 and V4 the hand-written CUDA kernel (wgmma; a producer warpgroup gathers and "
-        "dequantizes 64-record tiles into two shared-memory stages, two consumer warpgroups attend them; split over the "
-        "topk positions when b * s_q is small, the partials merged by a CUDA combine kernel launched as a programmatic "
-        "dependent); otherwise (V4.1, other GPUs, unaligned caches) Triton: FP8 records dequantized in registers, 64 heads "
+        "dequantizes 64-record tiles into two shared-memory stages, two consumer warpgroups attend them; whole index rows "
+        "first, then the tokens that would leave SMs idle split over their topk positions, the partials merged by a CUDA "
+        "combine kernel launched as a programmatic dependent); otherwise (V4.1, other GPUs, unaligned caches) Triton: FP8 records dequantized in registers, 64 heads "
         "x 64 records per step, the split's combine behind a per-unit ticket barrier or in a second launch. "
         f"{SMALL_HEADS_NOTE}"
     )

@@ -8,7 +8,7 @@
 namespace dsa_decode {
 namespace {
 
-template <int kFormat, int kMTiles, int kGroups>
+template <int kFormat, int kMTiles, int kGroups, bool kMixed>
 __global__ void __launch_bounds__(M16Roles<kFormat, kGroups>::kThreads, 1) decode_kernel_m16(const __grid_constant__ DecodeArgs a) {
   using Roles = M16Roles<kFormat, kGroups>;
   extern __shared__ uint8_t shared_raw[];
@@ -32,7 +32,7 @@ __global__ void __launch_bounds__(M16Roles<kFormat, kGroups>::kThreads, 1) decod
     consume_m16<kFormat, kMTiles>(a, row, tiles, sm, threadIdx.x - Roles::kProducers);
   } else {
     set_registers_down<Roles::kProducerRegisters>();
-    produce<kFormat, kGroups>(a, row, tiles, sm);
+    produce<kFormat, kGroups, kMixed>(a, row, tiles, sm);
   }
 }
 

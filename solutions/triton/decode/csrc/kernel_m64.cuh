@@ -8,7 +8,7 @@
 namespace dsa_decode {
 namespace {
 
-template <int kFormat, bool kScorerSchedule>
+template <int kFormat, bool kScorerSchedule, bool kMixed>
 __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ DecodeArgs a) {
   extern __shared__ uint8_t shared_raw[];
   // Offset from shared_raw itself (not through an integer): the compiler then knows every tile
@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
     }
   } else {
     set_registers_down<L::kProducerRegisters>();
-    produce<kFormat, 1>(a, row, tiles, sm);
+    produce<kFormat, 1, kMixed>(a, row, tiles, sm);
   }
 }
 

@@ -10,16 +10,15 @@
 namespace dsa_decode {
 namespace {
 
-template <int kFormat, int kMTiles>
+template <int kFormat, int kMTiles, bool kMixed>
 cudaError_t launch_m16(const DecodeArgs& a, cudaStream_t stream) {
-  constexpr int groups = m16_producer_groups(kMTiles);
   constexpr int bytes = shared_bytes_m16<kFormat, kMTiles>();
-  const auto kernel = decode_kernel_m16<kFormat, kMTiles, groups>;
+  const auto kernel = decode_kernel_m16<kFormat, kMTiles, kM16ProducerGroups, kMixed>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
   const int split_tokens = a.batch * a.s_q - a.whole_tokens;
   const dim3 grid(1, 1, a.whole_tokens + split_tokens * a.splits);
-  kernel<<<grid, M16Roles<kFormat, groups>::kThreads, bytes, stream>>>(a);
+  kernel<<<grid, M16Roles<kFormat, kM16ProducerGroups>::kThreads, bytes, stream>>>(a);
   err = cudaGetLastError();
   if (err != cudaSuccess || a.splits == 1 || split_tokens == 0) return err;
   using P = PartialsM16<kMTiles>;
@@ -38,11 +37,16 @@ cudaError_t launch_m16(const DecodeArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
+template <int kFormat, int kMTiles>
+cudaError_t launch_m16_schedule(const DecodeArgs& a, cudaStream_t stream) {
+  return mixed_schedule(a) ? launch_m16<kFormat, kMTiles, true>(a, stream) : launch_m16<kFormat, kMTiles, false>(a, stream);
+}
+
 cudaError_t launch_decode_m16(const DecodeArgs& args, cudaStream_t stream) {
   if (args.h_q == 2 * kMmaM) {
-    return args.format == kFormatV32 ? launch_m16<kFormatV32, 2>(args, stream) : launch_m16<kFormatV4, 2>(args, stream);
+    return args.format == kFormatV32 ? launch_m16_schedule<kFormatV32, 2>(args, stream) : launch_m16_schedule<kFormatV4, 2>(args, stream);
   }
-  return args.format == kFormatV32 ? launch_m16<kFormatV32, 1>(args, stream) : launch_m16<kFormatV4, 1>(args, stream);
+  return args.format == kFormatV32 ? launch_m16_schedule<kFormatV32, 1>(args, stream) : launch_m16_schedule<kFormatV4, 1>(args, stream);
 }
 
 }  // namespace dsa_decode

@@ -41,14 +41,15 @@ __global__ void __launch_bounds__(kCombineThreads, 1) combine_kernel(const __gri
   combine_unit<PartialsM64>(a);
 }
 
-template <int kFormat, bool kScorerSchedule>
+template <int kFormat, bool kScorerSchedule, bool kMixed>
 cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
   constexpr int bytes = shared_bytes<kFormat>();
-  cudaError_t err = cudaFuncSetAttribute(decode_kernel<kFormat, kScorerSchedule>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  const auto kernel = decode_kernel<kFormat, kScorerSchedule, kMixed>;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
   const int split_tokens = a.batch * a.s_q - a.whole_tokens;
   const dim3 grid(a.h_q / kHeadsPerProgram, 1, a.whole_tokens + split_tokens * a.splits);
-  decode_kernel<kFormat, kScorerSchedule><<<grid, kThreads, bytes, stream>>>(a);
+  kernel<<<grid, kThreads, bytes, stream>>>(a);
   err = cudaGetLastError();
   if (err != cudaSuccess || a.splits == 1 || split_tokens == 0) return err;
   cudaLaunchAttribute dependent{};
@@ -75,8 +76,10 @@ bool takes_scorer_schedule(const DecodeArgs& args) {
 
 cudaError_t launch_decode(const DecodeArgs& args, cudaStream_t stream) {
   if (args.h_q == kSmallHeads[0] || args.h_q == kSmallHeads[1]) return launch_decode_m16(args, stream);
-  if (args.format != kFormatV32) return launch<kFormatV4, false>(args, stream);
-  return takes_scorer_schedule(args) ? launch<kFormatV32, true>(args, stream) : launch<kFormatV32, false>(args, stream);
+  const bool mixed = mixed_schedule(args);
+  if (args.format != kFormatV32) return mixed ? launch<kFormatV4, false, true>(args, stream) : launch<kFormatV4, false, false>(args, stream);
+  if (takes_scorer_schedule(args)) return mixed ? launch<kFormatV32, true, true>(args, stream) : launch<kFormatV32, true, false>(args, stream);
+  return mixed ? launch<kFormatV32, false, true>(args, stream) : launch<kFormatV32, false, false>(args, stream);
 }
 
 }  // namespace dsa_decode
