@@ -260,7 +260,8 @@ def solution_notes() -> str:
         "MLA decode: on SM90 for V3.2 and V4 the hand-written CUDA kernel (wgmma; a producer warpgroup gathers and "
         "dequantizes 64-record tiles into two shared-memory stages, two consumer warpgroups attend them; whole index rows "
         "first, then the tokens that would leave SMs idle split over their topk positions, the partials merged by a CUDA "
-        "combine kernel launched as a programmatic dependent); otherwise (V4.1, other GPUs, unaligned caches) Triton: FP8 records dequantized in registers, 64 heads "
-        "x 64 records per step, the split's combine behind a per-unit ticket barrier or in a second launch. "
+        "combine kernel launched as a programmatic dependent); otherwise (V4.1, other GPUs, unaligned caches) Triton: FP8 "
+        "records dequantized in registers, 64 heads x 64 records per step, the split's combine behind a per-unit ticket "
+        "barrier or in a second launch. "
         f"{SMALL_HEADS_NOTE}"
     )
