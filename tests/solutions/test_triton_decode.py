@@ -383,7 +383,7 @@ def test_cuda_16_and_32_head_kernel_config_and_policy(h_q):
     sms = 132
     for (b, s_q), splits in {(1, 1): 32, (8, 1): 16, (8, 2): 8, (32, 1): 4, (128, 2): 1}.items():
         config = policy_mod.cuda_config(b * s_q, h_q, 2048, sms)
-        assert (config.kernel, config.block_h, config.num_warps, config.splits) == ("cuda", h_q, 12, splits), (b, s_q, config)
+        assert (config.kernel, config.block_h, config.num_warps, config.splits) == ("cuda", h_q, 16, splits), (b, s_q, config)
         assert config.combine == ("none" if splits == 1 else "two_launch")
         config.validate(h_q, 2048)
     with pytest.raises(ValueError, match="tiling is fixed"):  # the 64-head kernel's tiling at 16/32 heads

@@ -109,14 +109,15 @@ CUDA_CONFIG = DecodeConfig(block_h=64, block_n=64, splits=0, num_warps=12, num_s
 
 
 #: The 16/32-head CUDA kernel (csrc/kernel_m16.cuh): all h_q heads of a query token x 64 records
-#: per step (mma.sync m16n8k16, one m16 tile per 16 heads), 12 warps (the same producer warpgroup and
-#: eight consumer warps), two stages, the same fp16 partials and combine. Only the split count varies.
+#: per step (mma.sync m16n8k16, one m16 tile per 16 heads), 16 warps (two warpgroups of the same producer
+#: and eight consumer warps), two stages, the same fp16 partials and combine. Only the schedule varies.
 CUDA_SMALL_HEADS = (16, 32)
+M16_WARPS = 16  #: csrc/config.cuh's M16Roles with kM16ProducerGroups = 2: 2 x 4 producer warps + 8 consumer warps
 
 
 def cuda_base_config(h_q: int) -> DecodeConfig:
     """The CUDA kernel's fixed tiling for ``h_q`` heads (splits 0: chosen per call)."""
-    return replace(CUDA_CONFIG, block_h=h_q, num_warps=12) if h_q in CUDA_SMALL_HEADS else CUDA_CONFIG
+    return replace(CUDA_CONFIG, block_h=h_q, num_warps=M16_WARPS) if h_q in CUDA_SMALL_HEADS else CUDA_CONFIG
 
 
 def cuda_config(tokens: int, h_q: int, topk: int, sm_count: int) -> DecodeConfig:
