@@ -350,7 +350,8 @@ def list_configs(config_mod, shapes: list[Shape], sms: int) -> None:
         print(f"{shape}: {config} -> {programs} programs")
         if shape.h_q in (16, 32) or shape.h_q % 64 == 0:  # the SM90 kernel's schedule (both of FORMATS)
             cuda = config_mod.cuda_config(tokens, shape.h_q, shape.topk, sms)
-            whole, split = cuda.whole_tokens if cuda.splits > 1 else tokens, tokens - cuda.whole_tokens if cuda.splits > 1 else 0
+            split = tokens - cuda.whole_tokens if cuda.splits > 1 else 0  # one split: every token whole
+            whole = tokens - split
             programs = (whole + split * cuda.splits) * (shape.h_q // cuda.block_h)
             split_part = f", {split} split {cuda.splits} ways" if split else ""
             print(f"{shape}: SM90 CUDA kernel: {whole} tokens whole{split_part} -> {programs} programs")

@@ -228,9 +228,10 @@ struct M16Roles {
 // Producer warpgroups of the 16/32-head kernel (one: 183.4 against 167.9 µs at V3.2 16 heads, b = 128).
 constexpr int kM16ProducerGroups = 2;
 
-// Whether a call's schedule (DecodeArgs) has whole tokens beside split ones: the kernels' kMixed
-// (producer.cuh, position_stride).
-inline bool mixed_schedule(const DecodeArgs& a) { return a.whole_tokens > 0 && a.splits > 1 && a.whole_tokens < a.batch * a.s_q; }
+// A call's schedule (DecodeArgs): its split tokens, and whether it has whole tokens beside them (the
+// kernels' kMixed: producer.cuh, position_stride).
+inline int split_tokens(const DecodeArgs& a) { return a.batch * a.s_q - a.whole_tokens; }
+inline bool mixed_schedule(const DecodeArgs& a) { return a.whole_tokens > 0 && a.splits > 1 && split_tokens(a) > 0; }
 
 template <int kFormat>
 struct Tiles {

@@ -47,22 +47,27 @@ cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
   const auto kernel = decode_kernel<kFormat, kScorerSchedule, kMixed>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
-  const int split_tokens = a.batch * a.s_q - a.whole_tokens;
-  const dim3 grid(a.h_q / kHeadsPerProgram, 1, a.whole_tokens + split_tokens * a.splits);
+  const int split = split_tokens(a);
+  const dim3 grid(a.h_q / kHeadsPerProgram, 1, a.whole_tokens + split * a.splits);
   kernel<<<grid, kThreads, bytes, stream>>>(a);
   err = cudaGetLastError();
-  if (err != cudaSuccess || a.splits == 1 || split_tokens == 0) return err;
+  if (err != cudaSuccess || a.splits == 1 || split == 0) return err;
   cudaLaunchAttribute dependent{};
   dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   dependent.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(split_tokens * (a.h_q / kHeadsPerProgram)), kCombinePrograms);
+  config.gridDim = dim3(static_cast<unsigned>(split * (a.h_q / kHeadsPerProgram)), kCombinePrograms);
   config.blockDim = dim3(kCombineThreads);
   config.stream = stream;
   config.attrs = &dependent;
   config.numAttrs = 1;
   err = cudaLaunchKernelEx(&config, combine_kernel, a);
   return err != cudaSuccess ? err : cudaGetLastError();
+}
+
+template <int kFormat, bool kScorerSchedule>
+cudaError_t launch_schedule(const DecodeArgs& a, cudaStream_t stream) {
+  return mixed_schedule(a) ? launch<kFormat, kScorerSchedule, true>(a, stream) : launch<kFormat, kScorerSchedule, false>(a, stream);
 }
 
 // Whether the consumers take the scorer schedule (Role): V3.2 calls whose longest programs have at
@@ -76,10 +81,8 @@ bool takes_scorer_schedule(const DecodeArgs& args) {
 
 cudaError_t launch_decode(const DecodeArgs& args, cudaStream_t stream) {
   if (args.h_q == kSmallHeads[0] || args.h_q == kSmallHeads[1]) return launch_decode_m16(args, stream);
-  const bool mixed = mixed_schedule(args);
-  if (args.format != kFormatV32) return mixed ? launch<kFormatV4, false, true>(args, stream) : launch<kFormatV4, false, false>(args, stream);
-  if (takes_scorer_schedule(args)) return mixed ? launch<kFormatV32, true, true>(args, stream) : launch<kFormatV32, true, false>(args, stream);
-  return mixed ? launch<kFormatV32, false, true>(args, stream) : launch<kFormatV32, false, false>(args, stream);
+  if (args.format != kFormatV32) return launch_schedule<kFormatV4, false>(args, stream);
+  return takes_scorer_schedule(args) ? launch_schedule<kFormatV32, true>(args, stream) : launch_schedule<kFormatV32, false>(args, stream);
 }
 
 }  // namespace dsa_decode
