@@ -34,7 +34,7 @@ using dsa_sm90::smem_addr;
 constexpr int kWarpSize = 32;
 constexpr int kWarpgroupThreads = 128;
 constexpr int kMathWarpgroups = 2;
-constexpr int kThreads = (1 + kMathWarpgroups) * kWarpgroupThreads;  // producer + consumers
+constexpr int kThreads = (1 + kMathWarpgroups) * kWarpgroupThreads;  // one producer warpgroup + consumers
 constexpr int kMathThreads = kMathWarpgroups * kWarpgroupThreads;
 static_assert(kPartialScales == kMathThreads, "one fp16 scale per consumer thread");
 // Named barriers of the two consumer warpgroups: both, at Q's load, inside a tile of the halves
@@ -52,9 +52,9 @@ constexpr int kAtomBytes = kAtomRows * kAtomRowBytes;
 constexpr int kSwizzleGroupBytes = 8 * kAtomRowBytes;  // 8 rows: the swizzle period, wgmma's SBO
 constexpr int kChunkCols = 8;                          // bf16 per 16-byte chunk
 constexpr int kMmaK = 16;                              // k of one wgmma
-constexpr int kProducerThreads = kWarpgroupThreads;
 constexpr int kQkTokens = kTileTokens / kMathWarpgroups;  // records each consumer scores
 constexpr int kPvCols = kDv / kMathWarpgroups;            // value columns each consumer owns
+constexpr int kPvColAtoms = kPvCols / kAtomCols;          // ... in atoms
 constexpr int kAccRegs = kHeadsPerProgram * kPvCols / kWarpgroupThreads;
 constexpr int kLogitRegs = kHeadsPerProgram * kQkTokens / kWarpgroupThreads;
 constexpr int kScorerLogitRegs = kHeadsPerProgram * kTileTokens / kWarpgroupThreads;  // the scorer's S [64, 64]
@@ -227,6 +227,35 @@ struct M16Roles {
 };
 // Producer warpgroups of the 16/32-head kernel (one: 183.4 against 167.9 µs at V3.2 16 heads, b = 128).
 constexpr int kM16ProducerGroups = 2;
+
+// The 64-head kernel's roles (kernel_m64.cuh): kGroups producer warpgroups (ProducerPlan), then the two
+// consumer warpgroups in their schedule. With one producer warpgroup: 384 threads and Layout's register
+// split. With two (512 threads, 128 registers each at launch) a producer thread fills one record a tile
+// in 80 registers, which leaves the consumers exactly what they hold with one: 176 each (halves), or
+// 192 for the scorer and 160 for the second warpgroup.
+template <int kFormat, int kGroups>
+struct M64Roles {
+  using L = Layout<kFormat>;
+  static constexpr int kProducers = ProducerPlan<kFormat, kGroups>::kThreads;
+  static constexpr int kThreads = kProducers + kMathThreads;
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static constexpr int kProducerRegisters = kGroups == 1 ? L::kProducerRegisters : 80;
+  static constexpr int kConsumerRegisters = kGroups == 1 ? L::kConsumerRegisters : 176;
+  static constexpr int kScorerRegisters = L::kScorerRegisters;
+  static constexpr int kSecondRegisters = L::kSecondRegisters;
+  static_assert(kGroups == 1 ? kThreads == dsa_decode::kThreads : kThreads <= 1024, "one program per SM");
+  static_assert(kProducers * (kLaunchRegisters - kProducerRegisters) >= kMathThreads * (kConsumerRegisters - kLaunchRegisters),
+                "the halves take only what the producers released");
+  static_assert(kProducers * kProducerRegisters + kWarpgroupThreads * (kScorerRegisters + kSecondRegisters) <= 65536,
+                "the scorer and the second warpgroup take only what the producers released");
+};
+// Producer warpgroups of the 64-head kernel, per format: two for V3.2 (h_q 128, b = 128: 410.4
+// against 435.1 µs on an H100); V4 keeps one (its halves spill at 176 registers: 448.1 against 439.0).
+template <int kFormat>
+constexpr int m64_producer_groups() { return kFormat == kFormatV32 ? 2 : 1; }
+// ptxas compiles an m64n256 wgmma only where the kernel starts with at least this many registers a
+// thread (setmaxnreg does not count: C7602), so a 512-thread kernel adds P V as two m64n128 halves.
+constexpr int kM64N256MinRegisters = 154;
 
 // A call's schedule (DecodeArgs): its split tokens, and whether it has whole tokens beside them (the
 // kernels' kMixed: producer.cuh, position_stride).

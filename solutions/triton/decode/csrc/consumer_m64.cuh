@@ -46,12 +46,36 @@ __device__ __forceinline__ void rescale_rows(float (&acc)[kAccRegs], float alpha
   }
 }
 
-// Warpgroups 1 and 2: attend the tiles in their Role (above), then write the output (or the
+// O[:, 256m ..] += P V over one k-step (V's rows at v_addr): one m64n256 wgmma, or with kSplitPv
+// two m64n128 over the column halves (a kernel launched at 128 registers a thread: two producer
+// warpgroups, M64Roles). P from shared memory (p_desc) or, _rs, from the scorer's registers.
+template <bool kSplitPv>
+__device__ __forceinline__ void pv_step(float (&acc)[kAccRegs], uint64_t p_desc, uint32_t v_addr) {
+  if constexpr (kSplitPv) {
+    constexpr int kHalf = kAccRegs / 2;
+    wgmma_m64n128k16(reinterpret_cast<float(&)[kHalf]>(acc[0]), p_desc, mnmajor_desc(v_addr));
+    wgmma_m64n128k16(reinterpret_cast<float(&)[kHalf]>(acc[kHalf]), p_desc, mnmajor_desc(v_addr + kPvColAtoms / 2 * kAtomBytes));
+  } else {
+    wgmma_m64n256k16(acc, p_desc, mnmajor_desc(v_addr), 1);
+  }
+}
+template <bool kSplitPv>
+__device__ __forceinline__ void pv_step_rs(float (&acc)[kAccRegs], const uint32_t* pa, uint32_t v_addr) {
+  if constexpr (kSplitPv) {
+    constexpr int kHalf = kAccRegs / 2;
+    wgmma_m64n128k16_rs(reinterpret_cast<float(&)[kHalf]>(acc[0]), pa[0], pa[1], pa[2], pa[3], mnmajor_desc(v_addr));
+    wgmma_m64n128k16_rs(reinterpret_cast<float(&)[kHalf]>(acc[kHalf]), pa[0], pa[1], pa[2], pa[3],
+                        mnmajor_desc(v_addr + kPvColAtoms / 2 * kAtomBytes));
+  } else {
+    wgmma_m64n256k16_rs(acc, pa[0], pa[1], pa[2], pa[3], mnmajor_desc(v_addr));
+  }
+}
+
+// The consumer warpgroups (consumer thread mt, 0 .. kMathThreads - 1): attend the tiles in their Role (above), then write the output (or the
 // split's partial).
-template <int kFormat, Role kRole>
-__device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Tiles<kFormat>& tiles, Small& sm) {
+template <int kFormat, Role kRole, bool kSplitPv>
+__device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Tiles<kFormat>& tiles, Small& sm, int mt) {
   using L = Layout<kFormat>;
-  const int mt = threadIdx.x - kWarpgroupThreads;  // 0 .. kMathThreads - 1
   // Value columns 256m.. of O (halves: also records 32m.. of S).
   const int m = kRole == Role::kHalf ? mt / kWarpgroupThreads : kRole == Role::kScorer ? 0 : 1;
   const int lane = mt % kWarpSize;
@@ -131,8 +155,7 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kTileTokens / kMmaK; ++k)
-        wgmma_m64n256k16(acc, kmajor_desc(p_base + k * kMmaK * 2),
-                         mnmajor_desc(v_base + k * kMmaK * kAtomRowBytes), 1);
+        pv_step<kSplitPv>(acc, kmajor_desc(p_base + k * kMmaK * 2), v_base + k * kMmaK * kAtomRowBytes);
     } else if constexpr (kRole == Role::kScorer) {
       // S [64 heads, 64 records] = Q K^T; the online softmax, log2 domain.
       float s[kScorerLogitRegs];
@@ -177,8 +200,7 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kTileTokens / kMmaK; ++k)
-        wgmma_m64n256k16_rs(acc, pa[4 * k], pa[4 * k + 1], pa[4 * k + 2], pa[4 * k + 3],
-                            mnmajor_desc(v_base + k * kMmaK * kAtomRowBytes));
+        pv_step_rs<kSplitPv>(acc, pa + 4 * k, v_base + k * kMmaK * kAtomRowBytes);
     } else {  // Role::kSecond
       // O[:, 256 .. 511] = alpha O + P V, P and alpha from the scorer.
       named_barrier(kPReadyBarrier, kMathThreads);
@@ -187,7 +209,7 @@ __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Til
       wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kTileTokens / kMmaK; ++k)
-        wgmma_m64n256k16(acc, kmajor_desc(p_base + k * kMmaK * 2), mnmajor_desc(v_base + k * kMmaK * kAtomRowBytes), 1);
+        pv_step<kSplitPv>(acc, kmajor_desc(p_base + k * kMmaK * 2), v_base + k * kMmaK * kAtomRowBytes);
     }
     wgmma_commit();
     wgmma_wait_all();

@@ -1,5 +1,5 @@
-// The 64-head kernel: one producer and two consumer warpgroups per program (grid and roles:
-// launch_sm90.cu's header).
+// The 64-head kernel: kGroups producer warpgroups and two consumer warpgroups per program (M64Roles;
+// grid and roles: launch_sm90.cu's header).
 #pragma once
 
 #include "consumer_m64.cuh"
@@ -8,8 +8,10 @@
 namespace dsa_decode {
 namespace {
 
-template <int kFormat, bool kScorerSchedule, bool kMixed>
-__global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_constant__ DecodeArgs a) {
+template <int kFormat, bool kScorerSchedule, int kGroups, bool kMixed>
+__global__ void __launch_bounds__(M64Roles<kFormat, kGroups>::kThreads, 1) decode_kernel(const __grid_constant__ DecodeArgs a) {
+  using Roles = M64Roles<kFormat, kGroups>;
+  constexpr bool kSplitPv = Roles::kLaunchRegisters < kM64N256MinRegisters;
   extern __shared__ uint8_t shared_raw[];
   // Offset from shared_raw itself (not through an integer): the compiler then knows every tile
   // pointer is shared memory and emits STS/LDS instead of generic stores and loads.
@@ -20,7 +22,7 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(&sm.full[s], kProducerThreads);
+      mbarrier_init(&sm.full[s], Roles::kProducers);
       mbarrier_init(&sm.empty[s], kMathThreads / kWarpSize);
     }
     fence_mbarrier_init();
@@ -32,20 +34,25 @@ __global__ void __launch_bounds__(kThreads, 1) decode_kernel(const __grid_consta
   __syncthreads();
   // The consumers' branch written first puts the producer first in the SASS, so its code no longer
   // moves with the consumers' epilogue (that placement alone made V3.2 b = 128 faster).
-  if (threadIdx.x >= kWarpgroupThreads) {
+  if (threadIdx.x >= Roles::kProducers) {
+    const int mt = threadIdx.x - Roles::kProducers;  // consumer thread 0 .. kMathThreads - 1
     if constexpr (!kScorerSchedule) {
-      set_registers_up<L::kConsumerRegisters>();
-      consume<kFormat, Role::kHalf>(a, row, tiles, sm);
-    } else if (threadIdx.x < 2 * kWarpgroupThreads) {
-      set_registers_up<L::kScorerRegisters>();
-      consume<kFormat, Role::kScorer>(a, row, tiles, sm);
+      set_registers_up<Roles::kConsumerRegisters>();
+      consume<kFormat, Role::kHalf, kSplitPv>(a, row, tiles, sm, mt);
+    } else if (mt < kWarpgroupThreads) {
+      set_registers_up<Roles::kScorerRegisters>();
+      consume<kFormat, Role::kScorer, kSplitPv>(a, row, tiles, sm, mt);
     } else {
-      set_registers_down<L::kSecondRegisters>();
-      consume<kFormat, Role::kSecond>(a, row, tiles, sm);
+      if constexpr (Roles::kSecondRegisters < Roles::kLaunchRegisters) {
+        set_registers_down<Roles::kSecondRegisters>();
+      } else {
+        set_registers_up<Roles::kSecondRegisters>();
+      }
+      consume<kFormat, Role::kSecond, kSplitPv>(a, row, tiles, sm, mt);
     }
   } else {
-    set_registers_down<L::kProducerRegisters>();
-    produce<kFormat, 1, kMixed>(a, row, tiles, sm);
+    set_registers_down<Roles::kProducerRegisters>();
+    produce<kFormat, kGroups, kMixed>(a, row, tiles, sm);
   }
 }
 
