@@ -495,7 +495,8 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     # V3.2 with two producer warpgroups, V4 with one (m64_producer_groups), each for uniform and mixed
     # whole+split schedules (kMixed). The 16/32-head kernel (launch_m16.cu): both formats at one and two
     # m16 tiles, two producer warpgroups, both schedules, and its combines.
-    entries = re.findall(r"Compiling entry function '\w*?(decode_kernel_m16ILi[01]ELi[12]ELi2ELb[01]E|decode_kernelILi[01]ELb[01]ELi[12]ELb[01]E|"
+    entries = re.findall(r"Compiling entry function '\w*?(decode_kernel_m16ILi[01]ELi[12]ELi2ELb[01]E|"
+                         r"decode_kernelILi[01]ELb[01]ELi[12]ELb[01]E|"
                          r"combine_kernel_forINS0_11PartialsM16ILi[12]E|combine_kernelE)\w*'", compiled.log)  # fmt: skip
     m64 = [f"decode_kernelILi{f}ELb{s}ELi{g}ELb{m}E" for f, s, g in ((0, 0, 2), (0, 1, 2), (1, 0, 1)) for m in (0, 1)]
     m16 = [f"decode_kernel_m16ILi{f}ELi{t}ELi2ELb{m}E" for f in (0, 1) for t in (1, 2) for m in (0, 1)]
