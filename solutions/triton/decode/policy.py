@@ -100,8 +100,9 @@ class DecodeConfig:
             raise ValueError(f"{self}: whole_tokens must be >= 0, and 0 with one split (every token is whole then)")
 
 
-#: The hand-written SM90 kernel (cuda.py, csrc/): 64 heads x 64 records per step,
-#: three warpgroups (12 warps: a producer and two consumers), two dequantized stages, fp16
+#: The hand-written SM90 kernel (cuda.py, csrc/): 64 heads x 64 records per step, two consumer
+#: warpgroups and one producer warpgroup (V4: 12 warps) or two (V3.2: 16 warps; csrc/config.cuh's
+#: m64_producer_groups decides, num_warps here is descriptive), two dequantized stages, fp16
 #: partials with a per-thread fp32 scale merged by the library's own combine kernel
 #: (csrc/decode_sm90.h). Only the split count is chosen per call.
 CUDA_CONFIG = DecodeConfig(block_h=64, block_n=64, splits=0, num_warps=12, num_stages=2, combine="auto", partial_dtype="fp16",
