@@ -71,8 +71,8 @@ __device__ __forceinline__ void pv_step_rs(float (&acc)[kAccRegs], const uint32_
   }
 }
 
-// The consumer warpgroups (consumer thread mt, 0 .. kMathThreads - 1): attend the tiles in their Role (above), then write the output (or the
-// split's partial).
+// The consumer warpgroups (consumer thread mt, 0 .. kMathThreads - 1): attend the tiles in their
+// Role (above), then write the output (or the split's partial).
 template <int kFormat, Role kRole, bool kSplitPv>
 __device__ __forceinline__ void consume(const DecodeArgs& a, const Row& row, Tiles<kFormat>& tiles, Small& sm, int mt) {
   using L = Layout<kFormat>;
