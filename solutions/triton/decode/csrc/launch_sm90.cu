@@ -4,8 +4,9 @@
 // (common/cuda_build.py). docs/kernels/mla_decode.md explains the design.
 //
 // Grid (h_q / 64 head blocks, 1, programs: DecodeArgs' schedule); M64Roles' threads: one or two
-// producer warpgroups (m64_producer_groups) and two consumer warpgroups, one program per SM (the dequantized tiles fill shared memory). Program (hb, split s of S, token t)
-// attends the 64 heads hb*64.. of query token t over the positions s, s + S, s + 2S, ... of its index row (S = 1: all),
+// producer warpgroups (m64_producer_groups) and two consumer warpgroups, one program per SM (the
+// dequantized tiles fill shared memory). Program (hb, split s of S, token t) attends the 64 heads
+// hb*64.. of query token t over the positions s, s + S, s + 2S, ... of its index row (S = 1: all),
 // in tiles of 64 records:
 //   producers  warpgroup 0 (and 1): the index row into L2 first; then R threads per record
 //              (ProducerPlan: 4, V4 with one warpgroup 2) gather its FP8 bytes, scales and RoPE into registers, taking its
