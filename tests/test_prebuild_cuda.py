@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from dsa_bench.run.loader import solution_package
+from dsa_bench.solution import load_solution
+
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "solutions" / "triton"
 
@@ -57,15 +60,16 @@ def test_the_decode_library_is_built_once_then_found_where_the_solution_looks(tm
         text = (copy / name).read_text()
         (copy / name).write_text(text.replace(tool.LIBRARY_CALL, "load_checked_library(STEM, WHAT, HERE, SOURCES, HEADERS".lower()))
     into = tmp_path / "ext"
-    first = tool.prebuild(copy, into, "sm_90a", index=100)
+    first = tool.prebuild(copy, into, "sm_90a")
     assert [stem for stem, _, _ in first] == ["dsa_mla_decode_sm90"]
     (_, path, seconds), = first
     assert seconds > 0 and path.is_file() and path.parent.parent == into / "triton"
-    again = tool.prebuild(copy, into, "sm_90a", index=100)
+    again = tool.prebuild(copy, into, "sm_90a")
     assert again == [("dsa_mla_decode_sm90", path, 0.0)], "found, not rebuilt"
     # the solution's loader with the worker's TORCH_EXTENSIONS_DIR names the same file
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(into / "triton"))
-    decode = sys.modules["dsa_bench_prebuild_100.decode.cuda"]
-    cuda_build = sys.modules["dsa_bench_prebuild_100.common.cuda_build"]
+    package = solution_package(load_solution(copy))
+    decode = sys.modules[f"{package}.decode.cuda"]
+    cuda_build = sys.modules[f"{package}.common.cuda_build"]
     found = cuda_build.compile_library(decode.STEM, decode.WHAT, decode.HERE, decode.SOURCES, decode.HEADERS, "sm_90a")
     assert found.path == path and found.seconds_built == 0.0

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +36,7 @@ if str(ROOT) not in sys.path:
 
 from dsa_bench.errors import DsaBenchError  # noqa: E402
 from dsa_bench.paths import safe_file_name  # noqa: E402
+from dsa_bench.run.loader import solution_package  # noqa: E402
 from dsa_bench.solution import load_solution  # noqa: E402
 
 #: what marks a module that builds a library (the solution's common/cuda_build.py entry point)
@@ -52,25 +52,15 @@ def library_modules(folder: Path) -> list[str]:
     return found
 
 
-def import_package(folder: Path, index: int) -> str:
-    """``folder`` registered as a package of its own (its modules import each other relatively, as
-    when the harness imports the entry); returns the package's name."""
-    name = f"dsa_bench_prebuild_{index}"
-    if name not in sys.modules:
-        package = types.ModuleType(name)
-        package.__path__ = [str(folder)]
-        sys.modules[name] = package
-    return name
-
-
-def prebuild(folder: Path, into: Path, arch: str, index: int = 0) -> list[tuple[str, Path, float]]:
+def prebuild(folder: Path, into: Path, arch: str) -> list[tuple[str, Path, float]]:
     """Builds (or finds) every CUDA library of the solution in ``folder`` for ``arch`` under
     ``into/<solution name>``; returns (library, path, seconds built: 0 when it was there)."""
     solution = load_solution(folder)
     root = into / safe_file_name(solution.name)
+    package = solution_package(solution)
     built = []
     for name in library_modules(folder):
-        module = importlib.import_module(f"{import_package(folder, index)}.{name}")
+        module = importlib.import_module(f"{package}.{name}")
         # the solution's own build code (the one its loader runs), so the digest and the folder are its own
         cuda_build = importlib.import_module(module.load_checked_library.__module__)
         compiled = cuda_build.compile_library(module.STEM, module.WHAT, module.HERE, module.SOURCES, module.HEADERS, arch, root=root)
@@ -85,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--solution", type=Path, action="append", help="a solution folder (repeatable; default solutions/triton)")
     args = parser.parse_args(argv)
     folders = args.solution or [ROOT / "solutions" / "triton"]
-    for index, folder in enumerate(folders):
+    for folder in folders:
         try:
-            built = prebuild(folder.resolve(), args.into.resolve(), args.arch, index)
+            built = prebuild(folder.resolve(), args.into.resolve(), args.arch)
         except DsaBenchError as exc:
             print(f"prebuild_cuda: {exc}", file=sys.stderr)
             return 2

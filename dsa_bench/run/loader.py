@@ -21,6 +21,17 @@ def _package_name(solution: Solution) -> str:
     return f"dsa_solution_{slug}_{hashlib.sha1(str(solution.path).encode()).hexdigest()[:8]}"
 
 
+def solution_package(solution: Solution) -> str:
+    """The name of a package rooted at the solution folder (registered once per process), so that
+    the solution's modules import each other relatively as ``<package>.<dotted path>``."""
+    package = _package_name(solution)
+    if package not in sys.modules:
+        module = types.ModuleType(package)
+        module.__path__ = [str(solution.path)]
+        sys.modules[package] = module
+    return package
+
+
 def import_entry(solution: Solution, definition: str) -> tuple[Callable[..., Any], types.ModuleType | None]:
     """The entry function (and its module, for Python entries), imported or built.
 
@@ -41,11 +52,7 @@ def import_entry(solution: Solution, definition: str) -> tuple[Callable[..., Any
         if str(solution.path.parent) not in sys.path:
             sys.path.insert(0, str(solution.path.parent))
     else:
-        package = _package_name(solution)
-        if package not in sys.modules:
-            module = types.ModuleType(package)
-            module.__path__ = [str(solution.path)]
-            sys.modules[package] = module
+        package = solution_package(solution)
         if str(solution.path) not in sys.path:
             sys.path.insert(0, str(solution.path))
     dotted = ".".join(Path(entry.file).with_suffix("").parts)

@@ -6,7 +6,7 @@
 namespace dsa_decode {
 namespace {
 
-// Grid (split units, kCombinePrograms), P::kOwners threads (P: the partials' format, config.cuh): program
+// Grid (split units, combine_programs<P>()), P::kOwners threads (P: the partials' format, config.cuh): program
 // (u, c) merges the splits' partials of split unit u (kHeads heads of query token whole_tokens + u / head
 // blocks: DecodeArgs' schedule) for fragments
 // j = c * kCombineFragRows .. (P::fragment): thread mt takes fragment j * kOwners + mt of every split.
@@ -102,6 +102,24 @@ __device__ __forceinline__ void combine_unit(const DecodeArgs& a) {
 template <class P>
 __global__ void __launch_bounds__(P::kOwners, 1) combine_kernel_for(const __grid_constant__ DecodeArgs a) {
   combine_unit<P>(a);
+}
+
+// Launches `combine` (grid (units, combine_programs<P>()), P::kOwners threads) as a programmatic
+// dependent of the decode kernel launched just before it on `stream`: its launch overlaps the
+// decode's tail, and griddepcontrol.wait (combine_unit) holds it until the partials are written.
+template <class P>
+cudaError_t launch_combine(void (*combine)(DecodeArgs), int units, const DecodeArgs& a, cudaStream_t stream) {
+  cudaLaunchAttribute dependent{};
+  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  dependent.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(units), combine_programs<P>());
+  config.blockDim = dim3(P::kOwners);
+  config.stream = stream;
+  config.attrs = &dependent;
+  config.numAttrs = 1;
+  const cudaError_t err = cudaLaunchKernelEx(&config, combine, a);
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
 }  // namespace

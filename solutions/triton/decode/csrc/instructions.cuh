@@ -8,13 +8,15 @@
 namespace dsa_decode {
 namespace {
 
-template <int kRegisters>
-__device__ __forceinline__ void set_registers_down() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
-}
-template <int kRegisters>
-__device__ __forceinline__ void set_registers_up() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+// The warpgroup's registers a thread from the kernel's kLaunch to kRegisters (setmaxnreg: a release
+// below the launch's count, a claim above it).
+template <int kRegisters, int kLaunch>
+__device__ __forceinline__ void set_registers() {
+  if constexpr (kRegisters < kLaunch) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+  } else if constexpr (kRegisters > kLaunch) {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+  }
 }
 // Four 8x8 bf16 blocks from the mma fragment layout into shared memory, lane l giving the address
 // of row l % 8 of block l / 8.

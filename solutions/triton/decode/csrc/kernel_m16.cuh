@@ -28,10 +28,10 @@ __global__ void __launch_bounds__(M16Roles<kFormat, kGroups>::kThreads, 1) decod
   __syncthreads();
   // The consumers' branch first in the source, as in the 64-head kernel (the producer first in the SASS).
   if (threadIdx.x >= Roles::kProducers) {
-    set_registers_up<Roles::kConsumerRegisters>();
+    set_registers<Roles::kConsumerRegisters, Roles::kLaunchRegisters>();
     consume_m16<kFormat, kMTiles>(a, row, tiles, sm, threadIdx.x - Roles::kProducers);
   } else {
-    set_registers_down<Roles::kProducerRegisters>();
+    set_registers<Roles::kProducerRegisters, Roles::kLaunchRegisters>();
     produce<kFormat, kGroups, kMixed>(a, row, tiles, sm);
   }
 }

@@ -37,21 +37,17 @@ __global__ void __launch_bounds__(M64Roles<kFormat, kGroups>::kThreads, 1) decod
   if (threadIdx.x >= Roles::kProducers) {
     const int mt = threadIdx.x - Roles::kProducers;  // consumer thread 0 .. kMathThreads - 1
     if constexpr (!kScorerSchedule) {
-      set_registers_up<Roles::kConsumerRegisters>();
+      set_registers<Roles::kConsumerRegisters, Roles::kLaunchRegisters>();
       consume<kFormat, Role::kHalf, kSplitPv>(a, row, tiles, sm, mt);
     } else if (mt < kWarpgroupThreads) {
-      set_registers_up<Roles::kScorerRegisters>();
+      set_registers<Roles::kScorerRegisters, Roles::kLaunchRegisters>();
       consume<kFormat, Role::kScorer, kSplitPv>(a, row, tiles, sm, mt);
     } else {
-      if constexpr (Roles::kSecondRegisters < Roles::kLaunchRegisters) {
-        set_registers_down<Roles::kSecondRegisters>();
-      } else {
-        set_registers_up<Roles::kSecondRegisters>();
-      }
+      set_registers<Roles::kSecondRegisters, Roles::kLaunchRegisters>();
       consume<kFormat, Role::kSecond, kSplitPv>(a, row, tiles, sm, mt);
     }
   } else {
-    set_registers_down<Roles::kProducerRegisters>();
+    set_registers<Roles::kProducerRegisters, Roles::kLaunchRegisters>();
     produce<kFormat, kGroups, kMixed>(a, row, tiles, sm);
   }
 }

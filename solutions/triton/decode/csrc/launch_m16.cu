@@ -21,18 +21,7 @@ cudaError_t launch_m16(const DecodeArgs& a, cudaStream_t stream) {
   kernel<<<grid, M16Roles<kFormat, kM16ProducerGroups>::kThreads, bytes, stream>>>(a);
   err = cudaGetLastError();
   if (err != cudaSuccess || a.splits == 1 || split == 0) return err;
-  using P = PartialsM16<kMTiles>;
-  cudaLaunchAttribute dependent{};
-  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  dependent.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(split), combine_programs<P>());
-  config.blockDim = dim3(P::kOwners);
-  config.stream = stream;
-  config.attrs = &dependent;
-  config.numAttrs = 1;
-  err = cudaLaunchKernelEx(&config, combine_kernel_for<P>, a);
-  return err != cudaSuccess ? err : cudaGetLastError();
+  return launch_combine<PartialsM16<kMTiles>>(combine_kernel_for<PartialsM16<kMTiles>>, split, a, stream);
 }
 
 }  // namespace

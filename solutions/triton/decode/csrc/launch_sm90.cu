@@ -38,7 +38,6 @@ namespace {
 
 // The 64-head kernel's combine.
 constexpr int kCombineThreads = PartialsM64::kOwners;
-constexpr int kCombinePrograms = combine_programs<PartialsM64>();
 __global__ void __launch_bounds__(kCombineThreads, 1) combine_kernel(const __grid_constant__ DecodeArgs a) {
   combine_unit<PartialsM64>(a);
 }
@@ -55,17 +54,7 @@ cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
   kernel<<<grid, M64Roles<kFormat, kGroups>::kThreads, bytes, stream>>>(a);
   err = cudaGetLastError();
   if (err != cudaSuccess || a.splits == 1 || split == 0) return err;
-  cudaLaunchAttribute dependent{};
-  dependent.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  dependent.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(split * (a.h_q / kHeadsPerProgram)), kCombinePrograms);
-  config.blockDim = dim3(kCombineThreads);
-  config.stream = stream;
-  config.attrs = &dependent;
-  config.numAttrs = 1;
-  err = cudaLaunchKernelEx(&config, combine_kernel, a);
-  return err != cudaSuccess ? err : cudaGetLastError();
+  return launch_combine<PartialsM64>(combine_kernel, split * (a.h_q / kHeadsPerProgram), a, stream);
 }
 
 template <int kFormat, bool kScorerSchedule>
