@@ -333,6 +333,7 @@ def test_16_and_32_heads_and_mtp_query_tokens(name, h_q, s_q):
     assert used.block_h == h_q
     check(fmt, case, DecodeConfig(block_h=16, block_n=16, splits=2, combine="two_launch", num_warps=4, num_stages=1))
     assert "h_q 16 and 32" in entry.solution_notes() and "mma.sync m16n8k16" in entry.solution_notes()
+    assert "transposed wgmma m64n32k16 at 32" in entry.solution_notes()
 
 
 def test_cuda_kernel_config_and_policy():
@@ -491,14 +492,14 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
     compiled = cuda_build.compile_library(*build, root=tmp_path, extra_flags=("-Xptxas", "-v"))
     assert "spill stores" in compiled.log and not re.search(r"[1-9]\d* bytes spill stores", compiled.log), compiled.log
     assert "C7512" not in compiled.log, "wgmma serialized for lack of registers"
-    # Both formats with the halves schedule, V3.2 also with the scorer schedule (csrc/config.cuh, Role),
-    # V3.2 with two producer warpgroups, V4 with one (m64_producer_groups), each for uniform and mixed
+    # Both formats with the halves and the scorer schedules (csrc/config.cuh, Role), with two producer
+    # warpgroups but V4's halves with one (m64_producer_groups), each for uniform and mixed
     # whole+split schedules (kMixed). The 16/32-head kernel (launch_m16.cu): both formats at one and two
     # m16 tiles, two producer warpgroups, both schedules, and its combines.
     entries = re.findall(r"Compiling entry function '\w*?(decode_kernel_m16ILi[01]ELi[12]ELi2ELb[01]E|"
                          r"decode_kernelILi[01]ELb[01]ELi[12]ELb[01]E|"
                          r"combine_kernel_forINS0_11PartialsM16ILi[12]E|combine_kernelE)\w*'", compiled.log)  # fmt: skip
-    m64 = [f"decode_kernelILi{f}ELb{s}ELi{g}ELb{m}E" for f, s, g in ((0, 0, 2), (0, 1, 2), (1, 0, 1)) for m in (0, 1)]
+    m64 = [f"decode_kernelILi{f}ELb{s}ELi{g}ELb{m}E" for f, s, g in ((0, 0, 2), (0, 1, 2), (1, 0, 1), (1, 1, 2)) for m in (0, 1)]
     m16 = [f"decode_kernel_m16ILi{f}ELi{t}ELi2ELb{m}E" for f in (0, 1) for t in (1, 2) for m in (0, 1)]
     combines = ["combine_kernelE", "combine_kernel_forINS0_11PartialsM16ILi1E", "combine_kernel_forINS0_11PartialsM16ILi2E"]
     assert sorted(entries) == sorted(m64 + m16 + combines), compiled.log
@@ -756,8 +757,8 @@ def test_gpu_cuda_kernel_is_the_default_and_matches_on_every_split(name):
     case, _, _ = _gpu_case(fmt, 2, 2, 128, valid_frac=0.9, empty_rows=(3,), sink=True, topk_length=lengths)
     _, _, used = check(fmt, case)
     assert used.kernel == "cuda" and used.splits > 1 and used.combine == "two_launch"
-    # V3.2: 1, 2 and 4 splits (at least 8 tiles a program) run the consumers' scorer schedule, the
-    # default 16 and 32 the halves schedule (csrc/config.cuh, Role); V4 always the halves.
+    # 1, 2 and 4 splits (at least 8 tiles a program) run the consumers' scorer schedule, the default
+    # 16 and 32 the halves schedule (csrc/config.cuh, Role), in both formats.
     for splits in (1, 2, 4, 32):
         _, _, used = check(fmt, case, replace(policy_mod.CUDA_CONFIG, splits=splits))
         assert (used.kernel, used.splits) == ("cuda", splits)
@@ -801,7 +802,8 @@ def test_gpu_cuda_kernel_on_small_pages_short_rows_and_padded_page_strides(name,
 @pytest.mark.parametrize("name", ["V32", "V4"])
 @pytest.mark.parametrize("h_q", [16, 32])
 def test_gpu_cuda_16_and_32_heads_on_every_split_and_query_count(name, h_q):
-    """The 16/32-head CUDA kernel (mma.sync): the default config, every split count, s_q 1..4, with
+    """The 16/32-head CUDA kernel (16 heads mma.sync, 32 the transposed wgmma consumers of
+    consumer_st.cuh): the default config, every split count, s_q 1..4, with
     an empty row, sinks (some heads without) and V4's topk_length (a short row, a zero-length row)."""
     fmt = FORMATS[name]
     for b, s_q in ((2, 1), (2, 2), (3, 3), (1, 4)):

@@ -28,7 +28,7 @@ SOURCES = ("csrc/decode_capi.cpp", "csrc/launch_sm90.cu", "csrc/launch_m16.cu")
 #: layout, the instruction wrappers, producer, softmax, consumer, kernel and combine
 KERNEL_HEADERS = (
     "csrc/decode_sm90.h", "csrc/config.cuh", "csrc/instructions.cuh", "csrc/producer.cuh", "csrc/softmax.cuh",
-    "csrc/consumer_m64.cuh", "csrc/kernel_m64.cuh", "csrc/combine.cuh", "csrc/consumer_m16.cuh", "csrc/kernel_m16.cuh",
+    "csrc/consumer_m64.cuh", "csrc/kernel_m64.cuh", "csrc/combine.cuh", "csrc/consumer_m16.cuh", "csrc/kernel_m16.cuh", "csrc/consumer_st.cuh",
 )  # fmt: skip
 HEADERS = (*KERNEL_HEADERS, *SM90_KERNEL_HEADERS)
 #: the C ABI's exports are named dsa_decode_<name>
@@ -53,7 +53,7 @@ TILE_TOKENS = 64  # records gathered and attended together
 STAGES = 2
 MAX_SPLITS = 32
 PARTIAL_SCALES = 256  # fp16 scales per split partial: one per consumer thread
-#: h_q the 16/32-head kernel takes (mma.sync m16n8k16: one m16 tile per 16 heads); its unit is all
+#: h_q the 16/32-head kernel takes (16: mma.sync m16n8k16; 32: transposed wgmma m64n32); its unit is all
 #: h_q heads of a query token, with SMALL_PARTIAL_SCALES_PER_16 scales per 16 heads of a partial
 SMALL_HEADS = (16, 32)
 SMALL_PARTIAL_SCALES_PER_16 = 256  # eight consumer warps

@@ -110,7 +110,7 @@ CUDA_CONFIG = DecodeConfig(block_h=64, block_n=64, splits=0, num_warps=12, num_s
 
 
 #: The 16/32-head CUDA kernel (csrc/kernel_m16.cuh): all h_q heads of a query token x 64 records
-#: per step (mma.sync m16n8k16, one m16 tile per 16 heads), 16 warps (two warpgroups of the same producer
+#: per step (16 heads mma.sync m16n8k16, 32 heads transposed wgmma: consumer_st.cuh), 16 warps (two warpgroups of the same producer
 #: and eight consumer warps), two stages, the same fp16 partials and combine. Only the schedule varies.
 CUDA_SMALL_HEADS = (16, 32)
 M16_WARPS = 16  #: csrc/config.cuh's M16Roles with kM16ProducerGroups = 2: 2 x 4 producer warps + 8 consumer warps

@@ -138,9 +138,10 @@ static_assert(kScorerLogitRegs == 32 && kPRegs == 4 * (kTileTokens / kMmaK), "th
 //           rows' rescale factors to warpgroup 2 by a named barrier; both add P V into their columns,
 //           warpgroup 1 with P from its registers. Q is read once per tile and warpgroup 1's next S
 //           overlaps warpgroup 2's P V, but a tile's chain is longer: faster where a program has many
-//           tiles (V3.2 b >= 64), slower for the two-tile split programs of b = 2 and for V4.
+//           tiles (b >= 64 at h_q 128: V4 b = 128 389.2 against 439.2 µs on an H200), slower for
+//           the two-tile split programs of b = 2.
 enum class Role { kHalf, kScorer, kSecond };
-// The launcher takes the scorer schedule for V3.2 programs with at least this many tiles.
+// The launcher takes the scorer schedule for programs with at least this many tiles.
 constexpr int kScorerMinTiles = 8;
 static_assert(kPvCols % kAtomCols == 0 && kTileTokens % kMmaK == 0, "P.V in whole atoms and k-steps");
 static_assert(kStages == 2, "the producer's and consumers' phase parities assume two stages");
@@ -162,7 +163,7 @@ struct Layout {
   // producer of V3.2 holds two records' vectors; other splits spilled under nvcc 13.0.
   static constexpr int kProducerRegisters = kFormat == kFormatV32 ? 152 : 136;
   static constexpr int kConsumerRegisters = kFormat == kFormatV32 ? 176 : 184;
-  // The scorer schedule (V3.2 only): the scorer holds S beside O, the second warpgroup O alone.
+  // The scorer schedule: the scorer holds S beside O, the second warpgroup O alone.
   static constexpr int kScorerRegisters = 192;
   static constexpr int kSecondRegisters = 160;
   // Where the producer reads the ids two tiles on: V3.2's two records of vectors leave no
@@ -249,10 +250,10 @@ struct M64Roles {
   static_assert(kProducers * kProducerRegisters + kWarpgroupThreads * (kScorerRegisters + kSecondRegisters) <= 65536,
                 "the scorer and the second warpgroup take only what the producers released");
 };
-// Producer warpgroups of the 64-head kernel, per format: two for V3.2 (h_q 128, b = 128: 410.4
-// against 435.1 µs on an H100); V4 keeps one (its halves spill at 176 registers: 448.1 against 439.0).
-template <int kFormat>
-constexpr int m64_producer_groups() { return kFormat == kFormatV32 ? 2 : 1; }
+// Producer warpgroups of the 64-head kernel: two (V3.2 h_q 128, b = 128: 410.4 against 435.1 µs on an
+// H100), except for V4's halves schedule, whose consumers spill at 176 registers (448.1 against 439.0).
+template <int kFormat, bool kScorerSchedule>
+constexpr int m64_producer_groups() { return kFormat == kFormatV32 || kScorerSchedule ? 2 : 1; }
 // ptxas compiles an m64n256 wgmma only where the kernel starts with at least this many registers a
 // thread (setmaxnreg does not count: C7602), so a 512-thread kernel adds P V as two m64n128 halves.
 constexpr int kM64N256MinRegisters = 154;

@@ -71,6 +71,29 @@ __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t desc_a,
       : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
 
+// D[64, 32] += A[64, 16] B[16, 32]: A MN-major (transposed: V^T, rows of V are k = records), B
+// K-major in shared memory (the 32-head kernel's O^T = V^T P^T).
+__device__ __forceinline__ void wgmma_m64n32k16_ta(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, 1, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+      "}, %16, %17, p, 1, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b));
+}
+// Four 8x8 bf16 blocks into shared memory transposed (.trans): a thread's fragment element (row r,
+// column c) of a block lands in row c, position r; lane l gives the address of row l % 8 of block l / 8.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t b0, uint32_t b1, uint32_t b2, uint32_t b3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(b0), "r"(b1), "r"(b2),
+               "r"(b3)
+               : "memory");
+}
+
 // D[64, 64] (+)= A[64, 16] B[16, 64]: A and B K-major in shared memory (S = Q K^T).
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int accumulate) {
   asm volatile(

@@ -12,7 +12,7 @@ namespace {
 
 template <int kFormat, int kMTiles, bool kMixed>
 cudaError_t launch_m16(const DecodeArgs& a, cudaStream_t stream) {
-  constexpr int bytes = shared_bytes_m16<kFormat, kMTiles>();
+  constexpr int bytes = M16Shared<kFormat, kMTiles>::kBytes;
   const auto kernel = decode_kernel_m16<kFormat, kMTiles, kM16ProducerGroups, kMixed>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;

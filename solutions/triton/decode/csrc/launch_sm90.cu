@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kCombineThreads, 1) combine_kernel(const __gri
 template <int kFormat, bool kScorerSchedule, bool kMixed>
 cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
   constexpr int bytes = shared_bytes<kFormat>();
-  constexpr int kGroups = m64_producer_groups<kFormat>();
+  constexpr int kGroups = m64_producer_groups<kFormat, kScorerSchedule>();
   const auto kernel = decode_kernel<kFormat, kScorerSchedule, kGroups, kMixed>;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
@@ -62,19 +62,20 @@ cudaError_t launch_schedule(const DecodeArgs& a, cudaStream_t stream) {
   return mixed_schedule(a) ? launch<kFormat, kScorerSchedule, true>(a, stream) : launch<kFormat, kScorerSchedule, false>(a, stream);
 }
 
-// Whether the consumers take the scorer schedule (Role): V3.2 calls whose longest programs have at
-// least kScorerMinTiles tiles of the index row.
+// Whether the consumers take the scorer schedule (Role): calls whose longest programs have at least
+// kScorerMinTiles tiles of the index row.
 bool takes_scorer_schedule(const DecodeArgs& args) {
   const int64_t positions = args.whole_tokens > 0 ? args.topk : (static_cast<int64_t>(args.topk) + args.splits - 1) / args.splits;
-  return args.format == kFormatV32 && positions >= static_cast<int64_t>(kScorerMinTiles) * kTileTokens;
+  return positions >= static_cast<int64_t>(kScorerMinTiles) * kTileTokens;
 }
 
 }  // namespace
 
 cudaError_t launch_decode(const DecodeArgs& args, cudaStream_t stream) {
   if (args.h_q == kSmallHeads[0] || args.h_q == kSmallHeads[1]) return launch_decode_m16(args, stream);
-  if (args.format != kFormatV32) return launch_schedule<kFormatV4, false>(args, stream);
-  return takes_scorer_schedule(args) ? launch_schedule<kFormatV32, true>(args, stream) : launch_schedule<kFormatV32, false>(args, stream);
+  const bool scorer = takes_scorer_schedule(args);
+  if (args.format != kFormatV32) return scorer ? launch_schedule<kFormatV4, true>(args, stream) : launch_schedule<kFormatV4, false>(args, stream);
+  return scorer ? launch_schedule<kFormatV32, true>(args, stream) : launch_schedule<kFormatV32, false>(args, stream);
 }
 
 }  // namespace dsa_decode
