@@ -28,7 +28,8 @@ SOURCES = ("csrc/decode_capi.cpp", "csrc/launch_sm90.cu", "csrc/launch_m16.cu")
 #: layout, the instruction wrappers, producer, softmax, consumer, kernel and combine
 KERNEL_HEADERS = (
     "csrc/decode_sm90.h", "csrc/config.cuh", "csrc/instructions.cuh", "csrc/producer.cuh", "csrc/softmax.cuh",
-    "csrc/consumer_m64.cuh", "csrc/kernel_m64.cuh", "csrc/combine.cuh", "csrc/consumer_m16.cuh", "csrc/kernel_m16.cuh", "csrc/consumer_st.cuh",
+    "csrc/consumer_m64.cuh", "csrc/kernel_m64.cuh", "csrc/combine.cuh", "csrc/consumer_m16.cuh", "csrc/consumer_st.cuh",
+    "csrc/kernel_m16.cuh",
 )  # fmt: skip
 HEADERS = (*KERNEL_HEADERS, *SM90_KERNEL_HEADERS)
 #: the C ABI's exports are named dsa_decode_<name>

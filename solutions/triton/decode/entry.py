@@ -248,7 +248,8 @@ def kernel_v41(q, kv_cache, indices, sm_scale, attn_sink, topk_length, out, lse)
 SMALL_HEADS_NOTE = (
     "h_q 16 and 32 (TP8 / TP4): on SM90 for V3.2 and V4 a native 16/32-head CUDA kernel (two warpgroups of the same "
     "producer, eight consumer warps: mma.sync m16n8k16 at 16 heads, transposed wgmma m64n32k16 at 32, S^T = K Q^T "
-    "and O^T = V^T P^T; the same schedule of whole and split tokens); elsewhere the Triton kernel with one head block of h_q (tl.dot M = 16 or 32)"
+    "and O^T = V^T P^T; the same schedule of whole and split tokens); elsewhere the Triton kernel with one head block "
+    "of h_q (tl.dot M = 16 or 32)"
 )
 
 
