@@ -7,6 +7,7 @@
     python benchmarks/kernels/mla_decode.py --list                                         # the configs the policy picks, no GPU
     python benchmarks/kernels/mla_decode.py --variant NAME=REV_OR_DIR [--variant ...]       # other builds of the CUDA kernel beside it
                                             [--time-failed-variants]                       # ablations: timed though they fail the check
+    python benchmarks/kernels/mla_decode.py --cuda-splits 16 [--cuda-splits 32 ...]         # the CUDA kernel at forced split counts
 
 Shapes: FlashMLA's production decode shapes by default (V3.2 and V4 records, h_q 128 and 64,
 s_q 2, topk 2048, s_k 32768 per sequence, b in {2, 64, 74, 128}, block size 64). Per shape it
@@ -29,6 +30,11 @@ say), or ``NAME=DIR`` from a copy of ``solutions/triton`` in DIR (``git archive 
 package of its own, builds its CUDA kernel, and times its entry beside the shipped build, checked
 the same way (`variant NAME` in the table): a side-by-side measurement of an experiment in one
 run, whatever its scratch or C ABI.
+
+``--cuda-splits N`` (repeatable) also times the shipped CUDA kernel with every query token split N
+ways (`splits=N` in the table; the policy's own schedule is the `cuda` row), checked the same way: the
+schedule's choice against its neighbours without a policy variant. A count the kernel refuses for the
+shape (more splits than tiles) is reported as an error row.
 
 FlashMLA (``sgl-flash-mla``, BRIEF §2.4) is called as ``get_mla_metadata()`` then
 ``flash_mla_with_kvcache(q, cache, None, None, 512, meta, softmax_scale=..., is_fp8_kvcache=True,
@@ -276,6 +282,22 @@ def check_triton(entry, shape: Shape, inputs, config, ref) -> tuple[tuple[bool, 
     return compare(out, lse, ref), used
 
 
+def forced_splits(entry, config_mod, shape: Shape, candidates: Candidates, ref, args, moved: int) -> list[dict[str, Any]]:
+    """--cuda-splits: the CUDA kernel with every query token split N ways, one record per N."""
+    records = []
+    for splits in args.cuda_splits:
+        config = dataclasses.replace(config_mod.cuda_base_config(shape.h_q), splits=splits, whole_tokens=0,
+                                     combine="none" if splits == 1 else "two_launch")  # fmt: skip
+        try:
+            check, _ = check_triton(entry, shape, candidates.sets[0], config, ref)
+        except ValueError as exc:  # a count the kernel refuses for this shape
+            records.append({"shape": str(shape), "candidate": f"splits={splits}", "us": None, "error": str(exc)[:300]})
+            continue
+        us, timer = time_call(candidates.triton(config), candidates, args) if check[0] else (None, "FAIL")
+        records.append(row(shape, f"splits={splits}", us, timer, check, moved))
+    return records
+
+
 def sweep(entry, config_mod, shape: Shape, candidates: Candidates, ref, args, sms: int) -> list[dict[str, Any]]:
     """Coordinate descent over the config knobs from the policy's config; returns every timed record."""
     DecodeConfig = config_mod.DecodeConfig
@@ -378,6 +400,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="write the records as JSON")
     p.add_argument("--variant", action="append", default=[], metavar="NAME=REV_OR_DIR",
                    help="also time the CUDA kernel built from git revision REV or from DIR, a copy of solutions/triton")  # fmt: skip
+    p.add_argument("--cuda-splits", type=int, action="append", default=[], metavar="N",
+                   help="also time the CUDA kernel with every query token split N ways (repeatable)")  # fmt: skip
     p.add_argument("--time-failed-variants", action="store_true",
                    help="time a --variant even when it fails the check (an ablation that skips part of the work)")  # fmt: skip
     p.add_argument(
@@ -461,6 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         us, timer = None, "FAIL"
                     records.append(row(shape, f"variant {name}", us, timer, check, moved))
+                records += forced_splits(entry, config_mod, shape, candidates, ref, args, moved)
                 config = config_mod.select_config(shape.kv_format, shape.h_q, shape.b * shape.s_q, shape.topk, sms)
                 check, used = check_triton(entry, shape, sets[0], config, ref)
                 us, timer = time_call(candidates.triton(config), candidates, args) if check[0] else (None, "FAIL")
@@ -520,11 +545,11 @@ def print_table(records: list[dict[str, Any]], shapes: list[Shape]) -> None:
             rows = [r for r in mine if r["candidate"].startswith("triton") and f"kernel='{kernel}'" in r["candidate"]]
             timed = [r for r in rows if r.get("us")]
             shown += [min(timed, key=lambda r: r["us"])] if timed else rows[:1]
-        shown += [r for r in mine if r["candidate"].startswith("variant ")]
+        shown += [r for r in mine if r["candidate"].startswith(("variant ", "splits="))]
         shown += [r for r in mine if r["candidate"] == "flashmla"]
         anchor = FLASHMLA_H200_US.get((shape.kv_format, shape.h_q, shape.b))
         for r in shown:
-            if r["candidate"] == "flashmla" or r["candidate"].startswith("variant "):
+            if r["candidate"] == "flashmla" or r["candidate"].startswith(("variant ", "splits=")):
                 name = r["candidate"].removeprefix("variant ")
             else:
                 name = "cuda" if "kernel='cuda'" in r["candidate"] else "triton"

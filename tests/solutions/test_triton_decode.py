@@ -844,18 +844,22 @@ def test_gpu_cuda_kernel_refuses_what_it_cannot_take():
 
 
 @pytest.mark.gpu
-def test_benchmark_times_a_variant_beside_the_shipped_build(tmp_path):
+def test_benchmark_times_a_variant_and_forced_split_counts_beside_the_shipped_build(tmp_path):
     # The shipped sources as a variant: built apart, swapped in through the entry, checked and timed.
     out = tmp_path / "variant.json"
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "kernels" / "mla_decode.py"), "--format", "V32", "--hq", "64",
                            "--batch", "2", "--warmup", "1", "--iterations", "3", "--trials", "1", "--no-flashmla", "--out", str(out),
-                           "--variant", f"same={ROOT / 'solutions' / 'triton'}"], capture_output=True, text=True, cwd=ROOT,
-                          timeout=600, check=False)  # fmt: skip
+                           "--variant", f"same={ROOT / 'solutions' / 'triton'}", "--cuda-splits", "4", "--cuda-splits", "64"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=600, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = json.loads(out.read_text())["records"]
     variant = [r for r in records if r["candidate"] == "variant same"]
     assert len(variant) == 1 and variant[0]["passed"] and variant[0]["us"] > 0, records
     assert "same" in proc.stdout
+    # --cuda-splits: the shipped kernel at a forced split count, checked and timed; a count it refuses is an error row
+    forced = {r["candidate"]: r for r in records if r["candidate"].startswith("splits=")}
+    assert forced["splits=4"]["passed"] and forced["splits=4"]["us"] > 0, records
+    assert forced["splits=64"]["us"] is None and "splits must be in [1, 32]" in forced["splits=64"]["error"], records
 
 
 
