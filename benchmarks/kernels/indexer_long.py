@@ -80,6 +80,8 @@ SHAPES = {
     "b32_ragged": ragged_lengths(32, 4096, 131072),
     "b64_ragged": ragged_lengths(64, 1024, 131072),
     "b128_ragged": ragged_lengths(128, 1024, 131072),
+    "b128_l8k": [8192] * 128,
+    "b32_l8k": [8192] * 32,
     "b128_l16k": [16384] * 128,
     "b32_l16k": [16384] * 32,
     "b8_l16k": [16384] * 8,
@@ -150,7 +152,8 @@ def us(result) -> float:
 
 
 #: score tiles timed on --variants' cases: (pages per program, pipeline stages, rows first)
-TILES = ((1, 1, False), (2, 2, True), (4, 2, True), (4, 3, True), (8, 3, True), (16, 3, True), (16, 4, True), (32, 3, True))
+TILES = ((1, 1, False), (2, 2, True), (4, 2, True), (4, 3, True), (8, 3, True), (8, 4, True), (16, 3, True), (16, 4, True), (32, 3, True),
+         (32, 4, True))
 
 
 def tile_name(pages: int, stages: int, rows_first: bool) -> str:
