@@ -233,18 +233,13 @@ def _score_kernel(
         pid_n = tl.program_id(0)
         row = tl.program_id(1)
     if PAIRED:
-        row_a = 2 * row
-        len_a = tl.load(seq_lens_ptr + row_a)
-        if row_a + 1 < batch:
-            len_b = tl.load(seq_lens_ptr + row_a + 1)
+        row = 2 * row  # the pair's first row; the last row of an odd batch goes on alone, below
+        if row + 1 < batch:
+            len_a, len_b = tl.load(seq_lens_ptr + row), tl.load(seq_lens_ptr + row + 1)
             _score_pair_loop(q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
-                             pid_n, row_a, len_a, len_b, NUM_HEADS, HEAD_DIM, PAGE_SIZE, PAGE_BYTES, TOPK, LOOP_PAGES, LOOP_SLOTS,
+                             pid_n, row, len_a, len_b, NUM_HEADS, HEAD_DIM, PAGE_SIZE, PAGE_BYTES, TOPK, LOOP_PAGES, LOOP_SLOTS,
                              SKIP_SHORT_ROWS, DOT, SENTINEL)
-        else:
-            _score_pages_loop(q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
-                              pid_n, row_a, len_a, NUM_HEADS, HEAD_DIM, PAGE_SIZE, PAGE_BYTES, TOPK, LOOP_PAGES, LOOP_SLOTS,
-                              SKIP_SHORT_ROWS, DOT, SENTINEL)
-        return
+            return
     seq_len = tl.load(seq_lens_ptr + row)
     if LOOP_PAGES > 1:
         _score_pages_loop(q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,

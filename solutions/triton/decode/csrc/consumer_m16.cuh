@@ -34,14 +34,6 @@ static_assert(kM16RecordsPerWarp == 8 && kM16PairRecords == kM16BRowsPerLoad && 
 constexpr int kM16PairBarrier = 4;
 static_assert(kM16PairBarrier > kPFreeBarrier && kM16PairBarrier + kM16Pairs <= 16, "sixteen hardware barriers");
 
-// Byte offset of the 16-byte chunk holding column `col` (a multiple of 8) of row `row` of a tile of
-// kRows-row atoms (64 bf16 a row, 128-byte swizzle as swizzled(): ldmatrix's 8 rows hit 8 bank groups).
-template <int kRows>
-__device__ __forceinline__ uint32_t swizzled_rows(int row, int col) {
-  const int chunk = (col / kChunkCols) % (kAtomRowBytes / 16);
-  return (col / kAtomCols) * (kRows * kAtomRowBytes) + row * kAtomRowBytes + ((chunk ^ (row % 8)) << 4);
-}
-
 // Four 8x8 bf16 blocks from shared memory in the mma fragment layout; lane l gives the address of
 // row l % 8 of block l / 8 (.trans: each block transposed).
 __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {

@@ -26,12 +26,15 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t b0, uint32_t
 }
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 
-// Byte offset of the 16-byte chunk holding column `col` (a multiple of 8) of row `row` in a
-// swizzled tile of atoms.
-__device__ __forceinline__ uint32_t swizzled(int row, int col) {
+// Byte offset of the 16-byte chunk holding column `col` (a multiple of 8) of row `row` of a tile of
+// kRows-row atoms (64 bf16 a row, 128-byte swizzle: 8 consecutive rows hit 8 bank groups).
+template <int kRows>
+__device__ __forceinline__ uint32_t swizzled_rows(int row, int col) {
   const int chunk = (col / kChunkCols) % (kAtomRowBytes / 16);
-  return (col / kAtomCols) * kAtomBytes + row * kAtomRowBytes + ((chunk ^ (row % 8)) << 4);
+  return (col / kAtomCols) * (kRows * kAtomRowBytes) + row * kAtomRowBytes + ((chunk ^ (row % 8)) << 4);
 }
+// The same in a tile of 64-row atoms (Q, the record stages and P of the 64-head kernel).
+__device__ __forceinline__ uint32_t swizzled(int row, int col) { return swizzled_rows<kAtomRows>(row, col); }
 
 // wgmma shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride
 // byte offsets (PTX ISA, "Matrix Descriptor Format").
