@@ -340,7 +340,7 @@ def test_cuda_kernel_config_and_policy():
     """The CUDA kernel's tiling is fixed; its schedule (whole tokens, then split ones) follows
     cuda_schedule on one program per SM."""
     sms = 132
-    schedules = {(2, 128): (0, 16), (2, 64): (0, 32), (64, 128): (0, 1), (128, 128): (0, 1), (74, 128): (132, 4), (74, 64): (132, 8)}
+    schedules = {(2, 128): (0, 16), (2, 64): (0, 16), (1, 64): (0, 16), (64, 128): (0, 1), (128, 128): (0, 1), (74, 128): (132, 4), (74, 64): (132, 8)}
     for (b, h_q), (whole, splits) in schedules.items():
         config = policy_mod.cuda_config(b * 2, h_q, 2048, sms)
         assert (config.kernel, config.whole_tokens, config.splits) == ("cuda", whole, splits), (b, h_q)
@@ -380,9 +380,10 @@ def test_cuda_kernel_config_and_policy():
 @pytest.mark.parametrize("h_q", [16, 32])
 def test_cuda_16_and_32_head_kernel_config_and_policy(h_q):
     """16 and 32 heads on SM90: the 16/32-head CUDA kernel, one program per query token and split,
-    split until the SMs have work (b = 8, s_q = 1: 8 rows x 16 splits on 132 SMs)."""
+    split until the SMs have work (b = 8, s_q = 1: 8 rows x 16 splits on 132 SMs), but into no
+    fewer than two tiles a split: at b = 1, 16 splits beat 32 one-tile ones (the combine's share)."""
     sms = 132
-    for (b, s_q), splits in {(1, 1): 32, (8, 1): 16, (8, 2): 8, (32, 1): 4, (128, 2): 1}.items():
+    for (b, s_q), splits in {(1, 1): 16, (1, 2): 16, (8, 1): 16, (8, 2): 8, (32, 1): 4, (128, 2): 1}.items():
         config = policy_mod.cuda_config(b * s_q, h_q, 2048, sms)
         assert (config.kernel, config.block_h, config.num_warps, config.splits) == ("cuda", h_q, 16, splits), (b, s_q, config)
         assert config.combine == ("none" if splits == 1 else "two_launch")
