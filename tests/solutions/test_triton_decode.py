@@ -340,7 +340,8 @@ def test_cuda_kernel_config_and_policy():
     """The CUDA kernel's tiling is fixed; its schedule (whole tokens, then split ones) follows
     cuda_schedule on one program per SM."""
     sms = 132
-    schedules = {(2, 128): (0, 16), (2, 64): (0, 16), (1, 64): (0, 16), (64, 128): (0, 1), (128, 128): (0, 1), (74, 128): (132, 4), (74, 64): (132, 8)}
+    schedules = {(2, 128): (0, 16), (2, 64): (0, 16), (1, 64): (0, 16), (64, 128): (0, 1), (128, 128): (0, 1), (74, 128): (132, 4),
+                 (74, 64): (132, 8)}  # fmt: skip
     for (b, h_q), (whole, splits) in schedules.items():
         config = policy_mod.cuda_config(b * 2, h_q, 2048, sms)
         assert (config.kernel, config.whole_tokens, config.splits) == ("cuda", whole, splits), (b, h_q)
