@@ -151,15 +151,13 @@ def us(result) -> float:
     return result.mean_ms * 1e3
 
 
-#: score tiles timed on --variants' cases: (pages per program, pipeline stages, rows first, paired rows)
-TILES = (
-    (1, 1, False, False), (2, 2, True, False), (4, 2, True, False), (4, 3, True, False), (8, 3, True, False), (8, 4, True, False),
-    (16, 3, True, False), (16, 4, True, False), (32, 3, True, False), (32, 4, True, False), (8, 3, True, True), (16, 3, True, True),
-)  # fmt: skip
+#: score tiles timed on --variants' cases: (pages per program, pipeline stages, rows first)
+TILES = ((1, 1, False), (2, 2, True), (4, 2, True), (4, 3, True), (8, 3, True), (8, 4, True), (16, 3, True), (16, 4, True), (32, 3, True),
+         (32, 4, True))
 
 
-def tile_name(pages: int, stages: int, rows_first: bool, paired: bool = False) -> str:
-    return f"loop{pages}_s{stages}{'_rf' if rows_first else ''}{'_paired' if paired else ''}"
+def tile_name(pages: int, stages: int, rows_first: bool) -> str:
+    return f"loop{pages}_s{stages}{'_rf' if rows_first else ''}"
 
 
 def kernel_times_us(fn, iterations: int = 5) -> dict[str, float]:
@@ -278,12 +276,11 @@ def run_case(case: str, entry, score, topk, topk_long, graphs, old, args: argpar
         variants = {}
         policy_scores = torch.full_like(scores, float("nan"))
         score.launch_scores(*a[:5], policy_scores, skip_short_rows=True)
-        for pages, stages, rows_first, paired in TILES:
-            name = tile_name(pages, stages, rows_first, paired)
+        for pages, stages, rows_first in TILES:
+            name = tile_name(pages, stages, rows_first)
             if args.tiles and name not in args.tiles.split(","):
                 continue
-            tile = entry.policy.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=pages, num_stages=stages, rows_first=rows_first,
-                                          paired=paired)  # fmt: skip
+            tile = entry.policy.ScoreTile(pages=1, num_warps=4, dot="fp8", loop_pages=pages, num_stages=stages, rows_first=rows_first)
             tiled = graphs.LaunchGraphs(lambda *x, tile=tile: score.launch_scores(*x, skip_short_rows=True, tile=tile))
             t = us(bench(lambda i, tiled=tiled: tiled(*a[:5], scores), **timed))
             variants[name] = round(t, 1)

@@ -175,8 +175,6 @@ SCORE_TILES = {
     "loop3": policy.ScoreTile(pages=1, num_warps=4, loop_pages=3, num_stages=2),  # not a power of two (91 = 30 x 3 + 1)
     "loop3_rows_first": policy.ScoreTile(pages=1, num_warps=4, loop_pages=3, num_stages=2, rows_first=True),
     "one_page_rows_first": policy.ScoreTile(pages=1, num_warps=4, rows_first=True),
-    # two rows a program: these rows' tables differ, so each is scored alone (the MTP case: below)
-    "loop3_paired": policy.ScoreTile(pages=1, num_warps=4, loop_pages=3, num_stages=2, rows_first=True, paired=True),
 }
 
 
@@ -198,34 +196,6 @@ def test_score_kernel_matches_row_scores(tile):
         # fp32 accumulation in another order: far inside the checker's 1e-4 * max|score|.
         assert (got - ref).abs().max() <= 1e-5 * ref.abs().max()
         assert torch.all(scores[b, n:] == float("-inf")), "positions >= seq_len must hold the sentinel"
-
-
-@pytest.mark.parametrize("skip_short_rows", [True, False])
-def test_paired_score_tile_reads_an_mtp_sequences_pages_once_and_scores_both_rows(skip_short_rows):
-    # MTP rows (L, L + 1) on one table row take the paired tile's shared path: a row crossing into a page its
-    # partner does not score (4096 / 4097), a pair around the top-k (2048 / 2049), a short pair (skipped or
-    # scored). Then an odd batch of separate tables: the first pair's rows alone, the last row alone.
-    tile = policy.ScoreTile(pages=1, num_warps=4, loop_pages=3, num_stages=2, rows_first=True, paired=True)
-    mtp = [4096, 4097, 3000, 3001, 2048, 2049, 100, 101]
-    axes = indexer.DEFINITION.axes({"batch_size": len(mtp), "max_num_pages": 91, "num_pages": NUM_PAGES})
-    given = {"seq_lens": torch.tensor(mtp, dtype=torch.int32)}
-    shared = indexer.generate(axes, given, {"block_table": {"rows_per_sequence": 2}}, InputRng(3, DEVICE))
-    assert torch.equal(shared["block_table"][0], shared["block_table"][1])
-    _, separate = make_inputs([5000, 2500, 3333], max_pages=91, seed=5)
-    for inputs in (shared, separate):
-        lens = inputs["seq_lens"].tolist()
-        marker = 12345.0
-        scores = torch.full((len(lens), 91 * 64), marker, dtype=torch.float32, device=DEVICE)
-        kernels.launch_scores(*args_of(inputs), scores, skip_short_rows=skip_short_rows, tile=tile)
-        for b, n in enumerate(lens):
-            if skip_short_rows and n <= indexer.TOPK:
-                assert torch.all(scores[b] == marker), f"row {b} (L = {n}) is passed through and must stay unscored"
-                continue
-            ref = reference_scores(inputs, b)
-            got = scores[b, :n]
-            assert torch.isfinite(got).all(), f"row {b}: NaN bytes of unreachable cache slots leaked into a score"
-            assert (got - ref).abs().max() <= 1e-5 * ref.abs().max(), f"row {b} (L = {n})"
-            assert torch.all(scores[b, n:] == float("-inf")), f"row {b}: positions >= seq_len must hold the sentinel"
 
 
 def test_gpu_score_tile_policy(monkeypatch):
@@ -252,8 +222,6 @@ def test_score_tiles_and_launchers_check_their_arguments():
         policy.ScoreTile(pages=2, num_warps=4, loop_pages=2)
     with pytest.raises(ValueError, match="num_warps"):
         policy.ScoreTile(pages=1, num_warps=3)
-    with pytest.raises(ValueError, match="paired rows take a looping tile"):
-        policy.ScoreTile(pages=1, num_warps=4, paired=True)
     _, inputs = make_inputs([3000], max_pages=50, seed=1)
     with pytest.raises(ValueError, match=r"scores must be a contiguous float32 \[1, 3200\]"):
         kernels.launch_scores(*args_of(inputs), torch.empty((1, 3199), device=DEVICE))
@@ -359,18 +327,16 @@ _TRITON_SM90_COMPILE = textwrap.dedent(
                 "launch_dependents": "griddepcontrol.launch_dependents" in ptx}
 
     score_sig = {"q_ptr": "*fp8e4nv", "k_values_ptr": "*fp8e4nv", "k_scales_ptr": "*fp32", "weights_ptr": "*fp32",
-                 "seq_lens_ptr": "*i32", "block_table_ptr": "*i32", "scores_ptr": "*fp32", "row_width": "i32", "stride_bt_row": "i32",
-                 "batch": "i32"}
+                 "seq_lens_ptr": "*i32", "block_table_ptr": "*i32", "scores_ptr": "*fp32", "row_width": "i32", "stride_bt_row": "i32"}
     tile = policy.GPU_SCORE_TILE
     result = {}
     consts = {"NUM_HEADS": shapes.NUM_HEADS, "HEAD_DIM": shapes.HEAD_DIM, "PAGE_SIZE": shapes.PAGE_SIZE, "PAGE_BYTES": shapes.PAGE_BYTES,
               "TOPK": shapes.TOPK, "PAGES": tile.pages, "BLOCK_N": tile.block_n, "LOOP_PAGES": tile.loop_pages, "LOOP_SLOTS": 1,
               "SKIP_SHORT_ROWS": True,
-              "DOT": tile.dot, "SENTINEL": K.SENTINEL_SCORE, "LAUNCH_DEPENDENTS": False, "ROWS_FIRST": tile.rows_first, "PAIRED": False}
+              "DOT": tile.dot, "SENTINEL": K.SENTINEL_SCORE, "LAUNCH_DEPENDENTS": False, "ROWS_FIRST": tile.rows_first}
     result["gpu"] = compile_kernel(K._score_kernel, score_sig, consts, tile.num_warps)
     loop_consts = dict(consts, LOOP_PAGES=4, LOOP_SLOTS=4, ROWS_FIRST=True)
     result["gpu_loop"] = compile_kernel(K._score_kernel, score_sig, loop_consts, tile.num_warps)
-    result["gpu_paired"] = compile_kernel(K._score_kernel, score_sig, dict(loop_consts, PAIRED=True), tile.num_warps)
     result["fp16"] = compile_kernel(K._score_kernel, score_sig, dict(consts, DOT="fp16"), tile.num_warps)
     if hasattr(triton.language.extra.cuda, "gdc_launch_dependents"):
         result["pdl"] = compile_kernel(K._score_kernel, score_sig, dict(consts, LAUNCH_DEPENDENTS=True), tile.num_warps)
@@ -399,9 +365,6 @@ def test_triton_kernels_compile_for_sm90():
     assert result["gpu"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3"], result
     assert result["gpu"]["vector_loads"], "key loads did not vectorise"
     assert result["gpu_loop"]["mma"] == result["gpu"]["mma"] and result["gpu_loop"]["vector_loads"], result
-    # paired rows: one dot against both rows' heads (N = 128) where the pages are shared, the one-row dot elsewhere
-    paired = result["gpu_paired"]["mma"]
-    assert "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3" in paired and result["gpu"]["mma"][0] in paired, result
     assert result["fp16"]["mma"] == ["wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"], result
     assert not result["gpu"]["launch_dependents"]
     if "pdl" in result:  # this Triton can trigger the top-k's dependent launch

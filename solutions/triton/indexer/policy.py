@@ -51,11 +51,6 @@ class ScoreTile:
     #: True puts every row's first tile first (axis 0 = row), so a long row's pages are not
     #: left to the last programs launched.
     rows_first: bool = False
-    #: A program scores rows 2r and 2r + 1 of its range; where both rows' block-table entries name
-    #: the same pages (an MTP sequence's two query rows) each page's keys are read once for both
-    #: (triton_kernels._score_pair_loop), elsewhere the two rows one after the other. Looping tiles
-    #: only. An experiment: no policy rule selects it yet (benchmarks/kernels/indexer_long.py times it).
-    paired: bool = False
 
     def __post_init__(self) -> None:
         """Tiling relations, checked when a tile is made: raises ValueError naming the tile."""
@@ -65,8 +60,6 @@ class ScoreTile:
             raise ValueError(f"{self}: num_warps must be 1, 2, 4 or 8")
         if self.loop_pages < 1 or (self.loop_pages > 1 and self.pages != 1):
             raise ValueError(f"{self}: loop_pages must be >= 1, and a looping program takes one-page tiles")
-        if self.paired and self.loop_pages < 2:
-            raise ValueError(f"{self}: paired rows take a looping tile (loop_pages >= 2)")
         if self.dot not in DOTS:
             raise ValueError(f"{self}: dot must be one of {sorted(DOTS)}")
 

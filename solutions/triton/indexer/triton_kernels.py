@@ -107,84 +107,6 @@ def _score_pages_loop(
 
 
 @triton.jit
-def _score_pair_loop(
-    q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
-    pid_n, row_a, len_a, len_b,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGE_BYTES: tl.constexpr, TOPK: tl.constexpr,
-    LOOP_PAGES: tl.constexpr, LOOP_SLOTS: tl.constexpr, SKIP_SHORT_ROWS: tl.constexpr, DOT: tl.constexpr,
-    SENTINEL: tl.constexpr,
-):
-    """Pages [pid_n * LOOP_PAGES, +LOOP_PAGES) of rows ``row_a`` and ``row_a + 1`` (``ScoreTile.paired``).
-
-    Where the two rows' block-table entries name the same cache pages over every page both rows
-    score in this range (an MTP sequence's two query rows, lengths L and L + 1, read one table
-    row), each page's keys are loaded once and scored against both rows' queries in one dot:
-    ``[PAGE_SIZE, HEAD_DIM] x [HEAD_DIM, 2 * NUM_HEADS]``, the first NUM_HEADS columns row a's heads,
-    the rest row b's. Otherwise each row's range is scored alone, as ``_score_pages_loop`` does.
-    """
-    row_b = row_a + 1
-    first_page = pid_n * LOOP_PAGES
-    table_slots = tl.arange(0, LOOP_SLOTS)
-    in_table = (table_slots < LOOP_PAGES) & ((first_page + table_slots) * PAGE_SIZE < row_width)
-    pages_a = tl.load(block_table_ptr + row_a * stride_bt_row + first_page + table_slots, mask=in_table, other=0)
-    pages_b = tl.load(block_table_ptr + row_b * stride_bt_row + first_page + table_slots, mask=in_table, other=0)
-    # A row of L <= TOPK is left unwritten when SKIP_SHORT_ROWS (the top-k passes it through).
-    if SKIP_SHORT_ROWS:
-        write_a = len_a > TOPK
-        write_b = len_b > TOPK
-    else:
-        write_a = len_a >= 0
-        write_b = len_b >= 0
-    scored_a = tl.where(write_a, tl.maximum(tl.minimum(tl.cdiv(len_a, PAGE_SIZE) - first_page, LOOP_PAGES), 0), 0)
-    scored_b = tl.where(write_b, tl.maximum(tl.minimum(tl.cdiv(len_b, PAGE_SIZE) - first_page, LOOP_PAGES), 0), 0)
-    both = tl.minimum(scored_a, scored_b)
-    differ = tl.sum(tl.where((table_slots < both) & (pages_a != pages_b), 1, 0))
-    if differ == 0:
-        slot = tl.arange(0, PAGE_SIZE)
-        out_a = scores_ptr + row_a * row_width
-        out_b = scores_ptr + row_b * row_width
-        sentinel_from_a = tl.where(write_a, len_a, row_width)  # an unwritten row gets no sentinel either
-        sentinel_from_b = tl.where(write_b, len_b, row_width)
-        for j in tl.static_range(LOOP_PAGES):
-            span = (first_page + j) * PAGE_SIZE + slot
-            tl.store(out_a + span, tl.full([PAGE_SIZE], SENTINEL, tl.float32), mask=(span >= sentinel_from_a) & (span < row_width))
-            tl.store(out_b + span, tl.full([PAGE_SIZE], SENTINEL, tl.float32), mask=(span >= sentinel_from_b) & (span < row_width))
-        dims = tl.arange(0, HEAD_DIM)
-        cols = tl.arange(0, 2 * NUM_HEADS)  # row a's heads, then row b's
-        col_row = tl.where(cols < NUM_HEADS, row_a, row_b)
-        q_t = tl.load(q_ptr + col_row[None, :] * (NUM_HEADS * HEAD_DIM) + (cols % NUM_HEADS)[None, :] * HEAD_DIM + dims[:, None])
-        w = tl.load(weights_ptr + col_row * NUM_HEADS + cols % NUM_HEADS)
-        w_a = tl.where(cols < NUM_HEADS, w, 0.0)
-        w_b = tl.where(cols < NUM_HEADS, 0.0, w)
-        token_offsets = slot[:, None] * HEAD_DIM + dims[None, :]
-        for i in range(0, tl.maximum(scored_a, scored_b)):
-            tokens = (first_page + i) * PAGE_SIZE + slot
-            # a row past its scored pages neither reads nor writes here (masks from one comparison each:
-            # the interpreter refuses a scalar condition and'ed into a block mask)
-            writes_a = tl.where(i < scored_a, row_width, 0)
-            writes_b = tl.where(i < scored_b, row_width, 0)
-            valid_a = tokens < tl.where(i < scored_a, len_a, 0)
-            valid_b = tokens < tl.where(i < scored_b, len_b, 0)
-            valid = valid_a | valid_b
-            # the page both rows name, or the one row that still scores here names
-            page = tl.sum(tl.where(table_slots == i, tl.where(i < scored_a, pages_a, pages_b), 0)).to(tl.int64)
-            keys = tl.load(k_values_ptr + page * PAGE_BYTES + token_offsets, mask=valid[:, None])
-            scale = tl.load(k_scales_ptr + page * (PAGE_BYTES // 4) + slot, mask=valid, other=0.0)
-            relu = tl.maximum(_page_logits(keys, q_t, DOT), 0.0)  # [PAGE_SIZE, 2 * NUM_HEADS]
-            sum_a = tl.sum(relu * w_a[None, :], axis=1)
-            sum_b = tl.sum(relu * w_b[None, :], axis=1)
-            tl.store(out_a + tokens, tl.where(valid_a, sum_a * scale, SENTINEL), mask=tokens < writes_a)
-            tl.store(out_b + tokens, tl.where(valid_b, sum_b * scale, SENTINEL), mask=tokens < writes_b)
-    else:
-        _score_pages_loop(q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
-                          pid_n, row_a, len_a, NUM_HEADS, HEAD_DIM, PAGE_SIZE, PAGE_BYTES, TOPK, LOOP_PAGES, LOOP_SLOTS,
-                          SKIP_SHORT_ROWS, DOT, SENTINEL)
-        _score_pages_loop(q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
-                          pid_n, row_b, len_b, NUM_HEADS, HEAD_DIM, PAGE_SIZE, PAGE_BYTES, TOPK, LOOP_PAGES, LOOP_SLOTS,
-                          SKIP_SHORT_ROWS, DOT, SENTINEL)
-
-
-@triton.jit
 def _score_kernel(
     q_ptr,  # [B, NUM_HEADS, HEAD_DIM] float8_e4m3fn, contiguous
     k_values_ptr,  # [P, PAGE_SIZE, HEAD_DIM] float8_e4m3fn view of the cache (page stride PAGE_BYTES)
@@ -209,8 +131,6 @@ def _score_kernel(
     SENTINEL: tl.constexpr,
     LAUNCH_DEPENDENTS: tl.constexpr,  # let a dependent launch (the top-k) start now (CAN_LAUNCH_DEPENDENTS)
     ROWS_FIRST: tl.constexpr,  # grid axis 0 is the row (ScoreTile.rows_first)
-    PAIRED: tl.constexpr,  # a program takes rows 2r and 2r + 1 (ScoreTile.paired; looping tiles only)
-    batch,  # rows of the call (PAIRED: the last pair of an odd batch has one row)
 ):
     """Scores of pages ``[pid_n * PAGES, (pid_n + 1) * PAGES)`` of row ``pid_b``.
 
@@ -221,7 +141,6 @@ def _score_kernel(
     tl.static_assert(BLOCK_N == PAGES * PAGE_SIZE)
     tl.static_assert(PAGE_BYTES % 16 == 0)
     tl.static_assert(LOOP_PAGES == 1 or PAGES == 1, "a looping program takes one-page tiles")
-    tl.static_assert(not PAIRED or LOOP_PAGES > 1, "paired rows take a looping tile")
     if LAUNCH_DEPENDENTS:
         # The top-k waits for this whole grid's completion before it reads a score
         # (griddepcontrol.wait), so the trigger may come first.
@@ -232,14 +151,6 @@ def _score_kernel(
     else:
         pid_n = tl.program_id(0)
         row = tl.program_id(1)
-    if PAIRED:
-        row = 2 * row  # the pair's first row; the last row of an odd batch goes on alone, below
-        if row + 1 < batch:
-            len_a, len_b = tl.load(seq_lens_ptr + row), tl.load(seq_lens_ptr + row + 1)
-            _score_pair_loop(q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
-                             pid_n, row, len_a, len_b, NUM_HEADS, HEAD_DIM, PAGE_SIZE, PAGE_BYTES, TOPK, LOOP_PAGES, LOOP_SLOTS,
-                             SKIP_SHORT_ROWS, DOT, SENTINEL)
-            return
     seq_len = tl.load(seq_lens_ptr + row)
     if LOOP_PAGES > 1:
         _score_pages_loop(q_ptr, k_values_ptr, k_scales_ptr, weights_ptr, block_table_ptr, scores_ptr, row_width, stride_bt_row,
@@ -326,7 +237,7 @@ def launch_scores(
     if values.stride() != (PAGE_BYTES, HEAD_DIM, 1) or scales.stride() != (PAGE_BYTES // SCALE_BYTES, 1):
         strides = f"{values.stride()} and {scales.stride()}"
         raise ValueError(f"k_index_cache_fp8 views must have the {PAGE_BYTES}-byte page stride, got {strides}")
-    grid = (triton.cdiv(max_pages, tile.pages_per_program), triton.cdiv(batch, 2) if tile.paired else batch)
+    grid = (triton.cdiv(max_pages, tile.pages_per_program), batch)
     if tile.rows_first:
         grid = grid[::-1]
     _score_kernel[grid](
@@ -335,7 +246,7 @@ def launch_scores(
         PAGES=tile.pages, BLOCK_N=tile.block_n, LOOP_PAGES=tile.loop_pages, LOOP_SLOTS=triton.next_power_of_2(tile.loop_pages),
         SKIP_SHORT_ROWS=skip_short_rows,
         DOT=tile.dot, SENTINEL=SENTINEL_SCORE, LAUNCH_DEPENDENTS=launch_dependents and CAN_LAUNCH_DEPENDENTS,
-        ROWS_FIRST=tile.rows_first, PAIRED=tile.paired, batch=batch, num_warps=tile.num_warps, num_stages=tile.num_stages,
+        ROWS_FIRST=tile.rows_first, num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
 
 
