@@ -389,6 +389,8 @@ def test_cuda_16_and_32_head_kernel_config_and_policy(h_q):
         assert (config.kernel, config.block_h, config.num_warps, config.splits) == ("cuda", h_q, 16, splits), (b, s_q, config)
         assert config.combine == ("none" if splits == 1 else "two_launch")
         config.validate(h_q, 2048)
+    # top-1024 keeps its one-tile programs at b = 1 (16 splits measured faster than 8 there)
+    assert policy_mod.cuda_config(2, h_q, 1024, sms).splits == 16 and policy_mod.cuda_config(2, h_q, 512, sms).splits == 8
     with pytest.raises(ValueError, match="tiling is fixed"):  # the 64-head kernel's tiling at 16/32 heads
         replace(policy_mod.CUDA_CONFIG, splits=1, combine="none").validate(h_q, 2048)
     assert policy_mod.cuda_base_config(h_q).block_h == h_q and policy_mod.cuda_base_config(64) == policy_mod.CUDA_CONFIG

@@ -133,12 +133,13 @@ def cuda_config(tokens: int, h_q: int, topk: int, sm_count: int) -> DecodeConfig
 #: cuda_schedule's cost model, in tiles of 64 records: what a program costs besides its tiles (its
 #: barriers, Q, the first gather), what a split program adds (its partial), the combine launch, and
 #: what each split adds to the combine (it reads the splits' partials one after the other). The last
-#: was fitted on an H100 at b = 1 (16 and 32 heads, s_q 1 and 2): 4, 8, 16 and 32 splits took
-#: 24.4 / 15.8 / 13.1 / 15.7 µs at 16 heads, s_q 1, so 16 splits of two tiles beat 32 of one.
+#: was fitted on an H100 at b = 1: at 16 heads, s_q 1, topk 2048, 4 / 8 / 16 / 32 splits took
+#: 24.4 / 15.8 / 13.1 / 15.7 µs (16 splits of two tiles beat 32 of one), while at topk 1024 (s_q 2), 16
+#: splits of one tile took 11.8 µs against 12.4 with 8; a tenth of a tile a split picks both.
 PROGRAM_OVERHEAD_TILES = 1
 SPLIT_OVERHEAD_TILES = 1
 COMBINE_TILES = 1
-COMBINE_TILES_PER_SPLIT = 0.125
+COMBINE_TILES_PER_SPLIT = 0.1
 
 
 def cuda_schedule(tokens: int, head_blocks: int, topk: int, block_n: int, sm_count: int) -> tuple[int, int]:
