@@ -342,10 +342,13 @@ def test_cuda_kernel_config_and_policy():
     sms = 132
     schedules = {(2, 128): (0, 16), (2, 64): (0, 16), (1, 64): (0, 16), (64, 128): (0, 1), (128, 128): (0, 1), (74, 128): (132, 4),
                  (74, 64): (132, 8)}  # fmt: skip
+    # the combine kernel at 64 heads (the in-launch combine is taken only at 16 and 32 heads by default)
+    combines = {(2, 128): "two_launch", (2, 64): "two_launch", (1, 64): "two_launch", (64, 128): "none", (128, 128): "none",
+                (74, 128): "two_launch", (74, 64): "two_launch"}  # fmt: skip
     for (b, h_q), (whole, splits) in schedules.items():
         config = policy_mod.cuda_config(b * 2, h_q, 2048, sms)
         assert (config.kernel, config.whole_tokens, config.splits) == ("cuda", whole, splits), (b, h_q)
-        assert config.combine == ("none" if splits == 1 else "two_launch")
+        assert config.combine == combines[b, h_q], (b, h_q, config)
         config.validate(h_q, 2048)
     # b = 74, h_q 128: two waves of whole rows (132 tokens x 2 head blocks), then 16 tokens x 2 x 4 splits
     # (128 programs, one wave), against 4.5 waves with every token split in 2
@@ -358,8 +361,9 @@ def test_cuda_kernel_config_and_policy():
     cuda = policy_mod.CUDA_CONFIG
     with pytest.raises(ValueError, match="tiling is fixed"):
         replace(cuda, splits=1, combine="none", block_n=32).validate(128, 2048)
-    with pytest.raises(ValueError, match="second launch"):
-        replace(cuda, splits=4, combine="barrier").validate(128, 2048)
+    with pytest.raises(ValueError, match="ticket barrier .* or in a second launch"):
+        replace(cuda, splits=4, combine="last").validate(128, 2048)
+    replace(cuda, splits=4, combine="barrier").validate(128, 2048)
     with pytest.raises(ValueError, match="multiple of 64"):
         replace(cuda, splits=1, combine="none").validate(96, 2048)
     with pytest.raises(ValueError, match=r"splits must be in \[1, 32\]"):
@@ -387,7 +391,9 @@ def test_cuda_16_and_32_head_kernel_config_and_policy(h_q):
     for (b, s_q), splits in {(1, 1): 16, (1, 2): 16, (8, 1): 16, (8, 2): 8, (32, 1): 4, (128, 2): 1}.items():
         config = policy_mod.cuda_config(b * s_q, h_q, 2048, sms)
         assert (config.kernel, config.block_h, config.num_warps, config.splits) == ("cuda", h_q, 16, splits), (b, s_q, config)
-        assert config.combine == ("none" if splits == 1 else "two_launch")
+        # at most 128 programs: the in-launch combine where a consumer thread merges one fragment (16 heads
+        # from 8 splits, 32 from 16), else the combine kernel
+        assert config.combine == ("none" if splits == 1 else "barrier" if splits >= h_q // 2 else "two_launch"), (b, s_q)
         config.validate(h_q, 2048)
     # top-1024 keeps its one-tile programs at b = 1 (16 splits measured faster than 8 there)
     assert policy_mod.cuda_config(2, h_q, 1024, sms).splits == 16 and policy_mod.cuda_config(2, h_q, 512, sms).splits == 8
@@ -404,6 +410,32 @@ def test_cuda_16_and_32_head_kernel_config_and_policy(h_q):
         partials.check(parts + 1, cpu, h_q)
     with pytest.raises(ValueError, match="partials.out"):
         cuda_mod.SplitPartials.allocate(parts, cpu, h_q).check(parts, cpu)  # sized for 16/32 heads, checked for 64
+
+
+def test_cuda_in_launch_combine_only_where_the_barrier_is_safe(monkeypatch):
+    """The CUDA kernel's ticket barrier needs the whole grid resident (at most one program per SM)
+    and a split count dividing the ticket words' step; else the combine kernel, and an explicit
+    barrier is refused by name. DSA_DECODE_TWO_LAUNCH=1 forces the combine kernel."""
+    sms = 132
+    base = policy_mod.cuda_base_config(16)
+    assert policy_mod.cuda_programs(16, 16, 8, 0) == 128 and policy_mod.cuda_programs(148, 128, 4, 132) == 392
+    assert policy_mod.resolve_combine(replace(base, splits=8), 128, sms, interpreted=False).combine == "barrier"
+    assert policy_mod.resolve_combine(replace(base, splits=8), 133, sms, interpreted=False).combine == "two_launch"
+    assert policy_mod.resolve_combine(replace(base, splits=3), 12, sms, interpreted=False).combine == "two_launch"
+    with pytest.raises(ValueError, match="splits dividing 64"):
+        policy_mod.resolve_combine(replace(base, splits=3, combine="barrier"), 12, sms, interpreted=False)
+    with pytest.raises(ValueError, match="may exceed the 132 resident"):
+        policy_mod.resolve_combine(replace(base, splits=8, combine="barrier"), 264, sms, interpreted=False)
+    # auto: only where a consumer thread merges at most one fragment, at 16 and 32 heads
+    assert [policy_mod.in_launch_combine_pays(16, s) for s in (4, 8, 16)] == [False, True, True]
+    assert [policy_mod.in_launch_combine_pays(32, s) for s in (8, 16)] == [False, True]
+    assert not policy_mod.in_launch_combine_pays(128, 32)
+    assert policy_mod.resolve_cuda_combine(replace(base, splits=4), 16, 16, sms).combine == "two_launch"
+    assert policy_mod.resolve_cuda_combine(replace(base, splits=4, combine="barrier"), 16, 16, sms).combine == "barrier"
+    assert policy_mod.resolve_cuda_combine(replace(policy_mod.CUDA_CONFIG, splits=16), 4, 128, sms).combine == "two_launch"
+    assert policy_mod.cuda_config(16, 16, 2048, sms).combine == "barrier"
+    monkeypatch.setenv("DSA_DECODE_TWO_LAUNCH", "1")
+    assert policy_mod.cuda_config(16, 16, 2048, sms).combine == "two_launch"
 
 
 def test_cuda_split_partials_scratch_is_checked_by_name():
@@ -513,10 +545,10 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
 
     g = shapes_mod.RecordGeometry.of(kvr.V32, 64)
 
-    def launch_args(fmt=0, h_q=128, splits=1, q=16, whole=0):
+    def launch_args(fmt=0, h_q=128, splits=1, q=16, whole=0, tickets=None):
         return [0, None, fmt, q, 0, 0, 0, 16, g.packed_page_bytes, 64, g.data_slot_bytes, g.scale_base, g.scale_slot_bytes,
-                g.rope_offset, 16, 0, 0, None, None, 16, 0, 0, 0, 16, 0, 0, 0, None, None, None, 2, 2, h_q, 2048, splits, whole,
-                0.1]  # fmt: skip
+                g.rope_offset, 16, 0, 0, None, None, 16, 0, 0, 0, 16, 0, 0, 0, None, None, None, tickets, 2, 2, h_q, 2048, splits,
+                whole, 0.1]  # fmt: skip
 
     with pytest.raises(RuntimeError, match="format must be 0"):
         library.call("launch", *launch_args(fmt=2))
@@ -532,6 +564,8 @@ def test_cuda_library_builds_for_sm90a_without_a_gpu(tmp_path):
         library.call("launch", *launch_args(splits=2, whole=3))  # one token split: scratch needed
     with pytest.raises(RuntimeError, match=r"whole_tokens must be in \[0, batch \* s_q\]"):
         library.call("launch", *launch_args(whole=5))
+    with pytest.raises(RuntimeError, match="needs splits dividing TICKETS_PER_CALL"):
+        library.call("launch", *launch_args(splits=3, tickets=16))
     with pytest.raises(RuntimeError, match="16-byte aligned"):
         library.call("launch", *launch_args(q=8))
     exported = exported_symbols(compiled.path)
@@ -762,10 +796,14 @@ def test_gpu_cuda_kernel_is_the_default_and_matches_on_every_split(name):
     _, _, used = check(fmt, case)
     assert used.kernel == "cuda" and used.splits > 1 and used.combine == "two_launch"
     # 1, 2 and 4 splits (at least 8 tiles a program) run the consumers' scorer schedule, the default
-    # 16 and 32 the halves schedule (csrc/config.cuh, Role), in both formats.
-    for splits in (1, 2, 4, 32):
-        _, _, used = check(fmt, case, replace(policy_mod.CUDA_CONFIG, splits=splits))
-        assert (used.kernel, used.splits) == ("cuda", splits)
+    # 16 and 32 the halves schedule (csrc/config.cuh, Role), in both formats; every split count with
+    # the in-launch combine (the 32-split grid, 256 programs, is too large for it) and the combine kernel.
+    for splits in (1, 2, 4, 16, 32):
+        for combine in ("barrier", "two_launch") if splits > 1 else ("none",):
+            if combine == "barrier" and splits == 32:
+                continue
+            _, _, used = check(fmt, case, replace(policy_mod.CUDA_CONFIG, splits=splits, combine=combine))
+            assert (used.kernel, used.splits, used.combine) == ("cuda", splits, combine)
 
 
 @pytest.mark.gpu
@@ -782,8 +820,9 @@ def test_gpu_cuda_kernel_with_whole_and_split_tokens(name, h_q):
     case, _, _ = _gpu_case(fmt, b, s_q, h_q, valid_frac=0.9, empty_rows=(1, 4), sink=True, topk_length=lengths, seed=h_q)
     base = policy_mod.cuda_base_config(h_q)
     for whole, splits in ((1, 2), (3, 3), (5, 32), (4, 7), (0, 4)):
-        _, _, used = check(fmt, case, replace(base, splits=splits, whole_tokens=whole, combine="two_launch"))
-        assert (used.kernel, used.splits, used.whole_tokens) == ("cuda", splits, whole)
+        for combine in ("two_launch", "barrier") if 64 % splits == 0 else ("two_launch",):
+            _, _, used = check(fmt, case, replace(base, splits=splits, whole_tokens=whole, combine=combine))
+            assert (used.kernel, used.splits, used.whole_tokens, used.combine) == ("cuda", splits, whole, combine)
     with pytest.raises(ValueError, match=r"whole_tokens must be in \[0, 6\]"):
         run(fmt, case, replace(base, splits=2, whole_tokens=7, combine="two_launch"))
 
@@ -817,9 +856,13 @@ def test_gpu_cuda_16_and_32_heads_on_every_split_and_query_count(name, h_q):
         _, _, used = check(fmt, case)
         assert (used.kernel, used.block_h) == ("cuda", h_q), used
         if (b, s_q) == (2, 2):
-            for splits in (1, 2, 3, 4, 8, 16, 32):
+            for splits in (1, 2, 3, 4, 8, 16, 32):  # auto: the in-launch combine from h_q / 2 splits
                 _, _, used = check(fmt, case, replace(policy_mod.cuda_base_config(h_q), splits=splits))
                 assert (used.kernel, used.splits, used.block_h) == ("cuda", splits, h_q)
+                assert used.combine == ("none" if splits == 1 else "barrier" if splits >= h_q // 2 else "two_launch")
+                if splits in (2, 4, 16):  # the other combine
+                    other = "two_launch" if used.combine == "barrier" else "barrier"
+                    check(fmt, case, replace(policy_mod.cuda_base_config(h_q), splits=splits, combine=other))
 
 
 @pytest.mark.gpu
@@ -835,6 +878,50 @@ def test_gpu_cuda_16_and_32_heads_on_small_pages_short_rows_and_padded_page_stri
     for splits in (1, 2, 5):
         _, _, used = check(fmt, case, replace(policy_mod.cuda_base_config(h_q), splits=splits))
         assert (used.kernel, used.block_h) == ("cuda", h_q)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("h_q", [16, 128])
+def test_gpu_cuda_in_launch_combine_keeps_its_ticket_words_across_split_counts_and_the_wrap(h_q):
+    """The CUDA kernel's ticket words are the Triton kernel's (one buffer per stream): calls with
+    2 to 32 splits, the in-launch combine and the combine kernel in turn, from just below the int32
+    wrap, each leave every word on a multiple of the step, and every call's output is right."""
+    fmt = kvr.V32
+    case, _, _ = _gpu_case(fmt, 2, 2, h_q, valid_frac=0.9, empty_rows=(1,), sink=True)
+    ref = reference(fmt, case)
+    units = 4 * h_q // policy_mod.cuda_base_config(h_q).block_h
+    words = entry.ticket_words(GPU, units)
+    words.view(-1, kernels.TICKET_STRIDE)[:, 0].fill_(2**31 - 5 * kernels.TICKETS_PER_CALL)
+    for i in range(30):
+        splits = (2, 4, 8, 16, 32)[i % 5] if h_q == 16 else (2, 4, 8, 16)[i % 4]
+        combine = ("barrier", "two_launch", "barrier")[i % 3]
+        out, lse, used = run(fmt, case, replace(policy_mod.cuda_base_config(h_q), splits=splits, combine=combine))
+        assert (used.kernel, used.combine) == ("cuda", combine)
+        assert_matches(out, lse, *ref, f"call {i}: {splits} splits, {combine}")
+    assert (words.view(-1, kernels.TICKET_STRIDE)[:units, 0] % kernels.TICKETS_PER_CALL == 0).all()
+
+
+@pytest.mark.gpu
+def test_gpu_cuda_in_launch_combine_refuses_a_grid_beyond_the_sms():
+    """The library itself refuses the ticket barrier for a grid that could not all be resident
+    (it would spin forever), whatever the Python policy said."""
+    fmt = kvr.V32
+    sms = torch.cuda.get_device_properties(GPU).multi_processor_count
+    b = sms // 16 + 1  # s_q 1 at 16 heads and 16 splits: more programs than SMs
+    case, _, _ = _gpu_case(fmt, b, 1, 16, seq_blocks=32)
+    q, cache = case["q"], case["kv_cache"]
+    out = torch.empty(*q.shape[:3], 512, dtype=torch.bfloat16, device=GPU)
+    lse = torch.empty(*q.shape[:3], dtype=torch.float32, device=GPU)
+    parts = cuda_mod.split_parts(b, 16, 16, 0)
+    partials = cuda_mod.SplitPartials.allocate(parts, GPU, 16)
+    geometry = entry.record_geometry(fmt.kv_format, cache.shape[1])
+    with pytest.raises(Exception, match="invalid configuration"):
+        cuda_mod.run(fmt, geometry, q, cache.view(torch.uint8), case["indices"], case["sm_scale"], None, None, out, lse, 16,
+                     partials, 0, entry.ticket_words(GPU, parts // 16))  # fmt: skip
+    three = cuda_mod.SplitPartials.allocate(cuda_mod.split_parts(b, 16, 3, 0), GPU, 16)
+    with pytest.raises(ValueError, match="splits dividing 64"):
+        cuda_mod.run(fmt, geometry, q, cache.view(torch.uint8), case["indices"], case["sm_scale"], None, None, out, lse, 3,
+                     three, 0, entry.ticket_words(GPU, b))  # fmt: skip
 
 
 @pytest.mark.gpu

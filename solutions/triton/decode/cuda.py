@@ -19,6 +19,7 @@ import torch
 
 from ..common.cuda_build import SM90_KERNEL_HEADERS, CudaLibrary, load_checked_library
 from ..common.kv_records import V4, V32, KvRecordFormat
+from . import triton_kernels
 from .shapes import D_V, RecordGeometry
 
 HERE = Path(__file__).resolve().parent
@@ -42,7 +43,7 @@ SIGNATURES = {
         _P, _I64, _I64, _I64, _I64, _I64, _I64,  # cache, page stride, block size, data slot, scale base, scale slot, rope offset
         _P, _I64, _I64, _P, _P,  # indices and its strides, topk_length, attn_sink
         _P, _I64, _I64, _I64, _P, _I64, _I64, _I64,  # out, lse with their strides
-        _P, _P, _P,  # part_out, part_scale, part_lse
+        _P, _P, _P, _P,  # part_out, part_scale, part_lse, tickets
         _I64, _I64, _I64, _I64, _I64, _I64, ctypes.c_double,  # batch, s_q, h_q, topk, splits, whole_tokens, sm_scale * log2(e)
     )),
 }  # fmt: skip
@@ -58,10 +59,13 @@ PARTIAL_SCALES = 256  # fp16 scales per split partial: one per consumer thread
 #: h_q heads of a query token, with SMALL_PARTIAL_SCALES_PER_16 scales per 16 heads of a partial
 SMALL_HEADS = (16, 32)
 SMALL_PARTIAL_SCALES_PER_16 = 256  # eight consumer warps
+#: the in-launch combine's ticket words: the Triton kernel's (triton_kernels.py), one layout for both
+TICKET_STRIDE, TICKETS_PER_CALL = triton_kernels.TICKET_STRIDE, triton_kernels.TICKETS_PER_CALL
 CAPABILITY = (9, 0)  # wgmma and setmaxnreg are sm_90a features
 EXPECTED_CONSTANTS = {
     "HEADS_PER_PROGRAM": HEADS_PER_PROGRAM, "TILE_TOKENS": TILE_TOKENS, "D_V": D_V, "STAGES": STAGES, "MAX_SPLITS": MAX_SPLITS,
     "PARTIAL_SCALES": PARTIAL_SCALES, "SMALL_PARTIAL_SCALES_PER_16": SMALL_PARTIAL_SCALES_PER_16,
+    "TICKET_STRIDE": TICKET_STRIDE, "TICKETS_PER_CALL": TICKETS_PER_CALL,
     "V32_D_QK": V32.d_qk, "V32_QUANT_DIMS": V32.quant_dims, "V32_SCALE_TILE": V32.scale_tile,
     "V4_D_QK": V4.d_qk, "V4_QUANT_DIMS": V4.quant_dims, "V4_SCALE_TILE": V4.scale_tile,
 }  # fmt: skip
@@ -154,11 +158,14 @@ def unsupported_reason(fmt: KvRecordFormat, q: torch.Tensor, kv_cache: torch.Ten
 
 def run(fmt: KvRecordFormat, geometry: RecordGeometry, q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
         sm_scale: float, attn_sink: torch.Tensor | None, topk_length: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor,
-        splits: int, partials: SplitPartials | None = None, whole_tokens: int = 0) -> None:  # fmt: skip
+        splits: int, partials: SplitPartials | None = None, whole_tokens: int = 0,
+        tickets: torch.Tensor | None = None) -> None:  # fmt: skip
     """Launch the decode (shapes: decode/entry.py, checked there by check_io): it writes ``out``
     and ``lse``. Query tokens from ``whole_tokens`` on are split ``splits`` ways (policy.cuda_schedule);
     their partials go to the scratch ``partials`` (``split_parts`` of them: ``SplitPartials.allocate``),
-    which the library's combine kernel, launched next, merges."""
+    which the split programs merge themselves behind a ticket barrier when ``tickets`` is given
+    (``entry.ticket_words``: int32, TICKET_STRIDE words per split unit; the grid must fit one program
+    per SM and ``splits`` divide TICKETS_PER_CALL), else the library's combine kernel, launched next."""
     reason = unsupported_reason(fmt, q, kv_cache, out)
     if reason is not None:
         raise ValueError(f"the CUDA MLA decode cannot take this call: {reason}")
@@ -179,6 +186,12 @@ def run(fmt: KvRecordFormat, geometry: RecordGeometry, q: torch.Tensor, kv_cache
         partials.check(parts, q.device, h_q)
     if any(t.device != q.device for t in (kv_cache, indices, out, lse)):
         raise ValueError("every tensor must be on q's device")
+    if tickets is not None and parts:
+        units = parts // splits
+        if TICKETS_PER_CALL % splits:
+            raise ValueError(f"the in-launch combine needs splits dividing {TICKETS_PER_CALL}, got {splits}")
+        if tickets.dtype != torch.int32 or tickets.device != q.device or tickets.numel() < units * TICKET_STRIDE:
+            raise ValueError(f"tickets: expected int32 on q's device with at least {units * TICKET_STRIDE} words")
 
     def ptr(t: torch.Tensor | None) -> int | None:
         return t.data_ptr() if t is not None else None
@@ -192,6 +205,7 @@ def run(fmt: KvRecordFormat, geometry: RecordGeometry, q: torch.Tensor, kv_cache
         geometry.scale_slot_bytes, geometry.rope_offset,
         indices.data_ptr(), indices.stride(0), indices.stride(1), ptr(topk_length), ptr(attn_sink),
         out.data_ptr(), out.stride(0), out.stride(1), out.stride(2), lse.data_ptr(), lse.stride(0), lse.stride(1), lse.stride(2),
-        *(partials.pointers() if partials is not None else (None, None, None)), b, s_q, h_q, topk, splits,
+        *(partials.pointers() if partials is not None else (None, None, None)), ptr(tickets if parts else None),
+        b, s_q, h_q, topk, splits,
         whole_tokens, float(sm_scale) * LOG2_E,
     )  # fmt: skip

@@ -36,7 +36,7 @@ import torch
 from ..common.interpreter import INTERPRETED, interpreted
 from ..common.kv_records import V4, V32, V41, KvRecordFormat
 from . import cuda, triton_kernels
-from .policy import DecodeConfig, auto_splits, cuda_config, interpreter_config, resolve_combine, select_config
+from .policy import DecodeConfig, auto_splits, cuda_config, interpreter_config, resolve_combine, resolve_cuda_combine, select_config
 from .shapes import D_V, RecordGeometry
 
 BYTE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
@@ -150,8 +150,7 @@ def plan_config(fmt: KvRecordFormat, b: int, s_q: int, h_q: int, topk: int, devi
         if config.splits == 0:
             chosen = cuda_config(b * s_q, h_q, topk, sms)
             config = replace(config, splits=chosen.splits, whole_tokens=chosen.whole_tokens)
-        if config.combine == "auto":
-            config = replace(config, combine="none" if config.splits == 1 else "two_launch")
+        config = resolve_cuda_combine(config, b * s_q, h_q, sms)
         config.validate(h_q, topk)
         return config
     units = b * s_q * (h_q // config.block_h) if h_q % config.block_h == 0 else 0
@@ -184,7 +183,9 @@ def mla_decode(fmt: KvRecordFormat, q, kv_cache, indices, sm_scale, attn_sink, t
     if config.kernel == "cuda":
         parts = cuda.split_parts(tokens, h_q, splits, config.whole_tokens) if config.whole_tokens <= tokens else 0
         partials = cuda.SplitPartials.allocate(parts, device, h_q) if parts else None
-        cuda.run(fmt, geometry, q, cache, indices, sm_scale, attn_sink, topk_length, out, lse, splits, partials, config.whole_tokens)
+        tickets = ticket_words(device, parts // splits) if parts and config.combine == "barrier" else None
+        cuda.run(fmt, geometry, q, cache, indices, sm_scale, attn_sink, topk_length, out, lse, splits, partials,
+                 config.whole_tokens, tickets)  # fmt: skip
         return config
     mode = {"none": triton_kernels.MODE_DIRECT, "two_launch": triton_kernels.MODE_PARTIAL, "barrier": triton_kernels.MODE_BARRIER,
             "last": triton_kernels.MODE_LAST}[config.combine]  # fmt: skip

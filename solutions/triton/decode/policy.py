@@ -15,6 +15,8 @@ Combines (``combine``):
   overstates what this process gets: MPS with an active-thread percentage, green contexts).
 * ``barrier``: in the same launch behind the ticket barrier, each program combining 512 / S
   columns (refused when the grid could exceed one program per SM, and under the interpreter).
+  The CUDA kernel has it too (its split programs merge an S-th of their unit's partials each);
+  its ``auto`` takes it only where ``in_launch_combine_pays``, else ``two_launch``.
 * ``last``: in the same launch, the last program to arrive combines the whole unit (any grid).
 * ``two_launch``: a second kernel.
 * ``none``: S = 1, the program writes the output itself (what ``auto`` resolves to at S = 1).
@@ -94,8 +96,9 @@ class DecodeConfig:
             raise ValueError(f"{self}: h_q = {h_q} must be a multiple of {self.block_h}")
         if not 1 <= self.splits <= MAX_SPLITS:
             raise ValueError(f"{self}: splits must be in [1, {MAX_SPLITS}]")
-        if self.combine not in ("none", "two_launch") or (self.combine == "none") != (self.splits == 1):
-            raise ValueError(f"{self}: the CUDA kernel combines splits in a second launch ('two_launch'), one split needs none")
+        if self.combine not in ("none", "two_launch", "barrier") or (self.combine == "none") != (self.splits == 1):
+            raise ValueError(f"{self}: the CUDA kernel combines splits behind its ticket barrier ('barrier') or in a second "
+                             "launch ('two_launch'); one split needs none")
         if self.whole_tokens < 0 or (self.splits == 1 and self.whole_tokens):
             raise ValueError(f"{self}: whole_tokens must be >= 0, and 0 with one split (every token is whole then)")
 
@@ -123,11 +126,39 @@ def cuda_base_config(h_q: int) -> DecodeConfig:
 
 def cuda_config(tokens: int, h_q: int, topk: int, sm_count: int) -> DecodeConfig:
     """The CUDA kernel's config of a call: ``cuda_schedule`` over its one-program-per-SM grid (at 16
-    and 32 heads one program per query token and split, e.g. b = 8, s_q = 1: 8 x 16 programs), the
-    second-launch combine when a token is split."""
+    and 32 heads one program per query token and split, e.g. b = 8, s_q = 1: 8 x 16 programs), and
+    when a token is split, the combine ``resolve_cuda_combine`` picks."""
     base = cuda_base_config(h_q)
     whole, splits = cuda_schedule(tokens, h_q // base.block_h, topk, base.block_n, sm_count)
-    return replace(base, splits=splits, whole_tokens=whole, combine="none" if splits == 1 else "two_launch")
+    return resolve_cuda_combine(replace(base, splits=splits, whole_tokens=whole), tokens, h_q, sm_count)
+
+
+#: consumer threads of a CUDA program, which share its unit's merge in the in-launch combine
+CUDA_CONSUMER_THREADS = 256
+
+
+def in_launch_combine_pays(h_q: int, splits: int) -> bool:
+    """Whether ``auto`` takes the CUDA kernel's in-launch combine (where it is safe): at 16 and 32
+    heads when each consumer thread merges at most one 8-byte fragment of its unit (h_q * D_V / 4
+    fragments over ``splits`` programs of 256 threads: 16 heads from 8 splits, 32 from 16). A thread
+    with two passed over every split's lse twice and lost to the combine kernel (H100, kernels alone:
+    h_q 128, b = 2, 24.2 against 19.3 us; 32 heads, b = 8, s_q 2, 24.6 against 22.9); with one it won
+    (16 heads, b = 1: 12.5 against 13.6)."""
+    return h_q in CUDA_SMALL_HEADS and h_q * D_V // 4 <= splits * CUDA_CONSUMER_THREADS
+
+
+def resolve_cuda_combine(config: DecodeConfig, tokens: int, h_q: int, sm_count: int) -> DecodeConfig:
+    """``config`` (a CUDA kernel's) with ``auto`` resolved: the in-launch combine (``barrier``) where
+    ``in_launch_combine_pays`` and the grid is safe for it (``resolve_combine``), else the combine kernel."""
+    if config.combine == "auto" and config.splits > 1 and not in_launch_combine_pays(h_q, config.splits):
+        config = replace(config, combine="two_launch")
+    return resolve_combine(config, cuda_programs(tokens, h_q, config.splits, config.whole_tokens), sm_count, interpreted=False)
+
+
+def cuda_programs(tokens: int, h_q: int, splits: int, whole_tokens: int) -> int:
+    """The CUDA kernel's grid: one program per head block of every whole token and per split of the rest."""
+    head_blocks = h_q // cuda_base_config(h_q).block_h
+    return (whole_tokens + (tokens - whole_tokens) * splits) * head_blocks
 
 
 #: cuda_schedule's cost model, in tiles of 64 records: what a program costs besides its tiles (its
@@ -254,13 +285,16 @@ def resolve_combine(config: DecodeConfig, programs: int, sm_count: int, interpre
         return replace(config, combine="none")
     force_two = os.environ.get("DSA_DECODE_TWO_LAUNCH") == "1"
     combine = config.combine
+    divides = TICKETS_PER_CALL % config.splits == 0
     if combine == "auto":
-        combine = "barrier" if not interpreted and not force_two and programs <= sm_count else "two_launch"
+        combine = "barrier" if not interpreted and not force_two and programs <= sm_count and divides else "two_launch"
     if combine == "barrier":
         if interpreted:
             raise ValueError(f"{config}: the barrier spins and would never end under the Triton interpreter")
         if programs > sm_count:
             raise ValueError(f"{config}: a barrier grid of {programs} programs may exceed the {sm_count} resident at once")
+        if not divides:
+            raise ValueError(f"{config}: a barrier needs splits dividing {TICKETS_PER_CALL} (the ticket words' step)")
     return replace(config, combine=combine)
 
 

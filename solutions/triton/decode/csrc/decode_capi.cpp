@@ -23,6 +23,7 @@ enum ArgumentError : int {
   kMisaligned = -5,
   kNullPointer = -6,
   kBadWholeTokens = -7,
+  kBadTickets = -8,
 };
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -38,6 +39,8 @@ DSA_EXPORT const int64_t dsa_decode_STAGES = dsa_decode::kStages;
 DSA_EXPORT const int64_t dsa_decode_MAX_SPLITS = dsa_decode::kMaxSplits;
 DSA_EXPORT const int64_t dsa_decode_PARTIAL_SCALES = dsa_decode::kPartialScales;
 DSA_EXPORT const int64_t dsa_decode_SMALL_PARTIAL_SCALES_PER_16 = dsa_decode::kSmallPartialScalesPer16;
+DSA_EXPORT const int64_t dsa_decode_TICKET_STRIDE = dsa_decode::kTicketStride;
+DSA_EXPORT const int64_t dsa_decode_TICKETS_PER_CALL = dsa_decode::kTicketsPerCall;
 DSA_EXPORT const int64_t dsa_decode_V32_D_QK = dsa_decode::kV32Dims.d_qk;
 DSA_EXPORT const int64_t dsa_decode_V32_QUANT_DIMS = dsa_decode::kV32Dims.quant_dims;
 DSA_EXPORT const int64_t dsa_decode_V32_SCALE_TILE = dsa_decode::kV32Dims.scale_tile;
@@ -54,13 +57,16 @@ DSA_EXPORT const char* dsa_decode_error_string(int code) {
     case kMisaligned: return "q, the cache, its page stride and the record rows must be 16-byte aligned, the scales 8-byte";
     case kNullPointer: return "null tensor pointer";
     case kBadWholeTokens: return "whole_tokens must be in [0, batch * s_q]";
+    case kBadTickets: return "the in-launch combine (tickets) needs splits dividing TICKETS_PER_CALL";
     default: return code >= 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown argument error";
   }
 }
 
 // Shapes: decode_sm90.h (DecodeArgs). q and out are bf16 as their bits. topk_length and sink may
 // be null, and the partials' scratch (part_out fp16, part_scale, part_lse) when no token is split
-// (splits == 1 or whole_tokens == batch * s_q).
+// (splits == 1 or whole_tokens == batch * s_q). tickets: null for the combine kernel, else the
+// in-launch combine's ticket words (DecodeArgs; a grid of more programs than SMs is refused with
+// cudaErrorInvalidConfiguration).
 DSA_EXPORT int dsa_decode_launch(int device, void* stream, int format,
                                  const void* q, int64_t q_stride_b, int64_t q_stride_s, int64_t q_stride_h,
                                  const void* cache, int64_t page_stride, int64_t block_size,
@@ -69,7 +75,7 @@ DSA_EXPORT int dsa_decode_launch(int device, void* stream, int format,
                                  const int32_t* topk_length, const float* sink,
                                  void* out, int64_t out_stride_b, int64_t out_stride_s, int64_t out_stride_h,
                                  float* lse, int64_t lse_stride_b, int64_t lse_stride_s, int64_t lse_stride_h,
-                                 void* part_out, float* part_scale, float* part_lse,
+                                 void* part_out, float* part_scale, float* part_lse, unsigned* tickets,
                                  int64_t batch, int64_t s_q, int64_t h_q, int64_t topk, int64_t splits, int64_t whole_tokens,
                                  double scale_log2) {
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
@@ -79,6 +85,7 @@ DSA_EXPORT int dsa_decode_launch(int device, void* stream, int format,
   if (!small_heads && (h_q <= 0 || h_q % dsa_decode::kHeadsPerProgram != 0 || h_q / dsa_decode::kHeadsPerProgram > kGridMax)) return kBadHeads;
   if (splits < 1 || splits > dsa_decode::kMaxSplits) return kBadSplits;
   if (whole_tokens < 0 || whole_tokens > batch * s_q) return kBadWholeTokens;
+  if (tickets != nullptr && dsa_decode::kTicketsPerCall % splits != 0) return kBadTickets;
   const bool any_split = splits > 1 && whole_tokens < batch * s_q;
   if (batch < 0 || s_q < 0 || topk < 0 || topk > kIntMax || whole_tokens + (batch * s_q - whole_tokens) * splits > kGridMax || block_size < 1 || block_size > kIntMax ||
       data_slot_bytes > kIntMax || scale_base > kIntMax || scale_slot_bytes > kIntMax || rope_offset > kIntMax)
@@ -121,6 +128,7 @@ DSA_EXPORT int dsa_decode_launch(int device, void* stream, int format,
   a.part_out = static_cast<uint16_t*>(part_out);
   a.part_scale = part_scale;
   a.part_lse = part_lse;
+  a.tickets = tickets;
   a.batch = static_cast<int>(batch);
   a.s_q = static_cast<int>(s_q);
   a.h_q = static_cast<int>(h_q);

@@ -17,6 +17,11 @@ constexpr int kMaxSplits = 32;        // programs sharing one (query token, head
 constexpr int kSmallHeads[] = {16, 32};  // the head counts of the 16/32-head kernel (mma.sync, M = 16)
 constexpr int kSmallPartialScalesPer16 = 256;  // its part_scale entries per 16 heads: one per consumer thread
 constexpr int kPartialScales = 256;   // part_scale entries per split partial: one per consumer thread
+// The in-launch combine's ticket words (DecodeArgs::tickets): one per split unit, kTicketStride words
+// apart (no two share a 128-byte line); a call advances each of its units' words by kTicketsPerCall in
+// all, so the split count must divide it (the Triton kernel's words: the same constants).
+constexpr int kTicketStride = 32;
+constexpr unsigned kTicketsPerCall = 64;
 
 // Record formats this kernel reads (the dims; the byte geometry comes from DecodeArgs).
 enum Format : int { kFormatV32 = 0, kFormatV4 = 1 };
@@ -69,6 +74,12 @@ struct DecodeArgs {
   uint16_t* part_out;
   float* part_scale;
   float* part_lse;
+  // Null: the combine kernel merges the partials in a second launch. Else the split programs merge
+  // them themselves behind a ticket barrier (combine.cuh, arrive_and_combine): the split unit u's word
+  // at tickets[u * kTicketStride], zeroed once and left to the calls (each leaves it on a multiple of
+  // kTicketsPerCall); the whole grid must be resident at once (the launcher refuses a grid of more
+  // programs than SMs) and splits must divide kTicketsPerCall.
+  unsigned* tickets;
   int batch, s_q, h_q, topk, splits, whole_tokens;
   float scale_log2;  // sm_scale * log2(e)
   int format;        // a Format
@@ -85,8 +96,9 @@ inline void block_magic_for(int d, uint32_t* magic, int* shift) {
   *magic = static_cast<uint32_t>((power + static_cast<unsigned __int128>(d) - 1) / static_cast<unsigned __int128>(d));
 }
 
-// Launches the decode on `stream` (with splits > 1 followed by its combine); returns the first
-// launch error (cudaSuccess when fine).
+// Launches the decode on `stream` (with splits > 1 and no tickets followed by its combine); returns
+// the first launch error (cudaSuccess when fine; cudaErrorInvalidConfiguration for tickets with a grid
+// of more programs than the device has SMs).
 cudaError_t launch_decode(const DecodeArgs& args, cudaStream_t stream);
 // The same for h_q 16 or 32 (kSmallHeads): the 16/32-head kernel (launch_m16.cu); launch_decode
 // calls it for those head counts.

@@ -2,6 +2,7 @@
 // pairs (consumer_m16.cuh) per program (M16Roles); grid and launch: launch_m16.cu.
 #pragma once
 
+#include "combine.cuh"
 #include "consumer_m16.cuh"
 #include "consumer_st.cuh"
 #include "producer.cuh"
@@ -46,10 +47,15 @@ __global__ void __launch_bounds__(M16Roles<kFormat, kGroups>::kThreads, 1) decod
   // The consumers' branch first in the source, as in the 64-head kernel (the producer first in the SASS).
   if (threadIdx.x >= Roles::kProducers) {
     set_registers<Roles::kConsumerRegisters, Roles::kLaunchRegisters>();
+    const int ct = threadIdx.x - Roles::kProducers;
     if constexpr (kMTiles == 2) {
-      consume_st<kFormat>(a, row, tiles, sm, threadIdx.x - Roles::kProducers);
+      consume_st<kFormat>(a, row, tiles, sm, ct);
     } else {
-      consume_m16<kFormat, kMTiles>(a, row, tiles, sm, threadIdx.x - Roles::kProducers);
+      consume_m16<kFormat, kMTiles>(a, row, tiles, sm, ct);
+    }
+    // The in-launch combine: the consumers stored the partial (part = unit * splits + split).
+    if (a.tickets != nullptr && row.splits > 1) {
+      arrive_and_combine<PartialsM16<kMTiles>>(a, static_cast<int>(row.part / row.splits), row.split, ct, kM16ConsumerThreads, kMathBarrier);
     }
   } else {
     set_registers<Roles::kProducerRegisters, Roles::kLaunchRegisters>();

@@ -2,6 +2,7 @@
 // grid and roles: launch_sm90.cu's header).
 #pragma once
 
+#include "combine.cuh"
 #include "consumer_m64.cuh"
 #include "producer.cuh"
 
@@ -45,6 +46,10 @@ __global__ void __launch_bounds__(M64Roles<kFormat, kGroups>::kThreads, 1) decod
     } else {
       set_registers<Roles::kSecondRegisters, Roles::kLaunchRegisters>();
       consume<kFormat, Role::kSecond, kSplitPv>(a, row, tiles, sm, mt);
+    }
+    // The in-launch combine: the consumers stored the partial (part = unit * splits + split).
+    if (a.tickets != nullptr && row.splits > 1) {
+      arrive_and_combine<PartialsM64>(a, static_cast<int>(row.part / row.splits), row.split, mt, kMathThreads, kMathBarrier);
     }
   } else {
     set_registers<Roles::kProducerRegisters, Roles::kLaunchRegisters>();

@@ -1,7 +1,7 @@
 // The launcher of the 16/32-head decode (kernel_m16.cuh; docs/kernels/mla_decode.md, "16 and 32
 // heads"): grid (1, 1, programs: DecodeArgs' schedule), M16Roles' threads, one program per SM; split tokens'
-// partials (PartialsM16) are merged by the combine kernel (combine.cuh), launched next as a
-// programmatic dependent as for 64 heads. Its own translation unit, so the 64-head kernels'
+// partials (PartialsM16) are merged in the same launch behind the ticket barrier (DecodeArgs::tickets)
+// or by the combine kernel (combine.cuh), launched next as a programmatic dependent, as for 64 heads. Its own translation unit, so the 64-head kernels'
 // code (launch_sm90.cu) does not change with it.
 #include "combine.cuh"
 #include "decode_sm90.h"
@@ -18,9 +18,11 @@ cudaError_t launch_m16(const DecodeArgs& a, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const int split = split_tokens(a);
   const dim3 grid(1, 1, a.whole_tokens + split * a.splits);
+  err = check_in_launch_combine(a, grid);
+  if (err != cudaSuccess) return err;
   kernel<<<grid, M16Roles<kFormat, kM16ProducerGroups>::kThreads, bytes, stream>>>(a);
   err = cudaGetLastError();
-  if (err != cudaSuccess || a.splits == 1 || split == 0) return err;
+  if (err != cudaSuccess || a.splits == 1 || split == 0 || a.tickets != nullptr) return err;
   return launch_combine<PartialsM16<kMTiles>>(combine_kernel_for<PartialsM16<kMTiles>>, split, a, stream);
 }
 

@@ -26,8 +26,9 @@
 //              to m = 1 through shared memory. Both release
 //              the stage on its `empty` mbarrier.
 // The output is O / l (times the sink factor) with lse = (m + log2 l) ln 2, or with S > 1 a
-// partial (O / l, m + log2 l) per split that combine_kernel, launched next as a programmatic
-// dependent (its launch overlaps the decode's tail), merges.
+// partial (O / l, m + log2 l) per split, which the split programs merge themselves behind a ticket
+// barrier (DecodeArgs::tickets), or else combine_kernel, launched next as a programmatic dependent
+// (its launch overlaps the decode's tail).
 #include "decode_sm90.h"
 
 #include "kernel_m64.cuh"
@@ -51,9 +52,11 @@ cudaError_t launch(const DecodeArgs& a, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   const int split = split_tokens(a);
   const dim3 grid(a.h_q / kHeadsPerProgram, 1, a.whole_tokens + split * a.splits);
+  err = check_in_launch_combine(a, grid);
+  if (err != cudaSuccess) return err;
   kernel<<<grid, M64Roles<kFormat, kGroups>::kThreads, bytes, stream>>>(a);
   err = cudaGetLastError();
-  if (err != cudaSuccess || a.splits == 1 || split == 0) return err;
+  if (err != cudaSuccess || a.splits == 1 || split == 0 || a.tickets != nullptr) return err;
   return launch_combine<PartialsM64>(combine_kernel, split * (a.h_q / kHeadsPerProgram), a, stream);
 }
 
