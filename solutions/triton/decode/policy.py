@@ -141,9 +141,9 @@ def in_launch_combine_pays(h_q: int, splits: int) -> bool:
     """Whether ``auto`` takes the CUDA kernel's in-launch combine (where it is safe): at 16 and 32
     heads when each consumer thread merges at most one 8-byte fragment of its unit (h_q * D_V / 4
     fragments over ``splits`` programs of 256 threads: 16 heads from 8 splits, 32 from 16). A thread
-    with two passed over every split's lse twice and lost to the combine kernel (H100, kernels alone:
-    h_q 128, b = 2, 24.2 against 19.3 us; 32 heads, b = 8, s_q 2, 24.6 against 22.9); with one it won
-    (16 heads, b = 1: 12.5 against 13.6)."""
+    with two passed over every split's lse twice and lost to the combine kernel (H100, kernels alone,
+    docs/kernels/mla_decode.md: h_q 128, b = 2, s_q 2, 23.9 against 19.3 us; 32 heads, b = 8, s_q 2, 24.8
+    against 22.9); with one it won (16 heads, b = 1, s_q 1: 12.5 against 13.6)."""
     return h_q in CUDA_SMALL_HEADS and h_q * D_V // 4 <= splits * CUDA_CONSUMER_THREADS
 
 

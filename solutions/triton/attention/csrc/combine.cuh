@@ -179,16 +179,6 @@ __device__ __forceinline__ void combine_share(const AttentionArgs& a, int t, int
   static_assert(kMinSplits == 8 && kMaxSplits == 64, "the split counts dispatched above");
 }
 
-__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-__device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
 // ---------------------------------------------------------------- cluster combine
 // The token's S programs are one thread-block cluster (S <= kMaxClusterSplits). A program that
 // has attended its slots writes its partial into its own shared memory as the owners' slices

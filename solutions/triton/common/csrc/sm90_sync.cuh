@@ -1,5 +1,5 @@
-// Shared-memory synchronisation primitives of the solution's SM90 kernels (inline PTX):
-// mbarriers, the async-proxy fence, named barriers. Header-only, device code only.
+// Synchronisation primitives of the solution's SM90 kernels (inline PTX): mbarriers, the async-proxy
+// fence, named barriers, and the global-memory ticket words' release and acquire. Header-only, device code only.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +56,22 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // once `threads` threads in all have arrived or waited (a producer-consumer handoff between warpgroups).
 __device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// A ticket word in global memory (the split programs' barriers): a release reduction (no reply),
+// the same returning the word's value before it, and an acquiring load, all at GPU scope.
+__device__ __forceinline__ void add_release(unsigned* p, unsigned v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ unsigned add_release_returning(unsigned* p, unsigned v) {
+  unsigned old;
+  asm volatile("atom.add.release.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
 }
 
 }  // namespace dsa_sm90

@@ -110,17 +110,6 @@ __device__ __forceinline__ void combine_unit(const DecodeArgs& a) {
 // share is one fragment per thread or two, so one batch covers 8 splits and two cover 16.
 constexpr int kFusedSplitsInFlight = 8;
 
-__device__ __forceinline__ unsigned add_release_returning(unsigned* word, unsigned v) {
-  unsigned old;
-  asm volatile("atom.add.release.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(word), "r"(v) : "memory");
-  return old;
-}
-__device__ __forceinline__ unsigned load_acquire(const unsigned* word) {
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(word) : "memory");
-  return v;
-}
-
 // Split program `split` of split unit `unit`, after its partial: the ticket barrier, then its share
 // of the unit's merge. Called by the program's `threads` consumer threads (thread ct), the ones
 // that stored the partial; `barrier` is a named barrier free among them. Every program of the
@@ -153,12 +142,12 @@ __device__ __forceinline__ void arrive_and_combine(const DecodeArgs& a, int unit
   }
 }
 
-// The in-launch combine's preconditions (DecodeArgs::tickets; none without tickets): the split count
-// divides kTicketsPerCall, and the grid has at most one program per SM, so every program is resident at
-// once (a kernel that launches at all fits one a SM) and the ticket barrier cannot deadlock.
+// The in-launch combine's residency precondition (DecodeArgs::tickets; none without tickets): the grid
+// has at most one program per SM, so every program is resident at once (a kernel that launches at all
+// fits one a SM) and the ticket barrier cannot deadlock. (The C ABI has checked that the split count
+// divides kTicketsPerCall.)
 inline cudaError_t check_in_launch_combine(const DecodeArgs& a, dim3 grid) {
   if (a.tickets == nullptr) return cudaSuccess;
-  if (kTicketsPerCall % static_cast<unsigned>(a.splits) != 0) return cudaErrorInvalidValue;
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);

@@ -1,8 +1,8 @@
 // The launcher of the 16/32-head decode (kernel_m16.cuh; docs/kernels/mla_decode.md, "16 and 32
 // heads"): grid (1, 1, programs: DecodeArgs' schedule), M16Roles' threads, one program per SM; split tokens'
 // partials (PartialsM16) are merged in the same launch behind the ticket barrier (DecodeArgs::tickets)
-// or by the combine kernel (combine.cuh), launched next as a programmatic dependent, as for 64 heads. Its own translation unit, so the 64-head kernels'
-// code (launch_sm90.cu) does not change with it.
+// or by the combine kernel (combine.cuh), launched next as a programmatic dependent, as for 64 heads.
+// Its own translation unit, so the 64-head kernels' code (launch_sm90.cu) does not change with it.
 #include "combine.cuh"
 #include "decode_sm90.h"
 #include "kernel_m16.cuh"
